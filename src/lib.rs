@@ -1,1 +1,13 @@
+//! sqs-triage: decides, for every failed SQS job, whether another try can help, and acts on
+//! it with the cheapest correct AWS calls.
+//!
+//! Layers, ground floor first; each imports only the ones below it:
+//! 1. [`core`]: pure rules (envelope, classification, backoff, policy, breaker, decision);
+//! 2. [`effects`]: SQS and DynamoDB calls, through one storage retry policy.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod core;
+pub mod effects;
+
+pub use crate::core::{Backoff, Decision, FailureClass, JobError, RetryPolicy, Rules};

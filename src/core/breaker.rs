@@ -1,0 +1,1 @@
+//! The circuit breaker state machine (pure).

@@ -1,0 +1,323 @@
+//! The decision: what happens to one record, as a pure function of what is known about it.
+//!
+//! Every rule of the product is here. The processor calls [`decide`] twice per record: once
+//! before the handler ([`Execution::NotRun`]), which either admits the record
+//! ([`Decision::Execute`]) or settles it without running it, and once after
+//! ([`Execution::Ran`]), which turns the handler's outcome into the final decision. No I/O
+//! happens here: time and randomness come in as arguments.
+
+use std::time::Duration;
+
+use rand::{Rng, RngCore};
+
+use super::error::{ErrorKind, JobError};
+use super::failure::FailureClass;
+use super::policy::{RetryPolicy, SQS_MAX_VISIBILITY};
+
+/// Time lost between SQS's receive and the moment the record is seen (batching window,
+/// invocation start-up); kept off the 12-hour visibility limit so a change is never refused.
+pub const RECEIVE_SLACK: Duration = Duration::from_secs(15 * 60);
+/// Arrivals this close to their stored `next_attempt_at` count as on time (clock skew between
+/// environments).
+pub const ARRIVAL_TOLERANCE: Duration = Duration::from_millis(500);
+/// Shortest deferral while the breaker is half-open and has no free probe slot.
+pub const PROBE_BUSY_BASE: Duration = Duration::from_secs(1);
+
+/// What SQS says about this delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordFacts {
+    /// `ApproximateReceiveCount`: 1 on the first delivery.
+    pub receive_count: u32,
+    /// When this delivery was received (epoch ms); the 12-hour visibility limit counts from it.
+    pub received_at_ms: u64,
+}
+
+/// What the attempt ledger says about the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ledger {
+    /// First delivery: nothing to read, no earlier attempts.
+    FirstDelivery,
+    /// Read from the ledger (`None`: no item, so no counted attempts).
+    Stored(Option<StoredAttempts>),
+    /// The ledger could not be read after storage retries: fall back to the receive count.
+    Unavailable,
+}
+
+/// A job's stored attempt state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoredAttempts {
+    /// Handler executions counted so far.
+    pub attempts: u32,
+    /// The job must not run before this (epoch ms).
+    pub next_attempt_at_ms: Option<u64>,
+}
+
+/// What the job type's circuit breaker allows for this record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Closed: run.
+    Closed,
+    /// Half-open and this record holds a probe permit: run.
+    Probe,
+    /// Open until the given instant (epoch ms).
+    Open {
+        /// End of the open period.
+        until_ms: u64,
+    },
+    /// Half-open with every probe slot taken.
+    ProbeBusy,
+}
+
+/// Whether the handler ran, and how it went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Execution<'a> {
+    /// Before the handler: decide whether to run it.
+    NotRun,
+    /// After the handler.
+    Ran(&'a Result<(), JobError>),
+}
+
+/// Everything the decision depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// What SQS says about this delivery.
+    pub record: RecordFacts,
+    /// `Some(reason)` when the record is not a runnable job (bad envelope, unknown type).
+    pub invalid: Option<&'a str>,
+    /// The attempt ledger's view.
+    pub ledger: Ledger,
+    /// The breaker's view.
+    pub gate: Gate,
+    /// Time left before the invocation's deadline (`None`: no deadline).
+    pub time_left: Option<Duration>,
+    /// Before or after the handler.
+    pub execution: Execution<'a>,
+    /// The job type's policy.
+    pub policy: &'a RetryPolicy,
+    /// Now (epoch ms).
+    pub now_ms: u64,
+}
+
+/// Why a record is put back without running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeferReason {
+    /// It came back before its stored `next_attempt_at`.
+    EarlyArrival,
+    /// The job type's breaker is open.
+    BreakerOpen,
+    /// The breaker is half-open and no probe slot is free.
+    ProbeBusy,
+}
+
+/// What happens to a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Run the handler; this is execution number `attempt`.
+    Execute {
+        /// 1 for the first execution.
+        attempt: u32,
+    },
+    /// The handler succeeded: delete the message.
+    Done {
+        /// Executions including this one.
+        attempts: u32,
+    },
+    /// Transient failure with attempts left: come back after `delay`.
+    Retry {
+        /// Executions so far, this one included.
+        attempts: u32,
+        /// The full retry delay (after the policy's cap).
+        delay: Duration,
+        /// The visibility timeout to set: `delay`, cut to what SQS allows for this receive.
+        visibility: Duration,
+        /// The job must not run before this (epoch ms).
+        next_attempt_at_ms: u64,
+        /// The failure, for the ledger.
+        error: String,
+    },
+    /// Put back without running; no attempt spent.
+    Defer {
+        /// Why.
+        reason: DeferReason,
+        /// The visibility timeout to set.
+        visibility: Duration,
+    },
+    /// Too little time left to start: visibility 0, no attempt spent.
+    Release,
+    /// Send to the DLQ with a failure record, then report success.
+    DeadLetter {
+        /// Why.
+        class: FailureClass,
+        /// Handler executions so far.
+        attempts: u32,
+        /// The error text for the record.
+        error: String,
+    },
+}
+
+impl Decision {
+    /// True when this decision spends no attempt.
+    pub fn spends_no_attempt(&self) -> bool {
+        matches!(self, Self::Execute { .. } | Self::Defer { .. } | Self::Release)
+            || matches!(
+                self,
+                Self::DeadLetter {
+                    class: FailureClass::Invalid,
+                    ..
+                }
+            )
+    }
+
+    /// A short name for logs and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Execute { .. } => "execute",
+            Self::Done { .. } => "succeeded",
+            Self::Retry { .. } => "retried",
+            Self::Defer { .. } => "deferred",
+            Self::Release => "released",
+            Self::DeadLetter {
+                class: FailureClass::Fatal,
+                ..
+            } => "dead_lettered_fatal",
+            Self::DeadLetter {
+                class: FailureClass::Exhausted,
+                ..
+            } => "dead_lettered_exhausted",
+            Self::DeadLetter {
+                class: FailureClass::Invalid,
+                ..
+            } => "dead_lettered_invalid",
+        }
+    }
+}
+
+/// Handler executions counted before this delivery.
+pub fn attempts_before(record: RecordFacts, ledger: Ledger) -> u32 {
+    match ledger {
+        Ledger::FirstDelivery => 0,
+        Ledger::Stored(s) => s.map_or(0, |s| s.attempts),
+        // Every earlier receive may have run the handler: an upper bound, so nothing retries
+        // forever while the ledger is down.
+        Ledger::Unavailable => record.receive_count.saturating_sub(1),
+    }
+}
+
+/// The longest visibility timeout SQS accepts for this receive at `now_ms`.
+pub fn visibility_limit(record: RecordFacts, now_ms: u64) -> Duration {
+    let elapsed = Duration::from_millis(now_ms.saturating_sub(record.received_at_ms));
+    SQS_MAX_VISIBILITY
+        .saturating_sub(elapsed)
+        .saturating_sub(RECEIVE_SLACK)
+}
+
+/// Rounds up to whole seconds (SQS's unit) and cuts to the limit.
+fn visibility(delay: Duration, limit: Duration) -> Duration {
+    let secs = delay.as_millis().div_ceil(1000) as u64;
+    Duration::from_secs(secs).min(Duration::from_secs(limit.as_secs()))
+}
+
+fn jitter(rng: &mut dyn RngCore, max: Duration) -> Duration {
+    let ms = max.as_millis() as u64;
+    Duration::from_millis(if ms == 0 { 0 } else { rng.random_range(0..ms) })
+}
+
+/// Decides what happens to one record. Pure: the same inputs and random draws give the same
+/// decision, and every input gets exactly one.
+pub fn decide(inputs: &Inputs<'_>, rng: &mut dyn RngCore) -> Decision {
+    let prior = attempts_before(inputs.record, inputs.ledger);
+    match inputs.execution {
+        Execution::NotRun => admit(inputs, prior, rng),
+        Execution::Ran(outcome) => settle(inputs, prior, outcome, rng),
+    }
+}
+
+fn admit(inputs: &Inputs<'_>, prior: u32, rng: &mut dyn RngCore) -> Decision {
+    let policy = inputs.policy;
+    let limit = visibility_limit(inputs.record, inputs.now_ms);
+    if let Some(reason) = inputs.invalid {
+        return Decision::DeadLetter {
+            class: FailureClass::Invalid,
+            attempts: 0,
+            error: reason.to_owned(),
+        };
+    }
+    if prior >= policy.max_attempts() {
+        // Exhausted earlier but still here (its DLQ send failed, or the ledger fallback counts
+        // every receive): finish the job now instead of running it again.
+        return Decision::DeadLetter {
+            class: FailureClass::Exhausted,
+            attempts: prior,
+            error: format!("no attempts left ({prior} of {} used)", policy.max_attempts()),
+        };
+    }
+    if let Ledger::Stored(Some(StoredAttempts {
+        next_attempt_at_ms: Some(at),
+        ..
+    })) = inputs.ledger
+    {
+        let early_by = at.saturating_sub(inputs.now_ms);
+        if early_by > ARRIVAL_TOLERANCE.as_millis() as u64 {
+            return Decision::Defer {
+                reason: DeferReason::EarlyArrival,
+                visibility: visibility(Duration::from_millis(early_by), limit),
+            };
+        }
+    }
+    match inputs.gate {
+        Gate::Open { until_ms } => {
+            let rest = Duration::from_millis(until_ms.saturating_sub(inputs.now_ms));
+            return Decision::Defer {
+                reason: DeferReason::BreakerOpen,
+                visibility: visibility(rest + jitter(rng, policy.defer_jitter()), limit),
+            };
+        }
+        Gate::ProbeBusy => {
+            return Decision::Defer {
+                reason: DeferReason::ProbeBusy,
+                visibility: visibility(PROBE_BUSY_BASE + jitter(rng, policy.defer_jitter()), limit),
+            };
+        }
+        Gate::Closed | Gate::Probe => {}
+    }
+    if inputs.time_left.is_some_and(|left| left < policy.start_margin()) {
+        return Decision::Release;
+    }
+    Decision::Execute { attempt: prior + 1 }
+}
+
+fn settle(
+    inputs: &Inputs<'_>,
+    prior: u32,
+    outcome: &Result<(), JobError>,
+    rng: &mut dyn RngCore,
+) -> Decision {
+    let policy = inputs.policy;
+    let attempts = prior.saturating_add(1);
+    let err = match outcome {
+        Ok(()) => return Decision::Done { attempts },
+        Err(e) => e.clone().reclassified(policy.rules()),
+    };
+    if err.kind() == ErrorKind::Fatal {
+        return Decision::DeadLetter {
+            class: FailureClass::Fatal,
+            attempts,
+            error: err.message().to_owned(),
+        };
+    }
+    if attempts >= policy.max_attempts() {
+        return Decision::DeadLetter {
+            class: FailureClass::Exhausted,
+            attempts,
+            error: err.message().to_owned(),
+        };
+    }
+    let delay = policy.retry_delay(attempts, &err, rng);
+    Decision::Retry {
+        attempts,
+        delay,
+        visibility: visibility(delay, visibility_limit(inputs.record, inputs.now_ms)),
+        next_attempt_at_ms: inputs.now_ms.saturating_add(delay.as_millis() as u64),
+        error: err.message().to_owned(),
+    }
+}

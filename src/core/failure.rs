@@ -1,0 +1,138 @@
+//! The failure record that travels with a dead-lettered message, in its `triage-failure`
+//! message attribute.
+
+use serde::{Deserialize, Serialize};
+
+/// Name of the message attribute holding the failure record.
+pub const FAILURE_ATTRIBUTE: &str = "triage-failure";
+
+/// Why a message is in the DLQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureClass {
+    /// The handler failed in a way no retry can fix.
+    Fatal,
+    /// The handler failed transiently on every allowed attempt.
+    Exhausted,
+    /// The message is not a runnable job (bad envelope, unknown job type). Never executed.
+    Invalid,
+}
+
+impl FailureClass {
+    /// The lowercase name used in records, metrics and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fatal => "fatal",
+            Self::Exhausted => "exhausted",
+            Self::Invalid => "invalid",
+        }
+    }
+}
+
+impl std::fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a human needs to act on a dead-lettered job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    /// Why it is here.
+    pub class: FailureClass,
+    /// The last error, truncated to fit SQS's limits.
+    pub error: String,
+    /// Handler executions so far (0 for `invalid`).
+    pub attempts: u32,
+    /// The job type, if the envelope named one.
+    pub job_type: Option<String>,
+    /// The job id (envelope `id`, else the original message id).
+    pub job_id: String,
+    /// The queue the message came from (its URL or ARN), for replay.
+    pub source_queue: String,
+    /// The SQS message id of the failed delivery.
+    pub original_message_id: String,
+    /// When SQS first handed the message out (epoch ms).
+    pub first_received_at: u64,
+    /// When it was dead-lettered (epoch ms).
+    pub failed_at: u64,
+}
+
+impl FailureRecord {
+    /// The record as compact JSON, with the error text cut (on a character boundary, marked
+    /// with `…[truncated]`) so the whole record is at most `max_bytes`. Returns `None` when
+    /// even an empty error text does not fit.
+    pub fn to_json_within(&self, max_bytes: usize) -> Option<String> {
+        let full = serde_json::to_string(self).ok()?;
+        if full.len() <= max_bytes {
+            return Some(full);
+        }
+        let mut cut = self.clone();
+        cut.error.clear();
+        let empty_len = serde_json::to_string(&cut).ok()?.len();
+        if empty_len > max_bytes {
+            return None;
+        }
+        const MARK: &str = "…[truncated]";
+        // Escaping can grow the text, so shrink until it fits; each pass is a binary search
+        // on the character prefix.
+        let chars: Vec<(usize, char)> = self.error.char_indices().collect();
+        let (mut lo, mut hi) = (0usize, chars.len());
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            let end = chars.get(mid).map_or(self.error.len(), |(i, _)| *i);
+            cut.error = format!("{}{MARK}", &self.error[..end]);
+            if serde_json::to_string(&cut).ok()?.len() <= max_bytes {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let end = chars.get(lo).map_or(self.error.len(), |(i, _)| *i);
+        cut.error = format!("{}{MARK}", &self.error[..end]);
+        let json = serde_json::to_string(&cut).ok()?;
+        (json.len() <= max_bytes).then_some(json)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(error: &str) -> FailureRecord {
+        FailureRecord {
+            class: FailureClass::Fatal,
+            error: error.to_owned(),
+            attempts: 1,
+            job_type: Some("t".into()),
+            job_id: "j".into(),
+            source_queue: "q".into(),
+            original_message_id: "m".into(),
+            first_received_at: 1,
+            failed_at: 2,
+        }
+    }
+
+    #[test]
+    fn serializes_with_lowercase_class() {
+        let json = record("boom").to_json_within(10_000).unwrap();
+        assert!(json.contains(r#""class":"fatal""#), "{json}");
+        let back: FailureRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, record("boom"));
+    }
+
+    #[test]
+    fn long_errors_are_truncated_to_fit() {
+        let r = record(&"é\"".repeat(5_000));
+        let json = r.to_json_within(1_000).unwrap();
+        assert!(json.len() <= 1_000);
+        let back: FailureRecord = serde_json::from_str(&json).unwrap();
+        assert!(back.error.ends_with("…[truncated]"));
+        assert!(
+            back.error.len() > 500,
+            "cut far more than needed: {}",
+            back.error.len()
+        );
+        assert_eq!(r.to_json_within(50), None);
+    }
+}

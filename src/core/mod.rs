@@ -1,0 +1,20 @@
+//! The pure core: envelope, errors and their classification, backoff, policy, the breaker
+//! state machine, the failure record and the decision. No AWS crate, no tokio, no clock:
+//! time and randomness come in as arguments. Read this layer alone to know every rule.
+
+pub mod backoff;
+pub mod breaker;
+pub mod decision;
+pub mod envelope;
+pub mod error;
+pub mod failure;
+pub mod policy;
+
+pub use backoff::Backoff;
+pub use decision::{
+    Decision, DeferReason, Execution, Gate, Inputs, Ledger, RecordFacts, StoredAttempts, decide,
+};
+pub use envelope::{EnvelopeError, EnvelopeLimits, Job};
+pub use error::{ErrorKind, JobError, Rules};
+pub use failure::{FailureClass, FailureRecord};
+pub use policy::{PolicyError, RetryPolicy};

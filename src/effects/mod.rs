@@ -1,0 +1,6 @@
+//! Effects: the AWS calls that carry out decisions, all through one storage retry policy.
+
+pub mod breaker_store;
+pub mod ledger;
+pub mod storage_retry;
+pub mod table;
