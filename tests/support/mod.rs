@@ -1,0 +1,109 @@
+//! Helpers shared by the integration tests (each test crate uses a subset).
+//!
+//! The tests talk to the local stack (moto for SQS, DynamoDB Local), started with
+//! `bash infra/local/stack.sh start` and configured by
+//! `eval "$(bash infra/local/stack.sh env)"`.
+
+#![allow(dead_code)]
+
+pub mod fault_proxy;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_config::retry::RetryConfig;
+use aws_config::{BehaviorVersion, SdkConfig};
+
+const NOT_RUNNING: &str = "local stack not running: run `bash infra/local/stack.sh start` and \
+     `eval \"$(bash infra/local/stack.sh env)\"`, or use the README's test command";
+
+fn required_env(name: &str) -> String {
+    match std::env::var(name) {
+        Ok(v) if !v.is_empty() => v,
+        _ => panic!("{NOT_RUNNING} ({name} is not set)"),
+    }
+}
+
+/// moto's SQS endpoint (`AWS_ENDPOINT_URL_SQS`); panics with instructions when unset.
+pub fn sqs_endpoint() -> String {
+    required_env("AWS_ENDPOINT_URL_SQS")
+}
+
+/// DynamoDB Local's endpoint (`AWS_ENDPOINT_URL_DYNAMODB`); panics with instructions when unset.
+pub fn ddb_endpoint() -> String {
+    required_env("AWS_ENDPOINT_URL_DYNAMODB")
+}
+
+/// The SDK configuration from the environment that `stack.sh env` prints (region,
+/// fake credentials, per-service endpoints). Panics with instructions when the
+/// stack's variables are missing.
+pub async fn sdk_config() -> SdkConfig {
+    sqs_endpoint();
+    ddb_endpoint();
+    aws_config::defaults(BehaviorVersion::latest()).load().await
+}
+
+/// Standard retry mode with `max_attempts` in all and millisecond backoffs, so tests
+/// that inject faults stay fast.
+pub fn fast_retry(max_attempts: u32) -> RetryConfig {
+    RetryConfig::standard()
+        .with_max_attempts(max_attempts)
+        .with_initial_backoff(Duration::from_millis(5))
+        .with_max_backoff(Duration::from_millis(50))
+}
+
+/// SQS client for the local stack (endpoint from the environment), SDK default retries.
+pub async fn sqs_client() -> aws_sdk_sqs::Client {
+    aws_sdk_sqs::Client::new(&sdk_config().await)
+}
+
+/// DynamoDB client for the local stack (endpoint from the environment), SDK default retries.
+pub async fn ddb_client() -> aws_sdk_dynamodb::Client {
+    aws_sdk_dynamodb::Client::new(&sdk_config().await)
+}
+
+/// SQS client sending to `endpoint` (e.g. a [`fault_proxy::FaultProxy::url`]), SDK default retries.
+pub async fn sqs_client_via(endpoint: &str) -> aws_sdk_sqs::Client {
+    let conf = aws_sdk_sqs::config::Builder::from(&sdk_config().await)
+        .endpoint_url(endpoint)
+        .build();
+    aws_sdk_sqs::Client::from_conf(conf)
+}
+
+/// DynamoDB client sending to `endpoint`, SDK default retries.
+pub async fn ddb_client_via(endpoint: &str) -> aws_sdk_dynamodb::Client {
+    let conf = aws_sdk_dynamodb::config::Builder::from(&sdk_config().await)
+        .endpoint_url(endpoint)
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(conf)
+}
+
+/// SQS client sending to `endpoint` with the given retry configuration.
+pub async fn sqs_client_via_with(endpoint: &str, retry: RetryConfig) -> aws_sdk_sqs::Client {
+    let conf = aws_sdk_sqs::config::Builder::from(&sdk_config().await)
+        .endpoint_url(endpoint)
+        .retry_config(retry)
+        .build();
+    aws_sdk_sqs::Client::from_conf(conf)
+}
+
+/// DynamoDB client sending to `endpoint` with the given retry configuration.
+pub async fn ddb_client_via_with(endpoint: &str, retry: RetryConfig) -> aws_sdk_dynamodb::Client {
+    let conf = aws_sdk_dynamodb::config::Builder::from(&sdk_config().await)
+        .endpoint_url(endpoint)
+        .retry_config(retry)
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(conf)
+}
+
+/// A name unique to this test run and call: `<prefix>-<pid>-<millis>-<counter>`, valid as
+/// an SQS queue name (≤ 80 chars of `[A-Za-z0-9_-]` for a short prefix) and a table name.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    format!("{prefix}-{}-{}-{n}", std::process::id(), millis % 1_000_000_000)
+}
