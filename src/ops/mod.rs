@@ -1,0 +1,1 @@
+//! Operator actions: setup, send, DLQ inspection and replay, breaker control.

@@ -1,0 +1,403 @@
+//! Every row of the decision table in DESIGN.md, plus property tests over the whole input space.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use sqs_triage::core::decision::{RECEIVE_SLACK, visibility_limit};
+use sqs_triage::core::{
+    Backoff, Decision, DeferReason, Execution, FailureClass, Gate, Inputs, JobError, Ledger, RecordFacts,
+    RetryPolicy, StoredAttempts, decide,
+};
+
+const NOW: u64 = 1_700_000_000_000;
+
+fn facts(receive_count: u32) -> RecordFacts {
+    RecordFacts { receive_count, received_at_ms: NOW }
+}
+
+fn inputs<'a>(policy: &'a RetryPolicy, execution: Execution<'a>) -> Inputs<'a> {
+    Inputs {
+        record: facts(1),
+        invalid: None,
+        ledger: Ledger::FirstDelivery,
+        gate: Gate::Closed,
+        time_left: None,
+        execution,
+        policy,
+        now_ms: NOW,
+    }
+}
+
+fn rng() -> StdRng {
+    StdRng::seed_from_u64(42)
+}
+
+fn stored(attempts: u32, next: Option<u64>) -> Ledger {
+    Ledger::Stored(Some(StoredAttempts { attempts, next_attempt_at_ms: next }))
+}
+
+#[test]
+fn invalid_envelope_is_dead_lettered_without_an_attempt() {
+    let p = RetryPolicy::default();
+    let i = Inputs { invalid: Some("body is not JSON"), ..inputs(&p, Execution::NotRun) };
+    let d = decide(&i, &mut rng());
+    assert_eq!(
+        d,
+        Decision::DeadLetter { class: FailureClass::Invalid, attempts: 0, error: "body is not JSON".into() }
+    );
+    assert!(d.spends_no_attempt());
+}
+
+#[test]
+fn unknown_job_type_is_invalid_too() {
+    let p = RetryPolicy::default();
+    let i = Inputs {
+        invalid: Some("no handler for job type `x`"),
+        ledger: stored(2, None),
+        ..inputs(&p, Execution::NotRun)
+    };
+    assert!(matches!(decide(&i, &mut rng()), Decision::DeadLetter { class: FailureClass::Invalid, attempts: 0, .. }));
+}
+
+#[test]
+fn early_arrival_is_deferred_to_its_stored_time() {
+    let p = RetryPolicy::default();
+    let i = Inputs {
+        record: facts(2),
+        ledger: stored(1, Some(NOW + 4_200)),
+        ..inputs(&p, Execution::NotRun)
+    };
+    assert_eq!(
+        decide(&i, &mut rng()),
+        Decision::Defer { reason: DeferReason::EarlyArrival, visibility: Duration::from_secs(5) }
+    );
+}
+
+#[test]
+fn arrival_on_time_runs_the_next_attempt() {
+    let p = RetryPolicy::default();
+    let i = Inputs { record: facts(2), ledger: stored(1, Some(NOW - 10)), ..inputs(&p, Execution::NotRun) };
+    assert_eq!(decide(&i, &mut rng()), Decision::Execute { attempt: 2 });
+}
+
+#[test]
+fn open_breaker_defers_to_the_end_of_the_open_period_plus_jitter() {
+    let p = RetryPolicy::builder().defer_jitter(Duration::from_secs(3)).build().unwrap();
+    let i = Inputs { gate: Gate::Open { until_ms: NOW + 20_000 }, ..inputs(&p, Execution::NotRun) };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut r = rng();
+    for _ in 0..200 {
+        match decide(&i, &mut r) {
+            Decision::Defer { reason: DeferReason::BreakerOpen, visibility } => {
+                assert!(visibility >= Duration::from_secs(20) && visibility <= Duration::from_secs(23));
+                seen.insert(visibility);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(seen.len() > 1, "jitter must spread deferrals: {seen:?}");
+}
+
+#[test]
+fn half_open_without_a_slot_defers_briefly() {
+    let p = RetryPolicy::default();
+    let i = Inputs { gate: Gate::ProbeBusy, ..inputs(&p, Execution::NotRun) };
+    match decide(&i, &mut rng()) {
+        Decision::Defer { reason: DeferReason::ProbeBusy, visibility } => {
+            assert!(visibility >= Duration::from_secs(1) && visibility <= Duration::from_secs(4), "{visibility:?}")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn half_open_with_a_permit_runs() {
+    let p = RetryPolicy::default();
+    let i = Inputs { gate: Gate::Probe, ..inputs(&p, Execution::NotRun) };
+    assert_eq!(decide(&i, &mut rng()), Decision::Execute { attempt: 1 });
+}
+
+#[test]
+fn too_little_time_left_releases() {
+    let p = RetryPolicy::builder().start_margin(Duration::from_secs(2)).build().unwrap();
+    let i = Inputs { time_left: Some(Duration::from_millis(1_999)), ..inputs(&p, Execution::NotRun) };
+    assert_eq!(decide(&i, &mut rng()), Decision::Release);
+    let i = Inputs { time_left: Some(Duration::from_secs(2)), ..inputs(&p, Execution::NotRun) };
+    assert_eq!(decide(&i, &mut rng()), Decision::Execute { attempt: 1 });
+}
+
+#[test]
+fn success_is_done() {
+    let p = RetryPolicy::default();
+    let ok = Ok(());
+    let i = Inputs { record: facts(3), ledger: stored(2, None), ..inputs(&p, Execution::Ran(&ok)) };
+    assert_eq!(decide(&i, &mut rng()), Decision::Done { attempts: 3 });
+}
+
+#[test]
+fn fatal_failure_goes_to_the_dlq_at_once() {
+    let p = RetryPolicy::default();
+    for err in [
+        JobError::fatal("card declined"),
+        JobError::panic(&"boom"),
+        JobError::payload_decode(&serde_json::from_str::<u8>("x").unwrap_err()),
+    ] {
+        let out = Err(err.clone());
+        let d = decide(&inputs(&p, Execution::Ran(&out)), &mut rng());
+        assert_eq!(
+            d,
+            Decision::DeadLetter { class: FailureClass::Fatal, attempts: 1, error: err.message().to_owned() }
+        );
+    }
+}
+
+#[test]
+fn a_job_types_rules_can_make_an_error_fatal() {
+    let p = RetryPolicy::builder().rules(sqs_triage::Rules::new().fatal_code("CardDeclined")).build().unwrap();
+    let out = Err(JobError::from_aws_code(Some("CardDeclined"), "declined"));
+    assert!(matches!(
+        decide(&inputs(&p, Execution::Ran(&out)), &mut rng()),
+        Decision::DeadLetter { class: FailureClass::Fatal, .. }
+    ));
+}
+
+#[test]
+fn transient_failure_with_attempts_left_retries_after_backoff() {
+    let p = RetryPolicy::default();
+    let out = Err(JobError::transient("timeout"));
+    match decide(&inputs(&p, Execution::Ran(&out)), &mut rng()) {
+        Decision::Retry { attempts, delay, visibility, next_attempt_at_ms, error } => {
+            assert_eq!(attempts, 1);
+            assert!(delay >= Duration::from_secs(3) && delay < Duration::from_secs(4), "{delay:?}");
+            assert_eq!(visibility, Duration::from_secs(4), "rounded up to whole seconds");
+            assert_eq!(next_attempt_at_ms, NOW + delay.as_millis() as u64);
+            assert_eq!(error, "timeout");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn retry_after_is_honoured_and_clamped() {
+    let p = RetryPolicy::builder().max_delay(Duration::from_secs(60)).build().unwrap();
+    for (asked, got) in [(7, 7), (600, 60)] {
+        let out = Err(JobError::retry_after(Duration::from_secs(asked), "throttled"));
+        match decide(&inputs(&p, Execution::Ran(&out)), &mut rng()) {
+            Decision::Retry { delay, visibility, .. } => {
+                assert_eq!(delay, Duration::from_secs(got));
+                assert_eq!(visibility, Duration::from_secs(got));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn transient_failure_without_attempts_left_is_exhausted() {
+    let p = RetryPolicy::default();
+    let out = Err(JobError::transient("still down"));
+    let i = Inputs { record: facts(5), ledger: stored(4, Some(NOW - 1)), ..inputs(&p, Execution::Ran(&out)) };
+    assert_eq!(
+        decide(&i, &mut rng()),
+        Decision::DeadLetter { class: FailureClass::Exhausted, attempts: 5, error: "still down".into() }
+    );
+}
+
+#[test]
+fn a_job_already_out_of_attempts_is_dead_lettered_without_running() {
+    let p = RetryPolicy::default();
+    let i = Inputs { record: facts(7), ledger: stored(5, None), ..inputs(&p, Execution::NotRun) };
+    assert!(matches!(
+        decide(&i, &mut rng()),
+        Decision::DeadLetter { class: FailureClass::Exhausted, attempts: 5, .. }
+    ));
+}
+
+#[test]
+fn ledger_outage_falls_back_to_the_receive_count() {
+    let p = RetryPolicy::default();
+    let i = Inputs { record: facts(3), ledger: Ledger::Unavailable, ..inputs(&p, Execution::NotRun) };
+    assert_eq!(decide(&i, &mut rng()), Decision::Execute { attempt: 3 });
+    let i = Inputs { record: facts(6), ledger: Ledger::Unavailable, ..inputs(&p, Execution::NotRun) };
+    assert!(matches!(decide(&i, &mut rng()), Decision::DeadLetter { class: FailureClass::Exhausted, .. }));
+}
+
+#[test]
+fn long_delays_are_applied_in_steps_within_the_12_hour_limit() {
+    let p = RetryPolicy::builder().max_delay(Duration::from_secs(2 * 24 * 3600)).build().unwrap();
+    let out = Err(JobError::retry_after(Duration::from_secs(30 * 3600), "come back tomorrow"));
+    let i = Inputs { now_ms: NOW + 3_600_000, ..inputs(&p, Execution::Ran(&out)) };
+    match decide(&i, &mut rng()) {
+        Decision::Retry { delay, visibility, next_attempt_at_ms, .. } => {
+            assert_eq!(delay, Duration::from_secs(30 * 3600));
+            let limit = Duration::from_secs(11 * 3600) - RECEIVE_SLACK;
+            assert_eq!(visibility, limit);
+            assert_eq!(next_attempt_at_ms, NOW + 3_600_000 + 30 * 3_600_000);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // Back early on the next receive: deferred again for the rest, without an attempt.
+    let i = Inputs {
+        record: RecordFacts { receive_count: 2, received_at_ms: NOW + 12 * 3_600_000 },
+        ledger: stored(1, Some(NOW + 31 * 3_600_000)),
+        now_ms: NOW + 12 * 3_600_000,
+        ..inputs(&p, Execution::NotRun)
+    };
+    match decide(&i, &mut rng()) {
+        Decision::Defer { reason: DeferReason::EarlyArrival, visibility } => {
+            assert_eq!(visibility, Duration::from_secs(12 * 3600) - RECEIVE_SLACK)
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn any_policy() -> impl Strategy<Value = RetryPolicy> {
+    (1u32..30, 0u64..10_000, 1.0f64..5.0, 1u64..100_000, 0u64..5_000, 0usize..5).prop_map(
+        |(attempts, base, mult, max_s, jitter, kind)| {
+            let max = Duration::from_secs(max_s);
+            let backoff = match kind {
+                0 => Backoff::exponential(Duration::from_millis(base), mult, max, Duration::from_millis(jitter)),
+                1 => Backoff::FullJitter { base: Duration::from_millis(base), multiplier: mult, max },
+                2 => Backoff::Decorrelated { base: Duration::from_millis(base), max },
+                3 => Backoff::Sidekiq,
+                _ => Backoff::Custom(std::sync::Arc::new(|n, _| Duration::from_secs(u64::from(n) * 1000))),
+            };
+            RetryPolicy::builder().max_attempts(attempts).backoff(backoff).max_delay(max).build().unwrap()
+        },
+    )
+}
+
+fn any_outcome() -> impl Strategy<Value = Option<Result<(), JobError>>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(Ok(()))),
+        Just(Some(Err(JobError::fatal("f")))),
+        Just(Some(Err(JobError::transient("t")))),
+        (0u64..200_000).prop_map(|s| Some(Err(JobError::retry_after(Duration::from_secs(s), "r")))),
+    ]
+}
+
+fn any_gate() -> impl Strategy<Value = Gate> {
+    prop_oneof![
+        Just(Gate::Closed),
+        Just(Gate::Probe),
+        Just(Gate::ProbeBusy),
+        (0u64..100_000_000).prop_map(|d| Gate::Open { until_ms: NOW + d }),
+    ]
+}
+
+fn any_ledger() -> impl Strategy<Value = Ledger> {
+    prop_oneof![
+        Just(Ledger::FirstDelivery),
+        Just(Ledger::Unavailable),
+        Just(Ledger::Stored(None)),
+        (any::<u32>(), proptest::option::of(0u64..200_000_000))
+            .prop_map(|(a, n)| stored(a, n.map(|n| NOW - 100_000_000 + n))),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    #[test]
+    fn every_input_gets_exactly_one_sane_decision(
+        policy in any_policy(),
+        outcome in any_outcome(),
+        gate in any_gate(),
+        ledger in any_ledger(),
+        receive_count in 1u32..u32::MAX,
+        since_receive_ms in 0u64..(13 * 3_600_000),
+        time_left_ms in proptest::option::of(0u64..900_000),
+        invalid in proptest::option::of("[a-z ]{1,20}"),
+        seed in any::<u64>(),
+    ) {
+        let record = RecordFacts { receive_count, received_at_ms: NOW - since_receive_ms };
+        let execution = match &outcome { None => Execution::NotRun, Some(o) => Execution::Ran(o) };
+        let i = Inputs {
+            record,
+            invalid: invalid.as_deref(),
+            ledger,
+            gate,
+            time_left: time_left_ms.map(Duration::from_millis),
+            execution,
+            policy: &policy,
+            now_ms: NOW,
+        };
+        let mut r = StdRng::seed_from_u64(seed);
+        let d = decide(&i, &mut r);
+        // Deterministic for the same random draws.
+        prop_assert_eq!(&d, &decide(&i, &mut StdRng::seed_from_u64(seed)));
+        let limit = visibility_limit(record, NOW);
+        match &d {
+            Decision::Retry { delay, visibility, attempts, .. } => {
+                prop_assert!(*delay <= policy.max_delay());
+                prop_assert!(*visibility <= limit);
+                prop_assert!(*visibility <= Duration::from_secs(12 * 3600));
+                prop_assert!(*attempts < policy.max_attempts());
+            }
+            Decision::Defer { visibility, .. } => prop_assert!(*visibility <= limit),
+            Decision::Execute { attempt } => {
+                prop_assert!(outcome.is_none());
+                prop_assert!(*attempt >= 1 && *attempt <= policy.max_attempts());
+            }
+            Decision::Release => prop_assert!(outcome.is_none()),
+            Decision::DeadLetter { class: FailureClass::Invalid, attempts, .. } => prop_assert_eq!(*attempts, 0),
+            Decision::DeadLetter { attempts, .. } | Decision::Done { attempts } => {
+                prop_assert!(*attempts >= 1 || outcome.is_none())
+            }
+        }
+        if outcome.is_none() {
+            // Before the handler nothing is spent, whatever the decision.
+            let unspent = d.spends_no_attempt() || matches!(d, Decision::DeadLetter { .. });
+            prop_assert!(unspent);
+            if matches!(gate, Gate::Open { .. } | Gate::ProbeBusy) {
+                let runs = matches!(d, Decision::Execute { .. });
+                prop_assert!(!runs);
+            }
+        }
+    }
+
+    #[test]
+    fn capped_base_never_decreases_and_jitter_stays_in_its_window(
+        base_ms in 1u64..60_000,
+        mult in 1.0f64..4.0,
+        max_s in 1u64..86_400,
+        jitter_ms in 0u64..10_000,
+        seed in any::<u64>(),
+    ) {
+        let max = Duration::from_secs(max_s);
+        let zero_jitter = Backoff::exponential(Duration::from_millis(base_ms), mult, max, Duration::ZERO);
+        let b = Backoff::exponential(Duration::from_millis(base_ms), mult, max, Duration::from_millis(jitter_ms));
+        let err = JobError::transient("x");
+        let mut r = StdRng::seed_from_u64(seed);
+        let mut prev = Duration::ZERO;
+        for n in (0..64).chain([1_000, 1_000_000, u32::MAX - 1, u32::MAX]) {
+            let capped = zero_jitter.delay(n, &err, &mut r);
+            prop_assert!(capped >= prev, "n={} {:?} < {:?}", n, capped, prev);
+            prop_assert!(capped <= max);
+            prev = capped;
+            let d = b.delay(n, &err, &mut r);
+            prop_assert!(d >= capped && d <= max);
+            prop_assert!(d - capped < Duration::from_millis(jitter_ms.max(1)));
+        }
+    }
+
+    #[test]
+    fn no_strategy_panics_at_extreme_attempt_numbers(n in prop_oneof![Just(0u32), Just(u32::MAX), any::<u32>()], seed in any::<u64>()) {
+        let err = JobError::transient("x");
+        let mut r = StdRng::seed_from_u64(seed);
+        for b in [
+            Backoff::default(),
+            Backoff::FullJitter { base: Duration::from_secs(1), multiplier: 2.0, max: Duration::from_secs(3600) },
+            Backoff::Decorrelated { base: Duration::from_secs(1), max: Duration::from_secs(3600) },
+            Backoff::Sidekiq,
+        ] {
+            let _ = b.delay(n, &err, &mut r);
+            let _ = b.worst_case(n);
+        }
+        let p = RetryPolicy::default();
+        prop_assert!(p.retry_delay(n, &err, &mut r) <= p.max_delay());
+    }
+}
