@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs every test of sqs-triage on the local stack: formatting and lints, unit and property
+# tests, integration tests against moto and DynamoDB Local through the real SDK, the
+# deployment template checks, and a smoke run of the benchmarks.
+#
+#   bash infra/local/test.sh
+#
+# Starts the local stack if it is not running and stops it again if it started it.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sqs-triage/target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+step() { printf '\n== %s\n' "$*"; }
+
+started=0
+if ! bash infra/local/stack.sh status >/dev/null 2>&1; then
+  step "starting the local stack"
+  bash infra/local/stack.sh start
+  started=1
+fi
+cleanup() { if [ "$started" = 1 ]; then bash infra/local/stack.sh stop || true; fi; }
+trap cleanup EXIT
+eval "$(bash infra/local/stack.sh env)"
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets --quiet -- -D warnings
+
+step "cargo test (unit, property and integration tests on the local stack)"
+cargo test --all-targets --no-fail-fast
+
+if [ -f infra/check.sh ]; then
+  step "deployment templates (cfn-lint, SAM translator, cdk synth + cdk-nag, facts)"
+  bash infra/check.sh
+fi
