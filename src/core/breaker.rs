@@ -1,1 +1,770 @@
 //! The circuit breaker state machine (pure).
+//!
+//! One breaker per job type, shared by every environment through storage. This module only
+//! computes transitions: it takes the stored [`BreakerState`] and the time (epoch ms) and
+//! returns the next state, or `None` when nothing changes (so the caller writes nothing).
+//!
+//! - **Closed**: jobs run. Transient failures are counted in a fixed window that starts at the
+//!   first failure; `threshold` failures within `window` open the breaker. Fatal and invalid
+//!   failures never count: they are payload bugs, not outages.
+//! - **Open** until `open_until_ms`: jobs are deferred to the end of the period.
+//! - **HalfOpen** (entered lazily, the first time someone looks after the open period): at most
+//!   `probes` executions at a time hold a [`Lease`]; an expired lease frees its slot. A permit
+//!   whose user code never started is released, not reported. `successes_to_close` probe
+//!   successes close the breaker; one probe failure opens it again.
+//!
+//! Every phase change starts a new `generation`; outcomes reported with another generation are
+//! ignored (they describe a period that is over). Every change bumps `version`, which the
+//! storage layer puts, with the phase, into the condition of each write.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use super::decision::Gate;
+
+/// A breaker configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BreakerConfigError {
+    /// `threshold` outside 1..=100 000.
+    #[error("breaker threshold must be 1 to 100000 failures (got {0})")]
+    Threshold(u32),
+    /// A window outside 1 s..=1 day.
+    #[error("breaker window must be 1 s to 1 day (got {0:?})")]
+    Window(Duration),
+    /// An open period outside 1 s..=12 h (SQS cannot defer a message longer).
+    #[error("breaker open period must be 1 s to 12 h (got {0:?})")]
+    OpenFor(Duration),
+    /// `probes` outside 1..=100.
+    #[error("breaker probes must be 1 to 100 (got {0})")]
+    Probes(u32),
+    /// A probe lease outside 1 s..=12 h.
+    #[error("breaker probe lease must be 1 s to 12 h (got {0:?})")]
+    Lease(Duration),
+    /// `successes_to_close` outside 1..=100.
+    #[error("breaker successes to close must be 1 to 100 (got {0})")]
+    SuccessesToClose(u32),
+    /// A state cache TTL over 5 minutes.
+    #[error("breaker cache TTL must be at most 5 min (got {0:?})")]
+    CacheTtl(Duration),
+}
+
+/// How a job type's breaker behaves. Build it with [`BreakerConfig::builder`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerConfig {
+    threshold: u32,
+    window: Duration,
+    open_for: Duration,
+    probes: u32,
+    lease: Duration,
+    successes_to_close: u32,
+    cache_ttl: Duration,
+}
+
+impl Default for BreakerConfig {
+    /// 5 transient failures within 60 s open it for 30 s; then 1 probe at a time (lease 60 s),
+    /// 1 success closes it; state reads are cached for 5 s.
+    fn default() -> Self {
+        Self {
+            threshold: 5,
+            window: Duration::from_secs(60),
+            open_for: Duration::from_secs(30),
+            probes: 1,
+            lease: Duration::from_secs(60),
+            successes_to_close: 1,
+            cache_ttl: Duration::from_secs(5),
+        }
+    }
+}
+
+impl BreakerConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> BreakerConfigBuilder {
+        BreakerConfigBuilder {
+            config: Self::default(),
+        }
+    }
+
+    /// Transient failures within the window that open the breaker.
+    pub fn threshold(&self) -> u32 {
+        self.threshold
+    }
+    /// The failure-counting window.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+    /// How long the breaker stays open.
+    pub fn open_for(&self) -> Duration {
+        self.open_for
+    }
+    /// Probe executions admitted at a time while half-open, across all environments.
+    pub fn probes(&self) -> u32 {
+        self.probes
+    }
+    /// How long a probe permit is held before its slot is freed for another.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+    /// Probe successes that close the breaker.
+    pub fn successes_to_close(&self) -> u32 {
+        self.successes_to_close
+    }
+    /// How long an environment may use a state it read.
+    pub fn cache_ttl(&self) -> Duration {
+        self.cache_ttl
+    }
+}
+
+/// Builds a [`BreakerConfig`]; [`build`](Self::build) validates.
+#[derive(Debug, Clone)]
+pub struct BreakerConfigBuilder {
+    config: BreakerConfig,
+}
+
+impl BreakerConfigBuilder {
+    /// Transient failures within the window that open the breaker (1..=100 000).
+    pub fn threshold(mut self, n: u32) -> Self {
+        self.config.threshold = n;
+        self
+    }
+    /// The failure-counting window (1 s..=1 day).
+    pub fn window(mut self, d: Duration) -> Self {
+        self.config.window = d;
+        self
+    }
+    /// How long the breaker stays open (1 s..=12 h).
+    pub fn open_for(mut self, d: Duration) -> Self {
+        self.config.open_for = d;
+        self
+    }
+    /// Probes at a time while half-open (1..=100).
+    pub fn probes(mut self, n: u32) -> Self {
+        self.config.probes = n;
+        self
+    }
+    /// Probe lease length (1 s..=12 h); make it longer than a handler can run.
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.config.lease = d;
+        self
+    }
+    /// Probe successes that close the breaker (1..=100).
+    pub fn successes_to_close(mut self, n: u32) -> Self {
+        self.config.successes_to_close = n;
+        self
+    }
+    /// State cache TTL per environment (0..=5 min; 0 disables the cache).
+    pub fn cache_ttl(mut self, d: Duration) -> Self {
+        self.config.cache_ttl = d;
+        self
+    }
+
+    /// Validates and returns the configuration.
+    pub fn build(self) -> Result<BreakerConfig, BreakerConfigError> {
+        let c = self.config;
+        let secs =
+            |d: Duration, lo: u64, hi: u64| d >= Duration::from_secs(lo) && d <= Duration::from_secs(hi);
+        if !(1..=100_000).contains(&c.threshold) {
+            return Err(BreakerConfigError::Threshold(c.threshold));
+        }
+        if !secs(c.window, 1, 86_400) {
+            return Err(BreakerConfigError::Window(c.window));
+        }
+        if !secs(c.open_for, 1, 12 * 3600) {
+            return Err(BreakerConfigError::OpenFor(c.open_for));
+        }
+        if !(1..=100).contains(&c.probes) {
+            return Err(BreakerConfigError::Probes(c.probes));
+        }
+        if !secs(c.lease, 1, 12 * 3600) {
+            return Err(BreakerConfigError::Lease(c.lease));
+        }
+        if !(1..=100).contains(&c.successes_to_close) {
+            return Err(BreakerConfigError::SuccessesToClose(c.successes_to_close));
+        }
+        if c.cache_ttl > Duration::from_secs(300) {
+            return Err(BreakerConfigError::CacheTtl(c.cache_ttl));
+        }
+        Ok(c)
+    }
+}
+
+/// The breaker's phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Phase {
+    /// Jobs run; transient failures are counted.
+    #[default]
+    Closed,
+    /// Jobs are deferred until `open_until_ms`.
+    Open,
+    /// A few probe executions decide whether to close or reopen.
+    HalfOpen,
+}
+
+impl Phase {
+    /// The stored name: `closed`, `open`, `half_open`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Closed => "closed",
+            Phase::Open => "open",
+            Phase::HalfOpen => "half_open",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "closed" => Some(Phase::Closed),
+            "open" => Some(Phase::Open),
+            "half_open" => Some(Phase::HalfOpen),
+            _ => None,
+        }
+    }
+}
+
+/// The shared state of one job type's breaker, as stored. A missing item is
+/// [`BreakerState::default`]: closed, generation 0, version 0.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BreakerState {
+    /// Current phase (as stored; an open phase past its end is half-open, see [`Self::at`]).
+    pub phase: Phase,
+    /// Starts at 0; +1 on every phase change.
+    pub generation: u64,
+    /// Starts at 0 (no item); +1 on every write.
+    pub version: u64,
+    /// End of the open period (epoch ms); meaningful when open.
+    pub open_until_ms: u64,
+    /// True when an operator opened it; it then stays open until an operator closes it.
+    pub forced: bool,
+    /// Start of the failure window (epoch ms); meaningful when closed with failures.
+    pub window_start_ms: u64,
+    /// Transient failures counted in the current window.
+    pub failures: u32,
+    /// Probe successes in this half-open period.
+    pub probe_successes: u32,
+    /// Probe leases held in this half-open period: lease id → expiry (epoch ms).
+    pub leases: BTreeMap<String, u64>,
+}
+
+/// A probe permit: the right to run one execution while half-open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The lease id (unique per acquisition).
+    pub id: String,
+    /// The half-open generation it belongs to.
+    pub generation: u64,
+    /// When its slot is freed if it is neither released nor reported (epoch ms).
+    pub expires_at_ms: u64,
+}
+
+/// The outcomes of one invocation for one job type, reported in one write.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Aggregate {
+    /// Transient failures of ordinary (non-probe) executions. Fatal and invalid never count.
+    pub transient_failures: u32,
+    /// Probe executions that succeeded.
+    pub probe_successes: u32,
+    /// Probe executions that failed transiently.
+    pub probe_failures: u32,
+    /// Ids of the leases whose probes are reported here (their slots are freed).
+    pub leases: Vec<String>,
+    /// The generation the executions were admitted in.
+    pub generation: u64,
+}
+
+impl Aggregate {
+    /// True when there is nothing to report.
+    pub fn is_empty(&self) -> bool {
+        self.transient_failures == 0
+            && self.probe_successes == 0
+            && self.probe_failures == 0
+            && self.leases.is_empty()
+    }
+}
+
+/// The answer to a probe request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquire {
+    /// Not half-open: no permit needed (closed) or none possible (open).
+    NotHalfOpen,
+    /// Every slot is held by an unexpired lease.
+    Busy,
+    /// A slot was free: write `state`, then the holder owns `lease`.
+    Granted {
+        /// The state to write.
+        state: BreakerState,
+        /// The permit.
+        lease: Lease,
+    },
+}
+
+const fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+impl BreakerState {
+    /// The state as it is at `now_ms`: an open period that has ended becomes half-open (a new
+    /// generation with no leases). Returns a copy; `version` is unchanged (nothing written yet).
+    pub fn at(&self, now_ms: u64) -> BreakerState {
+        let mut s = self.clone();
+        if s.phase == Phase::Open && !s.forced && now_ms >= s.open_until_ms {
+            s.phase = Phase::HalfOpen;
+            s.generation += 1;
+            s.probe_successes = 0;
+            s.leases.clear();
+        }
+        s
+    }
+
+    /// The phase at `now_ms`.
+    pub fn phase_at(&self, now_ms: u64) -> Phase {
+        self.at(now_ms).phase
+    }
+
+    fn bumped(mut self) -> BreakerState {
+        self.version += 1;
+        self
+    }
+
+    fn opened(mut self, now_ms: u64, config: &BreakerConfig) -> BreakerState {
+        self.phase = Phase::Open;
+        self.generation += 1;
+        self.open_until_ms = now_ms.saturating_add(ms(config.open_for));
+        self.forced = false;
+        self.failures = 0;
+        self.window_start_ms = 0;
+        self.probe_successes = 0;
+        self.leases.clear();
+        self
+    }
+
+    fn closed(mut self) -> BreakerState {
+        self.phase = Phase::Closed;
+        self.generation += 1;
+        self.open_until_ms = 0;
+        self.forced = false;
+        self.failures = 0;
+        self.window_start_ms = 0;
+        self.probe_successes = 0;
+        self.leases.clear();
+        self
+    }
+
+    /// Counts `n` transient failures seen at `now_ms` in generation `generation`. Opens the
+    /// breaker when the window's count reaches the threshold. `None`: nothing to write (no
+    /// failures, a stale generation, or not closed).
+    pub fn record_failures(
+        &self,
+        n: u32,
+        generation: u64,
+        now_ms: u64,
+        config: &BreakerConfig,
+    ) -> Option<BreakerState> {
+        let s = self.at(now_ms);
+        if n == 0 || generation != s.generation || s.phase != Phase::Closed {
+            return None;
+        }
+        let mut next = s;
+        let window_over = now_ms.saturating_sub(next.window_start_ms) >= ms(config.window);
+        if next.failures == 0 || window_over {
+            next.window_start_ms = now_ms;
+            next.failures = 0;
+        }
+        next.failures = next.failures.saturating_add(n);
+        if next.failures >= config.threshold {
+            next = next.opened(now_ms, config);
+        }
+        Some(next.bumped())
+    }
+
+    /// Asks for a probe slot at `now_ms` for a new lease `lease_id`. Expired leases free their
+    /// slots first.
+    pub fn acquire(&self, lease_id: &str, now_ms: u64, config: &BreakerConfig) -> Acquire {
+        let mut s = self.at(now_ms);
+        if s.phase != Phase::HalfOpen {
+            return Acquire::NotHalfOpen;
+        }
+        s.leases.retain(|_, exp| *exp > now_ms);
+        if s.leases.len() >= config.probes as usize {
+            return Acquire::Busy;
+        }
+        let lease = Lease {
+            id: lease_id.to_owned(),
+            generation: s.generation,
+            expires_at_ms: now_ms.saturating_add(ms(config.lease)),
+        };
+        s.leases.insert(lease.id.clone(), lease.expires_at_ms);
+        Acquire::Granted {
+            state: s.bumped(),
+            lease,
+        }
+    }
+
+    /// Gives back a permit whose user code never started. `None`: nothing to write (a stale
+    /// generation, or the lease is already gone).
+    pub fn release(&self, lease: &Lease, now_ms: u64) -> Option<BreakerState> {
+        let mut s = self.at(now_ms);
+        if s.generation != lease.generation || s.phase != Phase::HalfOpen {
+            return None;
+        }
+        s.leases.remove(&lease.id)?;
+        Some(s.bumped())
+    }
+
+    /// Applies one invocation's outcomes. A probe failure reopens the breaker; enough probe
+    /// successes close it; transient failures count while closed. Outcomes from another
+    /// generation are ignored. `None`: nothing to write.
+    pub fn report(&self, agg: &Aggregate, now_ms: u64, config: &BreakerConfig) -> Option<BreakerState> {
+        let s = self.at(now_ms);
+        if agg.generation != s.generation {
+            return None;
+        }
+        match s.phase {
+            Phase::Closed => self.record_failures(agg.transient_failures, agg.generation, now_ms, config),
+            Phase::Open => None,
+            Phase::HalfOpen => {
+                if agg.probe_failures > 0 {
+                    return Some(s.opened(now_ms, config).bumped());
+                }
+                let mut next = s;
+                let before = (next.leases.len(), next.probe_successes);
+                for id in &agg.leases {
+                    next.leases.remove(id);
+                }
+                next.probe_successes = next.probe_successes.saturating_add(agg.probe_successes);
+                if next.probe_successes >= config.successes_to_close {
+                    return Some(next.closed().bumped());
+                }
+                if (next.leases.len(), next.probe_successes) == before {
+                    return None;
+                }
+                Some(next.bumped())
+            }
+        }
+    }
+
+    /// Operator: open now, until closed by an operator (`for_ = None`) or for a period.
+    pub fn force_open(&self, for_: Option<Duration>, now_ms: u64, config: &BreakerConfig) -> BreakerState {
+        let mut s = self.clone().opened(now_ms, config);
+        match for_ {
+            Some(d) => s.open_until_ms = now_ms.saturating_add(ms(d)),
+            None => {
+                s.forced = true;
+                s.open_until_ms = u64::MAX;
+            }
+        }
+        s.bumped()
+    }
+
+    /// Operator: close now (a new generation; in-flight probes become stale).
+    pub fn force_close(&self) -> BreakerState {
+        self.clone().closed().bumped()
+    }
+
+    /// Operator: back to a fresh closed breaker. Generation and version keep growing so
+    /// conditions and stale reports still work.
+    pub fn reset(&self) -> BreakerState {
+        BreakerState {
+            generation: self.generation + 1,
+            version: self.version + 1,
+            ..BreakerState::default()
+        }
+    }
+}
+
+/// What the breaker allows at `now_ms` for a record; `holds_permit` says whether the record
+/// holds a probe permit of the current half-open generation.
+pub fn gate(state: &BreakerState, now_ms: u64, holds_permit: bool) -> Gate {
+    let s = state.at(now_ms);
+    match s.phase {
+        Phase::Closed => Gate::Closed,
+        Phase::Open => Gate::Open {
+            until_ms: s.open_until_ms,
+        },
+        Phase::HalfOpen if holds_permit => Gate::Probe,
+        Phase::HalfOpen => Gate::ProbeBusy,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A controllable clock in epoch ms.
+    struct Clock(u64);
+    impl Clock {
+        fn now(&self) -> u64 {
+            self.0
+        }
+        fn advance(&mut self, d: Duration) {
+            self.0 += ms(d);
+        }
+    }
+
+    fn cfg() -> BreakerConfig {
+        BreakerConfig::default()
+    }
+
+    fn fail(s: &BreakerState, n: u32, now: u64) -> BreakerState {
+        s.record_failures(n, s.generation, now, &cfg()).expect("a write")
+    }
+
+    fn open_state(clock: &Clock) -> BreakerState {
+        fail(&BreakerState::default(), 5, clock.now())
+    }
+
+    fn lease_of(a: Acquire) -> (BreakerState, Lease) {
+        match a {
+            Acquire::Granted { state, lease } => (state, lease),
+            other => panic!("expected a permit, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn config_validates() {
+        assert!(BreakerConfig::builder().build().is_ok());
+        assert_eq!(
+            BreakerConfig::builder().threshold(0).build(),
+            Err(BreakerConfigError::Threshold(0))
+        );
+        assert!(matches!(
+            BreakerConfig::builder()
+                .open_for(Duration::from_secs(13 * 3600))
+                .build(),
+            Err(BreakerConfigError::OpenFor(_))
+        ));
+        assert_eq!(
+            BreakerConfig::builder().probes(0).build(),
+            Err(BreakerConfigError::Probes(0))
+        );
+        assert!(BreakerConfig::builder().cache_ttl(Duration::ZERO).build().is_ok());
+        let msg = BreakerConfig::builder()
+            .window(Duration::ZERO)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("window"), "{msg}");
+    }
+
+    #[test]
+    fn failures_below_threshold_stay_closed_and_window_rolls() {
+        let mut clock = Clock(1_000_000);
+        let s = fail(&BreakerState::default(), 4, clock.now());
+        assert_eq!(s.phase, Phase::Closed);
+        assert_eq!((s.failures, s.version, s.generation), (4, 1, 0));
+        clock.advance(Duration::from_secs(61));
+        let s = fail(&s, 1, clock.now());
+        assert_eq!(s.phase, Phase::Closed, "the old window's failures are gone");
+        assert_eq!(s.failures, 1);
+        assert_eq!(s.window_start_ms, clock.now());
+    }
+
+    #[test]
+    fn threshold_within_window_opens_with_new_generation() {
+        let mut clock = Clock(1_000_000);
+        let s = fail(&BreakerState::default(), 3, clock.now());
+        clock.advance(Duration::from_secs(30));
+        let s = fail(&s, 2, clock.now());
+        assert_eq!(s.phase, Phase::Open);
+        assert_eq!(s.generation, 1);
+        assert_eq!(s.open_until_ms, clock.now() + 30_000);
+        assert_eq!(
+            gate(&s, clock.now(), false),
+            Gate::Open {
+                until_ms: s.open_until_ms
+            }
+        );
+    }
+
+    #[test]
+    fn nothing_to_write_without_failures_or_when_stale_or_open() {
+        let clock = Clock(5_000);
+        let s = BreakerState::default();
+        assert_eq!(s.record_failures(0, 0, clock.now(), &cfg()), None);
+        assert_eq!(
+            s.record_failures(3, 7, clock.now(), &cfg()),
+            None,
+            "stale generation"
+        );
+        let open = open_state(&clock);
+        assert_eq!(
+            open.record_failures(3, open.generation, clock.now(), &cfg()),
+            None
+        );
+        let empty = Aggregate {
+            generation: 0,
+            ..Aggregate::default()
+        };
+        assert!(empty.is_empty());
+        assert_eq!(
+            s.report(&empty, clock.now(), &cfg()),
+            None,
+            "healthy path writes nothing"
+        );
+        assert_eq!(gate(&s, clock.now(), false), Gate::Closed);
+    }
+
+    #[test]
+    fn open_becomes_half_open_after_the_period() {
+        let mut clock = Clock(1_000_000);
+        let s = open_state(&clock);
+        clock.advance(Duration::from_millis(29_999));
+        assert_eq!(s.phase_at(clock.now()), Phase::Open);
+        clock.advance(Duration::from_millis(1));
+        let h = s.at(clock.now());
+        assert_eq!(h.phase, Phase::HalfOpen);
+        assert_eq!(h.generation, s.generation + 1);
+        assert_eq!(h.version, s.version, "time alone writes nothing");
+        assert_eq!(gate(&s, clock.now(), false), Gate::ProbeBusy);
+        assert_eq!(gate(&s, clock.now(), true), Gate::Probe);
+    }
+
+    #[test]
+    fn half_open_admits_n_probes_and_expired_leases_free_slots() {
+        let mut clock = Clock(1_000_000);
+        let config = BreakerConfig::builder().probes(2).build().unwrap();
+        let mut s = open_state(&clock);
+        assert_eq!(s.acquire("x", clock.now(), &config), Acquire::NotHalfOpen);
+        clock.advance(Duration::from_secs(30));
+        let (s1, a) = lease_of(s.acquire("a", clock.now(), &config));
+        assert_eq!(a.expires_at_ms, clock.now() + 60_000);
+        assert_eq!(a.generation, s1.generation);
+        let (s2, _b) = lease_of(s1.acquire("b", clock.now(), &config));
+        assert_eq!(s2.acquire("c", clock.now(), &config), Acquire::Busy);
+        clock.advance(Duration::from_secs(60));
+        let (s3, c) = lease_of(s2.acquire("c", clock.now(), &config));
+        assert_eq!(s3.leases.len(), 1, "both expired leases were dropped");
+        assert!(s3.leases.contains_key(&c.id));
+        s = s3;
+        assert_eq!(s.version, 4);
+        assert_eq!(
+            BreakerState::default().acquire("x", 0, &config),
+            Acquire::NotHalfOpen
+        );
+    }
+
+    #[test]
+    fn release_frees_the_slot_and_ignores_stale_permits() {
+        let mut clock = Clock(1_000_000);
+        let s = open_state(&clock);
+        clock.advance(Duration::from_secs(30));
+        let (s1, a) = lease_of(s.acquire("a", clock.now(), &cfg()));
+        assert_eq!(s1.acquire("b", clock.now(), &cfg()), Acquire::Busy);
+        let s2 = s1.release(&a, clock.now()).expect("a write");
+        assert!(s2.leases.is_empty());
+        assert_eq!(s2.release(&a, clock.now()), None, "already released");
+        let (_s3, _b) = lease_of(s2.acquire("b", clock.now(), &cfg()));
+        let stale = Lease {
+            generation: a.generation - 1,
+            ..a
+        };
+        assert_eq!(s1.release(&stale, clock.now()), None);
+    }
+
+    #[test]
+    fn probe_successes_close_at_m() {
+        let mut clock = Clock(1_000_000);
+        let config = BreakerConfig::builder().successes_to_close(2).build().unwrap();
+        let s = fail(&BreakerState::default(), 5, clock.now());
+        clock.advance(Duration::from_secs(30));
+        let (s1, a) = lease_of(s.acquire("a", clock.now(), &config));
+        let ok = |lease: &Lease| Aggregate {
+            probe_successes: 1,
+            leases: vec![lease.id.clone()],
+            generation: lease.generation,
+            ..Aggregate::default()
+        };
+        let s2 = s1.report(&ok(&a), clock.now(), &config).expect("a write");
+        assert_eq!((s2.phase, s2.probe_successes), (Phase::HalfOpen, 1));
+        assert!(s2.leases.is_empty(), "the reported lease frees its slot");
+        let (s3, b) = lease_of(s2.acquire("b", clock.now(), &config));
+        let s4 = s3.report(&ok(&b), clock.now(), &config).expect("a write");
+        assert_eq!(s4.phase, Phase::Closed);
+        assert_eq!(s4.generation, s3.generation + 1);
+        assert_eq!(gate(&s4, clock.now(), false), Gate::Closed);
+        assert_eq!(
+            s4.report(&ok(&b), clock.now(), &config),
+            None,
+            "stale report ignored"
+        );
+    }
+
+    #[test]
+    fn one_probe_failure_reopens_with_new_generation() {
+        let mut clock = Clock(1_000_000);
+        let s = open_state(&clock);
+        clock.advance(Duration::from_secs(31));
+        let (s1, a) = lease_of(s.acquire("a", clock.now(), &cfg()));
+        let agg = Aggregate {
+            probe_failures: 1,
+            leases: vec![a.id.clone()],
+            generation: a.generation,
+            ..Aggregate::default()
+        };
+        let s2 = s1.report(&agg, clock.now(), &cfg()).expect("a write");
+        assert_eq!(s2.phase, Phase::Open);
+        assert_eq!(s2.generation, s1.generation + 1);
+        assert_eq!(s2.open_until_ms, clock.now() + 30_000);
+        assert!(s2.leases.is_empty());
+        assert_eq!(s2.report(&agg, clock.now(), &cfg()), None, "stale generation");
+    }
+
+    #[test]
+    fn transient_failures_reported_while_open_or_half_open_do_not_count() {
+        let mut clock = Clock(1_000_000);
+        let s = open_state(&clock);
+        let agg = Aggregate {
+            transient_failures: 9,
+            generation: s.generation,
+            ..Aggregate::default()
+        };
+        assert_eq!(s.report(&agg, clock.now(), &cfg()), None);
+        clock.advance(Duration::from_secs(30));
+        let h = s.at(clock.now());
+        let agg = Aggregate {
+            transient_failures: 9,
+            generation: h.generation,
+            ..Aggregate::default()
+        };
+        assert_eq!(s.report(&agg, clock.now(), &cfg()), None);
+    }
+
+    #[test]
+    fn forced_transitions() {
+        let mut clock = Clock(1_000_000);
+        let s = BreakerState::default();
+        let o = s.force_open(None, clock.now(), &cfg());
+        assert_eq!(
+            (o.phase, o.forced, o.version, o.generation),
+            (Phase::Open, true, 1, 1)
+        );
+        clock.advance(Duration::from_secs(3600));
+        assert_eq!(
+            o.phase_at(clock.now()),
+            Phase::Open,
+            "forced open holds until closed"
+        );
+        let timed = s.force_open(Some(Duration::from_secs(10)), clock.now(), &cfg());
+        assert_eq!(timed.open_until_ms, clock.now() + 10_000);
+        assert!(!timed.forced);
+        let c = o.force_close();
+        assert_eq!(
+            (c.phase, c.forced, c.version, c.generation),
+            (Phase::Closed, false, 2, 2)
+        );
+        let f = fail(&c, 3, clock.now());
+        let r = f.reset();
+        assert_eq!(
+            (r.phase, r.failures, r.version, r.generation),
+            (Phase::Closed, 0, 4, 3)
+        );
+    }
+
+    #[test]
+    fn phase_names_round_trip() {
+        for p in [Phase::Closed, Phase::Open, Phase::HalfOpen] {
+            assert_eq!(Phase::parse(p.as_str()), Some(p));
+        }
+        assert_eq!(Phase::parse("weird"), None);
+    }
+}
