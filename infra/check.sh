@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Offline checks of the deployment templates (no AWS credentials, no network but the package
+# registries for the first install). Idempotent: installs its tools when they are missing.
+#
+#   1. cfn-lint on infra/template.yaml (SAM)
+#   2. aws-sam-translator: SAM -> plain CloudFormation JSON
+#   3. tsc --noEmit, then `cdk synth` of infra/cdk without compiling the crate, with cdk-nag
+#      (AwsSolutions); an unacknowledged cdk-nag error fails the synth
+#   4. infra/check_templates.py: the facts that matter, on both templates; the envelope schema
+#      and the sample events in events/
+#
+# Tools go to .local/venv-infra (Python) and infra/cdk/node_modules (npm ci); outputs to
+# .local/infra-check/. Ends with the line `N passed, M failed`; exits non-zero on any failure.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+VENV="$ROOT/.local/venv-infra"
+OUT="$ROOT/.local/infra-check"
+CDK_DIR="$ROOT/infra/cdk"
+PY_PINS=(cfn-lint==1.58.0 aws-sam-translator==1.115.0)
+
+# Never reach for credentials or the instance metadata endpoint; no CLI telemetry or notices.
+export AWS_EC2_METADATA_DISABLED=true
+export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}"
+export CDK_DISABLE_CLI_TELEMETRY=true
+export npm_config_update_notifier=false
+
+step() { printf '== %s\n' "$*"; }
+
+# ---------------------------------------------------------------- tools
+if ! "$VENV/bin/python" -c 'import cfnlint, samtranslator' >/dev/null 2>&1; then
+  step "installing ${PY_PINS[*]} into .local/venv-infra"
+  rm -rf "$VENV"
+  mkdir -p "$ROOT/.local"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PY_PINS[@]}"
+fi
+
+if [ ! -f "$CDK_DIR/node_modules/.package-lock.json" ] \
+   || [ "$CDK_DIR/package-lock.json" -nt "$CDK_DIR/node_modules/.package-lock.json" ] \
+   || [ ! -x "$CDK_DIR/node_modules/.bin/cdk" ]; then
+  step "installing infra/cdk node_modules (npm ci)"
+  (cd "$CDK_DIR" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+mkdir -p "$OUT"
+
+# ---------------------------------------------------------------- SAM
+step "cfn-lint infra/template.yaml"
+"$VENV/bin/cfn-lint" infra/template.yaml
+echo "cfn-lint: no findings"
+
+step "SAM translator"
+"$VENV/bin/python" infra/check_templates.py translate infra/template.yaml "$OUT/sam-template.json"
+
+# ---------------------------------------------------------------- CDK
+step "tsc --noEmit (infra/cdk)"
+(cd "$CDK_DIR" && npx --no-install tsc --noEmit -p tsconfig.json)
+echo "tsc: no errors"
+
+step "cdk synth (no bundling) with cdk-nag AwsSolutions"
+rm -rf "$OUT/cdk.out"
+(cd "$CDK_DIR" && npx --no-install cdk synth --quiet --no-notices --no-version-reporting \
+  -c skipBundling=true --output "$OUT/cdk.out")
+echo "cdk synth: ok ($(ls "$OUT"/cdk.out/*.template.json | xargs -n1 basename))"
+
+# ---------------------------------------------------------------- facts
+step "facts"
+"$VENV/bin/python" infra/check_templates.py check \
+  --sam infra/template.yaml \
+  --sam-cfn "$OUT/sam-template.json" \
+  --cdk-out "$OUT/cdk.out" \
+  --events events \
+  --schema schema/envelope.schema.json

@@ -1,0 +1,631 @@
+#!/usr/bin/env python3
+"""Offline fact checks over the sqs-triage infrastructure templates.
+
+    check_templates.py translate SAM_TEMPLATE OUT_JSON
+        Transforms the SAM template to plain CloudFormation with aws-sam-translator
+        (the local CodeUri is replaced by a dummy S3 location, as `sam package` would).
+
+    check_templates.py check --sam SAM_TEMPLATE --sam-cfn OUT_JSON --cdk-out CDK_OUT_DIR
+        Checks the facts that matter on the translated SAM output and on the synthesized CDK
+        template: one line per fact, then `N passed, M failed`; exit status 1 on any failure.
+
+Both templates are evaluated the same way: intrinsic functions are resolved with the
+parameter defaults (or the CDK context baked into the template), resources get the names and
+ARNs CloudFormation would give them, and the facts are asserted on those concrete values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+REGION = "us-east-1"
+ACCOUNT = "000000000000"
+STACK = "sqs-triage"
+NOVALUE = object()
+
+EXPECTED_POLICY_ENV = {
+    "TRIAGE_MAX_ATTEMPTS": "5",
+    "TRIAGE_BASE_DELAY_MS": "3000",
+    "TRIAGE_BACKOFF_MULTIPLIER": "2",
+    "TRIAGE_MAX_DELAY_MS": "3600000",
+    "TRIAGE_JITTER_MAX_MS": "1000",
+    "TRIAGE_BREAKER_THRESHOLD": "5",
+    "TRIAGE_BREAKER_WINDOW_S": "60",
+    "TRIAGE_BREAKER_OPEN_S": "30",
+    "TRIAGE_BREAKER_PROBES": "1",
+}
+SOURCE_QUEUE_ACTIONS = {
+    "sqs:ReceiveMessage",
+    "sqs:DeleteMessage",
+    "sqs:ChangeMessageVisibility",
+    "sqs:GetQueueAttributes",
+}
+DLQ_ACTIONS = {"sqs:SendMessage", "sqs:GetQueueAttributes"}
+TABLE_ACTIONS = {
+    "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:BatchWriteItem",
+    "dynamodb:Query",
+}
+LOG_ACTIONS = {"logs:CreateLogStream", "logs:PutLogEvents"}
+
+
+# --------------------------------------------------------------------------- translation
+
+def load_yaml_template(path: Path) -> dict:
+    from samtranslator.yaml_helper import yaml_parse  # handles !Ref, !Sub, ...
+
+    return yaml_parse(path.read_text())
+
+
+def translate(sam_path: Path, out_path: Path) -> None:
+    os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
+    from samtranslator.translator.transform import transform
+
+    template = load_yaml_template(sam_path)
+    for res in template.get("Resources", {}).values():
+        if res.get("Type") == "AWS::Serverless::Function":
+            uri = res.get("Properties", {}).get("CodeUri")
+            if isinstance(uri, str) and not uri.startswith("s3://"):
+                res["Properties"]["CodeUri"] = "s3://offline-check-bucket/triage-lambda.zip"
+
+    class NoManagedPolicies:  # offline: the template names no managed policy to look up
+        def load(self):
+            return {}
+
+    cfn = transform(template, {}, NoManagedPolicies())
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(cfn, indent=1, default=str))
+    print(f"translated {sam_path} -> {out_path} ({len(cfn.get('Resources', {}))} resources)")
+
+
+# --------------------------------------------------------------------------- evaluation
+
+class Template:
+    """A CloudFormation template with intrinsic functions resolved to concrete values."""
+
+    def __init__(self, raw: dict, overrides: dict | None = None):
+        self.raw = raw
+        self.resources = raw.get("Resources", {})
+        self.params = {}
+        for name, p in raw.get("Parameters", {}).items():
+            if "Default" in p:
+                self.params[name] = str(p["Default"])
+        for k, v in (overrides or {}).items():
+            self.params[k] = str(v)
+        self.pseudo = {
+            "AWS::StackName": STACK,
+            "AWS::Region": REGION,
+            "AWS::AccountId": ACCOUNT,
+            "AWS::Partition": "aws",
+            "AWS::URLSuffix": "amazonaws.com",
+            "AWS::StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{STACK}/x",
+            "AWS::NoValue": NOVALUE,
+        }
+        self._names: dict[str, str] = {}
+
+    # -- names and attributes of resources, as CloudFormation would make them
+    def name_of(self, rid: str) -> str:
+        if rid in self._names:
+            return self._names[rid]
+        res = self.resources[rid]
+        props = res.get("Properties", {})
+        key = {
+            "AWS::SQS::Queue": "QueueName",
+            "AWS::DynamoDB::Table": "TableName",
+            "AWS::Logs::LogGroup": "LogGroupName",
+            "AWS::Lambda::Function": "FunctionName",
+            "AWS::IAM::Role": "RoleName",
+        }.get(res["Type"])
+        name = self.ev(props[key]) if key and key in props else f"{STACK}-{rid}"
+        self._names[rid] = name
+        return name
+
+    def ref(self, rid: str):
+        if rid in self.pseudo:
+            return self.pseudo[rid]
+        if rid in self.params:
+            return self.params[rid]
+        if rid not in self.resources:
+            raise KeyError(f"Ref to unknown {rid}")
+        t = self.resources[rid]["Type"]
+        if t == "AWS::SQS::Queue":
+            return f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{self.name_of(rid)}"
+        if t in ("AWS::DynamoDB::Table", "AWS::Logs::LogGroup", "AWS::Lambda::Function", "AWS::IAM::Role"):
+            return self.name_of(rid)
+        return f"ref:{rid}"
+
+    def getatt(self, rid: str, attr: str):
+        t = self.resources[rid]["Type"]
+        if t == "AWS::SQS::Queue":
+            name = self.name_of(rid)
+            return {
+                "Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{name}",
+                "QueueName": name,
+                "QueueUrl": self.ref(rid),
+            }[attr]
+        if t == "AWS::DynamoDB::Table" and attr == "Arn":
+            return f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{self.name_of(rid)}"
+        if t == "AWS::Logs::LogGroup" and attr == "Arn":
+            return f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{self.name_of(rid)}:*"
+        if t == "AWS::IAM::Role" and attr == "Arn":
+            return f"arn:aws:iam::{ACCOUNT}:role/{self.name_of(rid)}"
+        if t == "AWS::Lambda::Function" and attr == "Arn":
+            return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{self.name_of(rid)}"
+        return f"getatt:{rid}.{attr}"
+
+    def condition(self, name: str) -> bool:
+        return bool(self.ev(self.raw["Conditions"][name]))
+
+    def sub(self, text: str, variables: dict) -> str:
+        def repl(m):
+            expr = m.group(1)
+            if expr.startswith("!"):
+                return "${" + expr[1:] + "}"
+            if expr in variables:
+                return str(self.ev(variables[expr]))
+            if "." in expr and expr.split(".", 1)[0] in self.resources:
+                rid, attr = expr.split(".", 1)
+                return str(self.getatt(rid, attr))
+            return str(self.ref(expr))
+
+        return re.sub(r"\$\{([^}]+)\}", repl, text)
+
+    def ev(self, x):
+        if isinstance(x, list):
+            return [v for v in (self.ev(i) for i in x) if v is not NOVALUE]
+        if not isinstance(x, dict):
+            return x
+        if len(x) == 1:
+            (k, v), = x.items()
+            if k == "Ref":
+                return self.ref(v)
+            if k == "Fn::GetAtt":
+                rid, attr = (v.split(".", 1) if isinstance(v, str) else v)
+                return self.getatt(rid, attr)
+            if k == "Fn::Sub":
+                if isinstance(v, str):
+                    return self.sub(v, {})
+                return self.sub(v[0], v[1])
+            if k == "Fn::Join":
+                return str(v[0]).join(str(i) for i in self.ev(v[1]))
+            if k == "Fn::Select":
+                return self.ev(v[1])[int(self.ev(v[0]))]
+            if k == "Fn::Split":
+                return str(self.ev(v[1])).split(v[0])
+            if k == "Fn::FindInMap":
+                m, a, b = (self.ev(i) for i in v)
+                return self.raw["Mappings"][m][str(a)][str(b)]
+            if k == "Fn::If":
+                return self.ev(v[1] if self.condition(v[0]) else v[2])
+            if k == "Fn::Equals":
+                a, b = (self.ev(i) for i in v)
+                return str(a) == str(b)
+            if k == "Fn::Not":
+                return not self.ev(v[0])
+            if k == "Fn::And":
+                return all(self.ev(i) for i in v)
+            if k == "Fn::Or":
+                return any(self.ev(i) for i in v)
+            if k == "Condition":
+                return self.condition(v)
+        return {k: v for k, v in ((k, self.ev(v)) for k, v in x.items()) if v is not NOVALUE}
+
+    # -- lookups
+    def of_type(self, t: str) -> list[str]:
+        return [rid for rid, r in self.resources.items() if r.get("Type") == t]
+
+    def props(self, rid: str) -> dict:
+        return self.ev(self.resources[rid].get("Properties", {}))
+
+
+# --------------------------------------------------------------------------- checks
+
+class Report:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def fact(self, label: str, ok: bool, detail: str = "") -> None:
+        if ok:
+            self.passed += 1
+            print(f"ok   {label}")
+        else:
+            self.failed += 1
+            print(f"FAIL {label}{': ' + detail if detail else ''}")
+
+    def check(self, label: str, fn) -> None:
+        try:
+            ok, detail = fn()
+        except Exception as e:  # a missing resource or property is a failed fact
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        self.fact(label, ok, detail)
+
+
+def as_list(v):
+    return v if isinstance(v, list) else [v]
+
+
+def num(v) -> float:
+    return float(v)
+
+
+def parse_json_prop(v):
+    return json.loads(v) if isinstance(v, str) else v
+
+
+class Facts:
+    """The shared facts, asserted on one evaluated template."""
+
+    def __init__(self, tag: str, tpl: Template, report: Report):
+        self.tag = tag
+        self.t = tpl
+        self.r = report
+        funcs = tpl.of_type("AWS::Lambda::Function")
+        if len(funcs) != 1:
+            raise SystemExit(f"[{tag}] expected exactly one Lambda function, found {funcs}")
+        self.fn = funcs[0]
+        esms = tpl.of_type("AWS::Lambda::EventSourceMapping")
+        if len(esms) != 1:
+            raise SystemExit(f"[{tag}] expected exactly one event source mapping, found {esms}")
+        self.esm = esms[0]
+        # The source queue is the one the mapping reads; the DLQ is its redrive target.
+        src_arn = tpl.props(self.esm)["EventSourceArn"]
+        queues = tpl.of_type("AWS::SQS::Queue")
+        self.src = next(q for q in queues if tpl.getatt(q, "Arn") == src_arn)
+        dlq_arn = parse_json_prop(tpl.props(self.src)["RedrivePolicy"])["deadLetterTargetArn"]
+        self.dlq = next(q for q in queues if tpl.getatt(q, "Arn") == dlq_arn)
+        tables = tpl.of_type("AWS::DynamoDB::Table")
+        if len(tables) != 1:
+            raise SystemExit(f"[{tag}] expected exactly one table, found {tables}")
+        self.table = tables[0]
+        self.fnp = tpl.props(self.fn)
+        self.env = self.fnp.get("Environment", {}).get("Variables", {})
+
+    def c(self, label, fn):
+        self.r.check(f"[{self.tag}] {label}", fn)
+
+    def run(self):
+        t = self.t
+        src_arn = t.getatt(self.src, "Arn")
+        dlq_arn = t.getatt(self.dlq, "Arn")
+        table_arn = t.getatt(self.table, "Arn")
+
+        self.c("function runs provided.al2023 on arm64 with handler bootstrap", lambda: (
+            self.fnp.get("Runtime") == "provided.al2023"
+            and self.fnp.get("Architectures") == ["arm64"]
+            and self.fnp.get("Handler") == "bootstrap",
+            f"{self.fnp.get('Runtime')} {self.fnp.get('Architectures')} {self.fnp.get('Handler')}"))
+
+        esm = t.props(self.esm)
+        self.c("event source mapping reads the source queue into the function", lambda: (
+            esm["EventSourceArn"] == src_arn and esm["FunctionName"] in (
+                self.fnp.get("FunctionName"), t.ref(self.fn), t.getatt(self.fn, "Arn")),
+            f"{esm.get('EventSourceArn')} -> {esm.get('FunctionName')}"))
+        self.c("event source mapping has ReportBatchItemFailures on", lambda: (
+            "ReportBatchItemFailures" in esm.get("FunctionResponseTypes", []),
+            f"FunctionResponseTypes={esm.get('FunctionResponseTypes')}"))
+        self.c("event source mapping sets batch size, batching window and maximum concurrency", lambda: (
+            1 <= num(esm["BatchSize"]) <= 10000
+            and 0 <= num(esm.get("MaximumBatchingWindowInSeconds", 0)) <= 300
+            and (num(esm["BatchSize"]) <= 10 or num(esm.get("MaximumBatchingWindowInSeconds", 0)) >= 1)
+            and 2 <= num(esm["ScalingConfig"]["MaximumConcurrency"]) <= 1000,
+            json.dumps({k: esm.get(k) for k in ("BatchSize", "MaximumBatchingWindowInSeconds", "ScalingConfig")})))
+
+        srcp = t.props(self.src)
+        dlqp = t.props(self.dlq)
+        self.c("source queue visibility timeout >= 6 x function timeout", lambda: (
+            num(srcp["VisibilityTimeout"]) >= 6 * num(self.fnp["Timeout"]),
+            f"visibility {srcp.get('VisibilityTimeout')} s, timeout {self.fnp.get('Timeout')} s"))
+        self.c("source queue redrives to the DLQ with maxReceiveCount >= 4 x TRIAGE_MAX_ATTEMPTS", lambda: (
+            (rp := parse_json_prop(srcp["RedrivePolicy"]))["deadLetterTargetArn"] == dlq_arn
+            and num(rp["maxReceiveCount"]) >= 4 * num(self.env["TRIAGE_MAX_ATTEMPTS"]),
+            json.dumps(srcp.get("RedrivePolicy"))))
+        self.c("DLQ redrive-allow policy admits the source queue only", lambda: (
+            (ra := parse_json_prop(dlqp["RedriveAllowPolicy"]))["redrivePermission"] == "byQueue"
+            and ra["sourceQueueArns"] == [src_arn],
+            json.dumps(dlqp.get("RedriveAllowPolicy"))))
+        self.c("both queues are encrypted at rest", lambda: (
+            all(p.get("SqsManagedSseEnabled") in (True, "true") or p.get("KmsMasterKeyId")
+                for p in (srcp, dlqp)), ""))
+        self.c("both queues deny requests without TLS", self.tls_only)
+        self.c("DLQ keeps messages 14 days, source queue 4 days", lambda: (
+            num(dlqp["MessageRetentionPeriod"]) == 1209600 and num(srcp["MessageRetentionPeriod"]) == 345600,
+            f"dlq {dlqp.get('MessageRetentionPeriod')} source {srcp.get('MessageRetentionPeriod')}"))
+
+        tp = t.props(self.table)
+        self.c("state table: pk/sk strings, on-demand, TTL on expires_at, point-in-time recovery set", lambda: (
+            sorted((a["AttributeName"], a["AttributeType"]) for a in tp["AttributeDefinitions"]) == [("pk", "S"), ("sk", "S")]
+            and {k["KeyType"]: k["AttributeName"] for k in tp["KeySchema"]} == {"HASH": "pk", "RANGE": "sk"}
+            and tp["BillingMode"] == "PAY_PER_REQUEST"
+            and tp["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+            and tp["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"] in (True, "true"),
+            json.dumps(tp)))
+
+        self.c("variables name the created queue, DLQ and table", lambda: (
+            self.env.get("TRIAGE_QUEUE_URL") == t.ref(self.src)
+            and self.env.get("TRIAGE_DLQ_URL") == t.ref(self.dlq)
+            and self.env.get("TRIAGE_TABLE") == t.ref(self.table),
+            json.dumps({k: self.env.get(k) for k in ("TRIAGE_QUEUE_URL", "TRIAGE_DLQ_URL", "TRIAGE_TABLE")})))
+        self.c("policy variables TRIAGE_* are set with the documented defaults", lambda: (
+            {k: str(self.env.get(k)) for k in EXPECTED_POLICY_ENV} == EXPECTED_POLICY_ENV,
+            json.dumps({k: self.env.get(k) for k in EXPECTED_POLICY_ENV})))
+
+        self.iam_facts(src_arn, dlq_arn, table_arn)
+        self.alarm_facts()
+
+        outs = {k: t.ev(v["Value"]) for k, v in t.raw.get("Outputs", {}).items()}
+        self.c("outputs: queue URL, DLQ URL, table name", lambda: (
+            outs.get("QueueUrl") == t.ref(self.src)
+            and outs.get("DlqUrl") == t.ref(self.dlq)
+            and outs.get("TableName") == t.ref(self.table),
+            json.dumps(outs)))
+
+    def tls_only(self):
+        covered = set()
+        for pid in self.t.of_type("AWS::SQS::QueuePolicy"):
+            p = self.t.props(pid)
+            for st in p["PolicyDocument"]["Statement"]:
+                if (st.get("Effect") == "Deny"
+                        and st.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport") in ("false", False)
+                        and set(as_list(st.get("Action"))) & {"sqs:*"}):
+                    covered |= set(as_list(st.get("Resource")))
+        want = {self.t.getatt(self.src, "Arn"), self.t.getatt(self.dlq, "Arn")}
+        return want <= covered, f"covered {sorted(covered)}"
+
+    def role_of_function(self) -> str:
+        role_arn = self.fnp["Role"]
+        return next(r for r in self.t.of_type("AWS::IAM::Role") if self.t.getatt(r, "Arn") == role_arn)
+
+    def statements_of_role(self, role: str) -> list[dict]:
+        t = self.t
+        role_arn_name = t.ref(role)
+        sts = []
+        for pol in t.props(role).get("Policies", []):
+            sts += as_list(pol["PolicyDocument"]["Statement"])
+        for pid in t.of_type("AWS::IAM::Policy") + t.of_type("AWS::IAM::ManagedPolicy"):
+            p = t.props(pid)
+            if role_arn_name in p.get("Roles", []):
+                sts += as_list(p["PolicyDocument"]["Statement"])
+        return sts
+
+    def iam_facts(self, src_arn, dlq_arn, table_arn):
+        t = self.t
+        role = self.role_of_function()
+        rp = t.props(role)
+        sts = self.statements_of_role(role)
+        log_groups = {t.getatt(lg, "Arn") for lg in t.of_type("AWS::Logs::LogGroup")}
+
+        self.c("function role trusts lambda.amazonaws.com only and has no managed policies", lambda: (
+            [s["Principal"] for s in rp["AssumeRolePolicyDocument"]["Statement"]] == [{"Service": "lambda.amazonaws.com"}]
+            and not rp.get("ManagedPolicyArns"),
+            json.dumps(rp.get("ManagedPolicyArns"))))
+
+        def no_wildcards():
+            bad = []
+            for s in sts:
+                if s.get("Effect") != "Allow":
+                    continue
+                for a in as_list(s.get("Action", [])):
+                    if "*" in a:
+                        bad.append(f"action {a}")
+                for r in as_list(s.get("Resource", [])):
+                    # A log group's own ARN ends in ':*' (its streams): the narrowest ARN there is.
+                    if "*" in r and r not in log_groups:
+                        bad.append(f"resource {r}")
+                if "NotAction" in s or "NotResource" in s:
+                    bad.append("NotAction/NotResource")
+            return not bad and bool(sts), "; ".join(bad) or f"{len(sts)} statements"
+
+        self.c("no IAM statement allows '*' actions or '*' resources", no_wildcards)
+
+        def grants():
+            got: dict[str, set] = {}
+            for s in sts:
+                if s.get("Effect") == "Allow":
+                    for r in as_list(s["Resource"]):
+                        got.setdefault(r, set()).update(as_list(s["Action"]))
+            lg = next(iter(log_groups)) if len(log_groups) == 1 else None
+            want = {src_arn: SOURCE_QUEUE_ACTIONS, dlq_arn: DLQ_ACTIONS, table_arn: TABLE_ACTIONS, lg: LOG_ACTIONS}
+            return got == want, json.dumps({k: sorted(v) for k, v in got.items()})
+
+        self.c("IAM grants exactly the function's calls, each on its own resource", grants)
+
+    def alarm_facts(self):
+        t = self.t
+        alarms = [t.props(a) for a in t.of_type("AWS::CloudWatch::Alarm")]
+        dlq_name = t.getatt(self.dlq, "QueueName")
+
+        def dlq_alarm():
+            for a in alarms:
+                if (a.get("Namespace") == "AWS/SQS" and a.get("MetricName") == "ApproximateNumberOfMessagesVisible"
+                        and a.get("Dimensions") == [{"Name": "QueueName", "Value": dlq_name}]
+                        and num(a["Threshold"]) == 1
+                        and a["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"):
+                    return True, ""
+            return False, json.dumps(alarms)
+
+        def breaker_alarm():
+            for a in alarms:
+                if (a.get("Namespace") == "SqsTriage" and a.get("MetricName") == "BreakerOpened"
+                        and not a.get("Dimensions") and a.get("Statistic") == "Sum"
+                        and num(a["Threshold"]) == 1
+                        and a["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"):
+                    return True, ""
+            return False, json.dumps(alarms)
+
+        self.c("alarm on DLQ depth (ApproximateNumberOfMessagesVisible >= 1)", dlq_alarm)
+        self.c("alarm on breaker openings (SqsTriage BreakerOpened Sum >= 1, all job types)", breaker_alarm)
+
+
+def sam_only_facts(sam_path: Path, sam_raw: dict, sam_cfn: dict, report: Report) -> None:
+    fn = next(r for r in sam_raw["Resources"].values() if r["Type"] == "AWS::Serverless::Function")
+    crate = (sam_path.parent / fn["Properties"]["CodeUri"]).resolve()
+
+    def build():
+        cargo = (crate / "Cargo.toml").read_text()
+        return (fn.get("Metadata", {}).get("BuildMethod") == "rust-cargolambda"
+                and fn["Metadata"].get("BuildProperties", {}).get("Binary") == "triage-lambda"
+                and re.search(r'name\s*=\s*"triage-lambda"', cargo) is not None,
+                f"CodeUri {crate}, Metadata {fn.get('Metadata')}")
+
+    report.check("[sam] built by cargo-lambda (rust-cargolambda, binary triage-lambda of the crate at CodeUri)", build)
+
+    def every_timeout():
+        allowed = sam_raw["Parameters"]["FunctionTimeout"]["AllowedValues"]
+        bad = []
+        for v in allowed:
+            tpl = Template(sam_cfn, {"FunctionTimeout": v})
+            f = Facts("sam", tpl, Report())
+            vis = num(tpl.props(f.src)["VisibilityTimeout"])
+            if vis < 6 * num(v) or vis > 43200:
+                bad.append(f"{v}->{vis}")
+        return not bad, ", ".join(bad) or f"{len(allowed)} allowed values"
+
+    report.check("[sam] visibility timeout >= 6 x function timeout for every allowed FunctionTimeout", every_timeout)
+
+
+def cdk_only_facts(cdk_out: Path, cdk_cfn: dict, report: Report) -> None:
+    def nag():
+        path = cdk_out / "validation-report.json"
+        if not path.exists():
+            return True, "no validation report (no violations)"
+        rep = json.loads(path.read_text())
+        fails = [v["ruleName"] for p in rep.get("pluginReports", []) for v in p.get("violations", [])
+                 if v.get("severity") == "error"]
+        return not fails, ", ".join(fails)
+
+    report.check("[cdk] cdk-nag AwsSolutions: no unacknowledged errors", nag)
+
+    def code():
+        fn = next(r for r in cdk_cfn["Resources"].values() if r["Type"] == "AWS::Lambda::Function")
+        asset = Path(fn["Metadata"]["aws:asset:path"])
+        if not asset.is_absolute():
+            asset = cdk_out / asset
+        if (asset / "Cargo.toml").exists():  # synthesized without bundling: the crate itself
+            return re.search(r'name\s*=\s*"triage-lambda"', (asset / "Cargo.toml").read_text()) is not None, str(asset)
+        return (asset / "bootstrap").exists(), f"{asset} (bundled)"
+
+    report.check("[cdk] function code is the triage-lambda binary of the crate (cargo-lambda-cdk)", code)
+
+
+RECORD_KEYS = {"messageId", "receiptHandle", "body", "attributes", "messageAttributes", "md5OfBody",
+               "eventSource", "eventSourceARN", "awsRegion"}
+ATTRIBUTE_KEYS = {"ApproximateReceiveCount", "SentTimestamp", "SenderId", "ApproximateFirstReceiveTimestamp"}
+
+
+def events_facts(events_dir: Path, schema_path: Path, report: Report) -> None:
+    """The sample SqsEvent files have Lambda's shape, and their bodies match the envelope schema."""
+    import hashlib
+
+    import jsonschema
+
+    schema = json.loads(schema_path.read_text())
+
+    def schema_ok():
+        jsonschema.Draft202012Validator.check_schema(schema)
+        v = jsonschema.Draft202012Validator(schema)
+        bad = [e for e in schema.get("examples", []) if not v.is_valid(e)]
+        wrong = [e for e in ({"payload": {}}, {"type": ""}, {"type": "x", "id": 7},
+                             {"type": "triage.chaos", "payload": {"outcome": "explode"}}) if v.is_valid(e)]
+        return not bad and not wrong, f"invalid examples {bad}, accepted {wrong}"
+
+    report.check("[schema] envelope.schema.json is a valid 2020-12 schema that accepts its examples and rejects bad envelopes", schema_ok)
+    validator = jsonschema.Draft202012Validator(schema)
+    expected = ["fatal", "fifo", "malformed", "mixed", "retry-after", "success", "transient", "unknown-type"]
+    have = sorted(p.stem for p in events_dir.glob("*.json"))
+    report.fact("[events] one file per case: " + ", ".join(expected), have == expected, f"found {have}")
+    for path in sorted(events_dir.glob("*.json")):
+        def shape(path=path):
+            recs = json.loads(path.read_text())["Records"]
+            problems = []
+            fifo = path.stem == "fifo"
+            for r in recs:
+                if set(r) != RECORD_KEYS:
+                    problems.append(f"{r.get('messageId')}: keys {sorted(set(r) ^ RECORD_KEYS)}")
+                    continue
+                a = r["attributes"]
+                if not ATTRIBUTE_KEYS <= set(a) or (fifo and not {"MessageGroupId", "SequenceNumber"} <= set(a)):
+                    problems.append(f"{r['messageId']}: attributes {sorted(a)}")
+                if r["eventSource"] != "aws:sqs" or not r["eventSourceARN"].endswith(":triage-jobs.fifo" if fifo else ":triage-jobs"):
+                    problems.append(f"{r['messageId']}: source {r['eventSourceARN']}")
+                if hashlib.md5(r["body"].encode()).hexdigest() != r["md5OfBody"]:
+                    problems.append(f"{r['messageId']}: md5OfBody")
+                if not r["messageId"]:
+                    problems.append("empty messageId")
+                try:
+                    body = json.loads(r["body"])
+                except ValueError:
+                    body = None
+                if "job-type" in r["messageAttributes"]:
+                    continue  # any body: the job type travels in the attribute
+                if path.stem == "malformed" or (body is None and path.stem == "mixed"):
+                    if body is not None:
+                        problems.append(f"{r['messageId']}: body should not be JSON")
+                elif body is None or not validator.is_valid(body):
+                    problems.append(f"{r['messageId']}: body does not match the envelope schema")
+            ids = [r.get("messageId") for r in recs]
+            if len(set(ids)) != len(ids):
+                problems.append("duplicate messageId")
+            return bool(recs) and not problems, "; ".join(problems)
+
+        report.check(f"[events] {path.name}: Lambda SqsEvent shape, bodies match the envelope schema", shape)
+
+
+def find_cdk_template(cdk_out: Path) -> Path:
+    manifest = json.loads((cdk_out / "manifest.json").read_text())
+    for art in manifest["artifacts"].values():
+        if art.get("type") == "aws:cloudformation:stack":
+            return cdk_out / art["properties"]["templateFile"]
+    raise SystemExit(f"no stack template in {cdk_out}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    tr = sub.add_parser("translate")
+    tr.add_argument("sam")
+    tr.add_argument("out")
+    ck = sub.add_parser("check")
+    ck.add_argument("--sam", required=True)
+    ck.add_argument("--sam-cfn", required=True)
+    ck.add_argument("--cdk-out", required=True)
+    ck.add_argument("--events", help="folder of sample SqsEvent files")
+    ck.add_argument("--schema", help="envelope JSON Schema")
+    args = ap.parse_args()
+
+    if args.cmd == "translate":
+        translate(Path(args.sam), Path(args.out))
+        return 0
+
+    report = Report()
+    sam_path = Path(args.sam)
+    sam_raw = load_yaml_template(sam_path)
+    sam_cfn = json.loads(Path(args.sam_cfn).read_text())
+    cdk_out = Path(args.cdk_out)
+    cdk_cfn = json.loads(find_cdk_template(cdk_out).read_text())
+
+    report.fact("[sam] translated template has no Serverless resources left",
+                not any(r["Type"].startswith("AWS::Serverless::") for r in sam_cfn["Resources"].values()))
+    Facts("sam", Template(copy.deepcopy(sam_cfn)), report).run()
+    sam_only_facts(sam_path, sam_raw, sam_cfn, report)
+    Facts("cdk", Template(copy.deepcopy(cdk_cfn)), report).run()
+    cdk_only_facts(cdk_out, cdk_cfn, report)
+    if args.events and args.schema:
+        events_facts(Path(args.events), Path(args.schema), report)
+
+    print(f"{report.passed} passed, {report.failed} failed")
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
