@@ -1,1 +1,892 @@
-//! TODO
+//! One retry policy for every DynamoDB and SQS call.
+//!
+//! Throttling and transient failures (HTTP 500/502/503/504, timeouts, connection errors) are
+//! retried with capped exponential backoff and jitter, within a retry budget shared by every
+//! call of the environment (a token bucket: each success deposits a fraction of a retry, each
+//! retry withdraws one, so a storm cannot multiply the load), and never past the deadline
+//! passed in. `ConditionalCheckFailed`, validation, access and not-found errors are never
+//! retried. Storage retries never count as job attempts.
+//!
+//! There must be exactly one policy, so SDK clients are built with the SDK's own retries
+//! disabled: use [`dynamodb_client`] / [`sqs_client`] (or the `*_config` builders to override
+//! the endpoint).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use aws_config::SdkConfig;
+use aws_config::retry::RetryConfig;
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_runtime_api::client::result::SdkError;
+use aws_smithy_types::error::display::DisplayErrorContext;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::core::error::{THROTTLING_CODES, TRANSIENT_CODES};
+
+/// Codes that are never retried, whatever the HTTP status: the request is wrong, not allowed,
+/// names something missing, or lost a condition (a domain answer, not a fault).
+pub const NEVER_RETRIED_CODES: &[&str] = &[
+    "ConditionalCheckFailedException",
+    "TransactionCanceledException",
+    "ValidationException",
+    "ValidationError",
+    "AccessDenied",
+    "AccessDeniedException",
+    "UnrecognizedClientException",
+    "ResourceNotFoundException",
+    "ResourceInUseException",
+    "AWS.SimpleQueueService.NonExistentQueue",
+    "QueueDoesNotExist",
+];
+
+/// What a failed call means for retrying it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The service asked to slow down: retried with a longer backoff.
+    Throttled,
+    /// A server fault, timeout or connection error: retried.
+    Transient,
+    /// Retrying cannot help (or the error is a domain answer): returned at once.
+    Permanent,
+}
+
+/// Classifies an error code and HTTP status. Unknown client errors (4xx) are permanent,
+/// unknown server errors (5xx) transient.
+pub fn classify_code(code: Option<&str>, status: Option<u16>) -> FailureKind {
+    if let Some(code) = code {
+        if NEVER_RETRIED_CODES.contains(&code) {
+            return FailureKind::Permanent;
+        }
+        if THROTTLING_CODES.contains(&code) {
+            return FailureKind::Throttled;
+        }
+        if TRANSIENT_CODES.contains(&code) {
+            return FailureKind::Transient;
+        }
+    }
+    match status {
+        Some(429) => FailureKind::Throttled,
+        Some(500 | 502 | 503 | 504) => FailureKind::Transient,
+        Some(s) if s >= 500 => FailureKind::Transient,
+        _ => FailureKind::Permanent,
+    }
+}
+
+/// Classifies an SDK error: timeouts, dispatch failures (connection refused or reset) and
+/// unparseable responses are transient; service errors go by code and status; a request
+/// that could not be built is permanent.
+pub fn classify<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> FailureKind {
+    match err {
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            FailureKind::Transient
+        }
+        SdkError::ConstructionFailure(_) => FailureKind::Permanent,
+        SdkError::ServiceError(_) => {
+            classify_code(err.code(), err.raw_response().map(|r| r.status().as_u16()))
+        }
+        _ => FailureKind::Transient,
+    }
+}
+
+/// Why the storage layer stopped trying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The error is not retryable.
+    Permanent,
+    /// The attempt limit was reached.
+    AttemptsExhausted,
+    /// The environment's retry budget was empty.
+    BudgetEmpty,
+    /// Another try would end after the deadline.
+    Deadline,
+}
+
+/// A storage call that failed after the retry policy was applied.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}", self.render())]
+pub struct StorageError {
+    /// The operation, e.g. `UpdateItem`.
+    pub op: &'static str,
+    /// The AWS error code, when the service answered with one.
+    pub code: Option<String>,
+    /// The error text (one line).
+    pub message: String,
+    /// The HTTP status, when there was a response.
+    pub status: Option<u16>,
+    /// What the last failure meant.
+    pub kind: FailureKind,
+    /// Why the policy stopped.
+    pub stop: Stop,
+    /// Calls made in all.
+    pub attempts: u32,
+    /// The table or queue the call was about, for the message.
+    pub resource: Option<String>,
+}
+
+impl StorageError {
+    /// An error made by the storage layer itself (not from an SDK error).
+    pub fn new(op: &'static str, code: Option<&str>, message: impl Into<String>, kind: FailureKind) -> Self {
+        Self {
+            op,
+            code: code.map(str::to_owned),
+            message: one_line(&message.into()),
+            status: None,
+            kind,
+            stop: Stop::Permanent,
+            attempts: 1,
+            resource: None,
+        }
+    }
+
+    fn from_sdk<E>(
+        op: &'static str,
+        err: &SdkError<E, HttpResponse>,
+        kind: FailureKind,
+        attempts: u32,
+    ) -> Self
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        let message = match (err.message(), err) {
+            (Some(m), _) => m.to_owned(),
+            (None, e) => DisplayErrorContext(e).to_string(),
+        };
+        Self {
+            op,
+            code: err.code().map(str::to_owned),
+            message: one_line(&message),
+            status: err.raw_response().map(|r| r.status().as_u16()),
+            kind,
+            stop: Stop::Permanent,
+            attempts,
+            resource: None,
+        }
+    }
+
+    /// Names the table or queue in the message.
+    pub fn with_resource(mut self, resource: impl Into<String>) -> Self {
+        self.resource = Some(resource.into());
+        self
+    }
+
+    /// The AWS error code, if any.
+    pub fn code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    /// True for `ConditionalCheckFailedException` (a domain answer: the condition did not hold).
+    pub fn is_conditional_check_failed(&self) -> bool {
+        self.code() == Some("ConditionalCheckFailedException")
+    }
+
+    /// True when the table or queue does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self.code(),
+            Some(
+                "ResourceNotFoundException" | "AWS.SimpleQueueService.NonExistentQueue" | "QueueDoesNotExist"
+            )
+        )
+    }
+
+    /// True when the policy gave up on a retryable failure (the service may come back).
+    pub fn is_unavailable(&self) -> bool {
+        self.kind != FailureKind::Permanent
+    }
+
+    fn render(&self) -> String {
+        let code = self.code().unwrap_or(match self.kind {
+            FailureKind::Throttled => "throttled",
+            FailureKind::Transient => "transient failure",
+            FailureKind::Permanent => "error",
+        });
+        match (self.code(), &self.resource) {
+            (Some("ResourceNotFoundException"), Some(table)) => {
+                return format!(
+                    "DynamoDB table `{table}` does not exist (ResourceNotFoundException): run `triage setup` or set TRIAGE_TABLE"
+                );
+            }
+            (Some("AWS.SimpleQueueService.NonExistentQueue" | "QueueDoesNotExist"), Some(queue)) => {
+                return format!(
+                    "SQS queue `{queue}` does not exist ({code}): check TRIAGE_QUEUE_URL and TRIAGE_DLQ_URL"
+                );
+            }
+            _ => {}
+        }
+        let on = self
+            .resource
+            .as_deref()
+            .map(|r| format!(" on `{r}`"))
+            .unwrap_or_default();
+        let why = match self.stop {
+            Stop::Permanent => String::new(),
+            Stop::AttemptsExhausted => format!(" (gave up after {} attempts)", self.attempts),
+            Stop::BudgetEmpty => format!(" (retry budget empty, {} attempts)", self.attempts),
+            Stop::Deadline => format!(" (stopped at the deadline, {} attempts)", self.attempts),
+        };
+        format!("{}{on} failed: {code}: {}{why}", self.op, self.message)
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A token bucket of retries shared by every call of an environment, like tower's retry
+/// budget: each success deposits `deposit` milli-retries, each retry withdraws 1000, and the
+/// bucket holds at most `capacity` retries. It starts full.
+#[derive(Debug)]
+pub struct RetryBudget {
+    milli: AtomicU64,
+    capacity_milli: u64,
+    deposit_milli: u64,
+}
+
+impl RetryBudget {
+    /// A full bucket of `capacity` retries; every success earns `deposit_milli` / 1000 retry.
+    pub fn new(capacity: u32, deposit_milli: u64) -> Self {
+        let capacity_milli = u64::from(capacity) * 1000;
+        Self {
+            milli: AtomicU64::new(capacity_milli),
+            capacity_milli,
+            deposit_milli,
+        }
+    }
+
+    /// Records a success.
+    pub fn deposit(&self) {
+        let _ = self
+            .milli
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                Some((m + self.deposit_milli).min(self.capacity_milli))
+            });
+    }
+
+    /// Takes one retry; false when the bucket is empty.
+    pub fn withdraw(&self) -> bool {
+        self.milli
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| m.checked_sub(1000))
+            .is_ok()
+    }
+
+    /// Whole retries left.
+    pub fn available(&self) -> u64 {
+        self.milli.load(Ordering::Relaxed) / 1000
+    }
+}
+
+/// A retry configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidRetryConfig {
+    /// `max_attempts` outside 1..=20.
+    #[error("storage max attempts must be 1 to 20 (got {0})")]
+    MaxAttempts(u32),
+    /// A zero base, or a base above the cap.
+    #[error("storage backoff base must be above 0 and at most the max backoff ({base:?} > {max:?})")]
+    Backoff {
+        /// The base delay.
+        base: Duration,
+        /// The cap.
+        max: Duration,
+    },
+}
+
+/// Settings of the storage retry policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageRetryConfig {
+    /// Calls in all per operation, the first included (default 8).
+    pub max_attempts: u32,
+    /// First backoff of a transient failure (default 25 ms); doubles each retry.
+    pub base: Duration,
+    /// First backoff of a throttling failure (default 100 ms); doubles each retry.
+    pub throttle_base: Duration,
+    /// Cap of any backoff (default 2 s).
+    pub max_backoff: Duration,
+    /// Retries the budget holds (default 100).
+    pub budget_capacity: u32,
+    /// Milli-retries each success earns back (default 200: one retry per 5 successes).
+    pub budget_deposit_milli: u64,
+}
+
+impl Default for StorageRetryConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 8,
+            base: Duration::from_millis(25),
+            throttle_base: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            budget_capacity: 100,
+            budget_deposit_milli: 200,
+        }
+    }
+}
+
+/// Counters of the policy, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RetryStats {
+    /// Retries made (calls after the first).
+    pub retries: u64,
+    /// Retries refused because the budget was empty.
+    pub budget_refusals: u64,
+    /// Throttling answers seen.
+    pub throttled: u64,
+    /// Operations that failed after the policy gave up or did not retry.
+    pub failures: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: StorageRetryConfig,
+    budget: RetryBudget,
+    retries: AtomicU64,
+    budget_refusals: AtomicU64,
+    throttled: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// The storage retry policy. Cheap to clone: clones share the budget and the counters, so
+/// build one per environment and hand clones to every effect.
+#[derive(Debug, Clone)]
+pub struct StorageRetry {
+    inner: Arc<Inner>,
+}
+
+impl Default for StorageRetry {
+    fn default() -> Self {
+        Self::new(StorageRetryConfig::default()).expect("the defaults are valid")
+    }
+}
+
+/// The result of one round of a batch call.
+#[derive(Debug)]
+pub struct BatchStep<E, S> {
+    /// Entries that succeeded (their results).
+    pub succeeded: Vec<S>,
+    /// Entries to send again (unprocessed, throttled, transient).
+    pub retry: Vec<E>,
+    /// Entries that failed for good, with the reason.
+    pub failed: Vec<(E, String)>,
+}
+
+impl<E, S> Default for BatchStep<E, S> {
+    fn default() -> Self {
+        Self {
+            succeeded: Vec::new(),
+            retry: Vec::new(),
+            failed: Vec::new(),
+        }
+    }
+}
+
+/// The result of a batch call after retries.
+#[derive(Debug)]
+pub struct BatchResult<E, S> {
+    /// Results of the entries that succeeded.
+    pub succeeded: Vec<S>,
+    /// Entries that failed for good or were still failing when the policy stopped.
+    pub failed: Vec<(E, String)>,
+    /// Why the policy stopped early, when it did (a whole-call failure, the budget, the
+    /// deadline or the attempt limit).
+    pub error: Option<StorageError>,
+}
+
+impl StorageRetry {
+    /// A policy with its own budget.
+    pub fn new(config: StorageRetryConfig) -> Result<Self, InvalidRetryConfig> {
+        if !(1..=20).contains(&config.max_attempts) {
+            return Err(InvalidRetryConfig::MaxAttempts(config.max_attempts));
+        }
+        for base in [config.base, config.throttle_base] {
+            if base.is_zero() || base > config.max_backoff {
+                return Err(InvalidRetryConfig::Backoff {
+                    base,
+                    max: config.max_backoff,
+                });
+            }
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                budget: RetryBudget::new(config.budget_capacity, config.budget_deposit_milli),
+                config,
+                retries: AtomicU64::new(0),
+                budget_refusals: AtomicU64::new(0),
+                throttled: AtomicU64::new(0),
+                failures: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &StorageRetryConfig {
+        &self.inner.config
+    }
+
+    /// The shared budget.
+    pub fn budget(&self) -> &RetryBudget {
+        &self.inner.budget
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> RetryStats {
+        let i = &self.inner;
+        RetryStats {
+            retries: i.retries.load(Ordering::Relaxed),
+            budget_refusals: i.budget_refusals.load(Ordering::Relaxed),
+            throttled: i.throttled.load(Ordering::Relaxed),
+            failures: i.failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The backoff before retry number `retry` (1 for the first): the capped exponential
+    /// delay with "equal jitter" (uniform in its upper half), so retries spread out but never
+    /// come back at once.
+    pub fn backoff(&self, retry: u32, kind: FailureKind, rng: &mut impl Rng) -> Duration {
+        let c = &self.inner.config;
+        let base = if kind == FailureKind::Throttled {
+            c.throttle_base
+        } else {
+            c.base
+        };
+        let exp = base.saturating_mul(1u32 << retry.saturating_sub(1).min(20));
+        let capped = exp.min(c.max_backoff).as_micros() as u64;
+        Duration::from_micros(capped / 2 + rng.random_range(0..=capped / 2))
+    }
+
+    /// Decides whether failure number `attempts` may be retried: the error, the attempt
+    /// limit, the deadline, then the budget. `Ok(delay)` to retry after `delay`.
+    fn next_delay(
+        &self,
+        kind: FailureKind,
+        attempts: u32,
+        deadline: Option<Instant>,
+    ) -> Result<Duration, Stop> {
+        let i = &self.inner;
+        if kind == FailureKind::Throttled {
+            i.throttled.fetch_add(1, Ordering::Relaxed);
+        }
+        if kind == FailureKind::Permanent {
+            return Err(Stop::Permanent);
+        }
+        if attempts >= i.config.max_attempts {
+            return Err(Stop::AttemptsExhausted);
+        }
+        let delay = self.backoff(attempts, kind, &mut rand::rng());
+        if deadline.is_some_and(|d| Instant::now() + delay >= d) {
+            return Err(Stop::Deadline);
+        }
+        if !i.budget.withdraw() {
+            i.budget_refusals.fetch_add(1, Ordering::Relaxed);
+            return Err(Stop::BudgetEmpty);
+        }
+        i.retries.fetch_add(1, Ordering::Relaxed);
+        Ok(delay)
+    }
+
+    /// Runs one SDK operation under the policy. `f` makes the call (it is called again for
+    /// each retry); `deadline` is the latest moment a retry may end (the Lambda deadline).
+    pub async fn call<T, E, F, Fut>(
+        &self,
+        op: &'static str,
+        deadline: Option<Instant>,
+        mut f: F,
+    ) -> Result<T, StorageError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        let mut attempts = 1;
+        loop {
+            match f().await {
+                Ok(v) => {
+                    self.inner.budget.deposit();
+                    return Ok(v);
+                }
+                Err(e) => {
+                    let kind = classify(&e);
+                    match self.next_delay(kind, attempts, deadline) {
+                        Ok(delay) => {
+                            tracing::debug!(
+                                op,
+                                attempt = attempts,
+                                ?kind,
+                                code = e.code(),
+                                ?delay,
+                                "storage call retried"
+                            );
+                            tokio::time::sleep(delay).await;
+                            attempts += 1;
+                        }
+                        Err(stop) => {
+                            self.inner.failures.fetch_add(1, Ordering::Relaxed);
+                            let mut err = StorageError::from_sdk(op, &e, kind, attempts);
+                            err.stop = stop;
+                            return Err(err);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs a batch operation under the policy, sending again only the entries that failed
+    /// retryably. `f` takes the pending entries, makes one call (usually through
+    /// [`call`](Self::call), which retries whole-call failures) and sorts the entries.
+    /// Each round after the first is one retry against the budget.
+    pub async fn batch<E, S, F, Fut>(
+        &self,
+        op: &'static str,
+        deadline: Option<Instant>,
+        entries: Vec<E>,
+        mut f: F,
+    ) -> BatchResult<E, S>
+    where
+        E: Clone,
+        F: FnMut(Vec<E>) -> Fut,
+        Fut: Future<Output = Result<BatchStep<E, S>, StorageError>>,
+    {
+        let mut out = BatchResult {
+            succeeded: Vec::new(),
+            failed: Vec::new(),
+            error: None,
+        };
+        let mut pending = entries;
+        let mut rounds = 1;
+        while !pending.is_empty() {
+            match f(pending.clone()).await {
+                Err(e) => {
+                    let why = e.to_string();
+                    out.failed.extend(pending.into_iter().map(|p| (p, why.clone())));
+                    out.error = Some(e);
+                    return out;
+                }
+                Ok(step) => {
+                    out.succeeded.extend(step.succeeded);
+                    out.failed.extend(step.failed);
+                    pending = step.retry;
+                }
+            }
+            if pending.is_empty() {
+                break;
+            }
+            match self.next_delay(FailureKind::Throttled, rounds, deadline) {
+                Ok(delay) => {
+                    tracing::debug!(
+                        op,
+                        round = rounds,
+                        left = pending.len(),
+                        ?delay,
+                        "batch entries retried"
+                    );
+                    tokio::time::sleep(delay).await;
+                    rounds += 1;
+                }
+                Err(stop) => {
+                    self.inner.failures.fetch_add(1, Ordering::Relaxed);
+                    let n = pending.len();
+                    let mut e = StorageError::new(
+                        op,
+                        None,
+                        format!("{n} entries still unprocessed"),
+                        FailureKind::Throttled,
+                    );
+                    e.stop = stop;
+                    e.attempts = rounds;
+                    let why = e.to_string();
+                    out.failed.extend(pending.into_iter().map(|p| (p, why.clone())));
+                    out.error = Some(e);
+                    return out;
+                }
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FailureKind::Throttled => "throttled",
+            FailureKind::Transient => "transient",
+            FailureKind::Permanent => "permanent",
+        })
+    }
+}
+
+/// A DynamoDB client configuration from `conf` with the SDK's retries disabled (this module
+/// is the only retry policy). Override the endpoint on it if needed, then `build()`.
+pub fn dynamodb_config(conf: &SdkConfig) -> aws_sdk_dynamodb::config::Builder {
+    aws_sdk_dynamodb::config::Builder::from(conf).retry_config(RetryConfig::disabled())
+}
+
+/// An SQS client configuration from `conf` with the SDK's retries disabled.
+pub fn sqs_config(conf: &SdkConfig) -> aws_sdk_sqs::config::Builder {
+    aws_sdk_sqs::config::Builder::from(conf).retry_config(RetryConfig::disabled())
+}
+
+/// A DynamoDB client with the SDK's retries disabled. Build it once per environment.
+pub fn dynamodb_client(conf: &SdkConfig) -> aws_sdk_dynamodb::Client {
+    aws_sdk_dynamodb::Client::from_conf(dynamodb_config(conf).build())
+}
+
+/// An SQS client with the SDK's retries disabled. Build it once per environment.
+pub fn sqs_client(conf: &SdkConfig) -> aws_sdk_sqs::Client {
+    aws_sdk_sqs::Client::from_conf(sqs_config(conf).build())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use aws_sdk_dynamodb::operation::get_item::GetItemError;
+    use aws_smithy_runtime_api::client::result::{ConnectorError, SdkError};
+    use aws_smithy_runtime_api::http::StatusCode;
+    use aws_smithy_types::body::SdkBody;
+    use aws_smithy_types::error::ErrorMetadata;
+    use rand::SeedableRng;
+    use rand::rngs::SmallRng;
+
+    use super::*;
+
+    type Err = SdkError<GetItemError, HttpResponse>;
+
+    fn service(code: &str, status: u16) -> Err {
+        let meta = ErrorMetadata::builder()
+            .code(code)
+            .message("boom\nsecond line")
+            .build();
+        let resp = HttpResponse::new(StatusCode::try_from(status).unwrap(), SdkBody::empty());
+        SdkError::service_error(GetItemError::generic(meta), resp)
+    }
+
+    fn reset() -> Err {
+        SdkError::dispatch_failure(ConnectorError::io("connection reset".into()))
+    }
+
+    fn quick(capacity: u32) -> StorageRetry {
+        StorageRetry::new(StorageRetryConfig {
+            base: Duration::from_millis(10),
+            throttle_base: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(100),
+            budget_capacity: capacity,
+            ..StorageRetryConfig::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn classification() {
+        use FailureKind::*;
+        assert_eq!(
+            classify(&service("ProvisionedThroughputExceededException", 400)),
+            Throttled
+        );
+        assert_eq!(classify(&service("ThrottlingException", 400)), Throttled);
+        assert_eq!(classify(&service("RequestLimitExceeded", 400)), Throttled);
+        assert_eq!(classify(&service("TransactionConflictException", 400)), Throttled);
+        assert_eq!(classify(&service("InternalServerError", 500)), Transient);
+        assert_eq!(classify(&service("Whatever", 502)), Transient);
+        assert_eq!(classify(&service("ServiceUnavailable", 503)), Transient);
+        assert_eq!(classify(&service("", 504)), Transient);
+        assert_eq!(classify(&reset()), Transient);
+        for code in [
+            "ConditionalCheckFailedException",
+            "ValidationException",
+            "AccessDeniedException",
+            "ResourceNotFoundException",
+        ] {
+            assert_eq!(classify(&service(code, 400)), Permanent, "{code}");
+            assert_eq!(
+                classify(&service(code, 500)),
+                Permanent,
+                "{code} is never retried"
+            );
+        }
+        assert_eq!(classify(&service("SomethingNew", 400)), Permanent);
+    }
+
+    #[test]
+    fn config_validates() {
+        assert_eq!(
+            StorageRetry::new(StorageRetryConfig {
+                max_attempts: 0,
+                ..Default::default()
+            })
+            .unwrap_err(),
+            InvalidRetryConfig::MaxAttempts(0)
+        );
+        assert!(
+            StorageRetry::new(StorageRetryConfig {
+                base: Duration::ZERO,
+                ..Default::default()
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn backoff_grows_is_capped_and_jittered() {
+        let r = StorageRetry::default();
+        let mut rng = SmallRng::seed_from_u64(7);
+        for n in 1..30 {
+            let d = r.backoff(n, FailureKind::Transient, &mut rng);
+            let exp = Duration::from_millis(25)
+                .saturating_mul(1 << (n - 1).min(20))
+                .min(Duration::from_secs(2));
+            assert!(d >= exp / 2 && d <= exp, "retry {n}: {d:?} vs {exp:?}");
+        }
+        let t = r.backoff(1, FailureKind::Throttled, &mut rng);
+        assert!(
+            t >= Duration::from_millis(50),
+            "throttling backs off longer: {t:?}"
+        );
+    }
+
+    #[test]
+    fn budget_deposits_and_withdraws() {
+        let b = RetryBudget::new(2, 500);
+        assert!(b.withdraw());
+        assert!(b.withdraw());
+        assert!(!b.withdraw());
+        b.deposit();
+        assert!(!b.withdraw(), "half a retry is not enough");
+        b.deposit();
+        assert!(b.withdraw());
+        for _ in 0..100 {
+            b.deposit();
+        }
+        assert_eq!(b.available(), 2, "capped at capacity");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_transient_until_success() {
+        let r = quick(10);
+        let calls = AtomicU32::new(0);
+        let out = r
+            .call("GetItem", None, || async {
+                match calls.fetch_add(1, Ordering::Relaxed) {
+                    0 => Err(service("ProvisionedThroughputExceededException", 400)),
+                    1 => Err(service("ServiceUnavailable", 503)),
+                    2 => Err(reset()),
+                    _ => Ok(7),
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(out, 7);
+        let s = r.stats();
+        assert_eq!((s.retries, s.throttled, s.failures), (3, 1, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn never_retries_permanent_errors_and_says_what_to_do() {
+        let r = quick(10);
+        let calls = AtomicU32::new(0);
+        let err = r
+            .call("GetItem", None, || async {
+                calls.fetch_add(1, Ordering::Relaxed);
+                Err::<(), _>(service("ResourceNotFoundException", 400))
+            })
+            .await
+            .unwrap_err()
+            .with_resource("jobs");
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+        assert_eq!(err.stop, Stop::Permanent);
+        assert!(err.is_not_found());
+        assert_eq!(
+            err.to_string(),
+            "DynamoDB table `jobs` does not exist (ResourceNotFoundException): run `triage setup` or set TRIAGE_TABLE"
+        );
+        let ccf = r
+            .call("UpdateItem", None, || async {
+                Err::<(), _>(service("ConditionalCheckFailedException", 400))
+            })
+            .await
+            .unwrap_err();
+        assert!(ccf.is_conditional_check_failed());
+        assert_eq!(r.stats().retries, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stops_at_max_attempts_budget_and_deadline() {
+        let r = quick(100);
+        let calls = AtomicU32::new(0);
+        let err = r
+            .call("PutItem", None, || async {
+                calls.fetch_add(1, Ordering::Relaxed);
+                Err::<(), _>(service("InternalServerError", 500))
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(calls.load(Ordering::Relaxed), 8);
+        assert_eq!((err.stop, err.attempts), (Stop::AttemptsExhausted, 8));
+        assert!(!err.to_string().contains('\n'));
+        assert!(
+            err.to_string()
+                .contains("PutItem failed: InternalServerError: boom second line (gave up after 8 attempts)")
+        );
+
+        let small = quick(3);
+        let err = small
+            .call("PutItem", None, || async { Err::<(), _>(reset()) })
+            .await
+            .unwrap_err();
+        assert_eq!((err.stop, err.attempts), (Stop::BudgetEmpty, 4));
+        assert_eq!(small.stats().budget_refusals, 1);
+        assert_eq!(small.stats().retries, 3);
+
+        let r = quick(100);
+        let start = Instant::now();
+        let err = r
+            .call("PutItem", Some(start + Duration::from_millis(30)), || async {
+                Err::<(), _>(reset())
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.stop, Stop::Deadline);
+        assert!(Instant::now() <= start + Duration::from_millis(30));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batch_retries_only_failed_entries() {
+        let r = quick(10);
+        let round = AtomicU32::new(0);
+        let out = r
+            .batch("BatchWriteItem", None, (1..=5).collect::<Vec<u32>>(), |pending| {
+                let first = round.fetch_add(1, Ordering::Relaxed) == 0;
+                async move {
+                    let mut step = BatchStep::default();
+                    for p in pending {
+                        match p {
+                            5 => step.failed.push((p, "bad".to_owned())),
+                            2 if first => step.retry.push(p),
+                            _ => step.succeeded.push(p * 10),
+                        }
+                    }
+                    Ok(step)
+                }
+            })
+            .await;
+        assert_eq!(out.succeeded.len(), 4);
+        assert_eq!(out.failed, vec![(5, "bad".to_owned())]);
+        assert!(out.error.is_none());
+
+        // Entries that never succeed end as failures with the reason once the policy stops.
+        let r = quick(2);
+        let out: BatchResult<u32, u32> = r
+            .batch("BatchGetItem", None, vec![1, 2], |pending| async move {
+                Ok(BatchStep {
+                    retry: pending,
+                    ..BatchStep::default()
+                })
+            })
+            .await;
+        assert_eq!(out.failed.len(), 2);
+        assert_eq!(out.error.unwrap().stop, Stop::BudgetEmpty);
+    }
+}
