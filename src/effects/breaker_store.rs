@@ -1,1 +1,418 @@
-//! TODO
+//! The circuit breaker shared by every environment through DynamoDB.
+//!
+//! One item per job type (`pk = breaker#<job_type>`, `sk = state`) holds the pure
+//! [`BreakerState`](crate::core::breaker::BreakerState); the transitions themselves are
+//! computed by [`crate::core::breaker`]. Every write is a whole-item `PutItem` conditioned
+//! on the version and phase that were read (`attribute_not_exists(pk)` for a breaker never
+//! written); when the condition fails the store re-reads and re-applies the transition, a
+//! bounded number of times. So 50 environments racing for one probe slot get exactly one
+//! permit, and a report computed from an old state is never written over a newer one.
+//!
+//! Reads for [`gate`](BreakerStore::gate) are cached per environment for
+//! [`BreakerConfig::cache_ttl`]. The healthy path (closed, nothing to report) makes no
+//! writes. Failure reports are aggregated by the caller per invocation and job type, so a
+//! failing invocation costs one read and one write per job type; the failure counter is a
+//! single attribute (not sharded): only failing invocations write it, and once the
+//! threshold is reached the breaker opens and further reports stop writing.
+//!
+//! If DynamoDB stays unavailable after the storage retries, `gate` and `admit` answer
+//! [`Gate::Closed`] (fail open, logged): jobs keep running and their attempt limits still
+//! bound them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::AttributeValue;
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::storage_retry::{FailureKind, StorageError, StorageRetry};
+use super::table::{BREAKER_SK, PK, SK, TTL_ATTRIBUTE, breaker_key, breaker_pk};
+use crate::core::breaker::{Acquire, Aggregate, BreakerConfig, BreakerState, Lease, Phase, gate};
+use crate::core::decision::Gate;
+
+/// How long a breaker item lives after its last write. A vanished item is a fresh closed
+/// breaker, which is what a breaker untouched for this long is anyway.
+pub const BREAKER_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Re-reads after lost conditions before a transition gives up (plus one per probe slot).
+pub const MAX_CONFLICTS: u32 = 16;
+
+/// What the breaker allows, as seen by one environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The gate for the decision.
+    pub gate: Gate,
+    /// The generation the execution is admitted in (put it in the [`Aggregate`]).
+    pub generation: u64,
+    /// The probe permit, when `gate` is [`Gate::Probe`].
+    pub permit: Option<Lease>,
+}
+
+/// The breakers of every job type, in one table.
+#[derive(Debug)]
+pub struct BreakerStore {
+    client: Client,
+    table: String,
+    retry: StorageRetry,
+    config: BreakerConfig,
+    cache: Mutex<HashMap<String, (BreakerState, Instant)>>,
+}
+
+impl BreakerStore {
+    /// A store in `table`, every call through `retry`, one configuration for every job type.
+    pub fn new(client: Client, table: impl Into<String>, retry: StorageRetry, config: BreakerConfig) -> Self {
+        Self {
+            client,
+            table: table.into(),
+            retry,
+            config,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &BreakerConfig {
+        &self.config
+    }
+
+    /// The stored state, read consistently (no cache); a missing item is a fresh breaker.
+    pub async fn read(&self, job_type: &str) -> Result<BreakerState, StorageError> {
+        Ok(self.read_raw(job_type).await?.0)
+    }
+
+    /// The stored state and the token of the write that produced it.
+    async fn read_raw(&self, job_type: &str) -> Result<(BreakerState, Option<String>), StorageError> {
+        let out = self
+            .retry
+            .call("GetItem", None, || {
+                self.client
+                    .get_item()
+                    .table_name(&self.table)
+                    .set_key(Some(breaker_key(job_type)))
+                    .consistent_read(true)
+                    .send()
+            })
+            .await
+            .map_err(|e| e.with_resource(&self.table))?;
+        let state = out.item().map(from_item).unwrap_or_default();
+        let writer = out
+            .item()
+            .and_then(|i| i.get("writer"))
+            .and_then(|v| v.as_s().ok())
+            .cloned();
+        self.remember(job_type, &state);
+        Ok((state, writer))
+    }
+
+    /// The state through this environment's cache (read again after `cache_ttl`).
+    pub async fn state(&self, job_type: &str) -> Result<BreakerState, StorageError> {
+        let ttl = self.config.cache_ttl();
+        if let Some((s, at)) = self.cache.lock().expect("cache lock").get(job_type) {
+            if at.elapsed() < ttl {
+                return Ok(s.clone());
+            }
+        }
+        self.read(job_type).await
+    }
+
+    fn remember(&self, job_type: &str, state: &BreakerState) {
+        if !self.config.cache_ttl().is_zero() {
+            self.cache
+                .lock()
+                .expect("cache lock")
+                .insert(job_type.to_owned(), (state.clone(), Instant::now()));
+        }
+    }
+
+    /// Forgets cached states (tests, operator commands).
+    pub fn clear_cache(&self) {
+        self.cache.lock().expect("cache lock").clear();
+    }
+
+    /// The gate at `now_ms` without asking for a probe permit: closed, open, or
+    /// [`Gate::ProbeBusy`] when half-open. Reads through the cache and never writes. Fails
+    /// open: a storage error gives [`Gate::Closed`].
+    pub async fn gate(&self, job_type: &str, now_ms: u64) -> Admission {
+        match self.state(job_type).await {
+            Ok(s) => Admission {
+                gate: gate(&s, now_ms, false),
+                generation: s.at(now_ms).generation,
+                permit: None,
+            },
+            Err(e) => {
+                tracing::warn!(job_type, error = %e, "breaker state unavailable: failing open");
+                Admission {
+                    gate: Gate::Closed,
+                    generation: 0,
+                    permit: None,
+                }
+            }
+        }
+    }
+
+    /// The gate for one record: like [`gate`](Self::gate), and when half-open, tries to take
+    /// a probe permit ([`Gate::Probe`] with the permit, else [`Gate::ProbeBusy`]). Fails open.
+    pub async fn admit(&self, job_type: &str, now_ms: u64) -> Admission {
+        let seen = self.gate(job_type, now_ms).await;
+        if seen.gate != Gate::ProbeBusy {
+            return seen;
+        }
+        match self.acquire_probe(job_type, now_ms).await {
+            Ok(Some(lease)) => Admission {
+                gate: Gate::Probe,
+                generation: lease.generation,
+                permit: Some(lease),
+            },
+            Ok(None) => seen,
+            Err(e) => {
+                tracing::warn!(job_type, error = %e, "breaker probe unavailable: failing open");
+                Admission {
+                    gate: Gate::Closed,
+                    generation: seen.generation,
+                    permit: None,
+                }
+            }
+        }
+    }
+
+    /// Takes a probe permit at `now_ms` if the breaker is half-open and a slot is free
+    /// (expired leases free theirs). `None`: not half-open, or every slot is taken.
+    pub async fn acquire_probe(&self, job_type: &str, now_ms: u64) -> Result<Option<Lease>, StorageError> {
+        let id = format!("{:016x}", rand::rng().random::<u64>());
+        let config = self.config;
+        let mut granted = None;
+        let written = self
+            .transition(job_type, |s| match s.acquire(&id, now_ms, &config) {
+                Acquire::Granted { state, lease } => {
+                    granted = Some(lease);
+                    Some(state)
+                }
+                Acquire::Busy | Acquire::NotHalfOpen => {
+                    granted = None;
+                    None
+                }
+            })
+            .await?;
+        Ok(written.and(granted))
+    }
+
+    /// Gives back a permit whose user code never started (deadline, shutdown, early arrival).
+    pub async fn release(&self, job_type: &str, permit: &Lease, now_ms: u64) -> Result<(), StorageError> {
+        self.transition(job_type, |s| s.release(permit, now_ms)).await?;
+        Ok(())
+    }
+
+    /// Reports one invocation's outcomes for a job type (one write at most; none when the
+    /// aggregate is empty or stale). Returns the state written, if any.
+    pub async fn report(
+        &self,
+        job_type: &str,
+        agg: &Aggregate,
+        now_ms: u64,
+    ) -> Result<Option<BreakerState>, StorageError> {
+        if agg.is_empty() {
+            return Ok(None);
+        }
+        let config = self.config;
+        self.transition(job_type, |s| s.report(agg, now_ms, &config))
+            .await
+    }
+
+    /// Operator: opens the breaker, until closed (`for_ = None`) or for a period.
+    pub async fn force_open(
+        &self,
+        job_type: &str,
+        for_: Option<Duration>,
+        now_ms: u64,
+    ) -> Result<BreakerState, StorageError> {
+        let config = self.config;
+        self.forced(job_type, |s| s.force_open(for_, now_ms, &config))
+            .await
+    }
+
+    /// Operator: closes the breaker (in-flight probes become stale).
+    pub async fn force_close(&self, job_type: &str) -> Result<BreakerState, StorageError> {
+        self.forced(job_type, BreakerState::force_close).await
+    }
+
+    /// Operator: back to a fresh closed breaker.
+    pub async fn reset(&self, job_type: &str) -> Result<BreakerState, StorageError> {
+        self.forced(job_type, BreakerState::reset).await
+    }
+
+    /// The state as it is at `now_ms`, read consistently, for the CLI.
+    pub async fn status(&self, job_type: &str, now_ms: u64) -> Result<BreakerState, StorageError> {
+        Ok(self.read(job_type).await?.at(now_ms))
+    }
+
+    async fn forced(
+        &self,
+        job_type: &str,
+        f: impl Fn(&BreakerState) -> BreakerState,
+    ) -> Result<BreakerState, StorageError> {
+        let written = self.transition(job_type, |s| Some(f(s))).await?;
+        Ok(written.expect("forced transitions always write"))
+    }
+
+    /// Reads the state, applies `f`, writes the result on condition that the item is still
+    /// the one read; on a lost condition re-reads and re-applies. `None` when `f` says
+    /// nothing changes.
+    async fn transition(
+        &self,
+        job_type: &str,
+        mut f: impl FnMut(&BreakerState) -> Option<BreakerState>,
+    ) -> Result<Option<BreakerState>, StorageError> {
+        let mut cur = self.read(job_type).await?;
+        let limit = MAX_CONFLICTS + self.config.probes();
+        for _ in 0..limit {
+            let Some(next) = f(&cur) else {
+                return Ok(None);
+            };
+            // Identifies this write, so a retried write whose first try landed is recognised
+            // (comparing states would not do: two racers can compute the same state).
+            let token = format!("{:016x}", rand::rng().random::<u64>());
+            match self.write(job_type, &cur, &next, &token).await {
+                Ok(()) => {
+                    self.remember(job_type, &next);
+                    return Ok(Some(next));
+                }
+                Err(e) if e.is_conditional_check_failed() => {
+                    let (fresh, writer) = self.read_raw(job_type).await?;
+                    // A retried write that had landed before its answer was lost.
+                    if writer.as_deref() == Some(token.as_str()) {
+                        return Ok(Some(next));
+                    }
+                    cur = fresh;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StorageError::new(
+            "PutItem",
+            Some("ConditionalCheckFailedException"),
+            format!("breaker `{job_type}` kept changing: gave up after {limit} conflicting writes"),
+            FailureKind::Permanent,
+        )
+        .with_resource(&self.table))
+    }
+
+    async fn write(
+        &self,
+        job_type: &str,
+        expected: &BreakerState,
+        next: &BreakerState,
+        token: &str,
+    ) -> Result<(), StorageError> {
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut item = to_item(job_type, next, now_s);
+        item.insert("writer".to_owned(), AttributeValue::S(token.to_owned()));
+        self.retry
+            .call("PutItem", None, || {
+                let req = self
+                    .client
+                    .put_item()
+                    .table_name(&self.table)
+                    .set_item(Some(item.clone()));
+                if expected.version == 0 {
+                    req.condition_expression("attribute_not_exists(pk)")
+                } else {
+                    req.condition_expression("version = :v AND phase = :p")
+                        .expression_attribute_values(":v", num(expected.version))
+                        .expression_attribute_values(
+                            ":p",
+                            AttributeValue::S(expected.phase.as_str().to_owned()),
+                        )
+                }
+                .send()
+            })
+            .await
+            .map_err(|e| e.with_resource(&self.table))?;
+        Ok(())
+    }
+}
+
+fn num(v: u64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn to_item(job_type: &str, s: &BreakerState, now_s: u64) -> HashMap<String, AttributeValue> {
+    let leases = s
+        .leases
+        .iter()
+        .map(|(id, exp)| (id.clone(), num(*exp)))
+        .collect::<HashMap<_, _>>();
+    HashMap::from([
+        (PK.to_owned(), AttributeValue::S(breaker_pk(job_type))),
+        (SK.to_owned(), AttributeValue::S(BREAKER_SK.to_owned())),
+        ("job_type".to_owned(), AttributeValue::S(job_type.to_owned())),
+        ("phase".to_owned(), AttributeValue::S(s.phase.as_str().to_owned())),
+        ("generation".to_owned(), num(s.generation)),
+        ("version".to_owned(), num(s.version)),
+        ("open_until".to_owned(), num(s.open_until_ms)),
+        ("forced".to_owned(), AttributeValue::Bool(s.forced)),
+        ("window_start".to_owned(), num(s.window_start_ms)),
+        ("failures".to_owned(), num(u64::from(s.failures))),
+        ("probe_successes".to_owned(), num(u64::from(s.probe_successes))),
+        ("leases".to_owned(), AttributeValue::M(leases)),
+        ("updated_at".to_owned(), num(now_s * 1000)),
+        (TTL_ATTRIBUTE.to_owned(), num(now_s + BREAKER_TTL.as_secs())),
+    ])
+}
+
+fn from_item(item: &HashMap<String, AttributeValue>) -> BreakerState {
+    let n = |k: &str| {
+        item.get(k)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let leases = match item.get("leases") {
+        Some(AttributeValue::M(m)) => m
+            .iter()
+            .filter_map(|(id, v)| Some((id.clone(), v.as_n().ok()?.parse().ok()?)))
+            .collect(),
+        _ => BTreeMap::new(),
+    };
+    BreakerState {
+        phase: item
+            .get("phase")
+            .and_then(|v| v.as_s().ok())
+            .and_then(|s| Phase::parse(s))
+            .unwrap_or_default(),
+        generation: n("generation"),
+        version: n("version"),
+        open_until_ms: n("open_until"),
+        forced: matches!(item.get("forced"), Some(AttributeValue::Bool(true))),
+        window_start_ms: n("window_start"),
+        failures: n("failures") as u32,
+        probe_successes: n("probe_successes") as u32,
+        leases,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_round_trip() {
+        let mut s = BreakerState {
+            phase: Phase::HalfOpen,
+            generation: 4,
+            version: 9,
+            open_until_ms: 123,
+            forced: true,
+            window_start_ms: 5,
+            failures: 2,
+            probe_successes: 1,
+            leases: BTreeMap::new(),
+        };
+        s.leases.insert("abc".into(), 77);
+        assert_eq!(from_item(&to_item("email", &s, 1)), s);
+        assert_eq!(from_item(&HashMap::new()), BreakerState::default());
+    }
+}

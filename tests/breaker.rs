@@ -1,0 +1,195 @@
+//! The shared breaker against DynamoDB Local: many environments (separate stores, no shared
+//! cache) racing through conditional writes.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqs_triage::core::breaker::{Aggregate, BreakerConfig, Phase};
+use sqs_triage::core::decision::Gate;
+use sqs_triage::effects::breaker_store::BreakerStore;
+use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client};
+use sqs_triage::effects::table::{create_table, delete_table};
+
+const T0: u64 = 1_800_000_000_000;
+
+fn config(probes: u32) -> BreakerConfig {
+    BreakerConfig::builder()
+        .probes(probes)
+        .lease(Duration::from_secs(20))
+        .cache_ttl(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
+async fn setup() -> (aws_sdk_dynamodb::Client, String) {
+    let client = dynamodb_client(&support::sdk_config().await);
+    let table = support::unique_name("breaker");
+    create_table(&client, &table).await.unwrap();
+    (client, table)
+}
+
+fn envs(client: &aws_sdk_dynamodb::Client, table: &str, n: usize, probes: u32) -> Vec<Arc<BreakerStore>> {
+    (0..n)
+        .map(|_| {
+            Arc::new(BreakerStore::new(
+                client.clone(),
+                table,
+                StorageRetry::default(),
+                config(probes),
+            ))
+        })
+        .collect()
+}
+
+async fn open_it(store: &BreakerStore, job_type: &str, now: u64) {
+    let g = store.gate(job_type, now).await;
+    let agg = Aggregate {
+        transient_failures: 5,
+        generation: g.generation,
+        ..Aggregate::default()
+    };
+    let s = store.report(job_type, &agg, now).await.unwrap().unwrap();
+    assert_eq!(s.phase, Phase::Open);
+}
+
+async fn race_for_probes(stores: &[Arc<BreakerStore>], job_type: &str, now: u64) -> usize {
+    let tasks: Vec<_> = stores
+        .iter()
+        .map(|s| {
+            let s = s.clone();
+            let jt = job_type.to_owned();
+            tokio::spawn(async move { s.admit(&jt, now).await })
+        })
+        .collect();
+    let mut granted = 0;
+    for t in tasks {
+        let a = t.await.unwrap();
+        match a.gate {
+            Gate::Probe => {
+                assert!(a.permit.is_some());
+                granted += 1;
+            }
+            Gate::ProbeBusy => assert!(a.permit.is_none()),
+            other => panic!("unexpected gate {other:?}"),
+        }
+    }
+    granted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn fifty_environments_get_exactly_n_probes_and_expired_leases_free_slots() {
+    let (client, table) = setup().await;
+    for probes in [1, 3] {
+        let jt = format!("probe-{probes}");
+        let stores = envs(&client, &table, 50, probes);
+        open_it(&stores[0], &jt, T0).await;
+        assert!(matches!(
+            stores[1].gate(&jt, T0 + 1).await.gate,
+            Gate::Open { .. }
+        ));
+        let half_open = T0 + 30_000;
+        assert_eq!(race_for_probes(&stores, &jt, half_open).await, probes as usize);
+        assert_eq!(
+            race_for_probes(&stores, &jt, half_open + 1_000).await,
+            0,
+            "slots stay held"
+        );
+        // Leases expire after 20 s: their slots are free again.
+        assert_eq!(
+            race_for_probes(&stores, &jt, half_open + 20_001).await,
+            probes as usize
+        );
+    }
+    delete_table(&client, &table).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failures_aggregate_open_defers_and_probe_success_closes() {
+    let (client, table) = setup().await;
+    let stores = envs(&client, &table, 5, 1);
+    let jt = "email";
+    // Healthy: closed, and gating writes nothing.
+    assert_eq!(stores[0].gate(jt, T0).await.gate, Gate::Closed);
+    assert_eq!(stores[0].read(jt).await.unwrap().version, 0, "no item written");
+    // Five environments each report one transient failure: the fifth opens it.
+    let tasks: Vec<_> = stores
+        .iter()
+        .map(|s| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let agg = Aggregate {
+                    transient_failures: 1,
+                    generation: 0,
+                    ..Aggregate::default()
+                };
+                s.report(jt, &agg, T0 + 1_000).await.unwrap()
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let s = stores[0].status(jt, T0 + 1_000).await.unwrap();
+    assert_eq!(s.phase, Phase::Open, "5 failures in the window open it: {s:?}");
+    assert_eq!(
+        stores[1].admit(jt, T0 + 2_000).await.gate,
+        Gate::Open {
+            until_ms: T0 + 31_000
+        }
+    );
+    // Half-open: one probe; a released permit is free again; a success closes.
+    let a = stores[2].admit(jt, T0 + 31_000).await;
+    let permit = a.permit.expect("a probe");
+    stores[2].release(jt, &permit, T0 + 31_001).await.unwrap();
+    let b = stores[3].admit(jt, T0 + 31_002).await;
+    let permit = b.permit.expect("the released slot is free");
+    let stale = Aggregate {
+        probe_failures: 1,
+        generation: permit.generation - 1,
+        ..Aggregate::default()
+    };
+    assert_eq!(
+        stores[4].report(jt, &stale, T0 + 31_003).await.unwrap(),
+        None,
+        "stale generation ignored"
+    );
+    let ok = Aggregate {
+        probe_successes: 1,
+        leases: vec![permit.id.clone()],
+        generation: permit.generation,
+        ..Aggregate::default()
+    };
+    let closed = stores[3].report(jt, &ok, T0 + 31_004).await.unwrap().unwrap();
+    assert_eq!(closed.phase, Phase::Closed);
+    assert_eq!(stores[0].gate(jt, T0 + 31_005).await.gate, Gate::Closed);
+    delete_table(&client, &table).await.unwrap();
+}
+
+#[tokio::test]
+async fn operator_forces_and_missing_table_fails_open() {
+    let (client, table) = setup().await;
+    let store = BreakerStore::new(client.clone(), &table, StorageRetry::default(), config(1));
+    let s = store.force_open("jt", None, T0).await.unwrap();
+    assert!(s.forced);
+    assert!(matches!(
+        store.gate("jt", T0 + 3_600_000).await.gate,
+        Gate::Open { .. }
+    ));
+    assert_eq!(store.force_close("jt").await.unwrap().phase, Phase::Closed);
+    let r = store.reset("jt").await.unwrap();
+    assert_eq!((r.phase, r.failures), (Phase::Closed, 0));
+    assert_eq!(store.status("jt", T0).await.unwrap(), r);
+
+    let missing = BreakerStore::new(
+        client.clone(),
+        "no-such-table",
+        StorageRetry::default(),
+        config(1),
+    );
+    assert_eq!(missing.admit("jt", T0).await.gate, Gate::Closed, "fails open");
+    let err = missing.status("jt", T0).await.unwrap_err();
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    delete_table(&client, &table).await.unwrap();
+}
