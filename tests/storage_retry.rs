@@ -1,0 +1,136 @@
+//! The storage retry policy with the real SDK, through the fault-injecting proxy in front of
+//! DynamoDB Local.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqs_triage::effects::ledger::{AttemptLedger, Counted};
+use sqs_triage::effects::storage_retry::{Stop, StorageRetry, StorageRetryConfig, dynamodb_config};
+use sqs_triage::effects::table::{create_table, delete_table};
+use support::fault_proxy::{Fault, FaultPlan, FaultProxy};
+
+fn policy(capacity: u32) -> StorageRetry {
+    StorageRetry::new(StorageRetryConfig {
+        base: Duration::from_millis(2),
+        throttle_base: Duration::from_millis(5),
+        max_backoff: Duration::from_millis(50),
+        budget_capacity: capacity,
+        ..StorageRetryConfig::default()
+    })
+    .unwrap()
+}
+
+async fn via_proxy() -> (FaultProxy, aws_sdk_dynamodb::Client) {
+    let conf = support::sdk_config().await;
+    let proxy = FaultProxy::start(&support::ddb_endpoint());
+    let client =
+        aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&conf).endpoint_url(proxy.url()).build());
+    (proxy, client)
+}
+
+fn all_kinds() -> Vec<Fault> {
+    vec![
+        Fault::Throttle,
+        Fault::ThrottlingException,
+        Fault::Status500,
+        Fault::Status503,
+        Fault::Reset,
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn ledger_is_exact_through_a_share_of_faults_and_retries_stay_in_budget() {
+    let (proxy, client) = via_proxy().await;
+    let table = support::unique_name("retry");
+    create_table(&client, &table).await.unwrap();
+    let retry = policy(400);
+    let ledger = Arc::new(AttemptLedger::new(client.clone(), &table, retry.clone()));
+    proxy.set_faults(FaultPlan {
+        share: 0.3,
+        kinds: all_kinds(),
+        only_ops: None,
+        seed: 42,
+    });
+    let tasks: Vec<_> = (1..=32u32)
+        .map(|rc| {
+            let l = ledger.clone();
+            tokio::spawn(async move { l.count("job", rc, "t", None, "e", None).await })
+        })
+        .collect();
+    for t in tasks {
+        // A retried write whose first try landed reports AlreadyCounted: the count is exact
+        // either way.
+        let c = t.await.unwrap().expect("counted despite faults");
+        assert!(matches!(c, Counted::New(_) | Counted::AlreadyCounted));
+    }
+    let ids: Vec<String> = (0..120)
+        .map(|i| format!("x{i}"))
+        .chain(["job".to_owned()])
+        .collect();
+    let got = ledger.read_many(&ids, None).await.expect("read despite faults");
+    assert_eq!(got["job"].attempts, 32, "each delivery counted exactly once");
+    ledger.close(["job"], None).await.expect("close despite faults");
+
+    let stats = retry.stats();
+    assert!(proxy.faults_injected() > 0);
+    assert!(stats.retries > 0, "{stats:?}");
+    // Retries are bounded by the budget: its capacity plus what successes earned back.
+    let successes = proxy.total() - proxy.faults_injected();
+    assert!(stats.retries <= 400 + successes / 5 + 1, "{stats:?}");
+    proxy.clear_faults();
+    delete_table(&client, &table).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn all_faults_fail_after_bounded_retries_with_a_clear_error() {
+    let (proxy, client) = via_proxy().await;
+    let table = support::unique_name("retry");
+    create_table(&client, &table).await.unwrap();
+    for fault in all_kinds() {
+        let retry = policy(100);
+        let ledger = AttemptLedger::new(client.clone(), &table, retry.clone());
+        proxy.reset_counts();
+        proxy.fail_always("UpdateItem", fault.clone());
+        let err = ledger.count("job", 1, "t", None, "e", None).await.unwrap_err();
+        proxy.clear_faults();
+        assert_eq!(err.stop, Stop::AttemptsExhausted, "{fault:?}: {err}");
+        assert_eq!(proxy.count("UpdateItem"), 8, "{fault:?}: max attempts");
+        let text = err.to_string();
+        assert!(text.starts_with("UpdateItem on `"), "{text}");
+        assert!(text.contains("gave up after 8 attempts"), "{text}");
+        assert!(!text.contains('\n'));
+    }
+
+    // A small budget stops a storm across calls: after it is spent, calls fail at once.
+    let retry = policy(3);
+    let ledger = AttemptLedger::new(client.clone(), &table, retry.clone());
+    proxy.reset_counts();
+    proxy.fail_always("GetItem", Fault::Status503);
+    let e1 = ledger.show("a").await.unwrap_err();
+    let e2 = ledger.show("b").await.unwrap_err();
+    proxy.clear_faults();
+    assert_eq!((e1.stop, e2.stop), (Stop::BudgetEmpty, Stop::BudgetEmpty));
+    assert_eq!(proxy.count("GetItem"), 5, "3 retries in all, then one call each");
+    assert_eq!(retry.stats().retries, 3);
+    assert_eq!(retry.stats().budget_refusals, 2);
+    assert!(e2.to_string().contains("retry budget empty"), "{e2}");
+    delete_table(&client, &table).await.unwrap();
+}
+
+#[tokio::test]
+async fn missing_table_surfaces_at_once_with_what_to_do() {
+    let (proxy, client) = via_proxy().await;
+    let ledger = AttemptLedger::new(client, "no-such-table", policy(100));
+    let err = ledger.count("job", 2, "t", None, "e", None).await.unwrap_err();
+    assert_eq!(proxy.count("UpdateItem"), 1, "not retried");
+    assert_eq!(err.stop, Stop::Permanent);
+    assert_eq!(
+        err.to_string(),
+        "DynamoDB table `no-such-table` does not exist (ResourceNotFoundException): run `triage setup` or set TRIAGE_TABLE"
+    );
+    let err = ledger.read_many(["a", "b"], None).await.unwrap_err();
+    assert!(err.is_not_found());
+    assert_eq!(proxy.count("BatchGetItem"), 1);
+}
