@@ -33,12 +33,9 @@ async fn setup() -> (aws_sdk_dynamodb::Client, String) {
 fn envs(client: &aws_sdk_dynamodb::Client, table: &str, n: usize, probes: u32) -> Vec<Arc<BreakerStore>> {
     (0..n)
         .map(|_| {
-            Arc::new(BreakerStore::new(
-                client.clone(),
-                table,
-                StorageRetry::default(),
-                config(probes),
-            ))
+            Arc::new(
+                BreakerStore::new(client.clone(), table, StorageRetry::default()).with_config(config(probes)),
+            )
         })
         .collect()
 }
@@ -170,7 +167,7 @@ async fn failures_aggregate_open_defers_and_probe_success_closes() {
 #[tokio::test]
 async fn operator_forces_and_missing_table_fails_open() {
     let (client, table) = setup().await;
-    let store = BreakerStore::new(client.clone(), &table, StorageRetry::default(), config(1));
+    let store = BreakerStore::new(client.clone(), &table, StorageRetry::default()).with_config(config(1));
     let s = store.force_open("jt", None, T0).await.unwrap();
     assert!(s.forced);
     assert!(matches!(
@@ -182,12 +179,8 @@ async fn operator_forces_and_missing_table_fails_open() {
     assert_eq!((r.phase, r.failures), (Phase::Closed, 0));
     assert_eq!(store.status("jt", T0).await.unwrap(), r);
 
-    let missing = BreakerStore::new(
-        client.clone(),
-        "no-such-table",
-        StorageRetry::default(),
-        config(1),
-    );
+    let missing =
+        BreakerStore::new(client.clone(), "no-such-table", StorageRetry::default()).with_config(config(1));
     assert_eq!(missing.admit("jt", T0).await.gate, Gate::Closed, "fails open");
     let err = missing.status("jt", T0).await.unwrap_err();
     assert!(err.to_string().contains("does not exist"), "{err}");

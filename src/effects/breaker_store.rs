@@ -61,15 +61,22 @@ pub struct BreakerStore {
 }
 
 impl BreakerStore {
-    /// A store in `table`, every call through `retry`, one configuration for every job type.
-    pub fn new(client: Client, table: impl Into<String>, retry: StorageRetry, config: BreakerConfig) -> Self {
+    /// A store in `table`, every call through `retry`, the default configuration for every
+    /// job type (see [`with_config`](Self::with_config)).
+    pub fn new(client: Client, table: impl Into<String>, retry: StorageRetry) -> Self {
         Self {
             client,
             table: table.into(),
             retry,
-            config,
+            config: BreakerConfig::default(),
             cache: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Uses `config` for every job type.
+    pub fn with_config(mut self, config: BreakerConfig) -> Self {
+        self.config = config;
+        self
     }
 
     /// The configuration.
