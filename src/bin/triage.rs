@@ -1,1 +1,459 @@
-fn main() {}
+//! `triage`: the operator CLI and local worker. Parses arguments and wires them to
+//! `sqs_triage::ops` and `sqs_triage::runtime`; every rule lives in the library.
+#![forbid(unsafe_code)]
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use sqs_triage::ops::output::{Report, render};
+use sqs_triage::ops::{self, Ctx, OpsError, OpsResult, dlq, send, setup};
+
+/// Operate sqs-triage: create queues, send jobs, inspect and replay the DLQ, run a worker.
+///
+/// Exit codes: 0 ok, 1 AWS or other failure, 2 bad input or configuration (or a refused
+/// confirmation), 3 queue/table/message not found, 4 endpoint unreachable, 5 some selected
+/// messages were not sent/moved/deleted, 6 operation not supported by the endpoint.
+#[derive(Debug, Parser)]
+#[command(name = "triage", version, max_term_width = 100)]
+struct Cli {
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Never draw progress bars.
+    #[arg(long, global = true)]
+    no_progress: bool,
+    /// Source queue (URL, ARN or name).
+    #[arg(long, global = true, env = "TRIAGE_QUEUE_URL", value_name = "QUEUE")]
+    queue_url: Option<String>,
+    /// Dead-letter queue (URL, ARN or name).
+    #[arg(long, global = true, env = "TRIAGE_DLQ_URL", value_name = "QUEUE")]
+    dlq_url: Option<String>,
+    /// State table (attempt ledgers and breakers).
+    #[arg(long, global = true, env = "TRIAGE_TABLE", value_name = "NAME")]
+    table: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create (idempotently) the queue, its DLQ and the state table; prints what to export.
+    Setup(SetupArgs),
+    /// Send one job from flags, or many as NDJSON from --file or stdin.
+    Send(SendArgs),
+    /// Inspect, replay, purge or redrive the dead-letter queue.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+    /// Run the long-polling worker (TRIAGE_QUEUE_URL, TRIAGE_DLQ_URL, TRIAGE_TABLE from the
+    /// environment) until Ctrl-C.
+    Worker,
+    /// Run the chaos demo against the queue, DLQ and table the environment names.
+    Demo {
+        /// Jobs of each kind to send.
+        #[arg(long, default_value_t = 50)]
+        jobs: usize,
+    },
+}
+
+#[derive(Debug, Args)]
+struct SetupArgs {
+    /// Source queue name (`.fifo` is added for FIFO queues).
+    #[arg(long, value_name = "NAME")]
+    queue: String,
+    /// Dead-letter queue name.
+    #[arg(long, value_name = "NAME")]
+    dlq: String,
+    /// Create FIFO queues.
+    #[arg(long)]
+    fifo: bool,
+    /// SQS's own redrive after this many receives: a safety net for crashes the handler
+    /// cannot catch. Keep it well above the retry policy's attempts (deferrals count too).
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    max_receive_count: u32,
+}
+
+#[derive(Debug, Args)]
+struct SendArgs {
+    /// Job type (one job from flags).
+    #[arg(long = "type", value_name = "TYPE", conflicts_with = "file")]
+    job_type: Option<String>,
+    /// Payload, as JSON (quote strings: '"text"').
+    #[arg(long, value_name = "JSON", requires = "job_type")]
+    payload: Option<String>,
+    /// Job id.
+    #[arg(long, value_name = "ID", requires = "job_type")]
+    id: Option<String>,
+    /// Delivery delay in seconds (standard queues, 0-900).
+    #[arg(long, value_name = "SECONDS", requires = "job_type")]
+    delay: Option<u32>,
+    /// Message group (required for FIFO queues).
+    #[arg(long, value_name = "GROUP", requires = "job_type")]
+    group: Option<String>,
+    /// NDJSON file of jobs, one {"type","payload","id","delay","group"} object per line
+    /// (`-` for stdin). Without --type or --file, jobs are read from stdin.
+    #[arg(long, short = 'f', value_name = "PATH")]
+    file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args, Clone, Default)]
+struct FilterArgs {
+    /// Only this job type (repeatable).
+    #[arg(long = "type", value_name = "TYPE")]
+    job_type: Vec<String>,
+    /// Only this failure class (repeatable).
+    #[arg(long, value_name = "CLASS", value_parser = ["fatal", "exhausted", "invalid", "unrecorded"])]
+    class: Vec<String>,
+    /// Only messages whose error text contains this (case-insensitive).
+    #[arg(long, value_name = "TEXT")]
+    error: Option<String>,
+    /// Only failures at least this old (e.g. 30m, 2h, 1d).
+    #[arg(long, value_name = "AGE", value_parser = ops::parse_duration)]
+    older_than: Option<Duration>,
+    /// Only failures at most this old.
+    #[arg(long, value_name = "AGE", value_parser = ops::parse_duration)]
+    newer_than: Option<Duration>,
+    /// Only this job id or message id (repeatable).
+    #[arg(long, value_name = "ID")]
+    id: Vec<String>,
+    /// Read at most this many DLQ messages.
+    #[arg(long, default_value_t = 100_000, value_name = "N")]
+    max_scan: usize,
+}
+
+impl FilterArgs {
+    fn filter(&self) -> dlq::Filter {
+        dlq::Filter {
+            job_types: self.job_type.clone(),
+            classes: self.class.clone(),
+            error_contains: self.error.clone(),
+            older_than: self.older_than,
+            newer_than: self.newer_than,
+            ids: self.id.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqCommand {
+    /// What is in the DLQ, grouped by job type and failure class (removes nothing).
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Also list every message.
+        #[arg(long)]
+        messages: bool,
+    },
+    /// One DLQ message in full, by job id or message id (removes nothing).
+    Show {
+        /// Job id, DLQ message id or original message id.
+        id: String,
+        /// Read at most this many DLQ messages.
+        #[arg(long, default_value_t = 100_000, value_name = "N")]
+        max_scan: usize,
+    },
+    /// Move DLQ messages back to their source queue (or --to), with a fresh attempt ledger.
+    Replay {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Send to this queue instead of each message's source queue.
+        #[arg(long, value_name = "QUEUE")]
+        to: Option<String>,
+        /// Move at most this many messages.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+        /// At most this many messages per second.
+        #[arg(long, value_name = "PER_SECOND")]
+        rate: Option<f64>,
+        /// Show what would move; move nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete selected DLQ messages (asks first unless --yes).
+    Purge {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Delete at most this many messages.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Server-side move with SQS StartMessageMoveTask (not on moto: use `replay` there).
+    Redrive(RedriveArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct RedriveArgs {
+    #[command(subcommand)]
+    action: Option<RedriveAction>,
+    /// Destination queue instead of each message's original source.
+    #[arg(long, value_name = "QUEUE")]
+    to: Option<String>,
+    /// At most this many messages per second (1-500).
+    #[arg(long, value_name = "PER_SECOND")]
+    rate: Option<i32>,
+}
+
+#[derive(Debug, Subcommand)]
+enum RedriveAction {
+    /// The DLQ's recent move tasks.
+    Status,
+    /// Cancel a running move task (the DLQ's running one when no handle is given).
+    Cancel {
+        /// Task handle from `status`.
+        handle: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!(
+            "error: internal error{at}: {} (please report it)",
+            ops::one_line(&msg)
+        );
+    }));
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Clap's help and version go to stdout as usual; its errors become one line.
+fn clap_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        _ => {
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("error: bad arguments").trim();
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("error: {} (see `triage --help`)", ops::one_line(first));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn nonempty(v: &Option<String>) -> Option<&str> {
+    v.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
+fn require<'a>(v: &'a Option<String>, var: &str, flag: &str) -> OpsResult<&'a str> {
+    nonempty(v).ok_or_else(|| OpsError::missing_var(var, flag))
+}
+
+fn print<R: Report>(report: &R, json: bool) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(render(report, json).as_bytes());
+    let _ = out.flush();
+    match report.problem() {
+        Some(p) => {
+            eprintln!("error: {p}");
+            ExitCode::from(OpsError::new(ops::ErrorKind::Incomplete, "").exit_code())
+        }
+        None => ExitCode::SUCCESS,
+    }
+}
+
+async fn run(cli: Cli) -> OpsResult<ExitCode> {
+    let json = cli.json;
+    let progress = !cli.json && !cli.no_progress;
+    match &cli.command {
+        Command::Setup(a) => {
+            let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
+            let ctx = Ctx::from_env().await?;
+            let report = setup::setup(
+                &ctx,
+                &setup::SetupOptions {
+                    queue: a.queue.clone(),
+                    dlq: a.dlq.clone(),
+                    table: table.to_owned(),
+                    fifo: a.fifo,
+                    max_receive_count: a.max_receive_count,
+                },
+            )
+            .await?;
+            Ok(print(&report, json))
+        }
+        Command::Send(a) => {
+            let queue = require(&cli.queue_url, "TRIAGE_QUEUE_URL", "--queue-url")?;
+            let fifo = ops::is_fifo(queue);
+            let jobs = read_jobs(a, fifo)?;
+            let ctx = Ctx::from_env().await?;
+            let url = ops::resolve_queue(&ctx, queue, "TRIAGE_QUEUE_URL").await?;
+            let report = send::send(&ctx, &url, jobs, progress).await?;
+            Ok(print(&report, json))
+        }
+        Command::Dlq(cmd) => {
+            let dlq_arg = require(&cli.dlq_url, "TRIAGE_DLQ_URL", "--dlq-url")?;
+            if let DlqCommand::Purge { yes: false, .. } = cmd {
+                if !std::io::stdin().is_terminal() {
+                    return Err(OpsError::usage(
+                        "refusing to purge without confirmation in a non-interactive shell: pass --yes",
+                    ));
+                }
+            }
+            let ctx = Ctx::from_env().await?;
+            let dlq_url = ops::resolve_queue(&ctx, dlq_arg, "TRIAGE_DLQ_URL").await?;
+            run_dlq(&cli, cmd, &ctx, &dlq_url, json, progress).await
+        }
+        Command::Worker => {
+            sqs_triage::runtime::worker::main_from_env()
+                .await
+                .map_err(|e| OpsError::new(ops::ErrorKind::Failed, e.to_string()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo { jobs } => {
+            let opts = sqs_triage::runtime::demo::DemoOptions { jobs_per_kind: *jobs };
+            sqs_triage::runtime::demo::main_from_env(opts)
+                .await
+                .map_err(|e| OpsError::new(ops::ErrorKind::Failed, e.to_string()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn run_dlq(
+    cli: &Cli,
+    cmd: &DlqCommand,
+    ctx: &Ctx,
+    dlq_url: &str,
+    json: bool,
+    progress: bool,
+) -> OpsResult<ExitCode> {
+    match cmd {
+        DlqCommand::List { filter, messages } => {
+            let r = dlq::list(ctx, dlq_url, &filter.filter(), *messages, filter.max_scan).await?;
+            Ok(print(&r, json))
+        }
+        DlqCommand::Show { id, max_scan } => {
+            let r = dlq::show(ctx, dlq_url, id, *max_scan).await?;
+            Ok(print(&r, json))
+        }
+        DlqCommand::Replay {
+            filter,
+            to,
+            limit,
+            rate,
+            dry_run,
+        } => {
+            let opts = dlq::ReplayOptions {
+                filter: filter.filter(),
+                to: to.clone(),
+                limit: *limit,
+                rate: *rate,
+                dry_run: *dry_run,
+                table: nonempty(&cli.table).map(str::to_owned),
+                progress,
+                max_scan: filter.max_scan,
+            };
+            let r = dlq::replay(ctx, dlq_url, &opts).await?;
+            Ok(print(&r, json))
+        }
+        DlqCommand::Purge { filter, limit, yes } => {
+            let yes = *yes;
+            let r = dlq::purge(ctx, dlq_url, &filter.filter(), *limit, filter.max_scan, |plan| {
+                yes || confirm(&plan.question())
+            })
+            .await?;
+            Ok(print(&r, json))
+        }
+        DlqCommand::Redrive(a) => {
+            let r = match &a.action {
+                None => dlq::redrive_start(ctx, dlq_url, a.to.as_deref(), a.rate).await?,
+                Some(RedriveAction::Status) => dlq::redrive_status(ctx, dlq_url).await?,
+                Some(RedriveAction::Cancel { handle }) => {
+                    dlq::redrive_cancel(ctx, dlq_url, handle.as_deref()).await?
+                }
+            };
+            Ok(print(&r, json))
+        }
+    }
+}
+
+/// Asks on stderr, reads one line from stdin; anything but y/yes is a no.
+fn confirm(question: &str) -> bool {
+    eprint!("{question}");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    if std::io::stdin().read_line(&mut answer).is_err() {
+        return false;
+    }
+    matches!(answer.trim().to_lowercase().as_str(), "y" | "yes")
+}
+
+fn read_jobs(a: &SendArgs, fifo: bool) -> OpsResult<Vec<(usize, send::JobSpec)>> {
+    if let Some(job_type) = &a.job_type {
+        let payload = match &a.payload {
+            None => serde_json::Value::Null,
+            Some(p) => serde_json::from_str(p).map_err(|e| {
+                OpsError::usage(format!(
+                    "--payload is not valid JSON ({e}): pass JSON, e.g. --payload '{{\"n\": 1}}' or --payload '\"text\"'"
+                ))
+            })?,
+        };
+        let spec = send::JobSpec {
+            job_type: job_type.clone(),
+            payload,
+            id: a.id.clone(),
+            delay: a.delay,
+            group: a.group.clone(),
+        };
+        spec.validate(fifo).map_err(OpsError::usage)?;
+        return Ok(vec![(1, spec)]);
+    }
+    let text = match a.file.as_deref() {
+        Some(p) if p.as_os_str() != "-" => std::fs::read_to_string(p)
+            .map_err(|e| OpsError::usage(format!("cannot read {}: {e}", p.display())))?,
+        _ => {
+            if a.file.is_none() && std::io::stdin().is_terminal() {
+                return Err(OpsError::usage(
+                    "nothing to send: pass --type TYPE [--payload JSON], or NDJSON with --file PATH or on stdin",
+                ));
+            }
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| OpsError::usage(format!("cannot read stdin: {e}")))?;
+            s
+        }
+    };
+    send::parse_ndjson(&text, fifo)
+}

@@ -1,1 +1,383 @@
 //! Operator actions: setup, send, DLQ inspection and replay, breaker control.
+//!
+//! Every action returns a report (plain data, `Serialize`) that [`output`] renders as a
+//! human table or as JSON, or an [`OpsError`]: one line saying what is wrong and how to fix
+//! it, with the exit code the CLI returns.
+
+pub mod dlq;
+pub mod output;
+pub mod send;
+pub mod setup;
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_config::retry::RetryConfig;
+use aws_config::{BehaviorVersion, SdkConfig};
+use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_types::error::display::DisplayErrorContext;
+
+/// How an operator action failed; decides the CLI's exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Bad input, a missing variable or flag, or a refused confirmation (exit 2).
+    Usage,
+    /// A queue, table, message or job that does not exist (exit 3).
+    NotFound,
+    /// The endpoint cannot be reached (exit 4).
+    Unreachable,
+    /// Some of the selected messages were not sent, moved or deleted (exit 5).
+    Incomplete,
+    /// The endpoint does not implement the operation (exit 6).
+    Unsupported,
+    /// Any other AWS or I/O failure (exit 1).
+    Failed,
+}
+
+/// An operator-facing error: one line, with what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpsError {
+    /// What kind of failure, for the exit code.
+    pub kind: ErrorKind,
+    /// The one-line message (no trailing newline, no `error:` prefix).
+    pub message: String,
+}
+
+impl OpsError {
+    /// An error of `kind` with `message`, flattened to one line.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: one_line(&message.into()),
+        }
+    }
+
+    /// Bad input or configuration.
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Usage, message)
+    }
+
+    /// A required variable is not set: names the flag and the variable.
+    pub fn missing_var(var: &str, flag: &str) -> Self {
+        Self::usage(format!(
+            "{var} is not set: pass {flag} or export {var} (see `triage setup`)"
+        ))
+    }
+
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self.kind {
+            ErrorKind::Failed => 1,
+            ErrorKind::Usage => 2,
+            ErrorKind::NotFound => 3,
+            ErrorKind::Unreachable => 4,
+            ErrorKind::Incomplete => 5,
+            ErrorKind::Unsupported => 6,
+        }
+    }
+}
+
+impl fmt::Display for OpsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for OpsError {}
+
+/// Result of an operator action.
+pub type OpsResult<T> = Result<T, OpsError>;
+
+/// Collapses whitespace runs containing newlines so a message always prints as one line.
+pub fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The AWS clients and the endpoints they talk to (for error messages).
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    /// SQS client.
+    pub sqs: aws_sdk_sqs::Client,
+    /// DynamoDB client.
+    pub ddb: aws_sdk_dynamodb::Client,
+    /// Where SQS calls go, as shown to the operator.
+    pub sqs_endpoint: String,
+    /// Where DynamoDB calls go, as shown to the operator.
+    pub ddb_endpoint: String,
+    /// True when an endpoint variable points the clients at something other than AWS.
+    pub custom_endpoint: bool,
+}
+
+impl Ctx {
+    /// Loads the standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL*`, credentials).
+    pub async fn from_env() -> OpsResult<Self> {
+        let config = aws_config::defaults(BehaviorVersion::latest())
+            // An operator waits on these calls: a few quick tries, then a clear error.
+            .retry_config(
+                RetryConfig::standard()
+                    .with_max_attempts(3)
+                    .with_max_backoff(Duration::from_secs(2)),
+            )
+            .load()
+            .await;
+        Self::from_config(&config)
+    }
+
+    /// Clients from an existing SDK configuration.
+    pub fn from_config(config: &SdkConfig) -> OpsResult<Self> {
+        let Some(region) = config.region() else {
+            return Err(OpsError::usage(
+                "AWS_REGION is not set: export AWS_REGION (for the local stack: \
+                 eval \"$(bash infra/local/stack.sh env)\")",
+            ));
+        };
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let global = env("AWS_ENDPOINT_URL");
+        let sqs_custom = env("AWS_ENDPOINT_URL_SQS").or_else(|| global.clone());
+        let ddb_custom = env("AWS_ENDPOINT_URL_DYNAMODB").or_else(|| global.clone());
+        let custom_endpoint = sqs_custom.is_some() || ddb_custom.is_some();
+        Ok(Self {
+            sqs: aws_sdk_sqs::Client::new(config),
+            ddb: aws_sdk_dynamodb::Client::new(config),
+            sqs_endpoint: sqs_custom.unwrap_or_else(|| format!("sqs.{region}.amazonaws.com")),
+            ddb_endpoint: ddb_custom.unwrap_or_else(|| format!("dynamodb.{region}.amazonaws.com")),
+            custom_endpoint,
+        })
+    }
+
+    fn unreachable(&self, service: &str, endpoint: &str) -> OpsError {
+        let hint = if self.custom_endpoint {
+            "is the local stack running (`bash infra/local/stack.sh start`)?"
+        } else {
+            "check the network, AWS_REGION and AWS_ENDPOINT_URL"
+        };
+        OpsError::new(
+            ErrorKind::Unreachable,
+            format!("cannot reach {service} at {endpoint}: {hint}"),
+        )
+    }
+
+    /// Maps an SQS error to one operator line. `queue` names the queue the call was about
+    /// and the variable that configures it, for the "does not exist" hint.
+    pub fn sqs_error<E>(
+        &self,
+        op: &str,
+        err: SdkError<E, HttpResponse>,
+        queue: Option<(&str, &str)>,
+    ) -> OpsError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        if let Some(e) = self.transport_error(&err, "SQS", &self.sqs_endpoint.clone()) {
+            return e;
+        }
+        let code = err.code().unwrap_or_default().to_owned();
+        if code.contains("NonExistentQueue") || code.contains("QueueDoesNotExist") {
+            return match queue {
+                Some((url, var)) => OpsError::new(
+                    ErrorKind::NotFound,
+                    format!("queue {url} does not exist: run `triage setup` or check {var}"),
+                ),
+                None => OpsError::new(
+                    ErrorKind::NotFound,
+                    "queue does not exist: run `triage setup` or check the queue name",
+                ),
+            };
+        }
+        generic_error(op, &err)
+    }
+
+    /// Maps a DynamoDB error to one operator line. `table` is the table the call was about.
+    pub fn ddb_error<E>(&self, op: &str, err: SdkError<E, HttpResponse>, table: &str) -> OpsError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        if let Some(e) = self.transport_error(&err, "DynamoDB", &self.ddb_endpoint.clone()) {
+            return e;
+        }
+        if err.code() == Some("ResourceNotFoundException") {
+            return OpsError::new(
+                ErrorKind::NotFound,
+                format!("table {table} does not exist: run `triage setup` or check TRIAGE_TABLE"),
+            );
+        }
+        generic_error(op, &err)
+    }
+
+    fn transport_error<E>(
+        &self,
+        err: &SdkError<E, HttpResponse>,
+        service: &str,
+        endpoint: &str,
+    ) -> Option<OpsError>
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let text = format!("{}", DisplayErrorContext(err));
+        if text.contains("credentials") && !matches!(err, SdkError::ServiceError(_)) {
+            return Some(OpsError::usage(format!(
+                "no AWS credentials for {service}: export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY \
+                 or AWS_PROFILE (for the local stack: eval \"$(bash infra/local/stack.sh env)\")"
+            )));
+        }
+        match err {
+            SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
+                Some(self.unreachable(service, endpoint))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn generic_error<E>(op: &str, err: &SdkError<E, HttpResponse>) -> OpsError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match (err.code(), err.message()) {
+        (Some(code), Some(msg)) => OpsError::new(ErrorKind::Failed, format!("{op} failed: {code}: {msg}")),
+        (Some(code), None) => OpsError::new(ErrorKind::Failed, format!("{op} failed: {code}")),
+        _ => {
+            let status = err
+                .raw_response()
+                .map(|r| format!("HTTP {}: ", r.status().as_u16()))
+                .unwrap_or_default();
+            let text = format!("{}", DisplayErrorContext(err));
+            let text: String = one_line(&text).chars().take(300).collect();
+            OpsError::new(ErrorKind::Failed, format!("{op} failed: {status}{text}"))
+        }
+    }
+}
+
+/// A queue URL from a URL, an ARN or a bare name (resolved with GetQueueUrl).
+pub async fn resolve_queue(ctx: &Ctx, input: &str, var: &str) -> OpsResult<String> {
+    if input.starts_with("http://") || input.starts_with("https://") {
+        return Ok(input.to_owned());
+    }
+    let (name, owner) = match input.strip_prefix("arn:") {
+        Some(rest) => {
+            // arn:aws:sqs:region:account:name
+            let parts: Vec<&str> = rest.split(':').collect();
+            match parts.as_slice() {
+                [_, "sqs", _, account, name] => (name.to_string(), Some(account.to_string())),
+                _ => {
+                    return Err(OpsError::usage(format!(
+                        "{input} is not an SQS queue ARN: pass a queue URL, ARN or name in {var}"
+                    )));
+                }
+            }
+        }
+        None => (input.to_owned(), None),
+    };
+    let out = ctx
+        .sqs
+        .get_queue_url()
+        .queue_name(&name)
+        .set_queue_owner_aws_account_id(owner)
+        .send()
+        .await
+        .map_err(|e| ctx.sqs_error("GetQueueUrl", e, Some((input, var))))?;
+    out.queue_url.ok_or_else(|| {
+        OpsError::new(
+            ErrorKind::Failed,
+            format!("GetQueueUrl returned no URL for {input}"),
+        )
+    })
+}
+
+/// A queue's ARN (GetQueueAttributes).
+pub async fn queue_arn(ctx: &Ctx, url: &str, var: &str) -> OpsResult<String> {
+    let out = ctx
+        .sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| ctx.sqs_error("GetQueueAttributes", e, Some((url, var))))?;
+    out.attributes
+        .and_then(|mut a| a.remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn))
+        .ok_or_else(|| {
+            OpsError::new(
+                ErrorKind::Failed,
+                format!("queue {url} has no QueueArn attribute"),
+            )
+        })
+}
+
+/// True for a FIFO queue URL, name or ARN.
+pub fn is_fifo(queue: &str) -> bool {
+    queue.ends_with(".fifo")
+}
+
+/// Wall-clock milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Parses a duration such as `90s`, `15m`, `2h`, `3d`, `1h30m` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut num = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let mut unit = c.to_string();
+        if c == 'm' && chars.peek() == Some(&'s') {
+            chars.next();
+            unit = "ms".into();
+        }
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("`{s}` is not a duration (try 30s, 15m, 2h, 1d)"))?;
+        num.clear();
+        total += match unit.as_str() {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            "d" => Duration::from_secs(n * 86_400),
+            _ => return Err(format!("`{s}` is not a duration (try 30s, 15m, 2h, 1d)")),
+        };
+    }
+    if !num.is_empty() {
+        return Err(format!("`{s}` is not a duration (try 30s, 15m, 2h, 1d)"));
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("m").is_err());
+        assert!(parse_duration("5m3").is_err());
+    }
+
+    #[test]
+    fn messages_are_one_line() {
+        let e = OpsError::usage("a\n  b\tc");
+        assert_eq!(e.message, "a b c");
+        assert_eq!(e.exit_code(), 2);
+    }
+}

@@ -1,0 +1,1525 @@
+//! The DLQ, seen by an operator: list, show, replay, purge, and SQS's own redrive.
+//!
+//! Reading a queue means receiving from it, so every read holds the messages it saw
+//! invisible while it reads (that is how it sees the next ones) and makes them visible again
+//! before it returns. Replay sends first and deletes after: a crash in between leaves a
+//! duplicate, never a loss.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use aws_config::retry::RetryConfig;
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, MessageAttributeValue,
+    MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
+};
+use serde::Serialize;
+
+use super::output::{Report, Table, progress};
+use super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, now_ms, queue_arn, resolve_queue};
+use crate::core::envelope::{self, EnvelopeLimits, JOB_TYPE_ATTRIBUTE};
+use crate::core::failure::FailureRecord;
+use crate::effects::dlq::{failure_record, original_attributes};
+
+/// Class shown for DLQ messages without a failure record: SQS moved them itself after
+/// `maxReceiveCount` receives, which means the consumer crashed (or timed out) on them.
+pub const UNRECORDED: &str = "unrecorded";
+/// Receives in a row that bring back only messages already seen before a sweep stops.
+const STALE_ROUNDS: u32 = 3;
+
+/// One DLQ message as read.
+#[derive(Debug, Clone)]
+pub struct DlqMessage {
+    /// The DLQ message id.
+    pub message_id: String,
+    /// The receipt handle of the latest receive.
+    pub receipt_handle: String,
+    /// The body, byte for byte as the producer sent it.
+    pub body: String,
+    /// The message attributes as they are in the DLQ (record included).
+    pub attributes: HashMap<String, MessageAttributeValue>,
+    /// The failure record, if the message carries a readable one.
+    pub record: Option<FailureRecord>,
+    /// When the message entered the DLQ (epoch ms, SQS's SentTimestamp).
+    pub sent_at_ms: u64,
+    /// The FIFO message group, on FIFO DLQs.
+    pub group_id: Option<String>,
+}
+
+impl DlqMessage {
+    fn from_sdk(m: aws_sdk_sqs::types::Message) -> Option<Self> {
+        let attributes = m.message_attributes.unwrap_or_default();
+        let system = m.attributes.unwrap_or_default();
+        let record = failure_record(&attributes).and_then(Result::ok);
+        Some(Self {
+            message_id: m.message_id?,
+            receipt_handle: m.receipt_handle?,
+            body: m.body.unwrap_or_default(),
+            record,
+            sent_at_ms: system
+                .get(&MessageSystemAttributeName::SentTimestamp)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+            group_id: system.get(&MessageSystemAttributeName::MessageGroupId).cloned(),
+            attributes,
+        })
+    }
+
+    /// The job type: from the record, else the `job-type` attribute, else the envelope.
+    pub fn job_type(&self) -> String {
+        if let Some(t) = self.record.as_ref().and_then(|r| r.job_type.clone()) {
+            return t;
+        }
+        let attr = self
+            .attributes
+            .get(JOB_TYPE_ATTRIBUTE)
+            .and_then(|v| v.string_value());
+        if let Some(t) = attr {
+            return t.to_owned();
+        }
+        envelope::parse(&self.body, None, None, EnvelopeLimits::default())
+            .map(|j| j.job_type)
+            .unwrap_or_else(|_| "-".into())
+    }
+
+    /// The failure class (`fatal`, `exhausted`, `invalid`, or `unrecorded`).
+    pub fn class(&self) -> &'static str {
+        self.record.as_ref().map_or(UNRECORDED, |r| r.class.as_str())
+    }
+
+    /// The job id: from the record, else the envelope, else the DLQ message id.
+    pub fn job_id(&self) -> String {
+        if let Some(r) = &self.record {
+            return r.job_id.clone();
+        }
+        envelope::parse(&self.body, None, None, EnvelopeLimits::default())
+            .ok()
+            .and_then(|j| j.id)
+            .unwrap_or_else(|| self.message_id.clone())
+    }
+
+    /// The error text, or a note for messages SQS moved itself.
+    pub fn error(&self) -> String {
+        match &self.record {
+            Some(r) => r.error.clone(),
+            None => {
+                "no failure record: SQS moved it after maxReceiveCount (consumer crash or timeout)".into()
+            }
+        }
+    }
+
+    /// When it failed (epoch ms): the record's `failed_at`, else when it entered the DLQ.
+    pub fn failed_at_ms(&self) -> u64 {
+        self.record.as_ref().map_or(self.sent_at_ms, |r| r.failed_at)
+    }
+}
+
+/// Which DLQ messages an action applies to. Empty criteria match everything.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Job types (any of).
+    pub job_types: Vec<String>,
+    /// Failure classes (any of): `fatal`, `exhausted`, `invalid`, `unrecorded`.
+    pub classes: Vec<String>,
+    /// Substring of the error text (case-insensitive).
+    pub error_contains: Option<String>,
+    /// Failed at least this long ago.
+    pub older_than: Option<Duration>,
+    /// Failed at most this long ago.
+    pub newer_than: Option<Duration>,
+    /// Job ids or message ids (any of).
+    pub ids: Vec<String>,
+}
+
+impl Filter {
+    /// Checks the class names.
+    pub fn validate(&self) -> OpsResult<()> {
+        for c in &self.classes {
+            if !["fatal", "exhausted", "invalid", UNRECORDED].contains(&c.as_str()) {
+                return Err(OpsError::usage(format!(
+                    "unknown failure class `{c}`: use fatal, exhausted, invalid or {UNRECORDED}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// True when the message matches every given criterion.
+    pub fn matches(&self, m: &DlqMessage, now_ms: u64) -> bool {
+        let age = Duration::from_millis(now_ms.saturating_sub(m.failed_at_ms()));
+        (self.job_types.is_empty() || self.job_types.contains(&m.job_type()))
+            && (self.classes.is_empty() || self.classes.iter().any(|c| c == m.class()))
+            && self
+                .error_contains
+                .as_ref()
+                .is_none_or(|needle| m.error().to_lowercase().contains(&needle.to_lowercase()))
+            && self.older_than.is_none_or(|d| age >= d)
+            && self.newer_than.is_none_or(|d| age <= d)
+            && (self.ids.is_empty()
+                || self.ids.iter().any(|id| {
+                    *id == m.message_id
+                        || *id == m.job_id()
+                        || m.record.as_ref().is_some_and(|r| r.original_message_id == *id)
+                }))
+    }
+}
+
+/// Receives every message of a queue once, holding each invisible for `visibility`.
+struct Sweep<'a> {
+    ctx: &'a Ctx,
+    url: &'a str,
+    visibility: i32,
+    seen: HashSet<String>,
+    stale_rounds: u32,
+    max: usize,
+    done: bool,
+}
+
+impl<'a> Sweep<'a> {
+    fn new(ctx: &'a Ctx, url: &'a str, visibility: Duration, max: usize) -> Self {
+        Self {
+            ctx,
+            url,
+            visibility: visibility.as_secs().clamp(1, 43_200) as i32,
+            seen: HashSet::new(),
+            stale_rounds: 0,
+            max,
+            done: false,
+        }
+    }
+
+    /// The next received batch, split into messages never seen before and messages seen
+    /// again (their hold expired; the new receipt handle replaces the old). `None` when the
+    /// queue has nothing more to show.
+    async fn next(&mut self) -> OpsResult<Option<(Vec<DlqMessage>, Vec<DlqMessage>)>> {
+        if self.done || self.seen.len() >= self.max {
+            return Ok(None);
+        }
+        let out = self
+            .ctx
+            .sqs
+            .receive_message()
+            .queue_url(self.url)
+            .max_number_of_messages(10)
+            // A long poll asks every SQS server, so an empty answer means the queue has no
+            // visible message left (a short poll samples and can come back empty early).
+            .wait_time_seconds(1)
+            .visibility_timeout(self.visibility)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .map_err(|e| {
+                self.ctx
+                    .sqs_error("ReceiveMessage", e, Some((self.url, "TRIAGE_DLQ_URL")))
+            })?;
+        let messages = out.messages.unwrap_or_default();
+        if messages.is_empty() {
+            self.done = true;
+            return Ok(None);
+        }
+        let (mut new, mut again) = (Vec::new(), Vec::new());
+        for m in messages.into_iter().filter_map(DlqMessage::from_sdk) {
+            if self.seen.insert(m.message_id.clone()) {
+                new.push(m);
+            } else {
+                again.push(m);
+            }
+        }
+        if new.is_empty() {
+            self.stale_rounds += 1;
+            if self.stale_rounds >= STALE_ROUNDS {
+                self.done = true;
+            }
+        } else {
+            self.stale_rounds = 0;
+        }
+        Ok(Some((new, again)))
+    }
+}
+
+/// Makes held messages visible again (visibility 0), ten per call. Failures are counted,
+/// not fatal: those messages come back on their own when their hold expires.
+async fn release(ctx: &Ctx, url: &str, handles: impl IntoIterator<Item = String>) -> usize {
+    let handles: Vec<String> = handles.into_iter().collect();
+    let mut failed = 0;
+    for chunk in handles.chunks(10) {
+        let entries: Vec<_> = chunk
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(h)
+                    .visibility_timeout(0)
+                    .build()
+                    .ok()
+            })
+            .collect();
+        match ctx
+            .sqs
+            .change_message_visibility_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+        {
+            Ok(out) => failed += out.failed.len(),
+            Err(_) => failed += chunk.len(),
+        }
+    }
+    failed
+}
+
+/// Deletes messages by receipt handle, ten per call; returns the handles that failed.
+async fn delete(ctx: &Ctx, url: &str, handles: &[(String, String)]) -> OpsResult<Vec<String>> {
+    let mut failed = Vec::new();
+    for chunk in handles.chunks(10) {
+        let entries: Vec<_> = chunk
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, h))| {
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(h)
+                    .build()
+                    .ok()
+            })
+            .collect();
+        let out = ctx
+            .sqs
+            .delete_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(|e| ctx.sqs_error("DeleteMessageBatch", e, Some((url, "TRIAGE_DLQ_URL"))))?;
+        for f in out.failed {
+            if let Some((id, _)) = f.id.parse::<usize>().ok().and_then(|i| chunk.get(i)) {
+                failed.push(id.clone());
+            }
+        }
+    }
+    Ok(failed)
+}
+
+/// Reads the whole DLQ (up to `max` messages) and makes everything visible again.
+pub async fn read_all(ctx: &Ctx, dlq_url: &str, max: usize) -> OpsResult<Vec<DlqMessage>> {
+    let mut sweep = Sweep::new(ctx, dlq_url, Duration::from_secs(60), max);
+    let mut found: HashMap<String, DlqMessage> = HashMap::new();
+    let result = async {
+        while let Some((new, again)) = sweep.next().await? {
+            for m in new.into_iter().chain(again) {
+                found.insert(m.message_id.clone(), m);
+            }
+        }
+        Ok::<_, OpsError>(())
+    }
+    .await;
+    release(ctx, dlq_url, found.values().map(|m| m.receipt_handle.clone())).await;
+    result?;
+    let mut all: Vec<DlqMessage> = found.into_values().collect();
+    all.sort_by_key(|m| (m.failed_at_ms(), m.message_id.clone()));
+    Ok(all)
+}
+
+// ---------------------------------------------------------------- list
+
+/// One error text and how many messages of a group carry it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorCount {
+    /// The error text.
+    pub error: String,
+    /// Messages with it.
+    pub count: usize,
+}
+
+/// DLQ messages of one job type and failure class.
+#[derive(Debug, Clone, Serialize)]
+pub struct Group {
+    /// Job type (`-` when it cannot be told).
+    pub job_type: String,
+    /// Failure class.
+    pub class: String,
+    /// Messages in the group.
+    pub count: usize,
+    /// Age of the oldest failure, in seconds.
+    pub oldest_age_s: u64,
+    /// Age of the newest failure, in seconds.
+    pub newest_age_s: u64,
+    /// Distinct error texts, most frequent first (at most 5).
+    pub errors: Vec<ErrorCount>,
+}
+
+/// One message, as listed with `--messages`.
+#[derive(Debug, Clone, Serialize)]
+pub struct MessageSummary {
+    /// DLQ message id.
+    pub message_id: String,
+    /// Job id.
+    pub job_id: String,
+    /// Job type.
+    pub job_type: String,
+    /// Failure class.
+    pub class: String,
+    /// Handler executions before it failed, when recorded.
+    pub attempts: Option<u32>,
+    /// Age of the failure, in seconds.
+    pub age_s: u64,
+    /// Error text.
+    pub error: String,
+    /// The queue it came from, when recorded.
+    pub source_queue: Option<String>,
+}
+
+impl MessageSummary {
+    fn of(m: &DlqMessage, now: u64) -> Self {
+        Self {
+            message_id: m.message_id.clone(),
+            job_id: m.job_id(),
+            job_type: m.job_type(),
+            class: m.class().to_owned(),
+            attempts: m.record.as_ref().map(|r| r.attempts),
+            age_s: now.saturating_sub(m.failed_at_ms()) / 1000,
+            error: m.error(),
+            source_queue: m.record.as_ref().map(|r| r.source_queue.clone()),
+        }
+    }
+}
+
+/// What `dlq list` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct ListReport {
+    /// The DLQ.
+    pub dlq_url: String,
+    /// Messages seen.
+    pub total: usize,
+    /// Messages by job type and class, largest group first.
+    pub groups: Vec<Group>,
+    /// Every message, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<MessageSummary>>,
+}
+
+impl Report for ListReport {
+    fn human(&self) -> String {
+        if self.total == 0 {
+            return format!("DLQ {} is empty\n", self.dlq_url);
+        }
+        let mut out = format!("DLQ {}: {} message(s)\n\n", self.dlq_url, self.total);
+        let mut t = Table::new(["TYPE", "CLASS", "COUNT", "OLDEST", "NEWEST", "ERROR"]);
+        for g in &self.groups {
+            let mut err = g.errors.first().map(|e| e.error.clone()).unwrap_or_default();
+            if g.errors.len() > 1 {
+                err = format!("{err} (+{} other)", g.errors.len() - 1);
+            }
+            t.row([
+                g.job_type.clone(),
+                g.class.clone(),
+                g.count.to_string(),
+                super::output::age(Duration::from_secs(g.oldest_age_s)),
+                super::output::age(Duration::from_secs(g.newest_age_s)),
+                err,
+            ]);
+        }
+        out.push_str(&t.render());
+        if let Some(messages) = &self.messages {
+            out.push('\n');
+            let mut t = Table::new(["JOB ID", "TYPE", "CLASS", "ATTEMPTS", "AGE", "ERROR"]);
+            for m in messages {
+                t.row([
+                    m.job_id.clone(),
+                    m.job_type.clone(),
+                    m.class.clone(),
+                    m.attempts.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+                    super::output::age(Duration::from_secs(m.age_s)),
+                    m.error.clone(),
+                ]);
+            }
+            out.push_str(&t.render());
+        }
+        out
+    }
+}
+
+/// Groups messages by job type and class.
+pub fn group(messages: &[DlqMessage], now: u64) -> Vec<Group> {
+    let mut by: BTreeMap<(String, String), Vec<&DlqMessage>> = BTreeMap::new();
+    for m in messages {
+        by.entry((m.job_type(), m.class().to_owned()))
+            .or_default()
+            .push(m);
+    }
+    let mut groups: Vec<Group> = by
+        .into_iter()
+        .map(|((job_type, class), ms)| {
+            let mut errors: HashMap<String, usize> = HashMap::new();
+            for m in &ms {
+                *errors.entry(m.error()).or_default() += 1;
+            }
+            let mut errors: Vec<ErrorCount> = errors
+                .into_iter()
+                .map(|(error, count)| ErrorCount { error, count })
+                .collect();
+            errors.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.error.cmp(&b.error)));
+            errors.truncate(5);
+            let ages = ms.iter().map(|m| now.saturating_sub(m.failed_at_ms()) / 1000);
+            Group {
+                job_type,
+                class,
+                count: ms.len(),
+                oldest_age_s: ages.clone().max().unwrap_or(0),
+                newest_age_s: ages.min().unwrap_or(0),
+                errors,
+            }
+        })
+        .collect();
+    groups.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.job_type.cmp(&b.job_type)));
+    groups
+}
+
+/// `dlq list`: what is in the DLQ, grouped, without removing anything.
+pub async fn list(
+    ctx: &Ctx,
+    dlq_url: &str,
+    filter: &Filter,
+    with_messages: bool,
+    max: usize,
+) -> OpsResult<ListReport> {
+    filter.validate()?;
+    let now = now_ms();
+    let all: Vec<DlqMessage> = read_all(ctx, dlq_url, max)
+        .await?
+        .into_iter()
+        .filter(|m| filter.matches(m, now))
+        .collect();
+    Ok(ListReport {
+        dlq_url: dlq_url.to_owned(),
+        total: all.len(),
+        groups: group(&all, now),
+        messages: with_messages.then(|| all.iter().map(|m| MessageSummary::of(m, now)).collect()),
+    })
+}
+
+// ---------------------------------------------------------------- show
+
+/// One message in full.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShownMessage {
+    /// Summary fields.
+    #[serde(flatten)]
+    pub summary: MessageSummary,
+    /// The full failure record, if any.
+    pub record: Option<FailureRecord>,
+    /// The body as stored.
+    pub body: String,
+    /// The original message attributes (string values; binary ones as `<binary N bytes>`).
+    pub attributes: BTreeMap<String, String>,
+    /// When it entered the DLQ (epoch ms).
+    pub dlq_sent_at: u64,
+}
+
+/// What `dlq show` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShowReport {
+    /// The id asked for.
+    pub id: String,
+    /// Every DLQ message with that job id or message id.
+    pub messages: Vec<ShownMessage>,
+}
+
+impl Report for ShowReport {
+    fn human(&self) -> String {
+        let mut out = String::new();
+        for (i, m) in self.messages.iter().enumerate() {
+            if i > 0 {
+                out.push('\n');
+            }
+            let s = &m.summary;
+            let mut t = Table::new(["FIELD", "VALUE"]).max_width(200);
+            t.row(["message id", s.message_id.as_str()]);
+            t.row(["job id", s.job_id.as_str()]);
+            t.row(["job type", s.job_type.as_str()]);
+            t.row(["class", s.class.as_str()]);
+            t.row([
+                "attempts".to_string(),
+                s.attempts.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+            ]);
+            t.row([
+                "age".to_string(),
+                super::output::age(Duration::from_secs(s.age_s)),
+            ]);
+            t.row(["error", s.error.as_str()]);
+            if let Some(r) = &m.record {
+                t.row(["source queue", r.source_queue.as_str()]);
+                t.row(["original message", r.original_message_id.as_str()]);
+            }
+            for (k, v) in &m.attributes {
+                t.row([format!("attribute {k}"), v.clone()]);
+            }
+            t.row(["body", m.body.as_str()]);
+            out.push_str(&t.render());
+        }
+        out
+    }
+}
+
+/// `dlq show ID`: every DLQ message whose job id, message id or original message id is `id`.
+pub async fn show(ctx: &Ctx, dlq_url: &str, id: &str, max: usize) -> OpsResult<ShowReport> {
+    let now = now_ms();
+    let filter = Filter {
+        ids: vec![id.to_owned()],
+        ..Filter::default()
+    };
+    let messages: Vec<ShownMessage> = read_all(ctx, dlq_url, max)
+        .await?
+        .into_iter()
+        .filter(|m| filter.matches(m, now))
+        .map(|m| {
+            let attributes = original_attributes(&m.attributes)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| {
+                    let shown = match (v.string_value(), v.binary_value()) {
+                        (Some(s), _) => s.to_owned(),
+                        (None, Some(b)) => format!("<binary {} bytes>", b.as_ref().len()),
+                        _ => String::new(),
+                    };
+                    (k, shown)
+                })
+                .collect();
+            ShownMessage {
+                summary: MessageSummary::of(&m, now),
+                record: m.record.clone(),
+                body: m.body.clone(),
+                attributes,
+                dlq_sent_at: m.sent_at_ms,
+            }
+        })
+        .collect();
+    if messages.is_empty() {
+        return Err(OpsError::new(
+            ErrorKind::NotFound,
+            format!(
+                "no DLQ message with job id or message id `{id}` in {dlq_url}: see `triage dlq list --messages`"
+            ),
+        ));
+    }
+    Ok(ShowReport {
+        id: id.to_owned(),
+        messages,
+    })
+}
+
+// ---------------------------------------------------------------- replay
+
+/// How `dlq replay` runs.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    /// Which messages.
+    pub filter: Filter,
+    /// Target queue (URL, ARN or name) instead of each record's source queue.
+    pub to: Option<String>,
+    /// Move at most this many.
+    pub limit: Option<usize>,
+    /// Messages per second.
+    pub rate: Option<f64>,
+    /// Report what would move, move nothing.
+    pub dry_run: bool,
+    /// State table, for the fresh attempt ledgers (required unless `dry_run`).
+    pub table: Option<String>,
+    /// Draw a progress bar.
+    pub progress: bool,
+    /// Read at most this many DLQ messages.
+    pub max_scan: usize,
+}
+
+/// Where replayed messages went.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetCount {
+    /// Target queue URL.
+    pub queue_url: String,
+    /// Messages sent there.
+    pub count: usize,
+}
+
+/// A message that was selected but not moved, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct NotMoved {
+    /// DLQ message id.
+    pub message_id: String,
+    /// Job id.
+    pub job_id: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// What `dlq replay` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    /// The DLQ.
+    pub dlq_url: String,
+    /// Nothing was moved.
+    pub dry_run: bool,
+    /// DLQ messages read.
+    pub scanned: usize,
+    /// Messages the filter (and limit) selected.
+    pub selected: usize,
+    /// Selected messages sent to their target (or that would be, in a dry run).
+    pub moved: usize,
+    /// Moved messages whose DLQ copy could not be deleted: they may run twice.
+    pub delete_failed: usize,
+    /// Attempt ledgers reset.
+    pub ledgers_reset: usize,
+    /// Sent per target queue.
+    pub targets: Vec<TargetCount>,
+    /// Selected messages by job type and class.
+    pub groups: Vec<Group>,
+    /// Selected messages that were not moved.
+    pub not_moved: Vec<NotMoved>,
+    /// Wall time, in milliseconds.
+    pub elapsed_ms: u64,
+}
+
+impl Report for ReplayReport {
+    fn human(&self) -> String {
+        let verb = if self.dry_run { "would move" } else { "moved" };
+        let mut out = format!(
+            "{}{verb} {} of {} selected message(s) ({} read from the DLQ) in {:.1}s\n",
+            if self.dry_run { "dry run: " } else { "" },
+            self.moved,
+            self.selected,
+            self.scanned,
+            self.elapsed_ms as f64 / 1000.0
+        );
+        if !self.targets.is_empty() {
+            let mut t = Table::new(["TARGET", "COUNT"]).max_width(120);
+            for c in &self.targets {
+                t.row([c.queue_url.clone(), c.count.to_string()]);
+            }
+            out.push_str(&t.render());
+        }
+        if !self.groups.is_empty() {
+            let mut t = Table::new(["TYPE", "CLASS", "SELECTED"]);
+            for g in &self.groups {
+                t.row([g.job_type.clone(), g.class.clone(), g.count.to_string()]);
+            }
+            out.push_str(&t.render());
+        }
+        if !self.dry_run {
+            out.push_str(&format!("attempt ledgers reset: {}\n", self.ledgers_reset));
+        }
+        for n in &self.not_moved {
+            out.push_str(&format!(
+                "not moved: job {} ({}): {}\n",
+                n.job_id, n.message_id, n.reason
+            ));
+        }
+        if self.delete_failed > 0 {
+            out.push_str(&format!(
+                "{} moved message(s) are still in the DLQ (delete failed): they may run twice\n",
+                self.delete_failed
+            ));
+        }
+        out
+    }
+
+    fn problem(&self) -> Option<String> {
+        if self.dry_run {
+            return None;
+        }
+        if self.moved < self.selected {
+            return Some(format!(
+                "{} of {} selected message(s) were not moved (see above); they are still in the DLQ",
+                self.selected - self.moved,
+                self.selected
+            ));
+        }
+        (self.delete_failed > 0).then(|| {
+            format!(
+                "{} moved message(s) could not be deleted from the DLQ: run `triage dlq purge` for them",
+                self.delete_failed
+            )
+        })
+    }
+}
+
+/// Paces sends to `rate` messages per second, starting with an empty bucket: n messages take
+/// at least n / rate seconds.
+struct Pacer {
+    start: Instant,
+    per_message: Option<Duration>,
+    issued: u32,
+}
+
+impl Pacer {
+    fn new(rate: Option<f64>) -> Self {
+        Self {
+            start: Instant::now(),
+            per_message: rate.map(|r| Duration::from_secs_f64(1.0 / r)),
+            issued: 0,
+        }
+    }
+
+    async fn take(&mut self, n: usize) {
+        let Some(per) = self.per_message else { return };
+        self.issued += n as u32;
+        tokio::time::sleep_until((self.start + per * self.issued).into()).await;
+    }
+}
+
+/// Key of a job's attempt ledger item: `pk = job#<id>`, `sk = ledger`.
+fn ledger_key(job_id: &str) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        (
+            super::setup::PARTITION_KEY.to_owned(),
+            AttributeValue::S(format!("job#{job_id}")),
+        ),
+        (
+            super::setup::SORT_KEY.to_owned(),
+            AttributeValue::S("ledger".into()),
+        ),
+    ])
+}
+
+/// Deletes the attempt ledgers of `job_ids` (one BatchWriteItem per 25), so replayed jobs
+/// start again from attempt 1.
+pub async fn reset_ledgers(ctx: &Ctx, table: &str, job_ids: &[String]) -> OpsResult<usize> {
+    let unique: Vec<&String> = {
+        let mut seen = HashSet::new();
+        job_ids.iter().filter(|id| seen.insert(id.as_str())).collect()
+    };
+    for chunk in unique.chunks(25) {
+        let mut requests: Vec<WriteRequest> = chunk
+            .iter()
+            .filter_map(|id| {
+                let del = DeleteRequest::builder()
+                    .set_key(Some(ledger_key(id)))
+                    .build()
+                    .ok()?;
+                Some(WriteRequest::builder().delete_request(del).build())
+            })
+            .collect();
+        for round in 0..8 {
+            if requests.is_empty() {
+                break;
+            }
+            if round > 0 {
+                tokio::time::sleep(Duration::from_millis(50 << round.min(5))).await;
+            }
+            let out = ctx
+                .ddb
+                .batch_write_item()
+                .request_items(table, requests.clone())
+                .send()
+                .await
+                .map_err(|e| ctx.ddb_error("BatchWriteItem", e, table))?;
+            requests = out
+                .unprocessed_items
+                .and_then(|mut m| m.remove(table))
+                .unwrap_or_default();
+        }
+        if !requests.is_empty() {
+            return Err(OpsError::new(
+                ErrorKind::Failed,
+                format!("DynamoDB kept throttling the ledger reset on {table}: retry with a lower --rate"),
+            ));
+        }
+    }
+    Ok(unique.len())
+}
+
+async fn check_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
+    ctx.ddb
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await
+        .map_err(|e| ctx.ddb_error("DescribeTable", e, table))?;
+    Ok(())
+}
+
+/// Checks a queue exists; returns its URL.
+async fn check_queue(ctx: &Ctx, queue: &str, var: &str) -> OpsResult<String> {
+    let url = resolve_queue(ctx, queue, var).await?;
+    queue_arn(ctx, &url, var).await?;
+    Ok(url)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Not selected, or selected but not moved: made visible again at the end.
+    Held,
+    /// Sent to its target and deleted from the DLQ.
+    Moved,
+    /// Sent to its target, but the DLQ delete failed: delete again if seen again.
+    MovedUndeleted,
+}
+
+/// `dlq replay`: moves selected DLQ messages back to their source queue (or `--to`).
+pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult<ReplayReport> {
+    opts.filter.validate()?;
+    if let Some(r) = opts.rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(OpsError::usage(
+                "--rate must be a positive number of messages per second",
+            ));
+        }
+    }
+    if opts.limit == Some(0) {
+        return Err(OpsError::usage("--limit must be at least 1"));
+    }
+    let table = match (&opts.table, opts.dry_run) {
+        (Some(t), _) => Some(t.clone()),
+        (None, true) => None,
+        (None, false) => return Err(OpsError::missing_var("TRIAGE_TABLE", "--table")),
+    };
+    // Fail before touching the DLQ when the DLQ, the table or the --to queue is missing.
+    queue_arn(ctx, dlq_url, "TRIAGE_DLQ_URL").await?;
+    if let (Some(t), false) = (&table, opts.dry_run) {
+        check_table(ctx, t).await?;
+    }
+    let to = match &opts.to {
+        Some(q) => Some(check_queue(ctx, q, "--to").await?),
+        None => None,
+    };
+
+    let started = Instant::now();
+    // Batches as large as the rate allows, so pacing stays smooth at low rates.
+    let batch_size = opts.rate.map_or(10, |r| (r.floor() as usize).clamp(1, 10));
+    // A batch must be sent and deleted before its hold expires.
+    let hold = Duration::from_secs(60)
+        + opts
+            .rate
+            .map_or(Duration::ZERO, |r| Duration::from_secs_f64(20.0 / r));
+    let estimate = approximate_count(ctx, dlq_url).await.unwrap_or(0);
+    let bar_len = opts.limit.map_or(estimate, |l| estimate.min(l as u64));
+    let bar = progress(
+        opts.progress,
+        bar_len,
+        if opts.dry_run { "reading" } else { "replaying" },
+    );
+
+    let mut st = ReplayState {
+        fates: HashMap::new(),
+        handles: HashMap::new(),
+        selected: Vec::new(),
+        moved: 0,
+        delete_failed: 0,
+        ledgers_reset: 0,
+        targets: BTreeMap::new(),
+        not_moved: Vec::new(),
+        target_cache: HashMap::new(),
+        scanned: 0,
+    };
+    let mut pacer = Pacer::new(opts.rate);
+    let mut sweep = Sweep::new(ctx, dlq_url, hold, opts.max_scan);
+    let run = async {
+        loop {
+            if opts.limit.is_some_and(|l| st.selected.len() >= l) {
+                break;
+            }
+            let Some((new, again)) = sweep.next().await? else {
+                break;
+            };
+            st.scanned += new.len();
+            for m in again {
+                match st.fates.get(&m.message_id) {
+                    Some(Fate::MovedUndeleted) => {
+                        let failed =
+                            delete(ctx, dlq_url, &[(m.message_id.clone(), m.receipt_handle.clone())]).await?;
+                        if failed.is_empty() {
+                            st.fates.insert(m.message_id.clone(), Fate::Moved);
+                            st.delete_failed = st.delete_failed.saturating_sub(1);
+                        }
+                    }
+                    _ => {
+                        st.handles.insert(m.message_id.clone(), m.receipt_handle.clone());
+                    }
+                }
+            }
+            let now = now_ms();
+            let mut chosen = Vec::new();
+            for m in new {
+                let room = opts.limit.is_none_or(|l| st.selected.len() < l);
+                st.fates.insert(m.message_id.clone(), Fate::Held);
+                st.handles.insert(m.message_id.clone(), m.receipt_handle.clone());
+                if room && opts.filter.matches(&m, now) {
+                    st.selected.push(m.clone());
+                    chosen.push(m);
+                }
+            }
+            if opts.dry_run {
+                for m in &chosen {
+                    let target = st.target_for(ctx, m, to.as_deref()).await;
+                    match target {
+                        Ok(url) => {
+                            st.moved += 1;
+                            *st.targets.entry(url).or_default() += 1;
+                        }
+                        Err(reason) => st.not_moved.push(NotMoved {
+                            message_id: m.message_id.clone(),
+                            job_id: m.job_id(),
+                            reason,
+                        }),
+                    }
+                }
+                bar.inc(chosen.len() as u64);
+                continue;
+            }
+            // Group by target queue, keeping DLQ order within each.
+            let mut by_target: BTreeMap<String, Vec<DlqMessage>> = BTreeMap::new();
+            for m in chosen {
+                match st.target_for(ctx, &m, to.as_deref()).await {
+                    Ok(url) => by_target.entry(url).or_default().push(m),
+                    Err(reason) => {
+                        bar.inc(1);
+                        st.not_moved.push(NotMoved {
+                            message_id: m.message_id.clone(),
+                            job_id: m.job_id(),
+                            reason,
+                        });
+                    }
+                }
+            }
+            for (target, ms) in by_target {
+                for chunk in ms.chunks(batch_size) {
+                    pacer.take(chunk.len()).await;
+                    st.move_chunk(ctx, dlq_url, &target, table.as_deref(), chunk)
+                        .await?;
+                    bar.inc(chunk.len() as u64);
+                }
+            }
+        }
+        Ok::<_, OpsError>(())
+    }
+    .await;
+    bar.finish_and_clear();
+    // Everything not moved goes back to visible, whatever happened above.
+    let held: Vec<String> = st
+        .fates
+        .iter()
+        .filter(|(_, f)| **f == Fate::Held)
+        .filter_map(|(id, _)| st.handles.get(id).cloned())
+        .collect();
+    release(ctx, dlq_url, held).await;
+    run?;
+
+    let now = now_ms();
+    Ok(ReplayReport {
+        dlq_url: dlq_url.to_owned(),
+        dry_run: opts.dry_run,
+        scanned: st.scanned,
+        selected: st.selected.len(),
+        moved: st.moved,
+        delete_failed: st.delete_failed,
+        ledgers_reset: st.ledgers_reset,
+        targets: st
+            .targets
+            .into_iter()
+            .map(|(queue_url, count)| TargetCount { queue_url, count })
+            .collect(),
+        groups: group(&st.selected, now),
+        not_moved: st.not_moved,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+struct ReplayState {
+    fates: HashMap<String, Fate>,
+    handles: HashMap<String, String>,
+    selected: Vec<DlqMessage>,
+    moved: usize,
+    delete_failed: usize,
+    ledgers_reset: usize,
+    targets: BTreeMap<String, usize>,
+    not_moved: Vec<NotMoved>,
+    target_cache: HashMap<String, Result<String, String>>,
+    scanned: usize,
+}
+
+impl ReplayState {
+    /// The queue a message goes back to: `--to`, else the record's source queue (checked to
+    /// exist, once per queue).
+    async fn target_for(&mut self, ctx: &Ctx, m: &DlqMessage, to: Option<&str>) -> Result<String, String> {
+        if let Some(to) = to {
+            return Ok(to.to_owned());
+        }
+        let Some(source) = m.record.as_ref().map(|r| r.source_queue.clone()) else {
+            return Err("no failure record, so no source queue: pass --to QUEUE".into());
+        };
+        if let Some(r) = self.target_cache.get(&source) {
+            return r.clone();
+        }
+        let r = check_queue(ctx, &source, "the failure record")
+            .await
+            .map_err(|e| format!("{e}; pass --to QUEUE"));
+        self.target_cache.insert(source, r.clone());
+        r
+    }
+
+    /// Resets the chunk's ledgers, sends it to `target`, then deletes what was accepted.
+    async fn move_chunk(
+        &mut self,
+        ctx: &Ctx,
+        dlq_url: &str,
+        target: &str,
+        table: Option<&str>,
+        chunk: &[DlqMessage],
+    ) -> OpsResult<()> {
+        // Reset before sending: once the job is back on its queue a worker may count a new
+        // attempt at any moment, and that count must not be wiped.
+        if let Some(table) = table {
+            let ids: Vec<String> = chunk.iter().map(DlqMessage::job_id).collect();
+            self.ledgers_reset += reset_ledgers(ctx, table, &ids).await?;
+        }
+        let fifo = is_fifo(target);
+        let mut entries = Vec::new();
+        let mut sendable: Vec<&DlqMessage> = Vec::new();
+        for m in chunk {
+            let attrs = match original_attributes(&m.attributes) {
+                Ok(a) => a,
+                Err(e) => {
+                    self.not_moved.push(NotMoved {
+                        message_id: m.message_id.clone(),
+                        job_id: m.job_id(),
+                        reason: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            let mut entry = SendMessageBatchRequestEntry::builder()
+                .id(sendable.len().to_string())
+                .message_body(&m.body)
+                .set_message_attributes((!attrs.is_empty()).then_some(attrs));
+            if fifo {
+                // A fresh deduplication id per DLQ message: the original one may still be
+                // inside SQS's 5-minute window, and a repeated replay of the same DLQ message
+                // (after a crash between send and delete) is then deduplicated.
+                entry = entry
+                    .message_group_id(m.group_id.clone().unwrap_or_else(|| m.job_id()))
+                    .message_deduplication_id(format!("replay-{}", m.message_id));
+            }
+            match entry.build() {
+                Ok(e) => {
+                    entries.push(e);
+                    sendable.push(m);
+                }
+                Err(e) => self.not_moved.push(NotMoved {
+                    message_id: m.message_id.clone(),
+                    job_id: m.job_id(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let out = ctx
+            .sqs
+            .send_message_batch()
+            .queue_url(target)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(|e| ctx.sqs_error("SendMessageBatch", e, Some((target, "--to"))))?;
+        let mut accepted: Vec<(String, String)> = Vec::new();
+        for s in &out.successful {
+            if let Some(m) = s.id.parse::<usize>().ok().and_then(|i| sendable.get(i)) {
+                accepted.push((m.message_id.clone(), m.receipt_handle.clone()));
+            }
+        }
+        for f in &out.failed {
+            if let Some(m) = f.id.parse::<usize>().ok().and_then(|i| sendable.get(i)) {
+                self.not_moved.push(NotMoved {
+                    message_id: m.message_id.clone(),
+                    job_id: m.job_id(),
+                    reason: format!("{}: {}", f.code, f.message.clone().unwrap_or_default()),
+                });
+            }
+        }
+        self.moved += accepted.len();
+        *self.targets.entry(target.to_owned()).or_default() += accepted.len();
+        for (id, _) in &accepted {
+            self.fates.insert(id.clone(), Fate::Moved);
+        }
+        let failed = delete(ctx, dlq_url, &accepted).await?;
+        self.delete_failed += failed.len();
+        for id in failed {
+            self.fates.insert(id, Fate::MovedUndeleted);
+        }
+        Ok(())
+    }
+}
+
+async fn approximate_count(ctx: &Ctx, url: &str) -> Option<u64> {
+    let out = ctx
+        .sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .send()
+        .await
+        .ok()?;
+    out.attributes?
+        .get(&QueueAttributeName::ApproximateNumberOfMessages)?
+        .parse()
+        .ok()
+}
+
+// ---------------------------------------------------------------- purge
+
+/// What `dlq purge` is about to delete, for the confirmation prompt.
+#[derive(Debug, Clone, Serialize)]
+pub struct PurgePlan {
+    /// The DLQ.
+    pub dlq_url: String,
+    /// Messages read.
+    pub scanned: usize,
+    /// Messages selected for deletion, by job type and class.
+    pub groups: Vec<Group>,
+    /// Messages selected.
+    pub selected: usize,
+}
+
+/// What `dlq purge` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct PurgeReport {
+    /// The plan that was confirmed.
+    #[serde(flatten)]
+    pub plan: PurgePlan,
+    /// Messages deleted.
+    pub deleted: usize,
+    /// Selected messages whose delete failed (still in the DLQ).
+    pub failed: usize,
+}
+
+impl Report for PurgeReport {
+    fn human(&self) -> String {
+        format!(
+            "deleted {} of {} selected message(s) from {}\n",
+            self.deleted, self.plan.selected, self.plan.dlq_url
+        )
+    }
+
+    fn problem(&self) -> Option<String> {
+        (self.failed > 0).then(|| format!("{} selected message(s) could not be deleted", self.failed))
+    }
+}
+
+impl PurgePlan {
+    /// The confirmation question.
+    pub fn question(&self) -> String {
+        let mut q = format!(
+            "delete {} of {} message(s) from {}",
+            self.selected, self.scanned, self.dlq_url
+        );
+        let parts: Vec<String> = self
+            .groups
+            .iter()
+            .map(|g| format!("{} {} × {}", g.count, g.job_type, g.class))
+            .collect();
+        if !parts.is_empty() {
+            q.push_str(&format!(" ({})", parts.join(", ")));
+        }
+        q + "? This cannot be undone. [y/N] "
+    }
+}
+
+/// `dlq purge`: deletes the selected DLQ messages once `confirm` approves the plan.
+pub async fn purge(
+    ctx: &Ctx,
+    dlq_url: &str,
+    filter: &Filter,
+    limit: Option<usize>,
+    max_scan: usize,
+    confirm: impl FnOnce(&PurgePlan) -> bool,
+) -> OpsResult<PurgeReport> {
+    filter.validate()?;
+    // Long holds: the selection must stay ours while the operator reads the question.
+    let mut sweep = Sweep::new(ctx, dlq_url, Duration::from_secs(900), max_scan);
+    let mut held: HashMap<String, String> = HashMap::new();
+    let mut selected: Vec<DlqMessage> = Vec::new();
+    let mut scanned = 0;
+    let now = now_ms();
+    let read = async {
+        while let Some((new, again)) = sweep.next().await? {
+            scanned += new.len();
+            for m in again {
+                held.insert(m.message_id.clone(), m.receipt_handle.clone());
+            }
+            for m in new {
+                held.insert(m.message_id.clone(), m.receipt_handle.clone());
+                if limit.is_none_or(|l| selected.len() < l) && filter.matches(&m, now) {
+                    selected.push(m);
+                }
+            }
+        }
+        Ok::<_, OpsError>(())
+    }
+    .await;
+    if let Err(e) = read {
+        release(ctx, dlq_url, held.into_values()).await;
+        return Err(e);
+    }
+    let plan = PurgePlan {
+        dlq_url: dlq_url.to_owned(),
+        scanned,
+        groups: group(&selected, now),
+        selected: selected.len(),
+    };
+    if plan.selected == 0 {
+        release(ctx, dlq_url, held.into_values()).await;
+        return Ok(PurgeReport {
+            plan,
+            deleted: 0,
+            failed: 0,
+        });
+    }
+    if !confirm(&plan) {
+        release(ctx, dlq_url, held.into_values()).await;
+        return Err(OpsError::usage("purge cancelled: nothing was deleted"));
+    }
+    let targets: Vec<(String, String)> = selected
+        .iter()
+        .map(|m| {
+            let handle = held
+                .remove(&m.message_id)
+                .unwrap_or_else(|| m.receipt_handle.clone());
+            (m.message_id.clone(), handle)
+        })
+        .collect();
+    let deleted = delete(ctx, dlq_url, &targets).await;
+    release(ctx, dlq_url, held.into_values()).await;
+    let failed = deleted?.len();
+    Ok(PurgeReport {
+        deleted: plan.selected - failed,
+        failed,
+        plan,
+    })
+}
+
+// ---------------------------------------------------------------- redrive
+
+/// A server-side move task (StartMessageMoveTask).
+#[derive(Debug, Clone, Serialize)]
+pub struct MoveTask {
+    /// Handle to cancel it (running tasks only).
+    pub task_handle: Option<String>,
+    /// RUNNING, COMPLETED, CANCELLING, CANCELLED or FAILED.
+    pub status: String,
+    /// Source (DLQ) ARN.
+    pub source_arn: String,
+    /// Destination ARN; absent means each message's original source.
+    pub destination_arn: Option<String>,
+    /// Messages per second, if limited.
+    pub max_per_second: Option<i32>,
+    /// Messages moved so far.
+    pub moved: i64,
+    /// Messages to move in all, when the task started.
+    pub to_move: Option<i64>,
+    /// Why it failed.
+    pub failure_reason: Option<String>,
+    /// Start time (epoch ms).
+    pub started_at: i64,
+}
+
+/// The DLQ's recent move tasks.
+#[derive(Debug, Clone, Serialize)]
+pub struct RedriveReport {
+    /// What was done: `started`, `status` or `cancelled`.
+    pub action: String,
+    /// The DLQ.
+    pub dlq_url: String,
+    /// Task handle (start and cancel).
+    pub task_handle: Option<String>,
+    /// Messages moved before a cancel.
+    pub moved: Option<i64>,
+    /// Tasks (status).
+    pub tasks: Vec<MoveTask>,
+}
+
+impl Report for RedriveReport {
+    fn human(&self) -> String {
+        match self.action.as_str() {
+            "started" => format!(
+                "started a move task on {}: {}\nfollow it with `triage dlq redrive status`\n",
+                self.dlq_url,
+                self.task_handle.as_deref().unwrap_or("-")
+            ),
+            "cancelled" => format!(
+                "cancelled move task {} after {} message(s)\n",
+                self.task_handle.as_deref().unwrap_or("-"),
+                self.moved.unwrap_or(0)
+            ),
+            _ => {
+                if self.tasks.is_empty() {
+                    return format!("no move tasks on {}\n", self.dlq_url);
+                }
+                let mut t =
+                    Table::new(["STATUS", "MOVED", "OF", "RATE", "DESTINATION", "HANDLE"]).max_width(100);
+                for k in &self.tasks {
+                    t.row([
+                        k.status.clone(),
+                        k.moved.to_string(),
+                        k.to_move.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+                        k.max_per_second
+                            .map(|n| format!("{n}/s"))
+                            .unwrap_or_else(|| "max".into()),
+                        k.destination_arn
+                            .clone()
+                            .unwrap_or_else(|| "original source".into()),
+                        k.task_handle.clone().unwrap_or_else(|| "-".into()),
+                    ]);
+                }
+                t.render()
+            }
+        }
+    }
+}
+
+fn no_retries() -> aws_sdk_sqs::config::Builder {
+    aws_sdk_sqs::config::Builder::default().retry_config(RetryConfig::disabled())
+}
+
+/// A move-task call the endpoint does not implement (moto answers HTTP 500 without an error
+/// code) becomes a pointer to `dlq replay`.
+fn move_task_error<E>(
+    ctx: &Ctx,
+    op: &str,
+    err: aws_sdk_sqs::error::SdkError<E, aws_smithy_runtime_api::client::orchestrator::HttpResponse>,
+    dlq_url: &str,
+) -> OpsError
+where
+    E: aws_sdk_sqs::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    use aws_sdk_sqs::error::ProvideErrorMetadata;
+    let status = err.raw_response().map(|r| r.status().as_u16());
+    let unimplemented = matches!(
+        err.code(),
+        None | Some("UnsupportedOperation" | "InvalidAction" | "NotImplemented")
+    ) && matches!(status, Some(400 | 404 | 500 | 501));
+    if unimplemented && ctx.custom_endpoint {
+        return OpsError::new(
+            ErrorKind::Unsupported,
+            format!(
+                "the endpoint {} does not support {op} (moto does not implement it): use `triage dlq replay`",
+                ctx.sqs_endpoint
+            ),
+        );
+    }
+    ctx.sqs_error(op, err, Some((dlq_url, "TRIAGE_DLQ_URL")))
+}
+
+/// `dlq redrive`: starts SQS's own move task from the DLQ to each message's source (or `to`).
+pub async fn redrive_start(
+    ctx: &Ctx,
+    dlq_url: &str,
+    to: Option<&str>,
+    rate: Option<i32>,
+) -> OpsResult<RedriveReport> {
+    if let Some(r) = rate {
+        if !(1..=500).contains(&r) {
+            return Err(OpsError::usage(
+                "--rate for a move task must be 1 to 500 messages per second",
+            ));
+        }
+    }
+    let source_arn = queue_arn(ctx, dlq_url, "TRIAGE_DLQ_URL").await?;
+    let destination_arn = match to {
+        Some(q) => {
+            let url = resolve_queue(ctx, q, "--to").await?;
+            Some(queue_arn(ctx, &url, "--to").await?)
+        }
+        None => None,
+    };
+    let out = ctx
+        .sqs
+        .start_message_move_task()
+        .source_arn(&source_arn)
+        .set_destination_arn(destination_arn)
+        .set_max_number_of_messages_per_second(rate)
+        .customize()
+        .config_override(no_retries())
+        .send()
+        .await
+        .map_err(|e| move_task_error(ctx, "StartMessageMoveTask", e, dlq_url))?;
+    Ok(RedriveReport {
+        action: "started".into(),
+        dlq_url: dlq_url.to_owned(),
+        task_handle: out.task_handle,
+        moved: None,
+        tasks: Vec::new(),
+    })
+}
+
+/// `dlq redrive status`: the DLQ's recent move tasks.
+pub async fn redrive_status(ctx: &Ctx, dlq_url: &str) -> OpsResult<RedriveReport> {
+    let source_arn = queue_arn(ctx, dlq_url, "TRIAGE_DLQ_URL").await?;
+    let out = ctx
+        .sqs
+        .list_message_move_tasks()
+        .source_arn(&source_arn)
+        .max_results(10)
+        .customize()
+        .config_override(no_retries())
+        .send()
+        .await
+        .map_err(|e| move_task_error(ctx, "ListMessageMoveTasks", e, dlq_url))?;
+    let tasks = out
+        .results
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| MoveTask {
+            task_handle: t.task_handle,
+            status: t.status.unwrap_or_default(),
+            source_arn: t.source_arn.unwrap_or_default(),
+            destination_arn: t.destination_arn,
+            max_per_second: t.max_number_of_messages_per_second,
+            moved: t.approximate_number_of_messages_moved,
+            to_move: t.approximate_number_of_messages_to_move,
+            failure_reason: t.failure_reason,
+            started_at: t.started_timestamp,
+        })
+        .collect();
+    Ok(RedriveReport {
+        action: "status".into(),
+        dlq_url: dlq_url.to_owned(),
+        task_handle: None,
+        moved: None,
+        tasks,
+    })
+}
+
+/// `dlq redrive cancel [HANDLE]`: cancels the given task, or the DLQ's running one.
+pub async fn redrive_cancel(ctx: &Ctx, dlq_url: &str, handle: Option<&str>) -> OpsResult<RedriveReport> {
+    let handle = match handle {
+        Some(h) => h.to_owned(),
+        None => redrive_status(ctx, dlq_url)
+            .await?
+            .tasks
+            .into_iter()
+            .find(|t| t.status == "RUNNING")
+            .and_then(|t| t.task_handle)
+            .ok_or_else(|| {
+                OpsError::new(ErrorKind::NotFound, format!("no running move task on {dlq_url}"))
+            })?,
+    };
+    let out = ctx
+        .sqs
+        .cancel_message_move_task()
+        .task_handle(&handle)
+        .customize()
+        .config_override(no_retries())
+        .send()
+        .await
+        .map_err(|e| move_task_error(ctx, "CancelMessageMoveTask", e, dlq_url))?;
+    Ok(RedriveReport {
+        action: "cancelled".into(),
+        dlq_url: dlq_url.to_owned(),
+        task_handle: Some(handle),
+        moved: Some(out.approximate_number_of_messages_moved),
+        tasks: Vec::new(),
+    })
+}

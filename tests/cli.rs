@@ -1,0 +1,665 @@
+//! The `triage` CLI against the local stack: setup, send, DLQ list/show/replay/purge/redrive,
+//! and one clear line (no panic, no backtrace) for every kind of bad input.
+//!
+//! Needs the local stack: `bash infra/local/stack.sh start` and
+//! `eval "$(bash infra/local/stack.sh env)"`.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
+use serde_json::{Value, json};
+use sqs_triage::core::failure::{FAILURE_ATTRIBUTE, FailureClass, FailureRecord};
+use sqs_triage::effects::dlq::dlq_copy;
+
+const BIN: &str = env!("CARGO_BIN_EXE_triage");
+
+/// One queue pair and table made by `triage setup`.
+struct Stack {
+    queue_url: String,
+    dlq_url: String,
+    table: String,
+}
+
+fn triage_cmd(stack: Option<&Stack>, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env_remove("TRIAGE_QUEUE_URL")
+        .env_remove("TRIAGE_DLQ_URL")
+        .env_remove("TRIAGE_TABLE")
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null());
+    if let Some(s) = stack {
+        cmd.env("TRIAGE_QUEUE_URL", &s.queue_url)
+            .env("TRIAGE_DLQ_URL", &s.dlq_url)
+            .env("TRIAGE_TABLE", &s.table);
+    }
+    cmd
+}
+
+fn run(stack: Option<&Stack>, args: &[&str]) -> Output {
+    triage_cmd(stack, args).output().expect("run triage")
+}
+
+fn run_with_stdin(stack: Option<&Stack>, args: &[&str], input: &str) -> Output {
+    let mut child = triage_cmd(stack, args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn triage");
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child.wait_with_output().expect("wait triage")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok_json(o: &Output) -> Value {
+    assert!(
+        o.status.success(),
+        "triage failed ({:?}): {}",
+        o.status.code(),
+        stderr(o)
+    );
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+/// Asserts a failed run printed exactly one `error:` line naming `needle`, with `code`.
+fn assert_one_line_error(o: &Output, code: i32, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "exit code; stderr: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace") && !err.contains("RUST_BACKTRACE"),
+        "panic or backtrace: {err}"
+    );
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line expected: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    assert!(lines[0].contains(needle), "`{needle}` not in: {err}");
+}
+
+fn setup(prefix: &str) -> Stack {
+    let q = support::unique_name(prefix);
+    let out = run(
+        None,
+        &[
+            "setup",
+            "--queue",
+            &q,
+            "--dlq",
+            &format!("{q}-dlq"),
+            "--table",
+            &format!("{q}-t"),
+            "--json",
+        ],
+    );
+    let v = ok_json(&out);
+    Stack {
+        queue_url: v["queue_url"].as_str().unwrap().to_owned(),
+        dlq_url: v["dlq_url"].as_str().unwrap().to_owned(),
+        table: v["table"].as_str().unwrap().to_owned(),
+    }
+}
+
+async fn sqs() -> aws_sdk_sqs::Client {
+    aws_sdk_sqs::Client::new(&support::sdk_config().await)
+}
+
+async fn ddb() -> aws_sdk_dynamodb::Client {
+    aws_sdk_dynamodb::Client::new(&support::sdk_config().await)
+}
+
+fn string_attr(v: &str) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(v)
+        .build()
+        .unwrap()
+}
+
+fn record(class: FailureClass, job_type: &str, job_id: &str, source: &str, error: &str) -> FailureRecord {
+    FailureRecord {
+        class,
+        error: error.into(),
+        attempts: if class == FailureClass::Invalid { 0 } else { 1 },
+        job_type: Some(job_type.into()),
+        job_id: job_id.into(),
+        source_queue: source.into(),
+        original_message_id: format!("orig-{job_id}"),
+        first_received_at: 1,
+        failed_at: sqs_triage::ops::now_ms() - 5_000,
+    }
+}
+
+fn body(job_type: &str, job_id: &str) -> String {
+    json!({"type": job_type, "payload": {"n": job_id}, "id": job_id}).to_string()
+}
+
+/// Puts DLQ copies (as the processor makes them) of `(class, type, id)` jobs into the DLQ,
+/// each with an original attribute `tenant`.
+async fn seed_dlq(stack: &Stack, jobs: &[(FailureClass, &str, String)]) {
+    let client = sqs().await;
+    for chunk in jobs.chunks(10) {
+        let entries: Vec<_> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, (class, t, id))| {
+                let original = HashMap::from([("tenant".to_owned(), string_attr("acme"))]);
+                let rec = record(*class, t, id, &stack.queue_url, &format!("{t} broke: boom {id}"));
+                let copy = dlq_copy(&body(t, id), &original, &rec, 1 << 20).unwrap();
+                SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(copy.body)
+                    .set_message_attributes(Some(copy.attributes))
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let out = client
+            .send_message_batch()
+            .queue_url(&stack.dlq_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .unwrap();
+        assert!(out.failed.is_empty());
+    }
+}
+
+async fn put_ledger(stack: &Stack, job_id: &str) {
+    ddb()
+        .await
+        .put_item()
+        .table_name(&stack.table)
+        .item("pk", AttributeValue::S(format!("job#{job_id}")))
+        .item("sk", AttributeValue::S("ledger".into()))
+        .item("attempts", AttributeValue::N("3".into()))
+        .send()
+        .await
+        .unwrap();
+}
+
+async fn has_ledger(stack: &Stack, job_id: &str) -> bool {
+    ddb()
+        .await
+        .get_item()
+        .table_name(&stack.table)
+        .key("pk", AttributeValue::S(format!("job#{job_id}")))
+        .key("sk", AttributeValue::S("ledger".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .is_some()
+}
+
+/// Receives (and deletes) every message of a queue until `want` arrived or 10 s passed.
+async fn drain(url: &str, want: usize) -> Vec<aws_sdk_sqs::types::Message> {
+    let client = sqs().await;
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.len() < want && Instant::now() < deadline {
+        let out = client
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .unwrap();
+        for m in out.messages.unwrap_or_default() {
+            client
+                .delete_message()
+                .queue_url(url)
+                .receipt_handle(m.receipt_handle.clone().unwrap())
+                .send()
+                .await
+                .unwrap();
+            got.push(m);
+        }
+    }
+    got
+}
+
+async fn visible_count(url: &str) -> u64 {
+    let out = sqs()
+        .await
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .unwrap();
+    let a = out.attributes.unwrap();
+    let n = |k: &QueueAttributeName| a.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    assert_eq!(
+        n(&QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+        0,
+        "messages left invisible"
+    );
+    n(&QueueAttributeName::ApproximateNumberOfMessages)
+}
+
+fn group_count(list: &Value, job_type: &str, class: &str) -> u64 {
+    list["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["job_type"] == job_type && g["class"] == class)
+        .map_or(0, |g| g["count"].as_u64().unwrap())
+}
+
+#[tokio::test]
+async fn setup_is_idempotent_and_wires_the_redrive_policy() {
+    let q = support::unique_name("cli-setup");
+    let args = |json: bool| {
+        let mut a = vec![
+            "setup".to_owned(),
+            "--queue".into(),
+            q.clone(),
+            "--dlq".into(),
+            format!("{q}-dlq"),
+            "--table".into(),
+            format!("{q}-t"),
+        ];
+        if json {
+            a.push("--json".into());
+        }
+        a
+    };
+    let first = ok_json(&run(
+        None,
+        &args(true).iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    let again = ok_json(&run(
+        None,
+        &args(true).iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    assert_eq!(first, again);
+    let human = run(None, &args(false).iter().map(String::as_str).collect::<Vec<_>>());
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        text.contains(&format!(
+            "export TRIAGE_DLQ_URL={}",
+            first["dlq_url"].as_str().unwrap()
+        )),
+        "{text}"
+    );
+
+    let attrs = sqs()
+        .await
+        .get_queue_attributes()
+        .queue_url(first["queue_url"].as_str().unwrap())
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap();
+    let redrive: Value = serde_json::from_str(&attrs[&QueueAttributeName::RedrivePolicy]).unwrap();
+    assert_eq!(redrive["deadLetterTargetArn"], first["dlq_arn"]);
+    assert_eq!(redrive["maxReceiveCount"].to_string().trim_matches('"'), "50");
+    ddb()
+        .await
+        .describe_table()
+        .table_name(first["table"].as_str().unwrap())
+        .send()
+        .await
+        .expect("table exists");
+
+    let fifo = ok_json(&run(
+        None,
+        &[
+            "setup",
+            "--queue",
+            &format!("{q}-f"),
+            "--dlq",
+            &format!("{q}-fd"),
+            "--table",
+            &format!("{q}-t"),
+            "--fifo",
+            "--json",
+        ],
+    ));
+    assert!(fifo["queue_url"].as_str().unwrap().ends_with(".fifo"));
+    assert!(fifo["dlq_url"].as_str().unwrap().ends_with(".fifo"));
+}
+
+#[tokio::test]
+async fn send_takes_one_job_from_flags_or_many_as_ndjson() {
+    let stack = setup("cli-send");
+    let one = ok_json(&run(
+        Some(&stack),
+        &[
+            "send",
+            "--type",
+            "email.send",
+            "--payload",
+            r#"{"to":"a@b"}"#,
+            "--id",
+            "j-1",
+            "--json",
+        ],
+    ));
+    assert_eq!(one["accepted"], 1);
+    let lines: String = (0..25)
+        .map(|i| {
+            format!(
+                "{}\n",
+                json!({"type": "bulk", "payload": {"i": i}, "id": format!("b-{i}")})
+            )
+        })
+        .collect();
+    let many = ok_json(&run_with_stdin(Some(&stack), &["send", "--json"], &lines));
+    assert_eq!(many["requested"], 25);
+    assert_eq!(many["accepted"], 25);
+    assert_eq!(many["rejected"].as_array().unwrap().len(), 0);
+
+    let got = drain(&stack.queue_url, 26).await;
+    assert_eq!(got.len(), 26);
+    let bodies: Vec<Value> = got
+        .iter()
+        .map(|m| serde_json::from_str(m.body().unwrap()).unwrap())
+        .collect();
+    assert!(bodies.contains(&json!({"type": "email.send", "payload": {"to": "a@b"}, "id": "j-1"})));
+    let ids: HashSet<&str> = bodies.iter().filter_map(|b| b["id"].as_str()).collect();
+    assert_eq!(ids.len(), 26);
+}
+
+#[tokio::test]
+async fn bad_input_gets_one_clear_line_and_a_nonzero_exit() {
+    let stack = setup("cli-bad");
+    let missing_queue = Stack {
+        queue_url: format!("{}-nope", stack.queue_url),
+        dlq_url: format!("{}-nope", stack.dlq_url),
+        table: format!("{}-nope", stack.table),
+    };
+
+    // Missing variables.
+    let o = run(None, &["dlq", "list"]);
+    assert_one_line_error(
+        &o,
+        2,
+        "TRIAGE_DLQ_URL is not set: pass --dlq-url or export TRIAGE_DLQ_URL",
+    );
+    let o = run(None, &["send", "--type", "t"]);
+    assert_one_line_error(&o, 2, "TRIAGE_QUEUE_URL is not set");
+    let o = run(Some(&stack), &["dlq", "replay", "--table", ""]);
+    assert_one_line_error(&o, 2, "TRIAGE_TABLE is not set");
+    let o = triage_cmd(Some(&stack), &["dlq", "list"])
+        .env_remove("AWS_REGION")
+        .env_remove("AWS_DEFAULT_REGION")
+        .env("AWS_CONFIG_FILE", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, 2, "AWS_REGION is not set");
+
+    // Unknown queue, missing table.
+    let o = run(Some(&missing_queue), &["dlq", "list"]);
+    assert_one_line_error(
+        &o,
+        3,
+        "does not exist: run `triage setup` or check TRIAGE_DLQ_URL",
+    );
+    let o = run(Some(&missing_queue), &["send", "--type", "t"]);
+    assert_one_line_error(
+        &o,
+        3,
+        "does not exist: run `triage setup` or check TRIAGE_QUEUE_URL",
+    );
+    let o = run(Some(&stack), &["dlq", "replay", "--table", &missing_queue.table]);
+    assert_one_line_error(&o, 3, &format!("table {} does not exist", missing_queue.table));
+    let o = run(Some(&stack), &["dlq", "show", "no-such-job"]);
+    assert_one_line_error(&o, 3, "no DLQ message with job id or message id `no-such-job`");
+
+    // Bad payloads and arguments.
+    let o = run(Some(&stack), &["send", "--type", "t", "--payload", "{not json"]);
+    assert_one_line_error(&o, 2, "--payload is not valid JSON");
+    let o = run_with_stdin(Some(&stack), &["send"], "{\"type\":\"a\"}\n{oops\n");
+    assert_one_line_error(&o, 2, "line 2: not a job");
+    let o = run(Some(&stack), &["send", "--type", "", "--payload", "1"]);
+    assert_one_line_error(&o, 2, "job type must be");
+    let o = run(Some(&stack), &["dlq", "replay", "--older-than", "soon"]);
+    assert_one_line_error(&o, 2, "soon");
+    let o = run(Some(&stack), &["dlq", "replay", "--rate", "0"]);
+    assert_one_line_error(&o, 2, "--rate must be a positive number");
+    let o = run(Some(&stack), &["dlq", "frobnicate"]);
+    assert_one_line_error(&o, 2, "frobnicate");
+    let o = run(
+        None,
+        &["setup", "--queue", "bad name!", "--dlq", "d", "--table", "tbl"],
+    );
+    assert_one_line_error(&o, 2, "not a valid queue name");
+
+    // Unreachable endpoint.
+    let o = triage_cmd(Some(&stack), &["dlq", "list"])
+        .env("AWS_ENDPOINT_URL_SQS", "http://127.0.0.1:9")
+        .output()
+        .unwrap();
+    assert_one_line_error(
+        &o,
+        4,
+        "cannot reach SQS at http://127.0.0.1:9: is the local stack running",
+    );
+
+    // Destructive commands need --yes without a terminal; nothing is deleted.
+    seed_dlq(&stack, &[(FailureClass::Fatal, "t", "p-1".into())]).await;
+    let o = run(Some(&stack), &["dlq", "purge"]);
+    assert_one_line_error(&o, 2, "pass --yes");
+    assert_eq!(visible_count(&stack.dlq_url).await, 1);
+}
+
+#[tokio::test]
+async fn list_show_and_dry_run_remove_nothing() {
+    let stack = setup("cli-list");
+    let mut jobs: Vec<(FailureClass, &str, String)> = Vec::new();
+    jobs.extend((0..12).map(|i| (FailureClass::Fatal, "billing.charge", format!("bc-{i}"))));
+    jobs.extend((0..5).map(|i| (FailureClass::Exhausted, "email.send", format!("es-{i}"))));
+    jobs.extend((0..3).map(|i| (FailureClass::Invalid, "nope", format!("nv-{i}"))));
+    seed_dlq(&stack, &jobs).await;
+    // One message SQS's own redrive would have moved: no failure record.
+    sqs()
+        .await
+        .send_message()
+        .queue_url(&stack.dlq_url)
+        .message_body(body("crashy", "cr-1"))
+        .send()
+        .await
+        .unwrap();
+
+    let list = ok_json(&run(Some(&stack), &["dlq", "list", "--json"]));
+    assert_eq!(list["total"], 21);
+    assert_eq!(group_count(&list, "billing.charge", "fatal"), 12);
+    assert_eq!(group_count(&list, "email.send", "exhausted"), 5);
+    assert_eq!(group_count(&list, "nope", "invalid"), 3);
+    assert_eq!(group_count(&list, "crashy", "unrecorded"), 1);
+    let g = &list["groups"][0];
+    assert_eq!(g["job_type"], "billing.charge");
+    assert!(g["oldest_age_s"].as_u64().unwrap() >= 4);
+    assert!(
+        g["errors"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("billing.charge broke")
+    );
+    assert_eq!(
+        visible_count(&stack.dlq_url).await,
+        21,
+        "list must release what it read"
+    );
+
+    let human = run(Some(&stack), &["dlq", "list"]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.contains("21 message(s)"), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("billing.charge"))
+        .expect(&text);
+    assert!(row.contains("fatal") && row.contains("12"), "{row}");
+
+    let filtered = ok_json(&run(
+        Some(&stack),
+        &["dlq", "list", "--class", "exhausted", "--messages", "--json"],
+    ));
+    assert_eq!(filtered["total"], 5);
+    assert_eq!(filtered["messages"].as_array().unwrap().len(), 5);
+
+    let shown = ok_json(&run(Some(&stack), &["dlq", "show", "bc-3", "--json"]));
+    let m = &shown["messages"][0];
+    assert_eq!(m["job_id"], "bc-3");
+    assert_eq!(m["record"]["class"], "fatal");
+    assert_eq!(m["attributes"]["tenant"], "acme");
+    assert_eq!(m["body"], body("billing.charge", "bc-3"));
+
+    let dry = ok_json(&run(
+        Some(&stack),
+        &["dlq", "replay", "--type", "billing.charge", "--dry-run", "--json"],
+    ));
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["selected"], 12);
+    assert_eq!(dry["moved"], 12);
+    assert_eq!(visible_count(&stack.dlq_url).await, 21, "dry run changed the DLQ");
+    assert_eq!(visible_count(&stack.queue_url).await, 0, "dry run sent something");
+}
+
+#[tokio::test]
+async fn replay_moves_the_selection_back_unchanged_at_the_given_rate() {
+    let stack = setup("cli-replay");
+    let mut jobs: Vec<(FailureClass, &str, String)> = Vec::new();
+    jobs.extend((0..30).map(|i| (FailureClass::Fatal, "billing.charge", format!("rb-{i}"))));
+    jobs.extend((0..5).map(|i| (FailureClass::Fatal, "email.send", format!("re-{i}"))));
+    seed_dlq(&stack, &jobs).await;
+    for (_, _, id) in &jobs {
+        put_ledger(&stack, id).await;
+    }
+
+    let started = Instant::now();
+    let out = run(
+        Some(&stack),
+        &[
+            "dlq",
+            "replay",
+            "--type",
+            "billing.charge",
+            "--rate",
+            "20",
+            "--json",
+        ],
+    );
+    let elapsed = started.elapsed();
+    let report = ok_json(&out);
+    assert_eq!(report["selected"], 30);
+    assert_eq!(report["moved"], 30);
+    assert_eq!(report["ledgers_reset"], 30);
+    assert!(
+        elapsed >= Duration::from_millis(1_500),
+        "30 messages at 20/s took only {elapsed:?}"
+    );
+
+    let moved = drain(&stack.queue_url, 30).await;
+    assert_eq!(moved.len(), 30);
+    for m in &moved {
+        let b: Value = serde_json::from_str(m.body().unwrap()).unwrap();
+        let id = b["id"].as_str().unwrap();
+        assert_eq!(m.body().unwrap(), body("billing.charge", id), "body changed");
+        let attrs = m.message_attributes().unwrap();
+        assert_eq!(attrs.len(), 1, "{attrs:?}");
+        assert_eq!(attrs["tenant"].string_value(), Some("acme"));
+        assert!(!attrs.contains_key(FAILURE_ATTRIBUTE));
+        assert!(!has_ledger(&stack, id).await, "ledger of {id} not reset");
+    }
+    assert!(
+        has_ledger(&stack, "re-0").await,
+        "an unselected job's ledger was reset"
+    );
+    let list = ok_json(&run(Some(&stack), &["dlq", "list", "--json"]));
+    assert_eq!(list["total"], 5);
+    assert_eq!(group_count(&list, "email.send", "fatal"), 5);
+
+    // --to and --limit.
+    let other = setup("cli-replay-to");
+    let to = ok_json(&run(
+        Some(&stack),
+        &[
+            "dlq",
+            "replay",
+            "--to",
+            &other.queue_url,
+            "--limit",
+            "2",
+            "--json",
+        ],
+    ));
+    assert_eq!(to["moved"], 2);
+    assert_eq!(to["targets"][0]["queue_url"], other.queue_url.as_str());
+    assert_eq!(drain(&other.queue_url, 2).await.len(), 2);
+    assert_eq!(visible_count(&stack.dlq_url).await, 3);
+}
+
+#[tokio::test]
+async fn replay_reports_what_it_could_not_move() {
+    let stack = setup("cli-nomove");
+    sqs()
+        .await
+        .send_message()
+        .queue_url(&stack.dlq_url)
+        .message_body(body("crashy", "cr-1"))
+        .send()
+        .await
+        .unwrap();
+    let out = run(Some(&stack), &["dlq", "replay", "--json"]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["selected"], 1);
+    assert_eq!(report["moved"], 0);
+    assert!(
+        report["not_moved"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("--to")
+    );
+    assert_one_line_error(&out, 5, "1 of 1 selected message(s) were not moved");
+    assert_eq!(
+        visible_count(&stack.dlq_url).await,
+        1,
+        "unmoved message must stay visible"
+    );
+}
+
+#[tokio::test]
+async fn purge_deletes_only_the_selection() {
+    let stack = setup("cli-purge");
+    let mut jobs: Vec<(FailureClass, &str, String)> = Vec::new();
+    jobs.extend((0..4).map(|i| (FailureClass::Invalid, "junk", format!("pj-{i}"))));
+    jobs.extend((0..3).map(|i| (FailureClass::Fatal, "keep", format!("pk-{i}"))));
+    seed_dlq(&stack, &jobs).await;
+    let report = ok_json(&run(
+        Some(&stack),
+        &["dlq", "purge", "--class", "invalid", "--yes", "--json"],
+    ));
+    assert_eq!(report["deleted"], 4);
+    assert_eq!(visible_count(&stack.dlq_url).await, 3);
+    let list = ok_json(&run(Some(&stack), &["dlq", "list", "--json"]));
+    assert_eq!(group_count(&list, "keep", "fatal"), 3);
+}
+
+#[tokio::test]
+async fn redrive_on_moto_points_to_replay() {
+    let stack = setup("cli-redrive");
+    let o = run(Some(&stack), &["dlq", "redrive", "--rate", "5"]);
+    assert_one_line_error(&o, 6, "does not support StartMessageMoveTask");
+    assert!(stderr(&o).contains("triage dlq replay"));
+    let o = run(Some(&stack), &["dlq", "redrive", "status"]);
+    assert_one_line_error(&o, 6, "use `triage dlq replay`");
+}
