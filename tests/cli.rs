@@ -663,3 +663,85 @@ async fn redrive_on_moto_points_to_replay() {
     let o = run(Some(&stack), &["dlq", "redrive", "status"]);
     assert_one_line_error(&o, 6, "use `triage dlq replay`");
 }
+
+#[tokio::test]
+async fn breakers_are_read_and_forced_with_confirmation() {
+    let stack = setup("cli-breaker");
+    let empty = ok_json(&run(Some(&stack), &["breaker", "status", "--json"]));
+    assert_eq!(empty["breakers"].as_array().unwrap().len(), 0);
+
+    let o = run(Some(&stack), &["breaker", "open", "billing.charge"]);
+    assert_one_line_error(&o, 2, "pass --yes");
+    let fresh = ok_json(&run(
+        Some(&stack),
+        &["breaker", "status", "billing.charge", "--json"],
+    ));
+    assert_eq!(fresh["breakers"][0]["phase"], "closed");
+    assert_eq!(
+        fresh["breakers"][0]["version"], 0,
+        "a refused force wrote something"
+    );
+
+    let o = run(
+        Some(&stack),
+        &["breaker", "open", "billing.charge", "--yes", "--json"],
+    );
+    let opened = ok_json(&o);
+    assert_eq!(opened["breakers"][0]["phase"], "open");
+    assert_eq!(opened["breakers"][0]["forced"], true);
+    assert!(
+        stderr(&o).contains("breaker forced by an operator"),
+        "not logged: {}",
+        stderr(&o)
+    );
+    let all = ok_json(&run(Some(&stack), &["breaker", "status", "--json"]));
+    assert_eq!(all["breakers"][0]["job_type"], "billing.charge");
+    assert_eq!(all["breakers"][0]["phase"], "open");
+    let text = String::from_utf8_lossy(&run(Some(&stack), &["breaker", "status"]).stdout).into_owned();
+    assert!(text.contains("forced (until closed)"), "{text}");
+
+    let timed = ok_json(&run(
+        Some(&stack),
+        &["breaker", "open", "email.send", "--for", "10m", "-y", "--json"],
+    ));
+    assert_eq!(timed["breakers"][0]["forced"], false);
+    assert!(timed["breakers"][0]["open_until_ms"].as_u64().unwrap() > sqs_triage::ops::now_ms());
+
+    let closed = ok_json(&run(
+        Some(&stack),
+        &["breaker", "close", "billing.charge", "--yes", "--json"],
+    ));
+    assert_eq!(closed["breakers"][0]["phase"], "closed");
+    let reset = ok_json(&run(
+        Some(&stack),
+        &["breaker", "reset", "email.send", "--yes", "--json"],
+    ));
+    assert_eq!(reset["breakers"][0]["phase"], "closed");
+
+    let o = run(
+        Some(&stack),
+        &["breaker", "status", "--table", "no-such-table-cli"],
+    );
+    assert_one_line_error(&o, 3, "table no-such-table-cli does not exist");
+}
+
+#[tokio::test]
+async fn attempts_show_reads_the_ledger() {
+    let stack = setup("cli-attempts");
+    put_ledger(&stack, "job-7").await;
+    let shown = ok_json(&run(Some(&stack), &["attempts", "show", "job-7", "--json"]));
+    assert_eq!(shown["found"], true);
+    assert_eq!(shown["attempts"], 3);
+    let none = ok_json(&run(Some(&stack), &["attempts", "show", "job-8", "--json"]));
+    assert_eq!(none["found"], false);
+    let text =
+        String::from_utf8_lossy(&run(Some(&stack), &["attempts", "show", "job-7"]).stdout).into_owned();
+    assert!(text.contains("attempts") && text.contains('3'), "{text}");
+    let o = run(None, &["attempts", "show", "job-7"]);
+    assert_one_line_error(&o, 2, "TRIAGE_TABLE is not set");
+    let o = run(
+        Some(&stack),
+        &["attempts", "show", "job-7", "--table", "no-such-table-cli"],
+    );
+    assert_one_line_error(&o, 3, "does not exist");
+}

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use sqs_triage::ops::breaker::{self, Force};
 use sqs_triage::ops::output::{Report, render};
 use sqs_triage::ops::{self, Ctx, OpsError, OpsResult, dlq, send, setup};
 
@@ -47,6 +48,12 @@ enum Command {
     /// Inspect, replay, purge or redrive the dead-letter queue.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Read or force the circuit breaker of a job type.
+    #[command(subcommand)]
+    Breaker(BreakerCommand),
+    /// Show attempt ledgers.
+    #[command(subcommand)]
+    Attempts(AttemptsCommand),
     /// Run the long-polling worker (TRIAGE_QUEUE_URL, TRIAGE_DLQ_URL, TRIAGE_TABLE from the
     /// environment) until Ctrl-C.
     Worker,
@@ -55,6 +62,51 @@ enum Command {
         /// Jobs of each kind to send.
         #[arg(long, default_value_t = 50)]
         jobs: usize,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BreakerCommand {
+    /// The breaker of one job type, or of every job type with stored state.
+    Status {
+        /// Job type (all when absent).
+        job_type: Option<String>,
+    },
+    /// Force the breaker open: until `close`, or for a period with --for.
+    Open {
+        /// Job type.
+        job_type: String,
+        /// Open for this long (e.g. 10m), then half-open as usual.
+        #[arg(long = "for", value_name = "DURATION", value_parser = ops::parse_duration)]
+        for_: Option<Duration>,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Force the breaker closed (in-flight probes become stale).
+    Close {
+        /// Job type.
+        job_type: String,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Reset the breaker to a fresh closed state (failure counts cleared).
+    Reset {
+        /// Job type.
+        job_type: String,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AttemptsCommand {
+    /// The attempt ledger of one job.
+    Show {
+        /// Job id (the envelope `id`, else the SQS message id).
+        job_id: String,
     },
 }
 
@@ -334,6 +386,43 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             let dlq_url = ops::resolve_queue(&ctx, dlq_arg, "TRIAGE_DLQ_URL").await?;
             run_dlq(&cli, cmd, &ctx, &dlq_url, json, progress).await
         }
+        Command::Breaker(cmd) => {
+            let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
+            let (job_type, what, yes) = match cmd {
+                BreakerCommand::Status { job_type } => {
+                    let ctx = Ctx::from_env().await?;
+                    let r = breaker::status(&ctx, table, job_type.as_deref()).await?;
+                    return Ok(print(&r, json));
+                }
+                BreakerCommand::Open { job_type, for_, yes } => (job_type, Force::Open(*for_), *yes),
+                BreakerCommand::Close { job_type, yes } => (job_type, Force::Close, *yes),
+                BreakerCommand::Reset { job_type, yes } => (job_type, Force::Reset, *yes),
+            };
+            if !yes {
+                if !std::io::stdin().is_terminal() {
+                    return Err(OpsError::usage(
+                        "refusing to force a breaker without confirmation in a non-interactive shell: pass --yes",
+                    ));
+                }
+                let question = format!(
+                    "force the breaker of {job_type} {} for every consumer? [y/N] ",
+                    what.name()
+                );
+                if !confirm(&question) {
+                    return Err(OpsError::usage("cancelled: the breaker was not changed"));
+                }
+            }
+            init_audit_log();
+            let ctx = Ctx::from_env().await?;
+            let r = breaker::force(&ctx, table, job_type, what).await?;
+            Ok(print(&r, json))
+        }
+        Command::Attempts(AttemptsCommand::Show { job_id }) => {
+            let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
+            let ctx = Ctx::from_env().await?;
+            let r = breaker::attempts(&ctx, table, job_id).await?;
+            Ok(print(&r, json))
+        }
         Command::Worker => {
             sqs_triage::runtime::worker::main_from_env()
                 .await
@@ -406,6 +495,17 @@ async fn run_dlq(
             Ok(print(&r, json))
         }
     }
+}
+
+/// Operator forces are logged to stderr (target `triage::audit`; `RUST_LOG` can widen it).
+fn init_audit_log() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("triage::audit=info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
 /// Asks on stderr, reads one line from stdin; anything but y/yes is a no.

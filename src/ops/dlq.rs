@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use aws_config::retry::RetryConfig;
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, MessageAttributeValue,
     MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
@@ -769,64 +768,14 @@ impl Pacer {
     }
 }
 
-/// Key of a job's attempt ledger item: `pk = job#<id>`, `sk = ledger`.
-fn ledger_key(job_id: &str) -> HashMap<String, AttributeValue> {
-    HashMap::from([
-        (
-            super::setup::PARTITION_KEY.to_owned(),
-            AttributeValue::S(format!("job#{job_id}")),
-        ),
-        (
-            super::setup::SORT_KEY.to_owned(),
-            AttributeValue::S("ledger".into()),
-        ),
-    ])
-}
-
-/// Deletes the attempt ledgers of `job_ids` (one BatchWriteItem per 25), so replayed jobs
-/// start again from attempt 1.
+/// Deletes the attempt ledgers of `job_ids` (batched through the ledger's `forget`), so
+/// replayed jobs start again from attempt 1.
 pub async fn reset_ledgers(ctx: &Ctx, table: &str, job_ids: &[String]) -> OpsResult<usize> {
-    let unique: Vec<&String> = {
-        let mut seen = HashSet::new();
-        job_ids.iter().filter(|id| seen.insert(id.as_str())).collect()
-    };
-    for chunk in unique.chunks(25) {
-        let mut requests: Vec<WriteRequest> = chunk
-            .iter()
-            .filter_map(|id| {
-                let del = DeleteRequest::builder()
-                    .set_key(Some(ledger_key(id)))
-                    .build()
-                    .ok()?;
-                Some(WriteRequest::builder().delete_request(del).build())
-            })
-            .collect();
-        for round in 0..8 {
-            if requests.is_empty() {
-                break;
-            }
-            if round > 0 {
-                tokio::time::sleep(Duration::from_millis(50 << round.min(5))).await;
-            }
-            let out = ctx
-                .ddb
-                .batch_write_item()
-                .request_items(table, requests.clone())
-                .send()
-                .await
-                .map_err(|e| ctx.ddb_error("BatchWriteItem", e, table))?;
-            requests = out
-                .unprocessed_items
-                .and_then(|mut m| m.remove(table))
-                .unwrap_or_default();
-        }
-        if !requests.is_empty() {
-            return Err(OpsError::new(
-                ErrorKind::Failed,
-                format!("DynamoDB kept throttling the ledger reset on {table}: retry with a lower --rate"),
-            ));
-        }
-    }
+    let unique: HashSet<&str> = job_ids.iter().map(String::as_str).collect();
+    ctx.ledger(table)
+        .forget(unique.iter().copied(), None)
+        .await
+        .map_err(|e| ctx.storage_error(e, table))?;
     Ok(unique.len())
 }
 

@@ -4,6 +4,7 @@
 //! human table or as JSON, or an [`OpsError`]: one line saying what is wrong and how to fix
 //! it, with the exit code the CLI returns.
 
+pub mod breaker;
 pub mod dlq;
 pub mod output;
 pub mod send;
@@ -17,6 +18,10 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_types::error::display::DisplayErrorContext;
+
+use crate::effects::breaker_store::BreakerStore;
+use crate::effects::ledger::AttemptLedger;
+use crate::effects::storage_retry::{StorageError, StorageRetry, StorageRetryConfig, dynamodb_client};
 
 /// How an operator action failed; decides the CLI's exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +112,8 @@ pub struct Ctx {
     pub ddb_endpoint: String,
     /// True when an endpoint variable points the clients at something other than AWS.
     pub custom_endpoint: bool,
+    /// The SDK configuration, for the stores' retry-free clients.
+    pub sdk: SdkConfig,
 }
 
 impl Ctx {
@@ -143,7 +150,42 @@ impl Ctx {
             sqs_endpoint: sqs_custom.unwrap_or_else(|| format!("sqs.{region}.amazonaws.com")),
             ddb_endpoint: ddb_custom.unwrap_or_else(|| format!("dynamodb.{region}.amazonaws.com")),
             custom_endpoint,
+            sdk: config.clone(),
         })
+    }
+
+    /// The storage retry policy of operator calls: the product's policy with fewer tries,
+    /// because an operator is waiting.
+    pub fn storage_retry(&self) -> StorageRetry {
+        StorageRetry::new(StorageRetryConfig {
+            max_attempts: 3,
+            ..StorageRetryConfig::default()
+        })
+        .unwrap_or_default()
+    }
+
+    /// The attempt ledger in `table`, through the storage retry policy.
+    pub fn ledger(&self, table: &str) -> AttemptLedger {
+        AttemptLedger::new(dynamodb_client(&self.sdk), table, self.storage_retry())
+    }
+
+    /// The breaker store in `table`, through the storage retry policy.
+    pub fn breakers(&self, table: &str) -> BreakerStore {
+        BreakerStore::new(dynamodb_client(&self.sdk), table, self.storage_retry())
+    }
+
+    /// Maps a DynamoDB [`StorageError`] (from the ledger or the breaker store) to one line.
+    pub fn storage_error(&self, err: StorageError, table: &str) -> OpsError {
+        if err.is_not_found() {
+            return OpsError::new(
+                ErrorKind::NotFound,
+                format!("table {table} does not exist: run `triage setup` or check TRIAGE_TABLE"),
+            );
+        }
+        if err.code().is_none() && err.status.is_none() && err.is_unavailable() {
+            return self.unreachable("DynamoDB", &self.ddb_endpoint.clone());
+        }
+        OpsError::new(ErrorKind::Failed, err.to_string())
     }
 
     fn unreachable(&self, service: &str, endpoint: &str) -> OpsError {

@@ -3,22 +3,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
-    TimeToLiveSpecification,
-};
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde::Serialize;
 
 use super::output::Report;
 use super::{Ctx, ErrorKind, OpsError, OpsResult, queue_arn};
-
-/// Partition key attribute of the state table.
-pub const PARTITION_KEY: &str = "pk";
-/// Sort key attribute of the state table.
-pub const SORT_KEY: &str = "sk";
-/// TTL attribute of the state table (epoch seconds).
-pub const TTL_ATTRIBUTE: &str = "expires_at";
+use crate::effects::storage_retry::dynamodb_client;
 
 /// Messages are kept in the DLQ for the longest SQS allows (14 days), so an incident can be
 /// investigated after a long weekend.
@@ -234,82 +224,8 @@ async fn redrive_allow_policy(ctx: &Ctx, dlq_url: &str, source_arn: &str) -> Ops
 /// Creates the state table (string `pk`/`sk`, on-demand, TTL on `expires_at`) unless it
 /// exists, and waits until it is active.
 pub async fn create_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
-    let key = |name: &str, kind: KeyType| {
-        KeySchemaElement::builder()
-            .attribute_name(name)
-            .key_type(kind)
-            .build()
-    };
-    let def = |name: &str| {
-        AttributeDefinition::builder()
-            .attribute_name(name)
-            .attribute_type(ScalarAttributeType::S)
-            .build()
-    };
-    let (Ok(hash), Ok(range), Ok(d1), Ok(d2)) = (
-        key(PARTITION_KEY, KeyType::Hash),
-        key(SORT_KEY, KeyType::Range),
-        def(PARTITION_KEY),
-        def(SORT_KEY),
-    ) else {
-        return Err(OpsError::new(ErrorKind::Failed, "cannot build the table schema"));
-    };
-    let created = ctx
-        .ddb
-        .create_table()
-        .table_name(table)
-        .billing_mode(BillingMode::PayPerRequest)
-        .key_schema(hash)
-        .key_schema(range)
-        .attribute_definitions(d1)
-        .attribute_definitions(d2)
-        .send()
-        .await;
-    match created {
-        Ok(_) => {}
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(|s| s.is_resource_in_use_exception()) => {}
-        Err(e) => return Err(ctx.ddb_error("CreateTable", e, table)),
-    }
-    // New tables are CREATING for a few seconds on AWS (instantly ACTIVE locally).
-    for _ in 0..120 {
-        let out = ctx
-            .ddb
-            .describe_table()
-            .table_name(table)
-            .send()
-            .await
-            .map_err(|e| ctx.ddb_error("DescribeTable", e, table))?;
-        if out.table.and_then(|t| t.table_status) == Some(TableStatus::Active) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let ttl = ctx
-        .ddb
-        .describe_time_to_live()
-        .table_name(table)
-        .send()
+    let client = dynamodb_client(&ctx.sdk);
+    crate::effects::table::create_table_with(&client, &ctx.storage_retry(), table, Duration::from_secs(120))
         .await
-        .map_err(|e| ctx.ddb_error("DescribeTimeToLive", e, table))?;
-    let enabled = ttl
-        .time_to_live_description
-        .and_then(|d| d.attribute_name)
-        .is_some_and(|a| a == TTL_ATTRIBUTE);
-    if !enabled {
-        let spec = TimeToLiveSpecification::builder()
-            .attribute_name(TTL_ATTRIBUTE)
-            .enabled(true)
-            .build()
-            .map_err(|e| OpsError::new(ErrorKind::Failed, format!("bad TTL spec: {e}")))?;
-        ctx.ddb
-            .update_time_to_live()
-            .table_name(table)
-            .time_to_live_specification(spec)
-            .send()
-            .await
-            .map_err(|e| ctx.ddb_error("UpdateTimeToLive", e, table))?;
-    }
-    Ok(())
+        .map_err(|e| ctx.storage_error(e, table))
 }
