@@ -14,7 +14,10 @@ use sqs_triage::core::{
 const NOW: u64 = 1_700_000_000_000;
 
 fn facts(receive_count: u32) -> RecordFacts {
-    RecordFacts { receive_count, received_at_ms: NOW }
+    RecordFacts {
+        receive_count,
+        received_at_ms: NOW,
+    }
 }
 
 fn inputs<'a>(policy: &'a RetryPolicy, execution: Execution<'a>) -> Inputs<'a> {
@@ -35,17 +38,27 @@ fn rng() -> StdRng {
 }
 
 fn stored(attempts: u32, next: Option<u64>) -> Ledger {
-    Ledger::Stored(Some(StoredAttempts { attempts, next_attempt_at_ms: next }))
+    Ledger::Stored(Some(StoredAttempts {
+        attempts,
+        next_attempt_at_ms: next,
+    }))
 }
 
 #[test]
 fn invalid_envelope_is_dead_lettered_without_an_attempt() {
     let p = RetryPolicy::default();
-    let i = Inputs { invalid: Some("body is not JSON"), ..inputs(&p, Execution::NotRun) };
+    let i = Inputs {
+        invalid: Some("body is not JSON"),
+        ..inputs(&p, Execution::NotRun)
+    };
     let d = decide(&i, &mut rng());
     assert_eq!(
         d,
-        Decision::DeadLetter { class: FailureClass::Invalid, attempts: 0, error: "body is not JSON".into() }
+        Decision::DeadLetter {
+            class: FailureClass::Invalid,
+            attempts: 0,
+            error: "body is not JSON".into()
+        }
     );
     assert!(d.spends_no_attempt());
 }
@@ -58,7 +71,14 @@ fn unknown_job_type_is_invalid_too() {
         ledger: stored(2, None),
         ..inputs(&p, Execution::NotRun)
     };
-    assert!(matches!(decide(&i, &mut rng()), Decision::DeadLetter { class: FailureClass::Invalid, attempts: 0, .. }));
+    assert!(matches!(
+        decide(&i, &mut rng()),
+        Decision::DeadLetter {
+            class: FailureClass::Invalid,
+            attempts: 0,
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -71,26 +91,44 @@ fn early_arrival_is_deferred_to_its_stored_time() {
     };
     assert_eq!(
         decide(&i, &mut rng()),
-        Decision::Defer { reason: DeferReason::EarlyArrival, visibility: Duration::from_secs(5) }
+        Decision::Defer {
+            reason: DeferReason::EarlyArrival,
+            visibility: Duration::from_secs(5)
+        }
     );
 }
 
 #[test]
 fn arrival_on_time_runs_the_next_attempt() {
     let p = RetryPolicy::default();
-    let i = Inputs { record: facts(2), ledger: stored(1, Some(NOW - 10)), ..inputs(&p, Execution::NotRun) };
+    let i = Inputs {
+        record: facts(2),
+        ledger: stored(1, Some(NOW - 10)),
+        ..inputs(&p, Execution::NotRun)
+    };
     assert_eq!(decide(&i, &mut rng()), Decision::Execute { attempt: 2 });
 }
 
 #[test]
 fn open_breaker_defers_to_the_end_of_the_open_period_plus_jitter() {
-    let p = RetryPolicy::builder().defer_jitter(Duration::from_secs(3)).build().unwrap();
-    let i = Inputs { gate: Gate::Open { until_ms: NOW + 20_000 }, ..inputs(&p, Execution::NotRun) };
+    let p = RetryPolicy::builder()
+        .defer_jitter(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let i = Inputs {
+        gate: Gate::Open {
+            until_ms: NOW + 20_000,
+        },
+        ..inputs(&p, Execution::NotRun)
+    };
     let mut seen = std::collections::BTreeSet::new();
     let mut r = rng();
     for _ in 0..200 {
         match decide(&i, &mut r) {
-            Decision::Defer { reason: DeferReason::BreakerOpen, visibility } => {
+            Decision::Defer {
+                reason: DeferReason::BreakerOpen,
+                visibility,
+            } => {
                 assert!(visibility >= Duration::from_secs(20) && visibility <= Duration::from_secs(23));
                 seen.insert(visibility);
             }
@@ -103,10 +141,19 @@ fn open_breaker_defers_to_the_end_of_the_open_period_plus_jitter() {
 #[test]
 fn half_open_without_a_slot_defers_briefly() {
     let p = RetryPolicy::default();
-    let i = Inputs { gate: Gate::ProbeBusy, ..inputs(&p, Execution::NotRun) };
+    let i = Inputs {
+        gate: Gate::ProbeBusy,
+        ..inputs(&p, Execution::NotRun)
+    };
     match decide(&i, &mut rng()) {
-        Decision::Defer { reason: DeferReason::ProbeBusy, visibility } => {
-            assert!(visibility >= Duration::from_secs(1) && visibility <= Duration::from_secs(4), "{visibility:?}")
+        Decision::Defer {
+            reason: DeferReason::ProbeBusy,
+            visibility,
+        } => {
+            assert!(
+                visibility >= Duration::from_secs(1) && visibility <= Duration::from_secs(4),
+                "{visibility:?}"
+            )
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -115,16 +162,28 @@ fn half_open_without_a_slot_defers_briefly() {
 #[test]
 fn half_open_with_a_permit_runs() {
     let p = RetryPolicy::default();
-    let i = Inputs { gate: Gate::Probe, ..inputs(&p, Execution::NotRun) };
+    let i = Inputs {
+        gate: Gate::Probe,
+        ..inputs(&p, Execution::NotRun)
+    };
     assert_eq!(decide(&i, &mut rng()), Decision::Execute { attempt: 1 });
 }
 
 #[test]
 fn too_little_time_left_releases() {
-    let p = RetryPolicy::builder().start_margin(Duration::from_secs(2)).build().unwrap();
-    let i = Inputs { time_left: Some(Duration::from_millis(1_999)), ..inputs(&p, Execution::NotRun) };
+    let p = RetryPolicy::builder()
+        .start_margin(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let i = Inputs {
+        time_left: Some(Duration::from_millis(1_999)),
+        ..inputs(&p, Execution::NotRun)
+    };
     assert_eq!(decide(&i, &mut rng()), Decision::Release);
-    let i = Inputs { time_left: Some(Duration::from_secs(2)), ..inputs(&p, Execution::NotRun) };
+    let i = Inputs {
+        time_left: Some(Duration::from_secs(2)),
+        ..inputs(&p, Execution::NotRun)
+    };
     assert_eq!(decide(&i, &mut rng()), Decision::Execute { attempt: 1 });
 }
 
@@ -132,7 +191,11 @@ fn too_little_time_left_releases() {
 fn success_is_done() {
     let p = RetryPolicy::default();
     let ok = Ok(());
-    let i = Inputs { record: facts(3), ledger: stored(2, None), ..inputs(&p, Execution::Ran(&ok)) };
+    let i = Inputs {
+        record: facts(3),
+        ledger: stored(2, None),
+        ..inputs(&p, Execution::Ran(&ok))
+    };
     assert_eq!(decide(&i, &mut rng()), Decision::Done { attempts: 3 });
 }
 
@@ -148,18 +211,28 @@ fn fatal_failure_goes_to_the_dlq_at_once() {
         let d = decide(&inputs(&p, Execution::Ran(&out)), &mut rng());
         assert_eq!(
             d,
-            Decision::DeadLetter { class: FailureClass::Fatal, attempts: 1, error: err.message().to_owned() }
+            Decision::DeadLetter {
+                class: FailureClass::Fatal,
+                attempts: 1,
+                error: err.message().to_owned()
+            }
         );
     }
 }
 
 #[test]
 fn a_job_types_rules_can_make_an_error_fatal() {
-    let p = RetryPolicy::builder().rules(sqs_triage::Rules::new().fatal_code("CardDeclined")).build().unwrap();
+    let p = RetryPolicy::builder()
+        .rules(sqs_triage::Rules::new().fatal_code("CardDeclined"))
+        .build()
+        .unwrap();
     let out = Err(JobError::from_aws_code(Some("CardDeclined"), "declined"));
     assert!(matches!(
         decide(&inputs(&p, Execution::Ran(&out)), &mut rng()),
-        Decision::DeadLetter { class: FailureClass::Fatal, .. }
+        Decision::DeadLetter {
+            class: FailureClass::Fatal,
+            ..
+        }
     ));
 }
 
@@ -168,9 +241,18 @@ fn transient_failure_with_attempts_left_retries_after_backoff() {
     let p = RetryPolicy::default();
     let out = Err(JobError::transient("timeout"));
     match decide(&inputs(&p, Execution::Ran(&out)), &mut rng()) {
-        Decision::Retry { attempts, delay, visibility, next_attempt_at_ms, error } => {
+        Decision::Retry {
+            attempts,
+            delay,
+            visibility,
+            next_attempt_at_ms,
+            error,
+        } => {
             assert_eq!(attempts, 1);
-            assert!(delay >= Duration::from_secs(3) && delay < Duration::from_secs(4), "{delay:?}");
+            assert!(
+                delay >= Duration::from_secs(3) && delay < Duration::from_secs(4),
+                "{delay:?}"
+            );
             assert_eq!(visibility, Duration::from_secs(4), "rounded up to whole seconds");
             assert_eq!(next_attempt_at_ms, NOW + delay.as_millis() as u64);
             assert_eq!(error, "timeout");
@@ -181,11 +263,16 @@ fn transient_failure_with_attempts_left_retries_after_backoff() {
 
 #[test]
 fn retry_after_is_honoured_and_clamped() {
-    let p = RetryPolicy::builder().max_delay(Duration::from_secs(60)).build().unwrap();
+    let p = RetryPolicy::builder()
+        .max_delay(Duration::from_secs(60))
+        .build()
+        .unwrap();
     for (asked, got) in [(7, 7), (600, 60)] {
         let out = Err(JobError::retry_after(Duration::from_secs(asked), "throttled"));
         match decide(&inputs(&p, Execution::Ran(&out)), &mut rng()) {
-            Decision::Retry { delay, visibility, .. } => {
+            Decision::Retry {
+                delay, visibility, ..
+            } => {
                 assert_eq!(delay, Duration::from_secs(got));
                 assert_eq!(visibility, Duration::from_secs(got));
             }
@@ -198,39 +285,83 @@ fn retry_after_is_honoured_and_clamped() {
 fn transient_failure_without_attempts_left_is_exhausted() {
     let p = RetryPolicy::default();
     let out = Err(JobError::transient("still down"));
-    let i = Inputs { record: facts(5), ledger: stored(4, Some(NOW - 1)), ..inputs(&p, Execution::Ran(&out)) };
+    let i = Inputs {
+        record: facts(5),
+        ledger: stored(4, Some(NOW - 1)),
+        ..inputs(&p, Execution::Ran(&out))
+    };
     assert_eq!(
         decide(&i, &mut rng()),
-        Decision::DeadLetter { class: FailureClass::Exhausted, attempts: 5, error: "still down".into() }
+        Decision::DeadLetter {
+            class: FailureClass::Exhausted,
+            attempts: 5,
+            error: "still down".into()
+        }
     );
 }
 
 #[test]
 fn a_job_already_out_of_attempts_is_dead_lettered_without_running() {
     let p = RetryPolicy::default();
-    let i = Inputs { record: facts(7), ledger: stored(5, None), ..inputs(&p, Execution::NotRun) };
+    let i = Inputs {
+        record: facts(7),
+        ledger: stored(5, None),
+        ..inputs(&p, Execution::NotRun)
+    };
     assert!(matches!(
         decide(&i, &mut rng()),
-        Decision::DeadLetter { class: FailureClass::Exhausted, attempts: 5, .. }
+        Decision::DeadLetter {
+            class: FailureClass::Exhausted,
+            attempts: 5,
+            ..
+        }
     ));
 }
 
 #[test]
 fn ledger_outage_falls_back_to_the_receive_count() {
     let p = RetryPolicy::default();
-    let i = Inputs { record: facts(3), ledger: Ledger::Unavailable, ..inputs(&p, Execution::NotRun) };
+    let i = Inputs {
+        record: facts(3),
+        ledger: Ledger::Unavailable,
+        ..inputs(&p, Execution::NotRun)
+    };
     assert_eq!(decide(&i, &mut rng()), Decision::Execute { attempt: 3 });
-    let i = Inputs { record: facts(6), ledger: Ledger::Unavailable, ..inputs(&p, Execution::NotRun) };
-    assert!(matches!(decide(&i, &mut rng()), Decision::DeadLetter { class: FailureClass::Exhausted, .. }));
+    let i = Inputs {
+        record: facts(6),
+        ledger: Ledger::Unavailable,
+        ..inputs(&p, Execution::NotRun)
+    };
+    assert!(matches!(
+        decide(&i, &mut rng()),
+        Decision::DeadLetter {
+            class: FailureClass::Exhausted,
+            ..
+        }
+    ));
 }
 
 #[test]
 fn long_delays_are_applied_in_steps_within_the_12_hour_limit() {
-    let p = RetryPolicy::builder().max_delay(Duration::from_secs(2 * 24 * 3600)).build().unwrap();
-    let out = Err(JobError::retry_after(Duration::from_secs(30 * 3600), "come back tomorrow"));
-    let i = Inputs { now_ms: NOW + 3_600_000, ..inputs(&p, Execution::Ran(&out)) };
+    let p = RetryPolicy::builder()
+        .max_delay(Duration::from_secs(2 * 24 * 3600))
+        .build()
+        .unwrap();
+    let out = Err(JobError::retry_after(
+        Duration::from_secs(30 * 3600),
+        "come back tomorrow",
+    ));
+    let i = Inputs {
+        now_ms: NOW + 3_600_000,
+        ..inputs(&p, Execution::Ran(&out))
+    };
     match decide(&i, &mut rng()) {
-        Decision::Retry { delay, visibility, next_attempt_at_ms, .. } => {
+        Decision::Retry {
+            delay,
+            visibility,
+            next_attempt_at_ms,
+            ..
+        } => {
             assert_eq!(delay, Duration::from_secs(30 * 3600));
             let limit = Duration::from_secs(11 * 3600) - RECEIVE_SLACK;
             assert_eq!(visibility, limit);
@@ -240,13 +371,19 @@ fn long_delays_are_applied_in_steps_within_the_12_hour_limit() {
     }
     // Back early on the next receive: deferred again for the rest, without an attempt.
     let i = Inputs {
-        record: RecordFacts { receive_count: 2, received_at_ms: NOW + 12 * 3_600_000 },
+        record: RecordFacts {
+            receive_count: 2,
+            received_at_ms: NOW + 12 * 3_600_000,
+        },
         ledger: stored(1, Some(NOW + 31 * 3_600_000)),
         now_ms: NOW + 12 * 3_600_000,
         ..inputs(&p, Execution::NotRun)
     };
     match decide(&i, &mut rng()) {
-        Decision::Defer { reason: DeferReason::EarlyArrival, visibility } => {
+        Decision::Defer {
+            reason: DeferReason::EarlyArrival,
+            visibility,
+        } => {
             assert_eq!(visibility, Duration::from_secs(12 * 3600) - RECEIVE_SLACK)
         }
         other => panic!("unexpected {other:?}"),
@@ -254,19 +391,44 @@ fn long_delays_are_applied_in_steps_within_the_12_hour_limit() {
 }
 
 fn any_policy() -> impl Strategy<Value = RetryPolicy> {
-    (1u32..30, 0u64..10_000, 1.0f64..5.0, 1u64..100_000, 0u64..5_000, 0usize..5).prop_map(
-        |(attempts, base, mult, max_s, jitter, kind)| {
+    (
+        1u32..30,
+        0u64..10_000,
+        1.0f64..5.0,
+        1u64..100_000,
+        0u64..5_000,
+        0usize..5,
+    )
+        .prop_map(|(attempts, base, mult, max_s, jitter, kind)| {
             let max = Duration::from_secs(max_s);
             let backoff = match kind {
-                0 => Backoff::exponential(Duration::from_millis(base), mult, max, Duration::from_millis(jitter)),
-                1 => Backoff::FullJitter { base: Duration::from_millis(base), multiplier: mult, max },
-                2 => Backoff::Decorrelated { base: Duration::from_millis(base), max },
+                0 => Backoff::exponential(
+                    Duration::from_millis(base),
+                    mult,
+                    max,
+                    Duration::from_millis(jitter),
+                ),
+                1 => Backoff::FullJitter {
+                    base: Duration::from_millis(base),
+                    multiplier: mult,
+                    max,
+                },
+                2 => Backoff::Decorrelated {
+                    base: Duration::from_millis(base),
+                    max,
+                },
                 3 => Backoff::Sidekiq,
-                _ => Backoff::Custom(std::sync::Arc::new(|n, _| Duration::from_secs(u64::from(n) * 1000))),
+                _ => Backoff::Custom(std::sync::Arc::new(|n, _| {
+                    Duration::from_secs(u64::from(n) * 1000)
+                })),
             };
-            RetryPolicy::builder().max_attempts(attempts).backoff(backoff).max_delay(max).build().unwrap()
-        },
-    )
+            RetryPolicy::builder()
+                .max_attempts(attempts)
+                .backoff(backoff)
+                .max_delay(max)
+                .build()
+                .unwrap()
+        })
 }
 
 fn any_outcome() -> impl Strategy<Value = Option<Result<(), JobError>>> {

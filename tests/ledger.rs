@@ -4,7 +4,7 @@ mod support;
 
 use std::sync::Arc;
 
-use sqs_triage::effects::ledger::{AttemptLedger, Counted};
+use sqs_triage::effects::ledger::{AttemptLedger, Counted, Delivery};
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb_config};
 use sqs_triage::effects::table::{create_table, delete_table};
 use support::fault_proxy::FaultProxy;
@@ -26,7 +26,20 @@ async fn same_delivery_counted_once_under_32_racers() {
     let tasks: Vec<_> = (0..32)
         .map(|_| {
             let l = ledger.clone();
-            tokio::spawn(async move { l.count("job-a", 2, "email", Some(123), "timeout", None).await })
+            tokio::spawn(async move {
+                l.count(
+                    "job-a",
+                    Delivery {
+                        message_id: "m",
+                        receive_count: 2,
+                    },
+                    "email",
+                    Some(123),
+                    "timeout",
+                    None,
+                )
+                .await
+            })
         })
         .collect();
     let mut new = 0;
@@ -58,7 +71,20 @@ async fn distinct_deliveries_each_counted_once_in_any_order() {
         .rev()
         .map(|rc| {
             let l = ledger.clone();
-            tokio::spawn(async move { l.count("job-b", rc, "email", None, "boom", None).await })
+            tokio::spawn(async move {
+                l.count(
+                    "job-b",
+                    Delivery {
+                        message_id: "m",
+                        receive_count: rc,
+                    },
+                    "email",
+                    None,
+                    "boom",
+                    None,
+                )
+                .await
+            })
         })
         .collect();
     let mut seen = Vec::new();
@@ -81,7 +107,17 @@ async fn distinct_deliveries_each_counted_once_in_any_order() {
     // A repeat of an old delivery is still recognised.
     assert_eq!(
         ledger
-            .count("job-b", 7, "email", None, "boom", None)
+            .count(
+                "job-b",
+                Delivery {
+                    message_id: "m",
+                    receive_count: 7
+                },
+                "email",
+                None,
+                "boom",
+                None
+            )
             .await
             .unwrap(),
         Counted::AlreadyCounted
@@ -99,7 +135,17 @@ async fn read_many_is_one_batch_get_per_100_ids_and_close_reset_work() {
     for i in 0..150u32 {
         if i % 2 == 0 {
             ledger
-                .count(&format!("j{i}"), 2, "t", Some(u64::from(i)), "e", None)
+                .count(
+                    &format!("j{i}"),
+                    Delivery {
+                        message_id: "m",
+                        receive_count: 2,
+                    },
+                    "t",
+                    Some(u64::from(i)),
+                    "e",
+                    None,
+                )
                 .await
                 .unwrap();
         }
@@ -129,7 +175,20 @@ async fn read_many_is_one_batch_get_per_100_ids_and_close_reset_work() {
     ledger.reset("j140").await.unwrap();
     assert!(ledger.show("j140").await.unwrap().is_none());
     assert_eq!(
-        ledger.count("j140", 2, "t", None, "e", None).await.unwrap(),
+        ledger
+            .count(
+                "j140",
+                Delivery {
+                    message_id: "m",
+                    receive_count: 2
+                },
+                "t",
+                None,
+                "e",
+                None
+            )
+            .await
+            .unwrap(),
         Counted::New(1)
     );
     assert!(

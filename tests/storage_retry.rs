@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqs_triage::effects::ledger::{AttemptLedger, Counted};
+use sqs_triage::effects::ledger::{AttemptLedger, Counted, Delivery};
 use sqs_triage::effects::storage_retry::{Stop, StorageRetry, StorageRetryConfig, dynamodb_config};
 use sqs_triage::effects::table::{create_table, delete_table};
 use support::fault_proxy::{Fault, FaultPlan, FaultProxy};
@@ -56,7 +56,20 @@ async fn ledger_is_exact_through_a_share_of_faults_and_retries_stay_in_budget() 
     let tasks: Vec<_> = (1..=32u32)
         .map(|rc| {
             let l = ledger.clone();
-            tokio::spawn(async move { l.count("job", rc, "t", None, "e", None).await })
+            tokio::spawn(async move {
+                l.count(
+                    "job",
+                    Delivery {
+                        message_id: "m",
+                        receive_count: rc,
+                    },
+                    "t",
+                    None,
+                    "e",
+                    None,
+                )
+                .await
+            })
         })
         .collect();
     for t in tasks {
@@ -93,7 +106,20 @@ async fn all_faults_fail_after_bounded_retries_with_a_clear_error() {
         let ledger = AttemptLedger::new(client.clone(), &table, retry.clone());
         proxy.reset_counts();
         proxy.fail_always("UpdateItem", fault.clone());
-        let err = ledger.count("job", 1, "t", None, "e", None).await.unwrap_err();
+        let err = ledger
+            .count(
+                "job",
+                Delivery {
+                    message_id: "m",
+                    receive_count: 1,
+                },
+                "t",
+                None,
+                "e",
+                None,
+            )
+            .await
+            .unwrap_err();
         proxy.clear_faults();
         assert_eq!(err.stop, Stop::AttemptsExhausted, "{fault:?}: {err}");
         assert_eq!(proxy.count("UpdateItem"), 8, "{fault:?}: max attempts");
@@ -123,7 +149,20 @@ async fn all_faults_fail_after_bounded_retries_with_a_clear_error() {
 async fn missing_table_surfaces_at_once_with_what_to_do() {
     let (proxy, client) = via_proxy().await;
     let ledger = AttemptLedger::new(client, "no-such-table", policy(100));
-    let err = ledger.count("job", 2, "t", None, "e", None).await.unwrap_err();
+    let err = ledger
+        .count(
+            "job",
+            Delivery {
+                message_id: "m",
+                receive_count: 2,
+            },
+            "t",
+            None,
+            "e",
+            None,
+        )
+        .await
+        .unwrap_err();
     assert_eq!(proxy.count("UpdateItem"), 1, "not retried");
     assert_eq!(err.stop, Stop::Permanent);
     assert_eq!(

@@ -122,6 +122,15 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// One delivery of a message: what makes a handler execution countable exactly once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery<'a> {
+    /// The SQS message id.
+    pub message_id: &'a str,
+    /// Its `ApproximateReceiveCount` at this delivery.
+    pub receive_count: u32,
+}
+
 /// The attempt ledger over one table.
 #[derive(Debug, Clone)]
 pub struct AttemptLedger {
@@ -239,14 +248,17 @@ impl AttemptLedger {
     pub async fn count(
         &self,
         job_id: &str,
-        receive_count: u32,
+        delivery: Delivery<'_>,
         job_type: &str,
         next_attempt_at_ms: Option<u64>,
         last_error: &str,
         deadline: Option<Instant>,
     ) -> Result<Counted, StorageError> {
         let now = now_ms();
-        let delivery = receive_count.to_string();
+        let receive_count = delivery.receive_count;
+        // Keyed by message as well as receive count: a producer's re-send of the same job id
+        // is a new message whose deliveries count too.
+        let delivery = format!("{}#{}", delivery.message_id, delivery.receive_count);
         let mut set = "SET last_receive_count = :rc, job_type = :jt, last_error = :err, \
                        updated_at = :now, expires_at = :exp"
             .to_owned();

@@ -1,1 +1,722 @@
-//! The batch processor.
+//! The batch processor: records in, a decision per record, effects planned and executed in
+//! batches, the batch response out. Both runtimes (Lambda and the worker) are thin over it.
+//!
+//! Per invocation it makes at most: one ledger read for all redeliveries (none when every
+//! record is a first delivery), one cached breaker read per job type, and then, only for
+//! records that need them, batched DLQ sends, batched visibility changes, one conditional
+//! ledger write per retried record, one batched ledger delete, and one breaker report per job
+//! type. A batch of first deliveries that all succeed makes no AWS call at all.
+
+pub mod record;
+pub mod registry;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use futures::stream;
+use tokio::time::Instant;
+use tracing::{Instrument, info_span, warn};
+
+use crate::core::breaker::{Aggregate, BreakerState, Lease, Phase, gate};
+use crate::core::envelope::{self, EnvelopeLimits, Job};
+use crate::core::error::ErrorKind;
+use crate::core::failure::FailureRecord;
+use crate::core::{Decision, Execution, FailureClass, Gate, Inputs, JobError, Ledger, RecordFacts, decide};
+use crate::effects::breaker_store::BreakerStore;
+use crate::effects::dlq::dlq_copy;
+use crate::effects::ledger::{AttemptLedger, Delivery};
+use crate::effects::metrics::{Metrics, UNREGISTERED};
+use crate::effects::sqs::{Outgoing, Sqs};
+pub use record::Incoming;
+use registry::{JobContext, Registry, Route};
+
+/// Time kept back before the invocation deadline to report the batch: a handler still
+/// running then is stopped and counted as a transient failure.
+pub const REPORT_MARGIN: Duration = Duration::from_millis(1_500);
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Where a processor sends things and what it reads from.
+#[derive(Debug, Clone)]
+pub struct Processor {
+    registry: Arc<Registry>,
+    sqs: Sqs,
+    ledger: AttemptLedger,
+    breakers: Arc<HashMap<String, BreakerStore>>,
+    source_queue: String,
+    dlq_url: String,
+    dlq_max_bytes: usize,
+    concurrency: usize,
+    limits: EnvelopeLimits,
+    log_payloads: bool,
+    draining: Arc<AtomicBool>,
+}
+
+/// The processor's settings.
+#[derive(Debug, Clone)]
+pub struct ProcessorConfig {
+    /// The source queue URL (recorded in failure records, target of visibility changes).
+    pub source_queue: String,
+    /// The DLQ URL.
+    pub dlq_url: String,
+    /// The DLQ's maximum message size.
+    pub dlq_max_bytes: usize,
+    /// Records run at once.
+    pub concurrency: usize,
+    /// Envelope limits.
+    pub limits: EnvelopeLimits,
+    /// Include bodies in logs.
+    pub log_payloads: bool,
+}
+
+/// What happened to one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordReport {
+    /// The SQS message id.
+    pub message_id: String,
+    /// The job id.
+    pub job_id: String,
+    /// The job type, when the envelope named one.
+    pub job_type: Option<String>,
+    /// The final decision.
+    pub decision: Decision,
+    /// Whether the handler ran.
+    pub executed: bool,
+    /// True when the message is done with (handler succeeded or the DLQ accepted its copy):
+    /// Lambda deletes it, the worker deletes it.
+    pub settled: bool,
+}
+
+/// The result of one batch.
+#[derive(Debug, Clone, Default)]
+pub struct BatchOutcome {
+    /// Per record, in input order.
+    pub records: Vec<RecordReport>,
+    /// Metrics of this batch.
+    pub metrics: Metrics,
+    /// True when a record that must be reported failed has no message id: an empty
+    /// `itemIdentifier` is never sent, so the whole batch is failed instead.
+    pub whole_batch_failed: bool,
+}
+
+impl BatchOutcome {
+    /// Message ids to report in `batchItemFailures`.
+    pub fn failures(&self) -> Vec<String> {
+        self.records
+            .iter()
+            .filter(|r| !r.settled)
+            .map(|r| r.message_id.clone())
+            .collect()
+    }
+}
+
+/// One record on its way through the batch.
+struct Slot {
+    inc: Incoming,
+    job: Result<Job, String>,
+    job_id: String,
+    /// The job type the envelope names, registered or not (for the failure record).
+    named_type: Option<String>,
+    ledger: Ledger,
+    had_ledger_item: bool,
+}
+
+impl Slot {
+    fn job_type(&self) -> Option<&str> {
+        self.job.as_ref().ok().map(|j| j.job_type.as_str())
+    }
+}
+
+/// How the handler run went, for effects and the breaker.
+struct Ran {
+    decision: Decision,
+    executed: bool,
+    error_kind: Option<ErrorKind>,
+    lease: Option<Lease>,
+    handler_time: Option<Duration>,
+}
+
+impl Processor {
+    /// A processor over these effects.
+    pub fn new(
+        registry: Arc<Registry>,
+        sqs: Sqs,
+        ledger: AttemptLedger,
+        breakers: HashMap<String, BreakerStore>,
+        config: ProcessorConfig,
+    ) -> Self {
+        Self {
+            registry,
+            sqs,
+            ledger,
+            breakers: Arc::new(breakers),
+            source_queue: config.source_queue,
+            dlq_url: config.dlq_url,
+            dlq_max_bytes: config.dlq_max_bytes,
+            concurrency: config.concurrency.max(1),
+            limits: config.limits,
+            log_payloads: config.log_payloads,
+            draining: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Stops starting records: from now on every record not yet started is released
+    /// (visibility 0, no attempt spent); records already running finish. Shared by clones.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// The SQS effects (the worker uses them to delete).
+    pub fn sqs(&self) -> &Sqs {
+        &self.sqs
+    }
+
+    /// True when the source queue is FIFO.
+    pub fn is_fifo(&self) -> bool {
+        self.source_queue.ends_with(".fifo")
+    }
+
+    fn read(&self, inc: Incoming) -> Slot {
+        let parsed = envelope::parse(&inc.body, inc.job_type_attribute(), inc.job_id_attribute(), self.limits);
+        let job_id = match &parsed {
+            Ok(Job { id: Some(id), .. }) => id.clone(),
+            _ => inc.message_id.clone(),
+        };
+        let named_type = parsed.as_ref().ok().map(|j| j.job_type.clone());
+        let job = parsed.map_err(|e| e.to_string()).and_then(|job| match self.registry.route(&job.job_type) {
+            Some(_) => Ok(job),
+            None => Err(format!("no handler for job type `{}`", job.job_type)),
+        });
+        Slot { inc, job, job_id, named_type, ledger: Ledger::FirstDelivery, had_ledger_item: false }
+    }
+
+    /// Processes one batch. `deadline` is the invocation's deadline (none for the worker).
+    pub async fn process(&self, records: Vec<Incoming>, deadline: Option<Instant>) -> BatchOutcome {
+        let mut metrics = Metrics::default();
+        let mut slots: Vec<Slot> = records.into_iter().map(|r| self.read(r)).collect();
+        self.load_ledger(&mut slots, deadline, &mut metrics).await;
+        let states = self.load_breakers(&slots).await;
+
+        let groups = self.groups(&slots);
+        let slots_ref = &slots;
+        let states_ref = &states;
+        let mut ran: Vec<(usize, Ran)> = stream::iter(groups)
+            .map(|group| async move {
+                let mut out = Vec::with_capacity(group.len());
+                let mut blocked = false;
+                for idx in group {
+                    let r = if blocked {
+                        // FIFO: after a failure in the group, later records must not overtake it.
+                        Ran {
+                            decision: Decision::Release,
+                            executed: false,
+                            error_kind: None,
+                            lease: None,
+                            handler_time: None,
+                        }
+                    } else {
+                        self.run(&slots_ref[idx], states_ref, deadline).await
+                    };
+                    blocked |= !matches!(r.decision, Decision::Done { .. } | Decision::DeadLetter { .. });
+                    out.push((idx, r));
+                }
+                out
+            })
+            .buffer_unordered(self.concurrency)
+            .flat_map(stream::iter)
+            .collect()
+            .await;
+        ran.sort_by_key(|(i, _)| *i);
+        let ran: Vec<Ran> = ran.into_iter().map(|(_, r)| r).collect();
+        self.apply(&slots, ran, deadline, metrics).await
+    }
+
+    /// Reads the ledger for redeliveries, in one batched call.
+    async fn load_ledger(&self, slots: &mut [Slot], deadline: Option<Instant>, metrics: &mut Metrics) {
+        let ids: Vec<String> = slots
+            .iter()
+            .filter(|s| s.job.is_ok() && s.inc.receive_count > 1)
+            .map(|s| s.job_id.clone())
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        let stored = match self.ledger.read_many(&ids, deadline).await {
+            Ok(m) => Some(m),
+            Err(e) => {
+                warn!(error = %e, records = ids.len(), "attempt ledger unavailable: falling back to ApproximateReceiveCount");
+                None
+            }
+        };
+        for s in slots
+            .iter_mut()
+            .filter(|s| s.job.is_ok() && s.inc.receive_count > 1)
+        {
+            s.ledger = match &stored {
+                Some(m) => {
+                    let item = m.get(&s.job_id).copied();
+                    s.had_ledger_item = item.is_some();
+                    Ledger::Stored(item)
+                }
+                None => {
+                    metrics.add(self.dimension(s.job_type()), "LedgerFallback", 1);
+                    Ledger::Unavailable
+                }
+            };
+        }
+    }
+
+    /// One breaker state per job type in the batch, through the per-environment cache. A
+    /// breaker that cannot be read fails open (closed), so a storage outage stops nothing.
+    async fn load_breakers(&self, slots: &[Slot]) -> HashMap<String, BreakerState> {
+        let mut types: Vec<&str> = slots.iter().filter_map(Slot::job_type).collect();
+        types.sort_unstable();
+        types.dedup();
+        let reads = types
+            .iter()
+            .filter_map(|t| self.breakers.get(*t).map(|b| (*t, b)))
+            .map(|(t, b)| async move {
+                let state = b.state(t).await.unwrap_or_else(|e| {
+                    warn!(job_type = t, error = %e, "breaker state unavailable; treating it as closed");
+                    BreakerState::default()
+                });
+                (t.to_owned(), state)
+            });
+        futures::future::join_all(reads).await.into_iter().collect()
+    }
+
+    /// Runs of records that must go in order: a FIFO message group, else each record alone.
+    fn groups(&self, slots: &[Slot]) -> Vec<Vec<usize>> {
+        if !self.is_fifo() && !slots.iter().any(|s| s.inc.from_fifo) {
+            return (0..slots.len()).map(|i| vec![i]).collect();
+        }
+        let mut order: Vec<Vec<usize>> = Vec::new();
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        for (i, s) in slots.iter().enumerate() {
+            let g = s.inc.group_id.as_deref().unwrap_or("");
+            match index.get(g) {
+                Some(&k) => order[k].push(i),
+                None => {
+                    index.insert(g, order.len());
+                    order.push(vec![i]);
+                }
+            }
+        }
+        order
+    }
+
+    fn dimension<'a>(&self, job_type: Option<&'a str>) -> &'a str {
+        match job_type {
+            Some(t) if self.registry.route(t).is_some() => t,
+            _ => UNREGISTERED,
+        }
+    }
+
+    /// Decides, runs the handler if admitted, and decides again.
+    async fn run(
+        &self,
+        slot: &Slot,
+        states: &HashMap<String, BreakerState>,
+        deadline: Option<Instant>,
+    ) -> Ran {
+        let route = slot.job_type().and_then(|t| self.registry.route(t));
+        let policy = route.map_or(self.registry.default_policy(), |r| &r.policy);
+        let state = slot.job_type().and_then(|t| states.get(t));
+        let half_open = state.is_some_and(|s| s.phase_at(now_ms()) == Phase::HalfOpen);
+        let invalid = slot.job.as_ref().err().map(String::as_str);
+        let record = RecordFacts {
+            receive_count: slot.inc.receive_count,
+            received_at_ms: slot.received_at_ms(),
+        };
+        let inputs = |gate, execution, now_ms| Inputs {
+            record,
+            invalid,
+            ledger: slot.ledger,
+            gate,
+            time_left: if self.draining.load(Ordering::SeqCst) {
+                Some(Duration::ZERO)
+            } else {
+                deadline.map(|d| d.saturating_duration_since(Instant::now()))
+            },
+            execution,
+            policy,
+            now_ms,
+        };
+        let now = now_ms();
+        // A half-open breaker is asked for a permit only for a record that would otherwise run.
+        let mut g = state.map_or(Gate::Closed, |s| gate(s, now, half_open));
+        let mut pre = decide(&inputs(g, Execution::NotRun, now), &mut rand::rng());
+        let mut lease = None;
+        if half_open && matches!(pre, Decision::Execute { .. }) {
+            let job_type = slot.job_type().unwrap_or_default();
+            let acquired = match self.breakers.get(job_type) {
+                Some(b) => b.acquire_probe(job_type, now).await,
+                None => Ok(None),
+            };
+            // A probe slot that cannot be asked for fails open, like the state read.
+            let busy = match acquired {
+                Ok(l) => {
+                    lease = l;
+                    lease.is_none()
+                }
+                Err(e) => {
+                    warn!(job_type, error = %e, "probe permit unavailable; running without one");
+                    g = Gate::Closed;
+                    false
+                }
+            };
+            if busy {
+                g = Gate::ProbeBusy;
+                pre = decide(&inputs(g, Execution::NotRun, now), &mut rand::rng());
+            }
+        }
+        let (Decision::Execute { attempt }, Some(route), Ok(job)) = (&pre, route, &slot.job) else {
+            if let (Some(l), Some(t)) = (lease, slot.job_type()) {
+                self.release_probe(t, &l).await;
+            }
+            return Ran {
+                decision: pre,
+                executed: false,
+                error_kind: None,
+                lease: None,
+                handler_time: None,
+            };
+        };
+        let ctx = JobContext {
+            job_id: slot.job_id.clone(),
+            job_type: job.job_type.clone(),
+            message_id: slot.inc.message_id.clone(),
+            attempt: *attempt,
+            max_attempts: policy.max_attempts(),
+        };
+        let started = Instant::now();
+        let outcome = run_handler(route, job.payload.clone(), ctx, deadline).await;
+        let handler_time = started.elapsed();
+        let error_kind = outcome
+            .as_ref()
+            .err()
+            .map(|e| e.clone().reclassified(policy.rules()).kind());
+        let decision = decide(&inputs(g, Execution::Ran(&outcome), now_ms()), &mut rand::rng());
+        Ran {
+            decision,
+            executed: true,
+            error_kind,
+            lease,
+            handler_time: Some(handler_time),
+        }
+    }
+
+    async fn release_probe(&self, job_type: &str, lease: &Lease) {
+        if let Some(b) = self.breakers.get(job_type) {
+            if let Err(e) = b.release(job_type, lease, now_ms()).await {
+                warn!(job_type, error = %e, "probe permit not released; it frees its slot when its lease expires");
+            }
+        }
+    }
+
+    /// Carries out the decisions: DLQ sends, visibility changes, ledger writes and deletes,
+    /// breaker reports — each batched.
+    async fn apply(
+        &self,
+        slots: &[Slot],
+        ran: Vec<Ran>,
+        deadline: Option<Instant>,
+        mut metrics: Metrics,
+    ) -> BatchOutcome {
+        let now = now_ms();
+        let fifo_dlq = self.dlq_url.ends_with(".fifo");
+        let mut settled = vec![false; slots.len()];
+        let mut outgoing = Vec::new();
+        let mut visibility = Vec::new();
+        let mut counts = Vec::new();
+        let mut forget = Vec::new();
+        let mut aggregates: BTreeMap<&str, Aggregate> = BTreeMap::new();
+
+        for (i, (slot, r)) in slots.iter().zip(&ran).enumerate() {
+            let ty = self.dimension(slot.job_type());
+            metrics.decision(ty, &r.decision);
+            if let Some(t) = r.handler_time {
+                metrics.handler_duration(ty, t);
+            }
+            if let (true, Some(job_type)) = (r.executed, slot.job_type()) {
+                let agg = aggregates.entry(job_type).or_default();
+                tally(agg, r);
+            }
+            match &r.decision {
+                Decision::Done { .. } => {
+                    settled[i] = true;
+                    if slot.had_ledger_item || slot.ledger == Ledger::Unavailable {
+                        forget.push(slot.job_id.clone());
+                    }
+                }
+                Decision::Retry { visibility: v, .. } | Decision::Defer { visibility: v, .. } => {
+                    visibility.push((i, slot.inc.receipt_handle.clone(), v.as_secs() as i32));
+                    if let Decision::Retry { .. } = r.decision {
+                        counts.push(i);
+                    }
+                }
+                Decision::Release => visibility.push((i, slot.inc.receipt_handle.clone(), 0)),
+                Decision::DeadLetter {
+                    class,
+                    attempts,
+                    error,
+                } => {
+                    let record = FailureRecord {
+                        class: *class,
+                        error: error.clone(),
+                        attempts: *attempts,
+                        job_type: slot.named_type.clone(),
+                        job_id: slot.job_id.clone(),
+                        source_queue: self.source_queue.clone(),
+                        original_message_id: slot.inc.message_id.clone(),
+                        first_received_at: slot.inc.first_received_at_ms.unwrap_or(now),
+                        failed_at: now,
+                    };
+                    match dlq_copy(&slot.inc.body, &slot.inc.attributes, &record, self.dlq_max_bytes) {
+                        Ok(copy) => outgoing.push(Outgoing {
+                            key: i,
+                            body: copy.body,
+                            attributes: copy.attributes,
+                            group_id: fifo_dlq
+                                .then(|| slot.inc.group_id.clone().unwrap_or_else(|| "triage".into())),
+                            dedup_id: fifo_dlq.then(|| slot.inc.message_id.clone()),
+                            delay_seconds: None,
+                        }),
+                        Err(e) => {
+                            warn!(message_id = %slot.inc.message_id, error = %e, "no DLQ copy possible; the message stays in its queue")
+                        }
+                    }
+                }
+                Decision::Execute { .. } => unreachable!("the second decision never admits"),
+            }
+        }
+
+        // DLQ first: its answer decides which dead-lettered records are settled, and which
+        // executed ones must have their attempt counted because they stay in the queue.
+        let sent = self.sqs.send(&self.dlq_url, outgoing, deadline).await;
+        for (i, why) in &sent.failed {
+            warn!(message_id = %slots[*i].inc.message_id, error = %why, "DLQ refused the copy; the message stays in its queue");
+        }
+        for &i in &sent.accepted {
+            settled[i] = true;
+            let s = &slots[i];
+            if s.had_ledger_item || s.ledger == Ledger::Unavailable {
+                forget.push(s.job_id.clone());
+            }
+        }
+        for (i, _) in &sent.failed {
+            if ran[*i].executed {
+                counts.push(*i);
+            }
+        }
+
+        let ledger_writes = futures::future::join_all(counts.iter().map(|&i| {
+            let (s, r) = (&slots[i], &ran[i]);
+            let (next, error) = match &r.decision {
+                Decision::Retry {
+                    next_attempt_at_ms,
+                    error,
+                    ..
+                } => (Some(*next_attempt_at_ms), error.as_str()),
+                Decision::DeadLetter { error, .. } => (None, error.as_str()),
+                _ => (None, ""),
+            };
+            let delivery = Delivery {
+                message_id: &s.inc.message_id,
+                receive_count: s.inc.receive_count,
+            };
+            self.ledger.count(
+                &s.job_id,
+                delivery,
+                s.job_type().unwrap_or_default(),
+                next,
+                error,
+                deadline,
+            )
+        }));
+        let breaker_reports = futures::future::join_all(aggregates.iter().map(|(t, a)| async move {
+            let Some(b) = self.breakers.get(*t) else {
+                return false;
+            };
+            match b.report(t, a, now).await {
+                Ok(Some(state)) => state.phase == Phase::Open,
+                Ok(None) => false,
+                Err(e) => {
+                    warn!(job_type = t, error = %e, "breaker report lost");
+                    false
+                }
+            }
+        }));
+        let (_, writes, opened, _) = tokio::join!(
+            self.sqs
+                .change_visibility(&self.source_queue, visibility, deadline),
+            ledger_writes,
+            breaker_reports,
+            async {
+                if !forget.is_empty() {
+                    if let Err(e) = self.ledger.forget(&forget, deadline).await {
+                        warn!(error = %e, "attempt ledger cleanup failed; the items expire by TTL");
+                    }
+                }
+            },
+        );
+        for (w, &i) in writes.iter().zip(&counts) {
+            if let Err(e) = w {
+                warn!(job_id = %slots[i].job_id, error = %e, "attempt not recorded; the receive count bounds it instead");
+            }
+        }
+        for (t, o) in aggregates.keys().zip(opened) {
+            if o {
+                metrics.add(self.dimension(Some(t)), "BreakerOpened", 1);
+            }
+        }
+
+        let mut whole_batch_failed = false;
+        let records = slots
+            .iter()
+            .zip(ran)
+            .zip(settled)
+            .map(|((s, r), settled)| {
+                whole_batch_failed |= !settled && s.inc.message_id.is_empty();
+                let span = info_span!(
+                    "record",
+                    message_id = %s.inc.message_id,
+                    job_id = %s.job_id,
+                    job_type = s.job_type().unwrap_or("-"),
+                    decision = r.decision.name(),
+                );
+                span.in_scope(|| log_decision(&r.decision, s, self.log_payloads));
+                RecordReport {
+                    message_id: s.inc.message_id.clone(),
+                    job_id: s.job_id.clone(),
+                    job_type: s.job_type().map(str::to_owned),
+                    decision: r.decision,
+                    executed: r.executed,
+                    settled,
+                }
+            })
+            .collect();
+        BatchOutcome {
+            records,
+            metrics,
+            whole_batch_failed,
+        }
+    }
+}
+
+impl Slot {
+    /// When this delivery was received: the processor sees it right after, so now.
+    fn received_at_ms(&self) -> u64 {
+        now_ms()
+    }
+}
+
+/// Adds one executed record's outcome to its job type's breaker report.
+fn tally(agg: &mut Aggregate, r: &Ran) {
+    let transient = matches!(
+        r.error_kind,
+        Some(ErrorKind::Transient | ErrorKind::RetryAfter(_))
+    );
+    match (&r.lease, r.error_kind) {
+        (Some(l), None) => {
+            agg.probe_successes += 1;
+            agg.generation = l.generation;
+            agg.leases.push(l.id.clone());
+        }
+        (Some(l), Some(_)) => {
+            // A fatal probe says nothing about the dependency: its slot is freed, not counted.
+            if transient {
+                agg.probe_failures += 1;
+            }
+            agg.generation = l.generation;
+            agg.leases.push(l.id.clone());
+        }
+        (None, _) if transient => agg.transient_failures += 1,
+        (None, _) => {}
+    }
+}
+
+fn log_decision(d: &Decision, s: &Slot, log_payloads: bool) {
+    let body = if log_payloads { s.inc.body.as_str() } else { "" };
+    match d {
+        Decision::Retry {
+            attempts,
+            delay,
+            error,
+            ..
+        } => {
+            tracing::info!(attempt = attempts, delay_ms = delay.as_millis() as u64, error = %truncate(error), body, "retry scheduled")
+        }
+        Decision::DeadLetter {
+            class,
+            attempts,
+            error,
+        } => {
+            tracing::warn!(class = %class, attempt = attempts, error = %truncate(error), body, "dead-lettered")
+        }
+        Decision::Defer { reason, visibility } => {
+            tracing::info!(?reason, delay_ms = visibility.as_millis() as u64, "deferred")
+        }
+        Decision::Release => tracing::info!("released"),
+        Decision::Done { attempts } => tracing::debug!(attempt = attempts, "succeeded"),
+        Decision::Execute { .. } => {}
+    }
+}
+
+/// Error texts in logs are cut: they may echo payload data.
+fn truncate(s: &str) -> &str {
+    match s.char_indices().nth(256) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// Runs a handler in its own task so a panic fails only this record, and stops it at the
+/// report margin before the deadline.
+async fn run_handler(
+    route: &Route,
+    payload: serde_json::Value,
+    ctx: JobContext,
+    deadline: Option<Instant>,
+) -> Result<(), JobError> {
+    let mut task = tokio::spawn(route.call(payload, ctx).instrument(tracing::Span::current()));
+    let joined = match deadline {
+        None => (&mut task).await,
+        Some(d) => match tokio::time::timeout_at(d - REPORT_MARGIN, &mut task).await {
+            Ok(j) => j,
+            Err(_) => {
+                task.abort();
+                return Err(JobError::transient(
+                    "handler still running at the invocation deadline",
+                ));
+            }
+        },
+    };
+    match joined {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => Err(JobError::panic(e.into_panic().as_ref())),
+        Err(_) => Err(JobError::transient("handler task was cancelled")),
+    }
+}
+
+#[doc(hidden)]
+pub fn _assert_send(p: &Processor) -> impl std::future::Future<Output = BatchOutcome> + Send + '_ {
+    p.process(Vec::new(), None)
+}
+
+#[allow(dead_code)]
+fn _class_names() -> [FailureClass; 3] {
+    [
+        FailureClass::Fatal,
+        FailureClass::Exhausted,
+        FailureClass::Invalid,
+    ]
+}

@@ -1,6 +1,9 @@
 //! Runtimes: the Lambda adapter and the long-polling worker, both thin over the processor.
 
+pub mod chaos;
 pub mod demo;
+pub mod env;
+pub mod lambda;
 pub mod worker;
 
 /// An error that stops a runtime, already worded for the operator.

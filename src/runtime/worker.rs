@@ -1,6 +1,182 @@
-//! The long-polling worker.
+//! The long-polling worker: the same pipeline as the Lambda adapter, for local development
+//! and for hosts outside Lambda. It deletes what is settled, leaves the rest (their
+//! visibility already set by the processor), and on SIGINT/SIGTERM finishes the records in
+//! flight and releases the ones not started.
+
+use std::future::Future;
+use std::time::Duration;
+
+use aws_sdk_sqs::types::MessageSystemAttributeName;
+
+use super::RuntimeError;
+use super::env::{Environment, build, init_tracing, sdk_config};
+use crate::config::Config;
+use crate::processor::registry::Registry;
+use crate::processor::{BatchOutcome, Incoming, now_ms};
+
+/// How the worker polls.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerOptions {
+    /// Long-poll wait per receive (0 to 20 s).
+    pub wait: Duration,
+    /// Messages per receive (1 to 10).
+    pub max_messages: i32,
+    /// Print EMF metric lines to stdout after each batch.
+    pub emf: bool,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        Self {
+            wait: Duration::from_secs(20),
+            max_messages: 10,
+            emf: false,
+        }
+    }
+}
+
+/// A worker over one environment.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    env: Environment,
+    opts: WorkerOptions,
+}
+
+impl Worker {
+    /// A worker polling `env`'s source queue.
+    pub fn new(env: Environment, opts: WorkerOptions) -> Self {
+        Self { env, opts }
+    }
+
+    /// The environment (processor, queue, call counter).
+    pub fn env(&self) -> &Environment {
+        &self.env
+    }
+
+    /// Receives one batch (long poll), processes it, deletes what is settled.
+    pub async fn poll_once(&self) -> Result<Option<BatchOutcome>, RuntimeError> {
+        let sqs = self.env.processor.sqs();
+        let url = &self.env.queue_url;
+        let out = sqs
+            .retry()
+            .call("ReceiveMessage", None, || {
+                sqs.client()
+                    .receive_message()
+                    .queue_url(url)
+                    .max_number_of_messages(self.opts.max_messages.clamp(1, 10))
+                    .wait_time_seconds(self.opts.wait.as_secs().min(20) as i32)
+                    .message_system_attribute_names(MessageSystemAttributeName::All)
+                    .message_attribute_names("All")
+                    .send()
+            })
+            .await?;
+        let messages = out.messages.unwrap_or_default();
+        if messages.is_empty() {
+            return Ok(None);
+        }
+        let records: Vec<Incoming> = messages.into_iter().map(Incoming::from_sdk).collect();
+        let receipts: Vec<String> = records.iter().map(|r| r.receipt_handle.clone()).collect();
+        let outcome = self.env.processor.process(records, None).await;
+        let settled: Vec<(usize, String)> = outcome
+            .records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.settled)
+            .map(|(i, _)| (i, receipts[i].clone()))
+            .collect();
+        let deleted = sqs.delete(url, settled, None).await;
+        for (i, why) in deleted.failed {
+            tracing::warn!(message_id = %outcome.records[i].message_id, error = %why, "delete failed; the message will be seen again");
+        }
+        if self.opts.emf {
+            for line in outcome.metrics.emf_lines(now_ms()) {
+                println!("{line}");
+            }
+        }
+        Ok(Some(outcome))
+    }
+
+    /// Polls until `shutdown` resolves, calling `on_batch` after each batch. On shutdown the
+    /// batch in progress finishes its running records and releases the rest.
+    pub async fn run<F>(
+        &self,
+        shutdown: F,
+        mut on_batch: impl FnMut(&BatchOutcome),
+    ) -> Result<(), RuntimeError>
+    where
+        F: Future<Output = ()>,
+    {
+        tokio::pin!(shutdown);
+        let mut stopping = false;
+        loop {
+            let poll = self.poll_once();
+            tokio::pin!(poll);
+            let result = tokio::select! {
+                r = &mut poll => r,
+                () = &mut shutdown, if !stopping => {
+                    stopping = true;
+                    self.env.processor.drain();
+                    poll.await
+                }
+            };
+            match result {
+                Ok(Some(outcome)) => on_batch(&outcome),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "receive failed; polling again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+            if stopping {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
 
 /// Runs the worker with configuration from the environment until SIGINT/SIGTERM.
-pub async fn main_from_env() -> Result<(), super::RuntimeError> {
-    Err("the worker is not built yet".into())
+pub async fn main_from_env() -> Result<(), RuntimeError> {
+    init_tracing();
+    let config = Config::from_env()?;
+    let registry = super::chaos::register(
+        Registry::new(config.policy.clone(), config.breaker),
+        config.policy.clone(),
+        config.breaker,
+    );
+    let env = build(&config, registry, &sdk_config().await).await?;
+    let emf = std::env::var("TRIAGE_EMF").is_ok_and(|v| v == "1" || v == "true");
+    let worker = Worker::new(
+        env,
+        WorkerOptions {
+            emf,
+            ..WorkerOptions::default()
+        },
+    );
+    tracing::info!(queue = %worker.env.queue_url, "worker started");
+    worker.run(shutdown_signal(), |_| {}).await?;
+    tracing::info!("worker stopped");
+    Ok(())
 }

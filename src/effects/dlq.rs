@@ -1,0 +1,246 @@
+//! The DLQ copy of a message: the original body byte for byte, the original message
+//! attributes, and the failure record in `triage-failure`, within SQS's limits.
+//!
+//! SQS allows 10 message attributes. When the original already uses all 10, they are packed
+//! into one attribute, `triage-attributes` (JSON), so the record still travels and nothing is
+//! lost; replay unpacks them. The message size limit counts the body and every attribute's
+//! name, type and value; the record's error text is cut to fit, never the body.
+
+use std::collections::HashMap;
+
+use aws_sdk_sqs::primitives::Blob;
+use aws_sdk_sqs::types::MessageAttributeValue;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::core::failure::{FAILURE_ATTRIBUTE, FailureRecord};
+
+/// Attribute holding the original attributes when they had to be packed.
+pub const PACKED_ATTRIBUTE: &str = "triage-attributes";
+/// SQS's limit on message attributes per message.
+pub const MAX_ATTRIBUTES: usize = 10;
+
+/// A message ready to send to the DLQ.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DlqCopy {
+    /// The original body.
+    pub body: String,
+    /// The original attributes plus the failure record.
+    pub attributes: HashMap<String, MessageAttributeValue>,
+}
+
+/// Why a DLQ copy could not be made. The record then stays in its source queue.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DlqCopyError {
+    /// Body and attributes leave no room for even a minimal failure record.
+    #[error(
+        "message is {used} bytes with its attributes; no failure record fits under the DLQ's {limit}-byte limit"
+    )]
+    NoRoom {
+        /// Bytes used by body and original attributes.
+        used: usize,
+        /// The DLQ's maximum message size.
+        limit: usize,
+    },
+    /// An attribute could not be packed or unpacked.
+    #[error("message attribute `{0}` is malformed")]
+    BadAttribute(String),
+}
+
+#[derive(Serialize, Deserialize)]
+struct PackedValue {
+    data_type: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    string: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    binary_b64: Option<String>,
+}
+
+/// Bytes an attribute counts toward the message size: name, data type and value.
+pub fn attribute_size(name: &str, v: &MessageAttributeValue) -> usize {
+    name.len()
+        + v.data_type().len()
+        + v.string_value().map_or(0, str::len)
+        + v.binary_value().map_or(0, |b| b.as_ref().len())
+}
+
+fn string_attr(value: String) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(value)
+        .build()
+        .expect("data type is set")
+}
+
+fn pack(attrs: &HashMap<String, MessageAttributeValue>) -> Result<String, DlqCopyError> {
+    let packed: HashMap<&str, PackedValue> = attrs
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str(),
+                PackedValue {
+                    data_type: v.data_type().to_owned(),
+                    string: v.string_value().map(str::to_owned),
+                    binary_b64: v
+                        .binary_value()
+                        .map(|b| aws_smithy_types::base64::encode(b.as_ref())),
+                },
+            )
+        })
+        .collect();
+    serde_json::to_string(&packed).map_err(|_| DlqCopyError::BadAttribute(PACKED_ATTRIBUTE.into()))
+}
+
+/// Builds the DLQ copy of a message, fitting the record into `max_message_bytes`.
+pub fn dlq_copy(
+    body: &str,
+    original: &HashMap<String, MessageAttributeValue>,
+    record: &FailureRecord,
+    max_message_bytes: usize,
+) -> Result<DlqCopy, DlqCopyError> {
+    let mut attributes: HashMap<String, MessageAttributeValue> = original
+        .iter()
+        .filter(|(k, _)| k.as_str() != FAILURE_ATTRIBUTE)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if attributes.len() >= MAX_ATTRIBUTES {
+        let packed = pack(&attributes)?;
+        attributes = HashMap::from([(PACKED_ATTRIBUTE.to_owned(), string_attr(packed))]);
+    }
+    let used = body.len()
+        + attributes
+            .iter()
+            .map(|(k, v)| attribute_size(k, v))
+            .sum::<usize>();
+    let overhead = FAILURE_ATTRIBUTE.len() + "String".len();
+    let room = max_message_bytes.saturating_sub(used + overhead);
+    let json = record.to_json_within(room).ok_or(DlqCopyError::NoRoom {
+        used,
+        limit: max_message_bytes,
+    })?;
+    attributes.insert(FAILURE_ATTRIBUTE.to_owned(), string_attr(json));
+    Ok(DlqCopy {
+        body: body.to_owned(),
+        attributes,
+    })
+}
+
+/// The failure record a DLQ message carries, if any.
+pub fn failure_record(
+    attrs: &HashMap<String, MessageAttributeValue>,
+) -> Option<Result<FailureRecord, String>> {
+    let raw = attrs.get(FAILURE_ATTRIBUTE)?.string_value()?;
+    Some(serde_json::from_str(raw).map_err(|e| format!("`{FAILURE_ATTRIBUTE}` is not a failure record: {e}")))
+}
+
+/// The attributes to send back on replay: the original ones, unpacked if they were packed,
+/// without the failure record.
+pub fn original_attributes(
+    attrs: &HashMap<String, MessageAttributeValue>,
+) -> Result<HashMap<String, MessageAttributeValue>, DlqCopyError> {
+    if let Some(packed) = attrs.get(PACKED_ATTRIBUTE).and_then(|v| v.string_value()) {
+        let bad = || DlqCopyError::BadAttribute(PACKED_ATTRIBUTE.into());
+        let map: HashMap<String, PackedValue> = serde_json::from_str(packed).map_err(|_| bad())?;
+        return map
+            .into_iter()
+            .map(|(k, p)| {
+                let mut b = MessageAttributeValue::builder().data_type(p.data_type);
+                if let Some(s) = p.string {
+                    b = b.string_value(s);
+                }
+                if let Some(bin) = p.binary_b64 {
+                    b = b.binary_value(Blob::new(
+                        aws_smithy_types::base64::decode(bin).map_err(|_| bad())?,
+                    ));
+                }
+                Ok((k, b.build().map_err(|_| bad())?))
+            })
+            .collect();
+    }
+    Ok(attrs
+        .iter()
+        .filter(|(k, _)| k.as_str() != FAILURE_ATTRIBUTE)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::FailureClass;
+
+    fn record(error: &str) -> FailureRecord {
+        FailureRecord {
+            class: FailureClass::Fatal,
+            error: error.into(),
+            attempts: 1,
+            job_type: Some("t".into()),
+            job_id: "j".into(),
+            source_queue: "http://q".into(),
+            original_message_id: "m".into(),
+            first_received_at: 1,
+            failed_at: 2,
+        }
+    }
+
+    fn attrs(n: usize) -> HashMap<String, MessageAttributeValue> {
+        (0..n)
+            .map(|i| {
+                let v = if i % 2 == 0 {
+                    string_attr(format!("v{i}"))
+                } else {
+                    MessageAttributeValue::builder()
+                        .data_type("Binary")
+                        .binary_value(Blob::new(vec![0xff, 0x00, i as u8]))
+                        .build()
+                        .unwrap()
+                };
+                (format!("a{i}"), v)
+            })
+            .collect()
+    }
+
+    fn size(c: &DlqCopy) -> usize {
+        c.body.len()
+            + c.attributes
+                .iter()
+                .map(|(k, v)| attribute_size(k, v))
+                .sum::<usize>()
+    }
+
+    #[test]
+    fn keeps_body_and_attributes_and_adds_the_record() {
+        let original = attrs(3);
+        let c = dlq_copy("{\"type\":\"t\"}", &original, &record("boom"), 1 << 20).unwrap();
+        assert_eq!(c.body, "{\"type\":\"t\"}");
+        assert_eq!(c.attributes.len(), 4);
+        assert_eq!(failure_record(&c.attributes).unwrap().unwrap(), record("boom"));
+        assert_eq!(original_attributes(&c.attributes).unwrap(), original);
+    }
+
+    #[test]
+    fn ten_attributes_are_packed_and_come_back_unchanged() {
+        let original = attrs(10);
+        let c = dlq_copy("body", &original, &record("boom"), 1 << 20).unwrap();
+        assert_eq!(c.attributes.len(), 2);
+        assert!(c.attributes.contains_key(PACKED_ATTRIBUTE));
+        assert_eq!(original_attributes(&c.attributes).unwrap(), original);
+    }
+
+    #[test]
+    fn the_error_text_is_cut_to_fit_never_the_body() {
+        let limit = 4_096;
+        let body = "b".repeat(3_000);
+        let c = dlq_copy(&body, &attrs(2), &record(&"e".repeat(10_000)), limit).unwrap();
+        assert_eq!(c.body, body);
+        assert!(size(&c) <= limit, "{} > {limit}", size(&c));
+        let r = failure_record(&c.attributes).unwrap().unwrap();
+        assert!(r.error.ends_with("[truncated]"));
+    }
+
+    #[test]
+    fn a_body_at_the_limit_is_an_error_not_a_loss() {
+        let err = dlq_copy(&"b".repeat(1_000), &HashMap::new(), &record("x"), 1_000).unwrap_err();
+        assert!(matches!(err, DlqCopyError::NoRoom { .. }));
+    }
+}

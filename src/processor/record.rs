@@ -1,0 +1,104 @@
+//! One SQS record, whichever runtime received it.
+
+use std::collections::HashMap;
+
+use aws_sdk_sqs::primitives::Blob;
+use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
+
+use crate::core::envelope::{JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE};
+
+/// A received SQS message, as the processor needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Incoming {
+    /// The SQS message id (never empty for a record the processor reports on).
+    pub message_id: String,
+    /// The receipt handle of this delivery.
+    pub receipt_handle: String,
+    /// The body, byte for byte.
+    pub body: String,
+    /// `ApproximateReceiveCount` (1 on the first delivery).
+    pub receive_count: u32,
+    /// `ApproximateFirstReceiveTimestamp` (epoch ms), if SQS sent it.
+    pub first_received_at_ms: Option<u64>,
+    /// `MessageGroupId` on FIFO queues.
+    pub group_id: Option<String>,
+    /// The producer's message attributes, kept for the DLQ copy.
+    pub attributes: HashMap<String, MessageAttributeValue>,
+    /// True when the record says it came from a FIFO queue (its event source ARN).
+    pub from_fifo: bool,
+}
+
+impl Incoming {
+    /// The string value of a message attribute.
+    pub fn string_attribute(&self, name: &str) -> Option<&str> {
+        self.attributes.get(name).and_then(|a| a.string_value())
+    }
+
+    /// The `job-type` attribute.
+    pub fn job_type_attribute(&self) -> Option<&str> {
+        self.string_attribute(JOB_TYPE_ATTRIBUTE)
+    }
+
+    /// The `job-id` attribute.
+    pub fn job_id_attribute(&self) -> Option<&str> {
+        self.string_attribute(JOB_ID_ATTRIBUTE)
+    }
+
+    /// Reads a record from a Lambda SQS event.
+    pub fn from_lambda(m: aws_lambda_events::event::sqs::SqsMessage) -> Self {
+        let attributes = m
+            .message_attributes
+            .into_iter()
+            .filter_map(|(name, a)| {
+                let data_type = a.data_type?;
+                let mut b = MessageAttributeValue::builder().data_type(data_type);
+                if let Some(s) = a.string_value {
+                    b = b.string_value(s);
+                }
+                if let Some(bin) = a.binary_value {
+                    b = b.binary_value(Blob::new(bin.0));
+                }
+                b.build().ok().map(|v| (name, v))
+            })
+            .collect();
+        Self {
+            message_id: m.message_id.unwrap_or_default(),
+            receipt_handle: m.receipt_handle.unwrap_or_default(),
+            body: m.body.unwrap_or_default(),
+            receive_count: parse_count(m.attributes.get("ApproximateReceiveCount").map(String::as_str)),
+            first_received_at_ms: m
+                .attributes
+                .get("ApproximateFirstReceiveTimestamp")
+                .and_then(|v| v.parse().ok()),
+            group_id: m.attributes.get("MessageGroupId").cloned(),
+            attributes,
+            from_fifo: m
+                .event_source_arn
+                .as_deref()
+                .is_some_and(|a| a.ends_with(".fifo")),
+        }
+    }
+
+    /// Reads a message received with the SDK (the worker asks for all attributes).
+    pub fn from_sdk(m: Message) -> Self {
+        let sys = m.attributes.unwrap_or_default();
+        let get = |k: MessageSystemAttributeName| sys.get(&k).map(String::as_str);
+        Self {
+            receive_count: parse_count(get(MessageSystemAttributeName::ApproximateReceiveCount)),
+            first_received_at_ms: get(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp)
+                .and_then(|v| v.parse().ok()),
+            group_id: get(MessageSystemAttributeName::MessageGroupId).map(str::to_owned),
+            message_id: m.message_id.unwrap_or_default(),
+            receipt_handle: m.receipt_handle.unwrap_or_default(),
+            body: m.body.unwrap_or_default(),
+            attributes: m.message_attributes.unwrap_or_default(),
+            from_fifo: false,
+        }
+    }
+}
+
+/// A missing or unreadable receive count is read as 1: the ledger read is skipped and the
+/// ledger's conditional write still keeps the count exact.
+fn parse_count(v: Option<&str>) -> u32 {
+    v.and_then(|v| v.parse().ok()).filter(|n| *n >= 1).unwrap_or(1)
+}

@@ -1,0 +1,152 @@
+//! Builds a processor from configuration, once per container (or worker process).
+
+use std::sync::Arc;
+
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, SdkConfig};
+use aws_sdk_sqs::types::QueueAttributeName;
+
+use super::RuntimeError;
+use crate::config::Config;
+use crate::core::envelope::EnvelopeLimits;
+use crate::effects::breaker_store::BreakerStore;
+use crate::effects::calls::CallCounter;
+use crate::effects::ledger::AttemptLedger;
+use crate::effects::sqs::Sqs;
+use crate::effects::storage_retry::{StorageRetry, dynamodb_config, sqs_config};
+use crate::processor::registry::Registry;
+use crate::processor::{Processor, ProcessorConfig};
+
+/// The DLQ size assumed when the queue's own limit cannot be read.
+const FALLBACK_MAX_MESSAGE_BYTES: usize = 262_144;
+
+/// Loads the standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL*`, credentials).
+pub async fn sdk_config() -> SdkConfig {
+    aws_config::defaults(BehaviorVersion::latest()).load().await
+}
+
+/// Everything a runtime needs, built once.
+#[derive(Debug, Clone)]
+pub struct Environment {
+    /// The processor.
+    pub processor: Processor,
+    /// The source queue URL.
+    pub queue_url: String,
+    /// Requests sent by this environment's clients, per operation.
+    pub calls: CallCounter,
+}
+
+/// Builds the processor for `registry` from `config`: SDK clients with the SDK's own retries
+/// off (every call goes through one [`StorageRetry`]), the DLQ's size limit, and a check of
+/// every policy against the source queue's retention period.
+pub async fn build(
+    config: &Config,
+    registry: Registry,
+    sdk: &SdkConfig,
+) -> Result<Environment, RuntimeError> {
+    let queue_url = Config::require(&config.queue_url, "TRIAGE_QUEUE_URL")?.to_owned();
+    let dlq_url = Config::require(&config.dlq_url, "TRIAGE_DLQ_URL")?.to_owned();
+    let table = Config::require(&config.table, "TRIAGE_TABLE")?.to_owned();
+    let calls = CallCounter::new();
+    let sqs_client = aws_sdk_sqs::Client::from_conf(sqs_config(sdk).interceptor(calls.clone()).build());
+    let ddb_client =
+        aws_sdk_dynamodb::Client::from_conf(dynamodb_config(sdk).interceptor(calls.clone()).build());
+    let retry = StorageRetry::default();
+    let sqs = Sqs::new(sqs_client.clone(), retry.clone());
+
+    let attrs = |url: String, names: Vec<QueueAttributeName>| {
+        let c = sqs_client.clone();
+        let retry = retry.clone();
+        async move {
+            retry
+                .call("GetQueueAttributes", None, || {
+                    c.get_queue_attributes()
+                        .queue_url(&url)
+                        .set_attribute_names(Some(names.clone()))
+                        .send()
+                })
+                .await
+                .map(|o| o.attributes.unwrap_or_default())
+        }
+    };
+    let (source, dlq) = tokio::join!(
+        attrs(
+            queue_url.clone(),
+            vec![QueueAttributeName::MessageRetentionPeriod]
+        ),
+        attrs(dlq_url.clone(), vec![QueueAttributeName::MaximumMessageSize]),
+    );
+    let source =
+        source.map_err(|e| format!("cannot read the source queue {queue_url} (TRIAGE_QUEUE_URL): {e}"))?;
+    if let Some(secs) = source
+        .get(&QueueAttributeName::MessageRetentionPeriod)
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        registry
+            .check_retention(Duration::from_secs(secs))
+            .map_err(|e| format!("retry policy rejected for {queue_url}: {e}"))?;
+    }
+    let dlq_max_bytes = match dlq {
+        Ok(a) => a
+            .get(&QueueAttributeName::MaximumMessageSize)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(FALLBACK_MAX_MESSAGE_BYTES),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the DLQ's size limit; assuming {FALLBACK_MAX_MESSAGE_BYTES} bytes");
+            FALLBACK_MAX_MESSAGE_BYTES
+        }
+    };
+
+    let ledger = AttemptLedger::new(ddb_client.clone(), &table, retry.clone());
+    // One store per job type, each with that type's breaker settings and its own cache.
+    let breakers = registry
+        .job_types()
+        .filter_map(|t| registry.route(t).map(|r| (t, r)))
+        .map(|(t, r)| {
+            (
+                t.to_owned(),
+                BreakerStore::new(ddb_client.clone(), &table, retry.clone()).with_config(r.breaker),
+            )
+        })
+        .collect();
+    let processor = Processor::new(
+        Arc::new(registry),
+        sqs,
+        ledger,
+        breakers,
+        ProcessorConfig {
+            source_queue: queue_url.clone(),
+            dlq_url,
+            dlq_max_bytes,
+            concurrency: config.concurrency,
+            limits: EnvelopeLimits::default(),
+            log_payloads: config.log_payloads,
+        },
+    );
+    Ok(Environment {
+        processor,
+        queue_url,
+        calls,
+    })
+}
+
+/// Sets up `tracing`: JSON lines when `AWS_LAMBDA_LOG_FORMAT=JSON`, text otherwise; the
+/// level from `RUST_LOG` (default `info`).
+pub fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("AWS_LAMBDA_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init()
+    } else {
+        builder.with_target(false).try_init()
+    };
+}

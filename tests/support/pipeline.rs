@@ -1,0 +1,305 @@
+//! A pipeline on the local stack: fresh queue, DLQ and table, a registry whose handlers
+//! record every execution, and a driver that behaves like Lambda's SQS event source mapping
+//! (receive a batch, invoke the handler, delete what was not reported failed).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
+use lambda_runtime::{Context, LambdaEvent};
+use serde_json::{Value, json};
+use sqs_triage::config::Config;
+use sqs_triage::core::breaker::BreakerConfig;
+use sqs_triage::core::policy::RetryPolicy;
+use sqs_triage::core::{Backoff, JobError};
+use sqs_triage::ops::Ctx;
+use sqs_triage::ops::setup::{SetupOptions, setup};
+use sqs_triage::processor::now_ms;
+use sqs_triage::processor::registry::{JobContext, Registry};
+use sqs_triage::runtime::chaos::{self, ChaosPayload};
+use sqs_triage::runtime::env::{Environment, build};
+use sqs_triage::runtime::lambda;
+
+/// The job type whose executions the harness records.
+pub const RECORDED: &str = "test.recorded";
+
+/// Executions seen by the recording handler: (job id, attempt), in order.
+pub type Log = Arc<Mutex<Vec<(String, u32)>>>;
+
+/// A fresh stack of resources and a processor over them.
+pub struct Harness {
+    pub env: Environment,
+    pub sqs: aws_sdk_sqs::Client,
+    pub queue_url: String,
+    pub dlq_url: String,
+    pub table: String,
+    pub log: Log,
+}
+
+/// A fast policy: `attempts` in all, 1 s × 2 up to 4 s, no jitter.
+pub fn fast_policy(attempts: u32) -> RetryPolicy {
+    RetryPolicy::builder()
+        .max_attempts(attempts)
+        .backoff(Backoff::exponential(
+            Duration::from_secs(1),
+            2.0,
+            Duration::from_secs(4),
+            Duration::ZERO,
+        ))
+        .max_delay(Duration::from_secs(4))
+        .build()
+        .unwrap()
+}
+
+/// A breaker that never opens in these tests unless asked to.
+pub fn quiet_breaker() -> BreakerConfig {
+    BreakerConfig::builder().threshold(100_000).build().unwrap()
+}
+
+impl Harness {
+    /// Creates queue, DLQ and table; registers the chaos job type (as `triage.chaos`) and a
+    /// recording chaos handler (as [`RECORDED`]).
+    pub async fn new(prefix: &str, fifo: bool, policy: RetryPolicy, breaker: BreakerConfig) -> Self {
+        Self::with(prefix, fifo, policy, breaker, |c| c).await
+    }
+
+    /// Like [`Harness::new`], with a chance to change the configuration (e.g. the DLQ URL).
+    pub async fn with(
+        prefix: &str,
+        fifo: bool,
+        policy: RetryPolicy,
+        breaker: BreakerConfig,
+        tweak: impl FnOnce(Config) -> Config,
+    ) -> Self {
+        let sdk = super::sdk_config().await;
+        let ctx = Ctx::from_config(&sdk).unwrap();
+        let name = super::unique_name(prefix);
+        let created = setup(
+            &ctx,
+            &SetupOptions {
+                queue: name.clone(),
+                dlq: format!("{name}-dlq"),
+                table: name.clone(),
+                fifo,
+                max_receive_count: 1000,
+            },
+        )
+        .await
+        .unwrap();
+        let sqs = ctx.sqs.clone();
+        let mut config = Config::from_lookup(&|_| None).unwrap();
+        config.queue_url = Some(created.queue_url.clone());
+        config.dlq_url = Some(created.dlq_url.clone());
+        config.table = Some(created.table.clone());
+        let config = tweak(config);
+        let log: Log = Arc::default();
+        let recorded = log.clone();
+        let registry = chaos::register(Registry::new(policy.clone(), breaker), policy.clone(), breaker)
+            .handle_with(
+                RECORDED,
+                policy,
+                breaker,
+                move |p: ChaosPayload, ctx: JobContext| {
+                    recorded.lock().unwrap().push((ctx.job_id.clone(), ctx.attempt));
+                    chaos::run(p, ctx)
+                },
+            );
+        let env = build(&config, registry, &sdk).await.unwrap();
+        Self {
+            env,
+            sqs,
+            queue_url: created.queue_url,
+            dlq_url: created.dlq_url,
+            table: created.table,
+            log,
+        }
+    }
+
+    /// Executions of one job so far.
+    pub fn executions(&self, job_id: &str) -> Vec<u32> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(j, _)| j == job_id)
+            .map(|(_, a)| *a)
+            .collect()
+    }
+
+    /// Sends raw bodies (with an optional FIFO group each).
+    pub async fn send_raw(&self, bodies: &[(&str, Option<&str>)]) {
+        for (i, (body, group)) in bodies.iter().enumerate() {
+            let mut req = self
+                .sqs
+                .send_message()
+                .queue_url(&self.queue_url)
+                .message_body(*body);
+            if let Some(g) = group {
+                req = req
+                    .message_group_id(*g)
+                    .message_deduplication_id(format!("d{i}-{}", now_ms()));
+            }
+            req.send().await.unwrap();
+        }
+    }
+
+    /// Sends envelopes of the recording job type: (job id, chaos payload).
+    pub async fn send_jobs(&self, jobs: &[(&str, Value)]) {
+        let bodies: Vec<String> = jobs
+            .iter()
+            .map(|(id, p)| json!({"type": RECORDED, "id": id, "payload": p}).to_string())
+            .collect();
+        let refs: Vec<(&str, Option<&str>)> = bodies.iter().map(|b| (b.as_str(), None)).collect();
+        self.send_raw(&refs).await;
+    }
+
+    /// Receives up to 10 messages (waiting up to `wait`), as the event source mapping does.
+    pub async fn receive(&self, queue_url: &str, wait: Duration) -> Vec<Message> {
+        self.sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(wait.as_secs() as i32)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default()
+    }
+
+    /// One event source mapping poll: receive a batch, invoke the Lambda handler with it,
+    /// delete every record not in `batchItemFailures`. Returns the messages and the response.
+    pub async fn invoke_once(&self, wait: Duration) -> Option<(Vec<Message>, SqsBatchResponse)> {
+        let messages = self.receive(&self.queue_url, wait).await;
+        if messages.is_empty() {
+            return None;
+        }
+        let response = self
+            .invoke_with(&messages, Duration::from_secs(60))
+            .await
+            .expect("handler answered");
+        let failed: Vec<&str> = response
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.as_str())
+            .collect();
+        for m in &messages {
+            if !failed.contains(&m.message_id().unwrap()) {
+                self.sqs
+                    .delete_message()
+                    .queue_url(&self.queue_url)
+                    .receipt_handle(m.receipt_handle().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
+        Some((messages, response))
+    }
+
+    /// Invokes the Lambda handler with these messages and `time_left` before the deadline.
+    pub async fn invoke_with(
+        &self,
+        messages: &[Message],
+        time_left: Duration,
+    ) -> Result<SqsBatchResponse, String> {
+        let event = lambda_event(messages, &self.queue_url);
+        let mut context = Context::default();
+        context.deadline = now_ms() + time_left.as_millis() as u64;
+        lambda::handle(&self.env.processor, LambdaEvent::new(event, context))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Approximate visible + in-flight + delayed messages in a queue.
+    pub async fn depth(&self, queue_url: &str) -> u64 {
+        let attrs = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(queue_url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap_or_default();
+        attrs.values().filter_map(|v| v.parse::<u64>().ok()).sum()
+    }
+
+    /// Reads every DLQ message (and makes them visible again).
+    pub async fn dlq_messages(&self) -> Vec<Message> {
+        let mut all: HashMap<String, Message> = HashMap::new();
+        for _ in 0..5 {
+            let batch = self.receive(&self.dlq_url, Duration::from_secs(1)).await;
+            if batch.is_empty() {
+                break;
+            }
+            for m in batch {
+                self.sqs
+                    .change_message_visibility()
+                    .queue_url(&self.dlq_url)
+                    .receipt_handle(m.receipt_handle().unwrap())
+                    .visibility_timeout(0)
+                    .send()
+                    .await
+                    .ok();
+                all.insert(m.message_id().unwrap().to_owned(), m);
+            }
+        }
+        all.into_values().collect()
+    }
+}
+
+/// A Lambda SQS event holding these SDK messages, as the event source mapping builds it.
+pub fn lambda_event(messages: &[Message], queue_url: &str) -> SqsEvent {
+    let queue_name = queue_url.rsplit('/').next().unwrap();
+    let records: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            let attributes: HashMap<String, String> = m
+                .attributes()
+                .map(|a| a.iter().map(|(k, v)| (k.as_str().to_owned(), v.clone())).collect())
+                .unwrap_or_default();
+            let message_attributes: HashMap<String, Value> = m
+                .message_attributes()
+                .map(|a| {
+                    a.iter()
+                        .map(|(k, v)| {
+                            let mut o = json!({"dataType": v.data_type(), "stringListValues": [], "binaryListValues": []});
+                            if let Some(s) = v.string_value() {
+                                o["stringValue"] = json!(s);
+                            }
+                            if let Some(b) = v.binary_value() {
+                                o["binaryValue"] = json!(aws_smithy_types::base64::encode(b.as_ref()));
+                            }
+                            (k.clone(), o)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            json!({
+                "messageId": m.message_id(),
+                "receiptHandle": m.receipt_handle(),
+                "body": m.body(),
+                "attributes": attributes,
+                "messageAttributes": message_attributes,
+                "md5OfBody": m.md5_of_body(),
+                "eventSource": "aws:sqs",
+                "eventSourceARN": format!("arn:aws:sqs:us-east-1:000000000000:{queue_name}"),
+                "awsRegion": "us-east-1",
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({ "Records": records })).unwrap()
+}
+
+/// A handler error for tests that need one.
+pub fn transient(msg: &str) -> JobError {
+    JobError::transient(msg.to_owned())
+}
