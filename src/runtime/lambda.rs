@@ -23,6 +23,18 @@ pub async fn run(registry: Registry) -> Result<(), RuntimeError> {
     .await
 }
 
+/// Lambda gives the deadline as epoch milliseconds. cargo-lambda's local emulator sends the
+/// function timeout itself (e.g. `600000`); a value too small to be an instant after 2001 is
+/// read that way, so local runs keep a deadline instead of releasing every record.
+fn time_left_ms(deadline_ms: u64, now_ms: u64) -> u64 {
+    const EPOCH_2001_MS: u64 = 1_000_000_000_000;
+    if deadline_ms < EPOCH_2001_MS {
+        deadline_ms
+    } else {
+        deadline_ms.saturating_sub(now_ms)
+    }
+}
+
 /// Handles one event: processes the records, prints the metrics as EMF, and reports failed
 /// records. A record that must be reported but has no message id fails the whole batch (an
 /// empty `itemIdentifier` is never sent).
@@ -31,8 +43,14 @@ pub async fn handle(
     event: LambdaEvent<SqsEvent>,
 ) -> Result<SqsBatchResponse, RuntimeError> {
     let deadline_ms = event.context.deadline;
-    let left = std::time::Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
+    let left = std::time::Duration::from_millis(time_left_ms(deadline_ms, now_ms()));
     let deadline = (deadline_ms > 0).then(|| Instant::now() + left);
+    tracing::debug!(
+        deadline_ms,
+        time_left_ms = left.as_millis() as u64,
+        records = event.payload.records.len(),
+        "invocation"
+    );
     let records: Vec<Incoming> = event
         .payload
         .records
@@ -57,4 +75,16 @@ pub async fn handle(
         })
         .collect();
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::time_left_ms;
+
+    #[test]
+    fn deadlines_are_epoch_ms_or_an_emulator_timeout() {
+        assert_eq!(time_left_ms(1_700_000_030_000, 1_700_000_000_000), 30_000);
+        assert_eq!(time_left_ms(1_700_000_000_000, 1_700_000_030_000), 0);
+        assert_eq!(time_left_ms(600_000, 1_700_000_000_000), 600_000);
+    }
 }
