@@ -10,5 +10,5 @@ cd "$ROOT"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sqs-triage/target}"
 bash infra/local/stack.sh start
 eval "$(bash infra/local/stack.sh env)"
-export RUST_LOG="${RUST_LOG:-warn}"
+export RUST_LOG="${RUST_LOG:-error}"
 cargo run --quiet --bin triage -- demo "$@"

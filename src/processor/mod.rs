@@ -185,17 +185,32 @@ impl Processor {
     }
 
     fn read(&self, inc: Incoming) -> Slot {
-        let parsed = envelope::parse(&inc.body, inc.job_type_attribute(), inc.job_id_attribute(), self.limits);
+        let parsed = envelope::parse(
+            &inc.body,
+            inc.job_type_attribute(),
+            inc.job_id_attribute(),
+            self.limits,
+        );
         let job_id = match &parsed {
             Ok(Job { id: Some(id), .. }) => id.clone(),
             _ => inc.message_id.clone(),
         };
         let named_type = parsed.as_ref().ok().map(|j| j.job_type.clone());
-        let job = parsed.map_err(|e| e.to_string()).and_then(|job| match self.registry.route(&job.job_type) {
-            Some(_) => Ok(job),
-            None => Err(format!("no handler for job type `{}`", job.job_type)),
-        });
-        Slot { inc, job, job_id, named_type, ledger: Ledger::FirstDelivery, had_ledger_item: false }
+        let job =
+            parsed
+                .map_err(|e| e.to_string())
+                .and_then(|job| match self.registry.route(&job.job_type) {
+                    Some(_) => Ok(job),
+                    None => Err(format!("no handler for job type `{}`", job.job_type)),
+                });
+        Slot {
+            inc,
+            job,
+            job_id,
+            named_type,
+            ledger: Ledger::FirstDelivery,
+            had_ledger_item: false,
+        }
     }
 
     /// Processes one batch. `deadline` is the invocation's deadline (none for the worker).
@@ -645,16 +660,21 @@ fn tally(agg: &mut Aggregate, r: &Ran) {
 }
 
 fn log_decision(d: &Decision, s: &Slot, log_payloads: bool) {
-    let body = if log_payloads { s.inc.body.as_str() } else { "" };
+    // Bodies stay out of logs unless explicitly enabled: they may hold personal data.
+    let body = log_payloads.then_some(s.inc.body.as_str());
     match d {
         Decision::Retry {
             attempts,
             delay,
             error,
             ..
-        } => {
-            tracing::info!(attempt = attempts, delay_ms = delay.as_millis() as u64, error = %truncate(error), body, "retry scheduled")
-        }
+        } => tracing::info!(
+            attempt = attempts,
+            delay_ms = delay.as_millis() as u64,
+            error = %truncate(error),
+            body,
+            "retry scheduled"
+        ),
         Decision::DeadLetter {
             class,
             attempts,
