@@ -131,10 +131,18 @@ async fn counts(client: &aws_sdk_sqs::Client, url: &str) -> (u64, u64) {
     )
 }
 
-async fn wait_for(what: &str, timeout: Duration, mut done: impl AsyncFnMut() -> bool) {
+/// Polls `state` until it reports done; on timeout, fails with the last state seen.
+async fn wait_for(what: &str, timeout: Duration, mut state: impl AsyncFnMut() -> (bool, String)) {
     let deadline = Instant::now() + timeout;
-    while !done().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+    loop {
+        let (done, seen) = state().await;
+        if done {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; last seen: {seen}"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -224,7 +232,11 @@ async fn a_fatal_bug_is_dead_lettered_then_replayed_after_the_fix() {
         async || {
             let (dlq, _) = counts(&sqs, &stack.dlq_url).await;
             let (q, inflight) = counts(&sqs, &stack.queue_url).await;
-            dlq == BROKEN_JOBS as u64 && q == 0 && inflight == 0
+            let ran = runs.lock().unwrap().len();
+            (
+                dlq == BROKEN_JOBS as u64 && q == 0 && inflight == 0,
+                format!("dlq {dlq}, queue {q} visible + {inflight} in flight, {ran} jobs ran"),
+            )
         },
     )
     .await;
@@ -292,7 +304,10 @@ async fn a_fatal_bug_is_dead_lettered_then_replayed_after_the_fix() {
                 (0..BROKEN_JOBS).all(|i| runs[&format!("b-{i}")].iter().any(|r| r.ok))
             };
             let (q, inflight) = counts(&sqs, &stack.queue_url).await;
-            all_ok && q == 0 && inflight == 0
+            (
+                all_ok && q == 0 && inflight == 0,
+                format!("all replayed ok: {all_ok}, queue {q} visible + {inflight} in flight"),
+            )
         },
     )
     .await;

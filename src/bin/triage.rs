@@ -263,6 +263,33 @@ enum RedriveAction {
 }
 
 fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(e),
+    };
+    // Operator commands never panic by design; if one does, say so in one line. The worker and
+    // the demo run handlers whose panics the processor catches per record, so they keep the
+    // default hook.
+    if !matches!(cli.command, Command::Worker | Command::Demo { .. }) {
+        set_panic_hook();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn set_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         let msg = info
             .payload()
@@ -279,24 +306,6 @@ fn main() -> ExitCode {
             ops::one_line(&msg)
         );
     }));
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => return clap_error(e),
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(run(cli)) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(e.exit_code())
-        }
-    }
 }
 
 /// Clap's help and version go to stdout as usual; its errors become one line.
@@ -426,14 +435,14 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
         Command::Worker => {
             sqs_triage::runtime::worker::main_from_env()
                 .await
-                .map_err(|e| OpsError::new(ops::ErrorKind::Failed, e.to_string()))?;
+                .map_err(runtime_error)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo { jobs } => {
             let opts = sqs_triage::runtime::demo::DemoOptions { jobs_per_kind: *jobs };
             sqs_triage::runtime::demo::main_from_env(opts)
                 .await
-                .map_err(|e| OpsError::new(ops::ErrorKind::Failed, e.to_string()))?;
+                .map_err(runtime_error)?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -494,6 +503,15 @@ async fn run_dlq(
             };
             Ok(print(&r, json))
         }
+    }
+}
+
+/// A runtime's error as one line: configuration problems exit 2, the rest 1.
+fn runtime_error(e: sqs_triage::runtime::RuntimeError) -> OpsError {
+    if e.downcast_ref::<sqs_triage::config::ConfigError>().is_some() {
+        OpsError::usage(e.to_string())
+    } else {
+        OpsError::new(ops::ErrorKind::Failed, e.to_string())
     }
 }
 
