@@ -3,9 +3,21 @@
 //! Payload: `outcome` (ok | fatal | transient | throttle | panic), `fail_times` (fail with that
 //! outcome on attempts 1..=N and succeed from N+1; absent: every attempt), `retry_after_ms`
 //! (for throttle), `sleep_ms` (work time before the outcome).
+//!
+//! With `TRIAGE_CHAOS_RECORD_TABLE` set (or a [`Recorder`] given to [`register_recording`]),
+//! every execution is also written to that side table *before* the handler returns: one item
+//! per execution (`pk = exec#<job id>`, `sk = <message id>#<attempt>#<unique>`) with the
+//! attempt, the message id and the result (`ok` or the failing outcome). Chaos tests account
+//! from it instead of from logs. A success that cannot be recorded is returned as a transient
+//! failure, so "recorded ok" and "handler returned Ok" never disagree. The recorder is a
+//! handler side effect, not product storage: it uses the SDK's own retries, not `StorageRetry`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use aws_config::SdkConfig;
+use aws_config::retry::RetryConfig;
+use aws_sdk_dynamodb::types::AttributeValue;
 use serde::Deserialize;
 
 use crate::core::JobError;
@@ -48,12 +60,86 @@ pub struct ChaosPayload {
     pub sleep_ms: Option<u64>,
 }
 
+/// The variable naming the side table of [`Recorder::from_env`].
+pub const RECORD_TABLE_ENV: &str = "TRIAGE_CHAOS_RECORD_TABLE";
+
+/// Writes one item per chaos execution to a side table (same key schema as the state table:
+/// string `pk` and `sk`), for tests that account from the emulator's state.
+#[derive(Debug, Clone)]
+pub struct Recorder {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+}
+
+impl Recorder {
+    /// A recorder writing to `table` with `client`.
+    pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
+        Self {
+            client,
+            table: table.into(),
+        }
+    }
+
+    /// A recorder for `TRIAGE_CHAOS_RECORD_TABLE`, if set; its client retries up to 10 times.
+    pub fn from_env(sdk: &SdkConfig) -> Option<Self> {
+        let table = std::env::var(RECORD_TABLE_ENV).ok().filter(|t| !t.trim().is_empty())?;
+        let conf = aws_sdk_dynamodb::config::Builder::from(sdk)
+            .retry_config(RetryConfig::standard().with_max_attempts(10))
+            .build();
+        Some(Self::new(aws_sdk_dynamodb::Client::from_conf(conf), table))
+    }
+
+    /// Records one execution of `ctx` with its result (`ok` or the failing outcome's name).
+    pub async fn record(&self, ctx: &JobContext, result: &str) -> Result<(), String> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let unique = format!(
+            "{}-{}-{}",
+            std::process::id(),
+            crate::processor::now_ms(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let s = |v: &str| AttributeValue::S(v.to_owned());
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", s(&format!("exec#{}", ctx.job_id)))
+            .item("sk", s(&format!("{}#{}#{unique}", ctx.message_id, ctx.attempt)))
+            .item("job_id", s(&ctx.job_id))
+            .item("message_id", s(&ctx.message_id))
+            .item("attempt", AttributeValue::N(ctx.attempt.to_string()))
+            .item("result", s(result))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| aws_sdk_dynamodb::error::DisplayErrorContext(e).to_string())
+    }
+}
+
 /// Runs one chaos job.
 pub async fn run(p: ChaosPayload, ctx: JobContext) -> Result<(), JobError> {
+    run_recorded(p, ctx, None).await
+}
+
+/// Runs one chaos job and, with a recorder, records the execution before returning.
+pub async fn run_recorded(
+    p: ChaosPayload,
+    ctx: JobContext,
+    recorder: Option<&Recorder>,
+) -> Result<(), JobError> {
     if let Some(ms) = p.sleep_ms {
         tokio::time::sleep(Duration::from_millis(ms.min(900_000))).await;
     }
-    if p.fail_times.is_some_and(|n| ctx.attempt > n) {
+    let succeeds = p.outcome == ChaosOutcome::Ok || p.fail_times.is_some_and(|n| ctx.attempt > n);
+    if let Some(r) = recorder {
+        let result = if succeeds { "ok" } else { p.outcome.name() };
+        if let Err(e) = r.record(&ctx, result).await {
+            if succeeds {
+                return Err(JobError::transient(format!("chaos: success not recorded: {e}")));
+            }
+            tracing::warn!(error = %e, "chaos: execution not recorded");
+        }
+    }
+    if succeeds {
         return Ok(());
     }
     match p.outcome {
@@ -74,7 +160,37 @@ pub async fn run(p: ChaosPayload, ctx: JobContext) -> Result<(), JobError> {
     }
 }
 
+impl ChaosOutcome {
+    /// The payload's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Fatal => "fatal",
+            Self::Transient => "transient",
+            Self::Throttle => "throttle",
+            Self::Panic => "panic",
+        }
+    }
+}
+
 /// Adds the chaos job type to a registry with the given policies.
 pub fn register(registry: Registry, policy: RetryPolicy, breaker: BreakerConfig) -> Registry {
     registry.handle_with(CHAOS, policy, breaker, run)
+}
+
+/// Like [`register`], recording every execution with `recorder` when there is one.
+pub fn register_recording(
+    registry: Registry,
+    policy: RetryPolicy,
+    breaker: BreakerConfig,
+    recorder: Option<Recorder>,
+) -> Registry {
+    let Some(recorder) = recorder else {
+        return register(registry, policy, breaker);
+    };
+    let recorder = std::sync::Arc::new(recorder);
+    registry.handle_with(CHAOS, policy, breaker, move |p: ChaosPayload, ctx: JobContext| {
+        let recorder = recorder.clone();
+        async move { run_recorded(p, ctx, Some(&recorder)).await }
+    })
 }

@@ -161,12 +161,14 @@ pub async fn shutdown_signal() {
 pub async fn main_from_env() -> Result<(), RuntimeError> {
     init_tracing();
     let config = Config::from_env()?;
-    let registry = super::chaos::register(
+    let sdk = sdk_config().await;
+    let registry = super::chaos::register_recording(
         Registry::new(config.policy.clone(), config.breaker),
         config.policy.clone(),
         config.breaker,
+        super::chaos::Recorder::from_env(&sdk),
     );
-    let env = build(&config, registry, &sdk_config().await).await?;
+    let env = build(&config, registry, &sdk).await?;
     let emf = std::env::var("TRIAGE_EMF").is_ok_and(|v| v == "1" || v == "true");
     let worker = Worker::new(
         env,
