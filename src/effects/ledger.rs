@@ -52,8 +52,8 @@ pub struct LedgerItem {
     pub job_type: Option<String>,
     /// The receive count of the last counted delivery.
     pub last_receive_count: Option<u32>,
-    /// Receive counts of every counted delivery.
-    pub deliveries: Vec<u32>,
+    /// Every counted delivery, as `<message id>#<receive count>`.
+    pub deliveries: Vec<String>,
     /// Last write (epoch ms).
     pub updated_at_ms: Option<u64>,
     /// When DynamoDB's TTL may remove it (epoch s).
@@ -71,8 +71,8 @@ impl LedgerItem {
 
     fn parse(item: &HashMap<String, AttributeValue>) -> Option<Self> {
         let pk = s(item, PK)?;
-        let mut deliveries: Vec<u32> = match item.get("deliveries") {
-            Some(AttributeValue::Ss(v)) => v.iter().filter_map(|x| x.parse().ok()).collect(),
+        let mut deliveries: Vec<String> = match item.get("deliveries") {
+            Some(AttributeValue::Ss(v)) => v.clone(),
             _ => Vec::new(),
         };
         deliveries.sort_unstable();
@@ -444,12 +444,12 @@ mod tests {
             ("next_attempt_at".to_owned(), num(99)),
             (
                 "deliveries".to_owned(),
-                AttributeValue::Ss(vec!["3".into(), "1".into()]),
+                AttributeValue::Ss(vec!["m#3".into(), "m#1".into()]),
             ),
         ]);
         let parsed = LedgerItem::parse(&item).unwrap();
         assert_eq!(parsed.job_id, "j1");
-        assert_eq!(parsed.deliveries, vec![1, 3]);
+        assert_eq!(parsed.deliveries, vec!["m#1", "m#3"]);
         assert_eq!(
             parsed.stored(),
             StoredAttempts {

@@ -228,8 +228,8 @@ pub struct AttemptsReport {
     pub found: bool,
     /// Handler executions counted.
     pub attempts: u32,
-    /// Receive counts of the counted deliveries.
-    pub deliveries: Vec<u32>,
+    /// The counted deliveries (`<message id>#<receive count>`).
+    pub deliveries: Vec<String>,
     /// The job must not run before this (epoch ms).
     pub next_attempt_at_ms: Option<u64>,
     /// The last failure.
@@ -253,7 +253,7 @@ impl Report for AttemptsReport {
         t.row(["job id", self.job_id.as_str()]);
         t.row(["job type", self.job_type.as_deref().unwrap_or("-")]);
         t.row(["attempts".to_owned(), self.attempts.to_string()]);
-        let deliveries: Vec<String> = self.deliveries.iter().map(u32::to_string).collect();
+        let deliveries = &self.deliveries;
         t.row(["deliveries counted".to_owned(), deliveries.join(", ")]);
         t.row([
             "next attempt".to_owned(),

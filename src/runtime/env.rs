@@ -35,6 +35,8 @@ pub struct Environment {
     pub queue_url: String,
     /// Requests sent by this environment's clients, per operation.
     pub calls: CallCounter,
+    /// The storage retry policy every call of this environment goes through.
+    pub retry: StorageRetry,
 }
 
 /// Builds the processor for `registry` from `config`: SDK clients with the SDK's own retries
@@ -45,13 +47,24 @@ pub async fn build(
     registry: Registry,
     sdk: &SdkConfig,
 ) -> Result<Environment, RuntimeError> {
+    build_with(config, registry, sqs_config(sdk), dynamodb_config(sdk)).await
+}
+
+/// Like [`build`], with the SDK client configurations given (e.g. other endpoints). Their
+/// retry settings are kept as given: use [`sqs_config`] and [`dynamodb_config`] as the base so
+/// the SDK's own retries stay off.
+pub async fn build_with(
+    config: &Config,
+    registry: Registry,
+    sqs_conf: aws_sdk_sqs::config::Builder,
+    ddb_conf: aws_sdk_dynamodb::config::Builder,
+) -> Result<Environment, RuntimeError> {
     let queue_url = Config::require(&config.queue_url, "TRIAGE_QUEUE_URL")?.to_owned();
     let dlq_url = Config::require(&config.dlq_url, "TRIAGE_DLQ_URL")?.to_owned();
     let table = Config::require(&config.table, "TRIAGE_TABLE")?.to_owned();
     let calls = CallCounter::new();
-    let sqs_client = aws_sdk_sqs::Client::from_conf(sqs_config(sdk).interceptor(calls.clone()).build());
-    let ddb_client =
-        aws_sdk_dynamodb::Client::from_conf(dynamodb_config(sdk).interceptor(calls.clone()).build());
+    let sqs_client = aws_sdk_sqs::Client::from_conf(sqs_conf.interceptor(calls.clone()).build());
+    let ddb_client = aws_sdk_dynamodb::Client::from_conf(ddb_conf.interceptor(calls.clone()).build());
     let retry = StorageRetry::default();
     let sqs = Sqs::new(sqs_client.clone(), retry.clone());
 
@@ -128,6 +141,7 @@ pub async fn build(
         processor,
         queue_url,
         calls,
+        retry,
     })
 }
 

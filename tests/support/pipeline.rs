@@ -14,12 +14,13 @@ use sqs_triage::config::Config;
 use sqs_triage::core::breaker::BreakerConfig;
 use sqs_triage::core::policy::RetryPolicy;
 use sqs_triage::core::{Backoff, JobError};
+use sqs_triage::effects::storage_retry::{dynamodb_config, sqs_config};
 use sqs_triage::ops::Ctx;
 use sqs_triage::ops::setup::{SetupOptions, setup};
 use sqs_triage::processor::now_ms;
 use sqs_triage::processor::registry::{JobContext, Registry};
 use sqs_triage::runtime::chaos::{self, ChaosPayload};
-use sqs_triage::runtime::env::{Environment, build};
+use sqs_triage::runtime::env::{Environment, build_with};
 use sqs_triage::runtime::lambda;
 
 /// The job type whose executions the harness records.
@@ -36,6 +37,41 @@ pub struct Harness {
     pub dlq_url: String,
     pub table: String,
     pub log: Log,
+}
+
+/// Everything a [`Harness`] can be built with.
+pub struct Options<'a> {
+    /// Prefix of the queue and table names.
+    pub prefix: &'a str,
+    /// FIFO queues.
+    pub fifo: bool,
+    /// Policy of every job type.
+    pub policy: RetryPolicy,
+    /// Breaker settings of every job type.
+    pub breaker: BreakerConfig,
+    /// Changes to the configuration.
+    pub tweak: Box<dyn FnOnce(Config) -> Config + 'a>,
+    /// More job types (gets the execution log).
+    pub register: Box<dyn FnOnce(Registry, Log) -> Registry + 'a>,
+    /// SQS endpoint of the processor's client (e.g. a fault proxy).
+    pub sqs_endpoint: Option<String>,
+    /// DynamoDB endpoint of the processor's client (e.g. a fault proxy).
+    pub ddb_endpoint: Option<String>,
+}
+
+impl Default for Options<'_> {
+    fn default() -> Self {
+        Self {
+            prefix: "h",
+            fifo: false,
+            policy: fast_policy(5),
+            breaker: quiet_breaker(),
+            tweak: Box::new(|c| c),
+            register: Box::new(|r, _| r),
+            sqs_endpoint: None,
+            ddb_endpoint: None,
+        }
+    }
 }
 
 /// A fast policy: `attempts` in all, 1 s × 2 up to 4 s, no jitter.
@@ -73,16 +109,29 @@ impl Harness {
         breaker: BreakerConfig,
         tweak: impl FnOnce(Config) -> Config,
     ) -> Self {
+        Self::build(Options {
+            prefix,
+            fifo,
+            policy,
+            breaker,
+            tweak: Box::new(tweak),
+            ..Options::default()
+        })
+        .await
+    }
+
+    /// The general form: every knob of [`Options`].
+    pub async fn build(opts: Options<'_>) -> Self {
         let sdk = super::sdk_config().await;
         let ctx = Ctx::from_config(&sdk).unwrap();
-        let name = super::unique_name(prefix);
+        let name = super::unique_name(opts.prefix);
         let created = setup(
             &ctx,
             &SetupOptions {
                 queue: name.clone(),
                 dlq: format!("{name}-dlq"),
                 table: name.clone(),
-                fifo,
+                fifo: opts.fifo,
                 max_receive_count: 1000,
             },
         )
@@ -93,9 +142,10 @@ impl Harness {
         config.queue_url = Some(created.queue_url.clone());
         config.dlq_url = Some(created.dlq_url.clone());
         config.table = Some(created.table.clone());
-        let config = tweak(config);
+        let config = (opts.tweak)(config);
         let log: Log = Arc::default();
         let recorded = log.clone();
+        let (policy, breaker) = (opts.policy, opts.breaker);
         let registry = chaos::register(Registry::new(policy.clone(), breaker), policy.clone(), breaker)
             .handle_with(
                 RECORDED,
@@ -106,7 +156,16 @@ impl Harness {
                     chaos::run(p, ctx)
                 },
             );
-        let env = build(&config, registry, &sdk).await.unwrap();
+        let registry = (opts.register)(registry, log.clone());
+        let mut sqs_conf = sqs_config(&sdk);
+        if let Some(url) = opts.sqs_endpoint {
+            sqs_conf = sqs_conf.endpoint_url(url);
+        }
+        let mut ddb_conf = dynamodb_config(&sdk);
+        if let Some(url) = opts.ddb_endpoint {
+            ddb_conf = ddb_conf.endpoint_url(url);
+        }
+        let env = build_with(&config, registry, sqs_conf, ddb_conf).await.unwrap();
         Self {
             env,
             sqs,
