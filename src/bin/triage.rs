@@ -5,6 +5,8 @@
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -481,6 +483,7 @@ async fn run_dlq(
                 table: nonempty(&cli.table).map(str::to_owned),
                 progress,
                 max_scan: filter.max_scan,
+                stop: Some(stop_on_ctrl_c()),
             };
             let r = dlq::replay(ctx, dlq_url, &opts).await?;
             Ok(print(&r, json))
@@ -524,6 +527,23 @@ fn init_audit_log() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .try_init();
+}
+
+/// A flag set by the first Ctrl-C (the replay then stops after its batch in progress and
+/// releases the rest); a second Ctrl-C exits at once.
+fn stop_on_ctrl_c() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = flag.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            set.store(true, Ordering::SeqCst);
+            eprintln!("interrupted: finishing the batch in progress (Ctrl-C again to quit now)");
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
+        }
+    });
+    flag
 }
 
 /// Asks on stderr, reads one line from stdin; anything but y/yes is a no.

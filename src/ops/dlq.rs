@@ -6,6 +6,8 @@
 //! duplicate, never a loss.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use aws_config::retry::RetryConfig;
@@ -632,6 +634,9 @@ pub struct ReplayOptions {
     pub progress: bool,
     /// Read at most this many DLQ messages.
     pub max_scan: usize,
+    /// Set (e.g. on Ctrl-C) to stop after the batch in progress; what was not moved is
+    /// released and reported.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 /// Where replayed messages went.
@@ -677,6 +682,8 @@ pub struct ReplayReport {
     pub groups: Vec<Group>,
     /// Selected messages that were not moved.
     pub not_moved: Vec<NotMoved>,
+    /// Stopped early by the operator.
+    pub interrupted: bool,
     /// Wall time, in milliseconds.
     pub elapsed_ms: u64,
 }
@@ -727,6 +734,12 @@ impl Report for ReplayReport {
     fn problem(&self) -> Option<String> {
         if self.dry_run {
             return None;
+        }
+        if self.interrupted {
+            return Some(format!(
+                "interrupted after moving {} of {} selected message(s); the rest are still in the DLQ",
+                self.moved, self.selected
+            ));
         }
         if self.moved < self.selected {
             return Some(format!(
@@ -862,11 +875,12 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         target_cache: HashMap::new(),
         scanned: 0,
     };
+    let stopped = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
     let mut pacer = Pacer::new(opts.rate);
     let mut sweep = Sweep::new(ctx, dlq_url, hold, opts.max_scan);
     let run = async {
         loop {
-            if opts.limit.is_some_and(|l| st.selected.len() >= l) {
+            if opts.limit.is_some_and(|l| st.selected.len() >= l) || stopped() {
                 break;
             }
             let Some((new, again)) = sweep.next().await? else {
@@ -934,6 +948,9 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
             }
             for (target, ms) in by_target {
                 for chunk in ms.chunks(batch_size) {
+                    if stopped() {
+                        break;
+                    }
                     pacer.take(chunk.len()).await;
                     st.move_chunk(ctx, dlq_url, &target, table.as_deref(), chunk)
                         .await?;
@@ -971,6 +988,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
             .collect(),
         groups: group(&st.selected, now),
         not_moved: st.not_moved,
+        interrupted: stopped(),
         elapsed_ms: started.elapsed().as_millis() as u64,
     })
 }
