@@ -1,0 +1,59 @@
+//! The benchmark report: per-record cost against Powertools' `BatchProcessor`, AWS calls per
+//! 1,000 messages on the local stack, the retry storm, the herd, and the cold start, measured
+//! in one run and printed as markdown.
+//!
+//! ```sh
+//! cargo bench --bench report                 # print the tables
+//! cargo bench --bench report -- --write-docs # also write docs/benchmarks.md and docs/img/herd.svg
+//! cargo bench --bench report -- --quick      # tiny inputs (what tests/bench_smoke.rs runs)
+//! ```
+
+#[path = "report/mod.rs"]
+mod report;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let opts =
+        match report::Options::full(manifest, Path::new(env!("CARGO_BIN_EXE_triage-lambda"))).parse(&args) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+    let mut opts = opts;
+    let shown: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|a| *a != "--bench")
+        .collect();
+    opts.command = if shown.is_empty() {
+        "cargo bench --bench report".into()
+    } else {
+        format!("cargo bench --bench report -- {}", shown.join(" "))
+    };
+    let r = report::run(&opts);
+    println!("Machine: {}\n", r.machine);
+    print!("{}", r.markdown());
+    if opts.write_docs {
+        let path = manifest.join("docs/benchmarks.md");
+        if let Err(e) = std::fs::write(&path, report::document(&opts, &r)) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("report: wrote {}", path.display());
+    }
+    let failures = r.failures();
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        for f in &failures {
+            eprintln!("not measured: {f}");
+        }
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,407 @@
+//! Item 2: AWS calls per 1,000 messages, counted on the wire against the local stack by the SDK
+//! interceptor every processor client carries (`CallCounter`). A driver plays Lambda's SQS
+//! event source mapping: ReceiveMessage (10 at most), the processor, DeleteMessageBatch of
+//! the records not reported failed. The driver's own calls are Lambda's, not the function's,
+//! and are counted apart.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, MessageSystemAttributeName, SendMessageBatchRequestEntry,
+};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use serde_json::{Value, json};
+use sqs_triage::config::Config;
+use sqs_triage::core::breaker::BreakerConfig;
+use sqs_triage::core::{Backoff, Decision, FailureClass, RetryPolicy};
+use sqs_triage::ops::Ctx;
+use sqs_triage::ops::setup::{SetupOptions, setup};
+use sqs_triage::processor::registry::Registry;
+use sqs_triage::processor::{Incoming, now_ms};
+use sqs_triage::runtime::chaos::{self, CHAOS};
+use sqs_triage::runtime::env::{build, sdk_config};
+use tokio::time::Instant;
+
+use super::{Options, Section};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// Every message deleted (succeeded or dead-lettered).
+    Settled,
+    /// Every message delivered at least once (the dependency stays down).
+    Seen,
+}
+
+struct Workload {
+    name: &'static str,
+    tag: &'static str,
+    /// Share of messages carrying `failing`; the rest succeed.
+    share: f64,
+    failing: Value,
+    breaker: BreakerConfig,
+    until: Until,
+}
+
+fn workloads() -> Vec<Workload> {
+    // Workloads 1–3 keep the breaker out of the way, so each measures one path; workload 4 runs
+    // the default breaker (5 transient failures in 60 s open it for 30 s).
+    let quiet = BreakerConfig::builder()
+        .threshold(100_000)
+        .build()
+        .expect("valid");
+    vec![
+        Workload {
+            name: "all succeed",
+            tag: "ok",
+            share: 0.0,
+            failing: json!({"outcome": "ok"}),
+            breaker: quiet,
+            until: Until::Settled,
+        },
+        Workload {
+            name: "10% transient (succeed on the 2nd attempt)",
+            tag: "transient",
+            share: 0.1,
+            failing: json!({"outcome": "transient", "fail_times": 1}),
+            breaker: quiet,
+            until: Until::Settled,
+        },
+        Workload {
+            name: "10% fatal",
+            tag: "fatal",
+            share: 0.1,
+            failing: json!({"outcome": "fatal"}),
+            breaker: quiet,
+            until: Until::Settled,
+        },
+        Workload {
+            name: "dependency outage, breaker opens (every job transient)",
+            tag: "outage",
+            share: 1.0,
+            failing: json!({"outcome": "transient"}),
+            breaker: BreakerConfig::default(),
+            until: Until::Seen,
+        },
+    ]
+}
+
+/// 5 attempts, 1 s × 2 up to 4 s, no jitter: the seed's shape, scaled so retries come back
+/// within the run.
+fn policy() -> RetryPolicy {
+    RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(Backoff::exponential(
+            Duration::from_secs(1),
+            2.0,
+            Duration::from_secs(4),
+            Duration::ZERO,
+        ))
+        .max_delay(Duration::from_secs(4))
+        .build()
+        .expect("a valid policy")
+}
+
+#[derive(Default, Debug)]
+struct Measured {
+    calls: BTreeMap<String, u64>,
+    invocations: u64,
+    deliveries: u64,
+    executions: u64,
+    transient_failures: u64,
+    retries: u64,
+    deferrals: u64,
+    releases: u64,
+    dead_lettered: u64,
+    receives: u64,
+    deletes: u64,
+    settled: u64,
+    seconds: f64,
+}
+
+impl Measured {
+    fn total(&self) -> u64 {
+        self.calls.values().sum()
+    }
+
+    /// SQS calls the decisions need at 10 entries per call, and nothing in DynamoDB.
+    fn lower_bound(&self) -> u64 {
+        (self.retries + self.deferrals + self.releases).div_ceil(10) + self.dead_lettered.div_ceil(10)
+    }
+
+    /// A design that reads and writes state per message and acts per message: per delivery a
+    /// GetItem of the job's state and a GetItem of the breaker; per execution a PutItem of the
+    /// job's state; per transient failure an UpdateItem of the breaker's counter; per retry or
+    /// deferral a ChangeMessageVisibility; per dead letter a SendMessage.
+    fn naive(&self) -> u64 {
+        2 * self.deliveries
+            + self.executions
+            + self.transient_failures
+            + self.retries
+            + self.deferrals
+            + self.releases
+            + self.dead_lettered
+    }
+}
+
+pub fn run(opts: &Options) -> Section {
+    let mut s = Section::new("2. AWS calls per 1,000 messages");
+    let n = opts.messages;
+    s.line(format!(
+        "{n} messages per workload (sent with SendMessageBatch to a fresh queue, DLQ and table), \
+         delivered in batches of 10 as Lambda's event source mapping does; calls counted on the \
+         wire by the SDK interceptor on the function's clients, retries included, scaled to 1,000 \
+         messages. Retry policy: 5 attempts, 1 s × 2 (scaled down so retries return within the run)."
+    ));
+    s.line(String::new());
+    s.header(&[
+        "workload",
+        "sqs-triage calls",
+        "calls by operation",
+        "what happened",
+        "lower bound",
+        "naive per-message design",
+        "Lambda's own (receive + delete)",
+    ]);
+    if std::env::var_os("AWS_ENDPOINT_URL_SQS").is_none() {
+        s.fail(
+            "the local stack's variables are not set (`eval \"$(bash infra/local/stack.sh env)\"`)".into(),
+        );
+        return s;
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            s.fail(format!("no tokio runtime: {e}"));
+            return s;
+        }
+    };
+    let scale = 1_000.0 / n as f64;
+    let per_k = |x: u64| format!("{:.0}", x as f64 * scale);
+    for w in workloads() {
+        eprintln!("report:   {}", w.name);
+        match rt.block_on(measure(&w, n, opts.quick)) {
+            Ok(m) => {
+                let ops = m
+                    .calls
+                    .iter()
+                    .map(|(k, v)| format!("{} {}", k.rsplit('.').next().unwrap_or(k), per_k(*v)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let happened = [
+                    (m.deliveries, "deliveries"),
+                    (m.retries, "retries"),
+                    (m.deferrals, "deferrals"),
+                    (m.releases, "releases"),
+                    (m.dead_lettered, "DLQ"),
+                ]
+                .iter()
+                .filter(|(v, _)| *v > 0)
+                .map(|(v, k)| format!("{} {k}", per_k(*v)))
+                .collect::<Vec<_>>()
+                .join(", ");
+                s.row(&[
+                    w.name.into(),
+                    format!("**{}**", per_k(m.total())),
+                    if ops.is_empty() { "none".into() } else { ops },
+                    happened,
+                    per_k(m.lower_bound()),
+                    per_k(m.naive()),
+                    format!("{} + {}", per_k(m.receives), per_k(m.deletes)),
+                ]);
+                s.value(&format!("calls.{}", w.tag), m.total() as f64 * scale);
+            }
+            Err(e) => {
+                s.row(&[
+                    w.name.into(),
+                    "n/a".into(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                ]);
+                s.fail(format!("{}: {e}", w.name));
+            }
+        }
+    }
+    s
+}
+
+async fn measure(w: &Workload, n: usize, quick: bool) -> Result<Measured, String> {
+    let sdk = sdk_config().await;
+    let ctx = Ctx::from_config(&sdk).map_err(|e| e.to_string())?;
+    let name = format!(
+        "bench-{}-{}-{}",
+        w.tag,
+        std::process::id(),
+        now_ms() % 1_000_000_000
+    );
+    let created = setup(
+        &ctx,
+        &SetupOptions {
+            queue: name.clone(),
+            dlq: format!("{name}-dlq"),
+            table: name.clone(),
+            fifo: false,
+            max_receive_count: 1000,
+        },
+    )
+    .await
+    .map_err(|e| format!("setup: {e}"))?;
+    let mut config = Config::from_lookup(&|_| None).map_err(|e| e.to_string())?;
+    config.queue_url = Some(created.queue_url.clone());
+    config.dlq_url = Some(created.dlq_url.clone());
+    config.table = Some(created.table.clone());
+    let p = policy();
+    let registry = chaos::register(Registry::new(p.clone(), w.breaker), p, w.breaker);
+    let env = build(&config, registry, &sdk)
+        .await
+        .map_err(|e| format!("build: {e}"))?;
+    let sqs = ctx.sqs.clone();
+    let queue = created.queue_url.clone();
+
+    // Which messages fail: a seeded draw of `share` of them.
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(&mut SmallRng::seed_from_u64(42));
+    let failing: HashSet<usize> = order[..((n as f64 * w.share).round() as usize)]
+        .iter()
+        .copied()
+        .collect();
+    let bodies: Vec<String> = (0..n)
+        .map(|i| {
+            let payload = if failing.contains(&i) {
+                w.failing.clone()
+            } else {
+                json!({"outcome": "ok"})
+            };
+            json!({"type": CHAOS, "id": format!("{}-{i}", w.tag), "payload": payload}).to_string()
+        })
+        .collect();
+    for (c, chunk) in bodies.chunks(10).enumerate() {
+        let entries = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                SendMessageBatchRequestEntry::builder()
+                    .id(format!("m{c}-{i}"))
+                    .message_body(b)
+                    .build()
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let out = sqs
+            .send_message_batch()
+            .queue_url(&queue)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(|e| format!("SendMessageBatch: {e}"))?;
+        if !out.failed().is_empty() {
+            return Err(format!("SendMessageBatch refused {} entries", out.failed().len()));
+        }
+    }
+
+    env.calls.reset();
+    let mut m = Measured::default();
+    let mut seen: HashSet<String> = HashSet::new();
+    let started = Instant::now();
+    let limit = Duration::from_secs(if quick { 60 } else { 240 });
+    loop {
+        let done = match w.until {
+            Until::Settled => m.settled >= n as u64,
+            Until::Seen => seen.len() >= n,
+        };
+        if done {
+            break;
+        }
+        if started.elapsed() > limit {
+            return Err(format!(
+                "not finished after {limit:?}: {} settled, {} seen of {n}",
+                m.settled,
+                seen.len()
+            ));
+        }
+        let batch = sqs
+            .receive_message()
+            .queue_url(&queue)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .map_err(|e| format!("ReceiveMessage: {e}"))?
+            .messages
+            .unwrap_or_default();
+        m.receives += 1;
+        if batch.is_empty() {
+            continue;
+        }
+        m.invocations += 1;
+        let handles: Vec<(String, String)> = batch
+            .iter()
+            .map(|b| {
+                (
+                    b.message_id().unwrap_or_default().to_owned(),
+                    b.receipt_handle().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        seen.extend(handles.iter().map(|(id, _)| id.clone()));
+        let records = batch.into_iter().map(Incoming::from_sdk).collect();
+        let outcome = env
+            .processor
+            .process(records, Some(Instant::now() + Duration::from_secs(60)))
+            .await;
+        for r in &outcome.records {
+            m.deliveries += 1;
+            m.executions += u64::from(r.executed);
+            match &r.decision {
+                Decision::Retry { .. } => {
+                    m.retries += 1;
+                    m.transient_failures += 1;
+                }
+                Decision::Defer { .. } => m.deferrals += 1,
+                Decision::Release => m.releases += 1,
+                Decision::DeadLetter { class, .. } => {
+                    m.dead_lettered += 1;
+                    m.transient_failures += u64::from(*class == FailureClass::Exhausted);
+                }
+                _ => {}
+            }
+        }
+        let failed: HashSet<String> = outcome.failures().into_iter().collect();
+        let delete: Vec<DeleteMessageBatchRequestEntry> = handles
+            .iter()
+            .enumerate()
+            .filter(|(_, (id, _))| !failed.contains(id))
+            .filter_map(|(i, (_, rh))| {
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(format!("d{i}"))
+                    .receipt_handle(rh)
+                    .build()
+                    .ok()
+            })
+            .collect();
+        if !delete.is_empty() {
+            m.settled += delete.len() as u64;
+            sqs.delete_message_batch()
+                .queue_url(&queue)
+                .set_entries(Some(delete))
+                .send()
+                .await
+                .map_err(|e| format!("DeleteMessageBatch: {e}"))?;
+            m.deletes += 1;
+        }
+    }
+    m.calls = env.calls.snapshot();
+    m.seconds = started.elapsed().as_secs_f64();
+    Ok(m)
+}

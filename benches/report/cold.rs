@@ -1,0 +1,355 @@
+//! Item 5, cold start: `triage-lambda` started as a fresh process against cargo-lambda's emulated
+//! Lambda runtime API (`cargo lambda watch --only-lambda-apis`), with one SQS event already
+//! waiting; and, in the same run, a fresh Python interpreter importing Powertools' batch
+//! utility.
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sqs_triage::ops::Ctx;
+use sqs_triage::ops::setup::{SetupOptions, setup};
+use sqs_triage::processor::now_ms;
+use sqs_triage::runtime::chaos::CHAOS;
+use sqs_triage::runtime::env::sdk_config;
+
+use super::{Options, Section, median};
+
+/// Kills a child process when dropped (only the processes this report started).
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn run(opts: &Options) -> Section {
+    let mut s = Section::new("5. Cold start");
+    let reps = if opts.quick { 1 } else { 7 };
+    s.header(&["measurement", "median", "runs"]);
+    match lambda(opts, reps) {
+        Ok(l) => {
+            s.row(&[
+                "`triage-lambda`: process start → first event handled (its metrics line printed)".into(),
+                format!("**{:.1} ms**", l.handled_ms),
+                reps.to_string(),
+            ]);
+            s.row(&[
+                "`triage-lambda`: process start → response accepted (`cargo lambda invoke` returned)".into(),
+                format!("{:.1} ms", l.answered_ms),
+                reps.to_string(),
+            ]);
+            s.value("cold.handled_ms", l.handled_ms);
+        }
+        Err(e) => {
+            s.row(&[
+                "`triage-lambda`: process start → first event handled".into(),
+                "n/a".into(),
+                "0".into(),
+            ]);
+            s.fail(format!("cold start not measured: {e}"));
+        }
+    }
+    match std::fs::metadata(&opts.lambda_bin) {
+        Ok(md) => {
+            let profile = if opts.lambda_bin.components().any(|c| c.as_os_str() == "debug") {
+                "debug build: smoke run only"
+            } else {
+                "release profile: LTO, 1 codegen unit, stripped"
+            };
+            s.row(&[
+                format!("`triage-lambda` binary size ({profile})"),
+                format!("**{:.1} MiB**", md.len() as f64 / 1_048_576.0),
+                "1".into(),
+            ]);
+            s.value("cold.binary_mib", md.len() as f64 / 1_048_576.0);
+        }
+        Err(e) => s.fail(format!("{}: {e}", opts.lambda_bin.display())),
+    }
+    match python(opts, reps) {
+        Ok(p) => {
+            s.row(&[
+                "Python: fresh interpreter + `from aws_lambda_powertools.utilities.batch import BatchProcessor, …`".into(),
+                format!("**{:.1} ms**", p.with_import_ms),
+                reps.to_string(),
+            ]);
+            s.row(&[
+                "Python: fresh interpreter alone (`python -c pass`)".into(),
+                format!("{:.1} ms", p.bare_ms),
+                reps.to_string(),
+            ]);
+            s.row(&[
+                "Python: the Powertools import alone (difference of the two)".into(),
+                format!("{:.1} ms", p.with_import_ms - p.bare_ms),
+                reps.to_string(),
+            ]);
+            if let Some(ms) = p.importtime_ms {
+                s.row(&[
+                    "Python: `-X importtime`, cumulative for `aws_lambda_powertools.utilities.batch`".into(),
+                    format!("{ms:.1} ms"),
+                    "1".into(),
+                ]);
+            }
+            s.value("cold.python_import_ms", p.with_import_ms);
+        }
+        Err(e) => s.fail(format!("Python import not measured: {e}")),
+    }
+    s
+}
+
+struct LambdaTimes {
+    handled_ms: f64,
+    answered_ms: f64,
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+}
+
+fn wait_for_port(port: u16, within: Duration) -> Result<(), String> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!(
+        "cargo lambda watch did not listen on {port} within {within:?}"
+    ))
+}
+
+fn lambda(opts: &Options, reps: usize) -> Result<LambdaTimes, String> {
+    if !opts.lambda_bin.exists() {
+        return Err(format!("{} is not built", opts.lambda_bin.display()));
+    }
+    let cargo_lambda = opts.venv().join("bin/cargo-lambda");
+    if !cargo_lambda.exists() {
+        return Err(format!("{} not found", cargo_lambda.display()));
+    }
+    if std::env::var_os("AWS_ENDPOINT_URL_SQS").is_none() {
+        return Err("the local stack's variables are not set".into());
+    }
+    // The function reads its queue's attributes at start-up, as it does on AWS.
+    let created = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?
+        .block_on(async {
+            let ctx = Ctx::from_config(&sdk_config().await).map_err(|e| e.to_string())?;
+            let name = format!("bench-cold-{}-{}", std::process::id(), now_ms() % 1_000_000_000);
+            setup(
+                &ctx,
+                &SetupOptions {
+                    queue: name.clone(),
+                    dlq: format!("{name}-dlq"),
+                    table: name,
+                    fifo: false,
+                    max_receive_count: 1000,
+                },
+            )
+            .await
+            .map_err(|e| format!("setup: {e}"))
+        })?;
+    let event = opts.work_dir().join("cold-event.json");
+    std::fs::create_dir_all(opts.work_dir()).map_err(|e| e.to_string())?;
+    std::fs::write(&event, one_record_event(&created.queue_url)).map_err(|e| e.to_string())?;
+
+    let port = free_port()?;
+    let _watch = Guard(
+        Command::new(&cargo_lambda)
+            .args([
+                "lambda",
+                "watch",
+                "--only-lambda-apis",
+                "-A",
+                "127.0.0.1",
+                "-P",
+                &port.to_string(),
+            ])
+            .current_dir(&opts.manifest_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cargo lambda watch: {e}"))?,
+    );
+    wait_for_port(port, Duration::from_secs(30))?;
+
+    let mut handled = Vec::new();
+    let mut answered = Vec::new();
+    // One untimed run first, so the binary's pages are in the page cache like the later runs.
+    for rep in 0..=reps {
+        let (h, a) = once(opts, &cargo_lambda, port, &event, &created)?;
+        if rep > 0 {
+            handled.push(h);
+            answered.push(a);
+        }
+    }
+    Ok(LambdaTimes {
+        handled_ms: median(&mut handled),
+        answered_ms: median(&mut answered),
+    })
+}
+
+fn once(
+    opts: &Options,
+    cargo_lambda: &Path,
+    port: u16,
+    event: &PathBuf,
+    created: &sqs_triage::ops::setup::SetupReport,
+) -> Result<(f64, f64), String> {
+    // The event waits in the emulator before the function exists, as a cold start's does.
+    let mut invoke = Guard(
+        Command::new(cargo_lambda)
+            .args([
+                "lambda",
+                "invoke",
+                "-A",
+                "127.0.0.1",
+                "-P",
+                &port.to_string(),
+                "_",
+                "--data-file",
+            ])
+            .arg(event)
+            .current_dir(&opts.manifest_dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cargo lambda invoke: {e}"))?,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    let mut function = Guard(
+        Command::new(&opts.lambda_bin)
+            .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{port}/.rt"))
+            .env("AWS_LAMBDA_FUNCTION_NAME", "_")
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
+            .env("TRIAGE_QUEUE_URL", &created.queue_url)
+            .env("TRIAGE_DLQ_URL", &created.dlq_url)
+            .env("TRIAGE_TABLE", &created.table)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", opts.lambda_bin.display()))?,
+    );
+    let stdout = function.0.stdout.take().ok_or("no stdout")?;
+    let reader = std::thread::spawn(move || {
+        let mut line = String::new();
+        let n = BufReader::new(stdout).read_line(&mut line).unwrap_or(0);
+        (n > 0).then(Instant::now)
+    });
+    let status = wait_with_timeout(&mut invoke.0, Duration::from_secs(30))?;
+    let answered = t0.elapsed();
+    let mut out = String::new();
+    if let Some(mut o) = invoke.0.stdout.take() {
+        let _ = std::io::Read::read_to_string(&mut o, &mut out);
+    }
+    if !status || !out.contains("batchItemFailures") {
+        return Err(format!("the invoke did not get a batch response: {}", out.trim()));
+    }
+    drop(function);
+    let handled = reader
+        .join()
+        .ok()
+        .flatten()
+        .map(|t| t.duration_since(t0))
+        .ok_or("the function printed nothing")?;
+    Ok((handled.as_secs_f64() * 1e3, answered.as_secs_f64() * 1e3))
+}
+
+fn wait_with_timeout(child: &mut Child, within: Duration) -> Result<bool, String> {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+            return Ok(st.success());
+        }
+        if start.elapsed() > within {
+            return Err(format!("no answer within {within:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn one_record_event(queue_url: &str) -> String {
+    let name = queue_url.rsplit('/').next().unwrap_or("jobs");
+    let now = now_ms();
+    json!({"Records": [{
+        "messageId": "00000000-0000-4000-8000-000000000001",
+        "receiptHandle": "AQEBcold",
+        "body": json!({"type": CHAOS, "id": "cold-1", "payload": {"outcome": "ok"}}).to_string(),
+        "attributes": {
+            "ApproximateReceiveCount": "1",
+            "SentTimestamp": now.to_string(),
+            "SenderId": "AIDAIENQZJOLO23YVJ4VO",
+            "ApproximateFirstReceiveTimestamp": now.to_string(),
+        },
+        "messageAttributes": {},
+        "md5OfBody": "00000000000000000000000000000000",
+        "eventSource": "aws:sqs",
+        "eventSourceARN": format!("arn:aws:sqs:us-east-1:123456789012:{name}"),
+        "awsRegion": "us-east-1",
+    }]})
+    .to_string()
+}
+
+struct PythonTimes {
+    with_import_ms: f64,
+    bare_ms: f64,
+    importtime_ms: Option<f64>,
+}
+
+const IMPORT: &str =
+    "from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response";
+
+fn python(opts: &Options, reps: usize) -> Result<PythonTimes, String> {
+    let py = opts.python();
+    if !py.exists() {
+        return Err(format!("{} not found", py.display()));
+    }
+    let time = |code: &str| -> Result<f64, String> {
+        let t = Instant::now();
+        let st = Command::new(&py)
+            .args(["-c", code])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !st.success() {
+            return Err(format!("`python -c \"{code}\"` failed"));
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    };
+    // Warm the page cache and the bytecode cache once, as a warm container image would have.
+    time(IMPORT)?;
+    let mut with = Vec::new();
+    let mut bare = Vec::new();
+    for _ in 0..reps {
+        with.push(time(IMPORT)?);
+        bare.push(time("pass")?);
+    }
+    let importtime_ms = Command::new(&py)
+        .args(["-X", "importtime", "-c", IMPORT])
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stderr).lines().find_map(|l| {
+                let mut parts = l.strip_prefix("import time:")?.split('|');
+                let _self_us = parts.next()?;
+                let cumulative: f64 = parts.next()?.trim().parse().ok()?;
+                (parts.next()?.trim() == "aws_lambda_powertools.utilities.batch").then_some(cumulative / 1e3)
+            })
+        });
+    Ok(PythonTimes {
+        with_import_ms: median(&mut with),
+        bare_ms: median(&mut bare),
+        importtime_ms,
+    })
+}

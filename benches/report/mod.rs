@@ -1,0 +1,329 @@
+//! The benchmark report: five measurements of sqs-triage next to their alternatives, taken in
+//! one run and printed as markdown. `benches/report.rs` runs it (`cargo bench --bench report`);
+//! `tests/bench_smoke.rs` runs it on a tiny input.
+
+#![allow(dead_code)]
+
+#[path = "calls.rs"]
+mod calls;
+#[path = "cold.rs"]
+mod cold;
+#[path = "cost.rs"]
+mod cost;
+#[path = "herd.rs"]
+mod herd;
+#[path = "pipeline.rs"]
+pub mod pipeline;
+#[path = "storm.rs"]
+mod storm;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What to run, and how big.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Records in the per-record cost event (item 1).
+    pub records: usize,
+    /// Messages per workload on the local stack (item 2).
+    pub messages: usize,
+    /// Jobs in the retry-storm workload (item 3).
+    pub jobs: usize,
+    /// Jobs failing at once in the herd (item 4).
+    pub herd: usize,
+    /// Small repetition counts, tiny inputs, the plot under `.local/bench/`.
+    pub quick: bool,
+    /// The crate root.
+    pub manifest_dir: PathBuf,
+    /// The `triage-lambda` executable to cold-start (item 5).
+    pub lambda_bin: PathBuf,
+    /// Write `docs/benchmarks.md` (and the plot to `docs/img/`).
+    pub write_docs: bool,
+    /// Sections to leave out (`cost`, `calls`, `storm`, `herd`, `cold`).
+    pub skip: Vec<String>,
+    /// The command line, for the report.
+    pub command: String,
+}
+
+impl Options {
+    /// The full run's sizes.
+    pub fn full(manifest_dir: &Path, lambda_bin: &Path) -> Self {
+        Self {
+            records: 10_000,
+            messages: 1_000,
+            jobs: 1_000,
+            herd: 1_000,
+            quick: false,
+            manifest_dir: manifest_dir.to_owned(),
+            lambda_bin: lambda_bin.to_owned(),
+            write_docs: false,
+            skip: Vec::new(),
+            command: "cargo bench --bench report".into(),
+        }
+    }
+
+    /// Reads `--quick`, `--records N`, `--messages N`, `--jobs N`, `--herd N`, `--skip a,b`,
+    /// `--write-docs`; ignores `--bench` (cargo passes it).
+    pub fn parse(mut self, args: &[String]) -> Result<Self, String> {
+        let mut it = args.iter();
+        let num = |v: Option<&String>, name: &str| -> Result<usize, String> {
+            v.and_then(|v| v.parse().ok())
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{name} needs a positive number"))
+        };
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--bench" => {}
+                "--quick" => {
+                    self.quick = true;
+                    self.records = 100;
+                    self.messages = 50;
+                    self.jobs = 100;
+                    self.herd = 100;
+                }
+                "--records" => self.records = num(it.next(), a)?,
+                "--messages" => self.messages = num(it.next(), a)?,
+                "--jobs" => self.jobs = num(it.next(), a)?,
+                "--herd" => self.herd = num(it.next(), a)?,
+                "--skip" => {
+                    let v = it.next().ok_or("--skip needs a list")?;
+                    self.skip.extend(v.split(',').map(str::to_owned));
+                }
+                "--write-docs" => self.write_docs = true,
+                other => return Err(format!("unknown argument `{other}`")),
+            }
+        }
+        Ok(self)
+    }
+
+    fn work_dir(&self) -> PathBuf {
+        self.manifest_dir.join(".local/bench")
+    }
+
+    fn rust_reps(&self) -> usize {
+        if self.quick { 2 } else { 30 }
+    }
+
+    fn python_reps(&self) -> usize {
+        if self.quick { 1 } else { 7 }
+    }
+
+    fn venv(&self) -> PathBuf {
+        std::env::var_os("TRIAGE_VENV")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| self.manifest_dir.join(".local/venv"))
+    }
+
+    fn python(&self) -> PathBuf {
+        self.venv().join("bin/python")
+    }
+
+    fn python_version(&self) -> String {
+        output(
+            Command::new(self.python())
+                .arg("-c")
+                .arg("import platform; print(platform.python_version())"),
+        )
+        .unwrap_or_else(|| "?".into())
+    }
+
+    fn powertools_version(&self) -> String {
+        output(
+            Command::new(self.python())
+                .arg("-c")
+                .arg("from importlib.metadata import version; print(version('aws-lambda-powertools'))"),
+        )
+        .unwrap_or_else(|| "?".into())
+    }
+
+    fn svg_path(&self) -> PathBuf {
+        if self.write_docs {
+            self.manifest_dir.join("docs/img/herd.svg")
+        } else {
+            self.work_dir().join("herd.svg")
+        }
+    }
+}
+
+/// The first line of a command's stdout, if it ran.
+fn output(cmd: &mut Command) -> Option<String> {
+    let out = cmd.output().ok().filter(|o| o.status.success())?;
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_owned()).filter(|s| !s.is_empty())
+}
+
+/// The median of some samples (sorted in place).
+pub fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// One section of the report.
+#[derive(Debug, Clone, Default)]
+pub struct Section {
+    /// Its heading.
+    pub title: String,
+    /// Its markdown, line by line.
+    pub lines: Vec<String>,
+    /// What could not be measured.
+    pub failures: Vec<String>,
+    /// Key numbers, for the summary and the tests.
+    pub values: BTreeMap<String, f64>,
+}
+
+impl Section {
+    fn new(title: &str) -> Self {
+        Self {
+            title: title.into(),
+            ..Self::default()
+        }
+    }
+
+    fn line(&mut self, s: String) {
+        self.lines.push(s);
+    }
+
+    fn header(&mut self, cols: &[&str]) {
+        self.lines.push(format!("| {} |", cols.join(" | ")));
+        self.lines
+            .push(format!("|{}", cols.iter().map(|_| " --- |").collect::<String>()));
+    }
+
+    fn row(&mut self, cols: &[String]) {
+        self.lines.push(format!("| {} |", cols.join(" | ")));
+    }
+
+    fn fail(&mut self, why: String) {
+        self.failures.push(why);
+    }
+
+    fn value(&mut self, k: &str, v: f64) {
+        self.values.insert(k.into(), v);
+    }
+
+    fn markdown(&self) -> String {
+        let mut out = format!("### {}\n\n{}\n", self.title, self.lines.join("\n"));
+        for f in &self.failures {
+            let _ = writeln!(out, "\n*Not measured in this run: {f}*");
+        }
+        out
+    }
+}
+
+/// The whole report.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The machine it ran on, one markdown line.
+    pub machine: String,
+    /// The sections, in order.
+    pub sections: Vec<Section>,
+}
+
+impl Report {
+    /// The tables, as markdown.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        for s in &self.sections {
+            let _ = writeln!(out, "{}", s.markdown());
+        }
+        out
+    }
+
+    /// Everything that could not be measured.
+    pub fn failures(&self) -> Vec<String> {
+        self.sections
+            .iter()
+            .flat_map(|s| s.failures.iter().map(move |f| format!("{}: {f}", s.title)))
+            .collect()
+    }
+}
+
+/// nproc, CPU model, memory, load, toolchain.
+pub fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|r| r.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_owned());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_gib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|r| r.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or("?".into(), |kib| format!("{:.1} GiB", kib / 1024.0 / 1024.0));
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into());
+    let rustc = output(Command::new("rustc").arg("-V")).unwrap_or_else(|| "rustc ?".into());
+    format!(
+        "{cpus} CPUs ({model}), {mem_gib} RAM, {} {}, load average {load} at the start, {rustc}",
+        std::env::consts::OS,
+        std::env::consts::ARCH,
+    )
+}
+
+/// Runs every section not skipped. Progress goes to stderr.
+pub fn run(opts: &Options) -> Report {
+    let machine = machine();
+    let on = |name: &str| !opts.skip.iter().any(|s| s == name);
+    let mut sections = Vec::new();
+    let step = |name: &str| eprintln!("report: {name}…");
+    if on("cost") {
+        step("per-record cost");
+        sections.push(cost::run(opts));
+    }
+    if on("calls") {
+        step("AWS calls on the local stack");
+        sections.push(calls::run(opts));
+    }
+    if on("storm") {
+        step("retry storm");
+        sections.push(storm::run(opts));
+    }
+    if on("herd") {
+        step("herd");
+        sections.push(herd::run(opts));
+    }
+    if on("cold") {
+        step("cold start");
+        sections.push(cold::run(opts));
+    }
+    Report { machine, sections }
+}
+
+/// The whole `docs/benchmarks.md`.
+pub fn document(opts: &Options, report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Benchmarks\n\n\
+         Generated by the bench binary `benches/report.rs`; do not edit by hand. Every ratio \
+         compares two things measured in the same run on the same machine.\n\n\
+         Command (from the crate root, local stack running):\n\n\
+         ```sh\n\
+         bash infra/local/stack.sh start && eval \"$(bash infra/local/stack.sh env)\"\n\
+         {}\n\
+         ```\n\n\
+         Machine: {}.\n",
+        opts.command, report.machine
+    );
+    out.push_str(&report.markdown());
+    let _ = writeln!(out, "{}", METHOD);
+    out
+}
+
+/// What each number means and assumes.
+const METHOD: &str = include_str!("method.md");

@@ -1,0 +1,52 @@
+//! The bench binary's report on a tiny input: it completes and prints every table. No timing
+//! is asserted. The AWS-calls section runs when the local stack's variables are set (the
+//! README's test command sets them); Python and cargo-lambda parts are reported as not
+//! measured when the project venv is missing.
+
+#[path = "../benches/report/mod.rs"]
+mod report;
+
+use std::path::Path;
+
+#[test]
+fn the_report_runs_on_a_tiny_input_and_prints_every_table() {
+    let opts = report::Options::full(
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        Path::new(env!("CARGO_BIN_EXE_triage-lambda")),
+    )
+    .parse(&[
+        "--quick".into(),
+        "--records".into(),
+        "100".into(),
+        "--messages".into(),
+        "50".into(),
+    ])
+    .unwrap();
+    let r = report::run(&opts);
+    let md = r.markdown();
+    println!("{md}");
+    for f in r.failures() {
+        println!("not measured: {f}");
+    }
+    for header in [
+        "| pipeline | µs/record | relative |",
+        "| workload | sqs-triage calls |",
+        "| policy | executions | on bugs |",
+        "| strategy | range of the first retry | peak / 100 ms |",
+        "| measurement | median | runs |",
+    ] {
+        assert!(md.contains(header), "missing table header `{header}`:\n{md}");
+    }
+    let title = |t: &str| r.sections.iter().find(|s| s.title.starts_with(t)).unwrap();
+    // The pure sections never depend on the machine's tools.
+    for t in ["3.", "4."] {
+        assert!(title(t).failures.is_empty(), "{:?}", title(t).failures);
+    }
+    assert!(
+        title("1.").values.contains_key("cost.rust_us")
+            || title("1.").lines.iter().any(|l| l.contains("sqs-triage"))
+    );
+    if std::env::var_os("AWS_ENDPOINT_URL_SQS").is_some() {
+        assert!(title("2.").failures.is_empty(), "{:?}", title("2.").failures);
+    }
+}
