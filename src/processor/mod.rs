@@ -412,6 +412,7 @@ impl Processor {
             attempt: *attempt,
             max_attempts: policy.max_attempts(),
         };
+        tracing::debug!(message_id = %slot.inc.message_id, job_id = %slot.job_id, attempt, "handler started");
         let started = Instant::now();
         let outcome = run_handler(route, job.payload.clone(), ctx, deadline).await;
         let handler_time = started.elapsed();

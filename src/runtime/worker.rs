@@ -55,14 +55,21 @@ impl Worker {
 
     /// Receives one batch (long poll), processes it, deletes what is settled.
     pub async fn poll_once(&self) -> Result<Option<BatchOutcome>, RuntimeError> {
+        let records = self.receive().await?;
+        if records.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.process(records).await))
+    }
+
+    async fn receive(&self) -> Result<Vec<Incoming>, RuntimeError> {
         let sqs = self.env.processor.sqs();
-        let url = &self.env.queue_url;
         let out = sqs
             .retry()
             .call("ReceiveMessage", None, || {
                 sqs.client()
                     .receive_message()
-                    .queue_url(url)
+                    .queue_url(&self.env.queue_url)
                     .max_number_of_messages(self.opts.max_messages.clamp(1, 10))
                     .wait_time_seconds(self.opts.wait.as_secs().min(20) as i32)
                     .message_system_attribute_names(MessageSystemAttributeName::All)
@@ -70,11 +77,16 @@ impl Worker {
                     .send()
             })
             .await?;
-        let messages = out.messages.unwrap_or_default();
-        if messages.is_empty() {
-            return Ok(None);
-        }
-        let records: Vec<Incoming> = messages.into_iter().map(Incoming::from_sdk).collect();
+        Ok(out
+            .messages
+            .unwrap_or_default()
+            .into_iter()
+            .map(Incoming::from_sdk)
+            .collect())
+    }
+
+    async fn process(&self, records: Vec<Incoming>) -> BatchOutcome {
+        let sqs = self.env.processor.sqs();
         let receipts: Vec<String> = records.iter().map(|r| r.receipt_handle.clone()).collect();
         let outcome = self.env.processor.process(records, None).await;
         let settled: Vec<(usize, String)> = outcome
@@ -84,7 +96,7 @@ impl Worker {
             .filter(|(_, r)| r.settled)
             .map(|(i, _)| (i, receipts[i].clone()))
             .collect();
-        let deleted = sqs.delete(url, settled, None).await;
+        let deleted = sqs.delete(&self.env.queue_url, settled, None).await;
         for (i, why) in deleted.failed {
             tracing::warn!(message_id = %outcome.records[i].message_id, error = %why, "delete failed; the message will be seen again");
         }
@@ -93,11 +105,13 @@ impl Worker {
                 println!("{line}");
             }
         }
-        Ok(Some(outcome))
+        outcome
     }
 
-    /// Polls until `shutdown` resolves, calling `on_batch` after each batch. On shutdown the
-    /// batch in progress finishes its running records and releases the rest.
+    /// Polls until `shutdown` resolves, calling `on_batch` after each batch. A shutdown during
+    /// a receive stops at once (messages SQS handed to that receive come back after their
+    /// visibility timeout); during a batch, the running records finish and the rest are
+    /// released.
     pub async fn run<F>(
         &self,
         shutdown: F,
@@ -107,26 +121,32 @@ impl Worker {
         F: Future<Output = ()>,
     {
         tokio::pin!(shutdown);
-        let mut stopping = false;
         loop {
-            let poll = self.poll_once();
-            tokio::pin!(poll);
-            let result = tokio::select! {
-                r = &mut poll => r,
-                () = &mut shutdown, if !stopping => {
-                    stopping = true;
-                    self.env.processor.drain();
-                    poll.await
-                }
+            let received = tokio::select! {
+                r = self.receive() => r,
+                () = &mut shutdown => return Ok(()),
             };
-            match result {
-                Ok(Some(outcome)) => on_batch(&outcome),
-                Ok(None) => {}
+            let records = match received {
+                Ok(r) if r.is_empty() => continue,
+                Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(error = %e, "receive failed; polling again");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                        () = &mut shutdown => return Ok(()),
+                    }
                 }
-            }
+            };
+            let batch = self.process(records);
+            tokio::pin!(batch);
+            let (outcome, stopping) = tokio::select! {
+                o = &mut batch => (o, false),
+                () = &mut shutdown => {
+                    self.env.processor.drain();
+                    (batch.await, true)
+                }
+            };
+            on_batch(&outcome);
             if stopping {
                 return Ok(());
             }

@@ -1,0 +1,116 @@
+//! The `triage worker` binary on the local stack: SIGTERM finishes the records in flight and
+//! releases the ones not started, without spending their attempts.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sqs_triage::effects::ledger::AttemptLedger;
+use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client};
+use sqs_triage::ops::Ctx;
+use sqs_triage::ops::setup::{SetupOptions, setup};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_finishes_in_flight_records_and_releases_the_rest() {
+    let sdk = support::sdk_config().await;
+    let ctx = Ctx::from_config(&sdk).unwrap();
+    let name = support::unique_name("worker");
+    let created = setup(
+        &ctx,
+        &SetupOptions {
+            queue: name.clone(),
+            dlq: format!("{name}-dlq"),
+            table: name.clone(),
+            fifo: false,
+            max_receive_count: 1000,
+        },
+    )
+    .await
+    .unwrap();
+    for i in 0..10 {
+        let body = json!({"type": "triage.chaos", "id": format!("w{i}"), "payload": {"outcome": "ok", "sleep_ms": 3000}});
+        ctx.sqs
+            .send_message()
+            .queue_url(&created.queue_url)
+            .message_body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+    }
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_triage"))
+        .arg("worker")
+        .env("TRIAGE_QUEUE_URL", &created.queue_url)
+        .env("TRIAGE_DLQ_URL", &created.dlq_url)
+        .env("TRIAGE_TABLE", &created.table)
+        .env("TRIAGE_CONCURRENCY", "2")
+        .env("RUST_LOG", "sqs_triage=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("triage worker starts");
+    // Wait for the event itself: two handlers have started (the concurrency bound).
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut started = 0;
+        for line in stderr.lines().map_while(Result::ok) {
+            if line.contains("handler started") {
+                started += 1;
+                if started == 2 {
+                    let _ = tx.send(());
+                }
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("two handlers started");
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "worker did not stop");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "worker exit: {status}");
+    reader.join().unwrap();
+
+    // The two in flight finished and were deleted; the eight not started are visible at once.
+    let mut released = std::collections::BTreeSet::new();
+    for _ in 0..5 {
+        let got = ctx
+            .sqs
+            .receive_message()
+            .queue_url(&created.queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .visibility_timeout(120)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        if got.is_empty() {
+            break;
+        }
+        released.extend(got.into_iter().filter_map(|m| m.body));
+    }
+    assert_eq!(released.len(), 8, "released: {released:?}");
+    let ledger = AttemptLedger::new(dynamodb_client(&sdk), &created.table, StorageRetry::default());
+    for i in 0..10 {
+        assert!(
+            ledger.show(&format!("w{i}")).await.unwrap().is_none(),
+            "w{i}: no attempt recorded"
+        );
+    }
+}
