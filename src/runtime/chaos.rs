@@ -82,7 +82,9 @@ impl Recorder {
 
     /// A recorder for `TRIAGE_CHAOS_RECORD_TABLE`, if set; its client retries up to 10 times.
     pub fn from_env(sdk: &SdkConfig) -> Option<Self> {
-        let table = std::env::var(RECORD_TABLE_ENV).ok().filter(|t| !t.trim().is_empty())?;
+        let table = std::env::var(RECORD_TABLE_ENV)
+            .ok()
+            .filter(|t| !t.trim().is_empty())?;
         let conf = aws_sdk_dynamodb::config::Builder::from(sdk)
             .retry_config(RetryConfig::standard().with_max_attempts(10))
             .build();
