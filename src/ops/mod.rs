@@ -360,45 +360,14 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Parses a duration such as `90s`, `15m`, `2h`, `3d`, `1h30m` or a bare number of seconds.
+/// Parses a duration such as `90s`, `15m`, `2h`, `3d`, `1h30m`, `250ms` or a bare number of
+/// seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    if s.is_empty() {
-        return Err("empty duration".into());
-    }
     if let Ok(secs) = s.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }
-    let mut total = Duration::ZERO;
-    let mut num = String::new();
-    let mut chars = s.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c.is_ascii_digit() {
-            num.push(c);
-            continue;
-        }
-        let mut unit = c.to_string();
-        if c == 'm' && chars.peek() == Some(&'s') {
-            chars.next();
-            unit = "ms".into();
-        }
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("`{s}` is not a duration (try 30s, 15m, 2h, 1d)"))?;
-        num.clear();
-        total += match unit.as_str() {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
-            "d" => Duration::from_secs(n * 86_400),
-            _ => return Err(format!("`{s}` is not a duration (try 30s, 15m, 2h, 1d)")),
-        };
-    }
-    if !num.is_empty() {
-        return Err(format!("`{s}` is not a duration (try 30s, 15m, 2h, 1d)"));
-    }
-    Ok(total)
+    humantime::parse_duration(s).map_err(|_| format!("`{s}` is not a duration (try 30s, 15m, 2h, 1d)"))
 }
 
 #[cfg(test)]

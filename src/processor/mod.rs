@@ -24,7 +24,7 @@ use crate::core::breaker::{Aggregate, BreakerState, Lease, Phase, gate};
 use crate::core::envelope::{self, EnvelopeLimits, Job};
 use crate::core::error::ErrorKind;
 use crate::core::failure::FailureRecord;
-use crate::core::{Decision, Execution, FailureClass, Gate, Inputs, JobError, Ledger, RecordFacts, decide};
+use crate::core::{Decision, Execution, Gate, Inputs, JobError, Ledger, RecordFacts, decide};
 use crate::effects::breaker_store::BreakerStore;
 use crate::effects::dlq::dlq_copy;
 use crate::effects::ledger::{AttemptLedger, Delivery};
@@ -125,6 +125,9 @@ struct Slot {
     job_id: String,
     /// The job type the envelope names, registered or not (for the failure record).
     named_type: Option<String>,
+    /// When the batch reached the processor; SQS received it a little earlier (see
+    /// [`crate::core::decision::RECEIVE_SLACK`]).
+    received_at_ms: u64,
     ledger: Ledger,
     had_ledger_item: bool,
 }
@@ -208,6 +211,7 @@ impl Processor {
             job,
             job_id,
             named_type,
+            received_at_ms: now_ms(),
             ledger: Ledger::FirstDelivery,
             had_ledger_item: false,
         }
@@ -349,7 +353,7 @@ impl Processor {
         let invalid = slot.job.as_ref().err().map(String::as_str);
         let record = RecordFacts {
             receive_count: slot.inc.receive_count,
-            received_at_ms: slot.received_at_ms(),
+            received_at_ms: slot.received_at_ms,
         };
         let inputs = |gate, execution, now_ms| Inputs {
             record,
@@ -628,13 +632,6 @@ impl Processor {
     }
 }
 
-impl Slot {
-    /// When this delivery was received: the processor sees it right after, so now.
-    fn received_at_ms(&self) -> u64 {
-        now_ms()
-    }
-}
-
 /// Adds one executed record's outcome to its job type's breaker report.
 fn tally(agg: &mut Aggregate, r: &Ran) {
     let transient = matches!(
@@ -726,18 +723,4 @@ async fn run_handler(
         Err(e) if e.is_panic() => Err(JobError::panic(e.into_panic().as_ref())),
         Err(_) => Err(JobError::transient("handler task was cancelled")),
     }
-}
-
-#[doc(hidden)]
-pub fn _assert_send(p: &Processor) -> impl std::future::Future<Output = BatchOutcome> + Send + '_ {
-    p.process(Vec::new(), None)
-}
-
-#[allow(dead_code)]
-fn _class_names() -> [FailureClass; 3] {
-    [
-        FailureClass::Fatal,
-        FailureClass::Exhausted,
-        FailureClass::Invalid,
-    ]
 }
