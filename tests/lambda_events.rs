@@ -11,8 +11,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sqs_triage::ops::Ctx;
-use sqs_triage::ops::setup::{SetupOptions, setup};
 
 struct Watch(Child);
 
@@ -92,21 +90,7 @@ fn ids(file: &str, pick: &[usize]) -> BTreeSet<String> {
 
 #[tokio::test]
 async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary() {
-    let sdk = support::sdk_config().await;
-    let ctx = Ctx::from_config(&sdk).unwrap();
-    let name = support::unique_name("events");
-    let created = setup(
-        &ctx,
-        &SetupOptions {
-            queue: name.clone(),
-            dlq: format!("{name}-dlq"),
-            table: name.clone(),
-            fifo: false,
-            max_receive_count: 1000,
-        },
-    )
-    .await
-    .unwrap();
+    let created = support::fresh_resources("events", false).await;
 
     let port = free_port();
     let envs = [

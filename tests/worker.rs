@@ -11,25 +11,12 @@ use serde_json::json;
 use sqs_triage::effects::ledger::AttemptLedger;
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client};
 use sqs_triage::ops::Ctx;
-use sqs_triage::ops::setup::{SetupOptions, setup};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_finishes_in_flight_records_and_releases_the_rest() {
     let sdk = support::sdk_config().await;
     let ctx = Ctx::from_config(&sdk).unwrap();
-    let name = support::unique_name("worker");
-    let created = setup(
-        &ctx,
-        &SetupOptions {
-            queue: name.clone(),
-            dlq: format!("{name}-dlq"),
-            table: name.clone(),
-            fifo: false,
-            max_receive_count: 1000,
-        },
-    )
-    .await
-    .unwrap();
+    let created = support::fresh_resources("worker", false).await;
     for i in 0..10 {
         let body = json!({"type": "triage.chaos", "id": format!("w{i}"), "payload": {"outcome": "ok", "sleep_ms": 3000}});
         ctx.sqs
@@ -56,6 +43,8 @@ async fn sigterm_finishes_in_flight_records_and_releases_the_rest() {
     // Wait for the event itself: two handlers have started (the concurrency bound).
     let stderr = BufReader::new(child.stderr.take().unwrap());
     let (tx, rx) = std::sync::mpsc::channel();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let lines = seen.clone();
     let reader = std::thread::spawn(move || {
         let mut started = 0;
         for line in stderr.lines().map_while(Result::ok) {
@@ -65,10 +54,16 @@ async fn sigterm_finishes_in_flight_records_and_releases_the_rest() {
                     let _ = tx.send(());
                 }
             }
+            lines.lock().unwrap().push(line);
         }
     });
-    rx.recv_timeout(Duration::from_secs(60))
-        .expect("two handlers started");
+    if rx.recv_timeout(Duration::from_secs(120)).is_err() {
+        let _ = child.kill();
+        panic!(
+            "two handlers never started; worker said:\n{}",
+            seen.lock().unwrap().join("\n")
+        );
+    }
     let term = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -29,7 +29,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::storage_retry::{FailureKind, StorageError, StorageRetry};
-use super::table::{BREAKER_SK, PK, SK, TTL_ATTRIBUTE, breaker_key, breaker_pk};
+use super::table::{BREAKER_SK, PK, SK, TTL_ATTRIBUTE, breaker_key, breaker_pk, get_consistent};
 use crate::core::breaker::{Acquire, Aggregate, BreakerConfig, BreakerState, Lease, Phase, gate};
 use crate::core::decision::Gate;
 
@@ -91,21 +91,10 @@ impl BreakerStore {
 
     /// The stored state and the token of the write that produced it.
     async fn read_raw(&self, job_type: &str) -> Result<(BreakerState, Option<String>), StorageError> {
-        let out = self
-            .retry
-            .call("GetItem", None, || {
-                self.client
-                    .get_item()
-                    .table_name(&self.table)
-                    .set_key(Some(breaker_key(job_type)))
-                    .consistent_read(true)
-                    .send()
-            })
-            .await
-            .map_err(|e| e.with_resource(&self.table))?;
-        let state = out.item().map(from_item).unwrap_or_default();
-        let writer = out
-            .item()
+        let item = get_consistent(&self.client, &self.retry, &self.table, breaker_key(job_type)).await?;
+        let state = item.as_ref().map(from_item).unwrap_or_default();
+        let writer = item
+            .as_ref()
             .and_then(|i| i.get("writer"))
             .and_then(|v| v.as_s().ok())
             .cloned();

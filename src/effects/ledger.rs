@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, KeysAndAttributes, 
 use tokio::time::Instant;
 
 use super::storage_retry::{BatchStep, StorageError, StorageRetry};
-use super::table::{LEDGER_SK, PK, TTL_ATTRIBUTE, ledger_key, ledger_pk};
+use super::table::{LEDGER_SK, PK, TTL_ATTRIBUTE, get_consistent, ledger_key, ledger_pk};
 use crate::core::decision::StoredAttempts;
 
 /// Most keys one `BatchGetItem` accepts.
@@ -122,6 +122,20 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The ids once each, in first-seen order.
+fn distinct<I, S>(job_ids: I) -> Vec<String>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let mut seen = HashSet::new();
+    job_ids
+        .into_iter()
+        .map(|s| s.as_ref().to_owned())
+        .filter(|id| seen.insert(id.clone()))
+        .collect()
+}
+
 /// One delivery of a message: what makes a handler execution countable exactly once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delivery<'a> {
@@ -174,12 +188,7 @@ impl AttemptLedger {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let mut seen = HashSet::new();
-        let ids: Vec<String> = job_ids
-            .into_iter()
-            .map(|s| s.as_ref().to_owned())
-            .filter(|id| seen.insert(id.clone()))
-            .collect();
+        let ids = distinct(job_ids);
         let chunks = ids
             .chunks(BATCH_GET_MAX)
             .map(|c| self.read_chunk(c.to_vec(), deadline));
@@ -315,12 +324,7 @@ impl AttemptLedger {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let mut seen = HashSet::new();
-        let ids: Vec<String> = job_ids
-            .into_iter()
-            .map(|s| s.as_ref().to_owned())
-            .filter(|id| seen.insert(id.clone()))
-            .collect();
+        let ids = distinct(job_ids);
         let chunks = ids
             .chunks(BATCH_WRITE_MAX)
             .map(|c| self.close_chunk(c.to_vec(), deadline));
@@ -400,19 +404,8 @@ impl AttemptLedger {
 
     /// Reads one job's ledger (consistent read), for the CLI.
     pub async fn show(&self, job_id: &str) -> Result<Option<LedgerItem>, StorageError> {
-        let out = self
-            .retry
-            .call("GetItem", None, || {
-                self.client
-                    .get_item()
-                    .table_name(&self.table)
-                    .set_key(Some(ledger_key(job_id)))
-                    .consistent_read(true)
-                    .send()
-            })
-            .await
-            .map_err(|e| e.with_resource(&self.table))?;
-        Ok(out.item().and_then(LedgerItem::parse))
+        let item = get_consistent(&self.client, &self.retry, &self.table, ledger_key(job_id)).await?;
+        Ok(item.as_ref().and_then(LedgerItem::parse))
     }
 }
 

@@ -57,6 +57,27 @@ fn key(pk: String, sk: &str) -> HashMap<String, AttributeValue> {
     ])
 }
 
+/// Reads one item with a consistent read, through `retry`.
+pub async fn get_consistent(
+    client: &Client,
+    retry: &StorageRetry,
+    table: &str,
+    key: HashMap<String, AttributeValue>,
+) -> Result<Option<HashMap<String, AttributeValue>>, StorageError> {
+    let out = retry
+        .call("GetItem", None, || {
+            client
+                .get_item()
+                .table_name(table)
+                .set_key(Some(key.clone()))
+                .consistent_read(true)
+                .send()
+        })
+        .await
+        .map_err(|e| e.with_resource(table))?;
+    Ok(out.item)
+}
+
 /// Creates the table if it does not exist, waits until it is ACTIVE and enables TTL on
 /// `expires_at`. Idempotent: running it on an existing table only checks and fixes TTL.
 pub async fn create_table(client: &Client, name: &str) -> Result<(), StorageError> {

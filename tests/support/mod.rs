@@ -108,3 +108,17 @@ pub fn unique_name(prefix: &str) -> String {
         .unwrap_or(0);
     format!("{prefix}-{}-{}-{n}", std::process::id(), millis % 1_000_000_000)
 }
+
+/// A fresh source queue, DLQ and state table on the local stack, named after `prefix`.
+pub async fn fresh_resources(prefix: &str, fifo: bool) -> sqs_triage::ops::setup::SetupReport {
+    let ctx = sqs_triage::ops::Ctx::from_config(&sdk_config().await).unwrap();
+    let name = unique_name(prefix);
+    let opts = sqs_triage::ops::setup::SetupOptions {
+        queue: name.clone(),
+        dlq: format!("{name}-dlq"),
+        table: name,
+        fifo,
+        max_receive_count: 1000,
+    };
+    sqs_triage::ops::setup::setup(&ctx, &opts).await.unwrap()
+}

@@ -16,7 +16,6 @@ use sqs_triage::core::policy::RetryPolicy;
 use sqs_triage::core::{Backoff, JobError};
 use sqs_triage::effects::storage_retry::{dynamodb_config, sqs_config};
 use sqs_triage::ops::Ctx;
-use sqs_triage::ops::setup::{SetupOptions, setup};
 use sqs_triage::processor::now_ms;
 use sqs_triage::processor::registry::{JobContext, Registry};
 use sqs_triage::runtime::chaos::{self, ChaosPayload};
@@ -124,19 +123,7 @@ impl Harness {
     pub async fn build(opts: Options<'_>) -> Self {
         let sdk = super::sdk_config().await;
         let ctx = Ctx::from_config(&sdk).unwrap();
-        let name = super::unique_name(opts.prefix);
-        let created = setup(
-            &ctx,
-            &SetupOptions {
-                queue: name.clone(),
-                dlq: format!("{name}-dlq"),
-                table: name.clone(),
-                fifo: opts.fifo,
-                max_receive_count: 1000,
-            },
-        )
-        .await
-        .unwrap();
+        let created = super::fresh_resources(opts.prefix, opts.fifo).await;
         let sqs = ctx.sqs.clone();
         let mut config = Config::from_lookup(&|_| None).unwrap();
         config.queue_url = Some(created.queue_url.clone());
