@@ -669,7 +669,7 @@ fn log_decision(d: &Decision, s: &Slot, log_payloads: bool) {
         } => tracing::info!(
             attempt = attempts,
             delay_ms = delay.as_millis() as u64,
-            error = %truncate(error),
+            error = %loggable(error, log_payloads),
             body,
             "retry scheduled"
         ),
@@ -678,7 +678,7 @@ fn log_decision(d: &Decision, s: &Slot, log_payloads: bool) {
             attempts,
             error,
         } => {
-            tracing::warn!(class = %class, attempt = attempts, error = %truncate(error), body, "dead-lettered")
+            tracing::warn!(class = %class, attempt = attempts, error = %loggable(error, log_payloads), body, "dead-lettered")
         }
         Decision::Defer { reason, visibility } => {
             tracing::info!(?reason, delay_ms = visibility.as_millis() as u64, "deferred")
@@ -687,6 +687,35 @@ fn log_decision(d: &Decision, s: &Slot, log_payloads: bool) {
         Decision::Done { attempts } => tracing::debug!(attempt = attempts, "succeeded"),
         Decision::Execute { .. } => {}
     }
+}
+
+/// An error text as logged: cut to 256 characters and, unless payloads may be logged, with
+/// every quoted span (`…` or "…") masked — decoders (serde's "unknown variant `x`", "invalid
+/// type: string \"x\"") and most libraries echo input values there.
+fn loggable(s: &str, log_payloads: bool) -> String {
+    let s = truncate(s);
+    if log_payloads {
+        return s.to_owned();
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut open: Option<char> = None;
+    for c in s.chars() {
+        match open {
+            None => {
+                out.push(c);
+                if c == '`' || c == '"' {
+                    open = Some(c);
+                    out.push('…');
+                }
+            }
+            Some(q) if c == q => {
+                out.push(c);
+                open = None;
+            }
+            Some(_) => {}
+        }
+    }
+    out
 }
 
 /// Error texts in logs are cut: they may echo payload data.
@@ -722,5 +751,20 @@ async fn run_handler(
         Ok(r) => r,
         Err(e) if e.is_panic() => Err(JobError::panic(e.into_panic().as_ref())),
         Err(_) => Err(JobError::transient("handler task was cancelled")),
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::loggable;
+
+    #[test]
+    fn quoted_values_are_masked_unless_payloads_are_logged() {
+        let e = "payload does not decode: unknown variant `s3cr3t`, expected `ok`; got \"s3cr3t\"";
+        let masked = loggable(e, false);
+        assert!(!masked.contains("s3cr3t"), "{masked}");
+        assert!(masked.starts_with("payload does not decode: unknown variant `…`"));
+        assert_eq!(loggable(e, true), e);
+        assert_eq!(loggable(&"x".repeat(1_000), false).len(), 256);
     }
 }
