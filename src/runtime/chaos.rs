@@ -7,7 +7,8 @@
 //! With `TRIAGE_CHAOS_RECORD_TABLE` set (or a [`Recorder`] given to [`register_recording`]),
 //! every execution is also written to that side table *before* the handler returns: one item
 //! per execution (`pk = exec#<job id>`, `sk = <message id>#<attempt>#<unique>`) with the
-//! attempt, the message id and the result (`ok` or the failing outcome). Chaos tests account
+//! attempt, the message id and the result (`ok` or the failing outcome; slow jobs also get a
+//! `started` item before their `sleep_ms`). Chaos tests account
 //! from it instead of from logs. A success that cannot be recorded is returned as a transient
 //! failure, so "recorded ok" and "handler returned Ok" never disagree. The recorder is a
 //! handler side effect, not product storage: it uses the SDK's own retries, not `StorageRetry`.
@@ -128,10 +129,17 @@ pub async fn run_recorded(
     ctx: JobContext,
     recorder: Option<&Recorder>,
 ) -> Result<(), JobError> {
+    let succeeds = p.outcome == ChaosOutcome::Ok || p.fail_times.is_some_and(|n| ctx.attempt > n);
     if let Some(ms) = p.sleep_ms {
+        // A slow execution is also recorded when it starts, so one stopped at a deadline or
+        // killed with its process still shows up.
+        if let Some(r) = recorder {
+            if let Err(e) = r.record(&ctx, "started").await {
+                tracing::warn!(error = %e, "chaos: execution start not recorded");
+            }
+        }
         tokio::time::sleep(Duration::from_millis(ms.min(900_000))).await;
     }
-    let succeeds = p.outcome == ChaosOutcome::Ok || p.fail_times.is_some_and(|n| ctx.attempt > n);
     if let Some(r) = recorder {
         let result = if succeeds { "ok" } else { p.outcome.name() };
         if let Err(e) = r.record(&ctx, result).await {
