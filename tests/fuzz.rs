@@ -1,0 +1,283 @@
+//! Bad input, fuzzed: arbitrary bytes and strings through the envelope parser, and through
+//! `SqsEvent` deserialization followed by the processor's reading of a record and the pure
+//! decision. No input panics and every input ends in exactly one decision.
+//!
+//! cargo-fuzz needs a nightly toolchain, so this is proptest over raw bytes (plus
+//! structure-aware generators that reach past the JSON syntax check). The corpus in
+//! `tests/corpus/{envelope,sqs_event}` is replayed on every run; `PROPTEST_CASES` scales
+//! the random part (CI runs the default, a few seconds).
+
+use std::path::Path;
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use proptest::prelude::*;
+use sqs_triage::core::envelope::{self, EnvelopeLimits};
+use sqs_triage::core::{
+    Decision, Execution, FailureClass, Gate, Inputs, JobError, Ledger, RecordFacts, RetryPolicy,
+    StoredAttempts, decide,
+};
+use sqs_triage::processor::Incoming;
+
+const REGISTERED: &str = "triage.chaos";
+
+/// What the processor does with one record up to the decision, without I/O: parse the
+/// envelope, route the job type, decide before the handler and, when admitted, after it.
+fn decision_for(inc: &Incoming, ledger: Ledger, outcome: &Result<(), JobError>) -> Decision {
+    let parsed = envelope::parse(
+        &inc.body,
+        inc.job_type_attribute(),
+        inc.job_id_attribute(),
+        EnvelopeLimits::default(),
+    );
+    let invalid = match &parsed {
+        Err(e) => Some(e.to_string()),
+        Ok(job) if job.job_type != REGISTERED => Some(format!("no handler for job type `{}`", job.job_type)),
+        Ok(_) => None,
+    };
+    let policy = RetryPolicy::default();
+    let now = 1_767_225_600_000;
+    let inputs = |execution| Inputs {
+        record: RecordFacts {
+            receive_count: inc.receive_count,
+            received_at_ms: now,
+        },
+        invalid: invalid.as_deref(),
+        ledger: if inc.receive_count > 1 {
+            ledger
+        } else {
+            Ledger::FirstDelivery
+        },
+        gate: Gate::Closed,
+        time_left: Some(Duration::from_secs(30)),
+        execution,
+        policy: &policy,
+        now_ms: now,
+    };
+    let mut rng = rand::rng();
+    let pre = decide(&inputs(Execution::NotRun), &mut rng);
+    if let Some(reason) = &invalid {
+        assert!(
+            matches!(&pre, Decision::DeadLetter { class: FailureClass::Invalid, attempts: 0, error } if error == reason),
+            "an unreadable record is dead-lettered as invalid: {pre:?}"
+        );
+        // The reason goes into the failure record: it must never be empty.
+        assert!(!reason.is_empty());
+    }
+    match pre {
+        Decision::Execute { attempt } => {
+            assert!(attempt >= 1 && attempt <= policy.max_attempts());
+            let post = decide(&inputs(Execution::Ran(outcome)), &mut rng);
+            assert!(
+                !matches!(post, Decision::Execute { .. }),
+                "the second decision never admits"
+            );
+            post
+        }
+        other => other,
+    }
+}
+
+fn incoming(body: String, job_type: Option<String>, receive_count: u32) -> Incoming {
+    let mut inc = Incoming {
+        message_id: "m-1".into(),
+        receipt_handle: "r-1".into(),
+        body,
+        receive_count,
+        first_received_at_ms: None,
+        group_id: None,
+        attributes: Default::default(),
+        from_fifo: false,
+    };
+    if let Some(t) = job_type {
+        inc.attributes.insert(
+            envelope::JOB_TYPE_ATTRIBUTE.into(),
+            aws_sdk_sqs::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(t)
+                .build()
+                .unwrap(),
+        );
+    }
+    inc
+}
+
+/// Every record of an event (if it deserializes) gets exactly one decision.
+fn event_bytes(bytes: &[u8]) -> usize {
+    let Ok(event) = serde_json::from_slice::<SqsEvent>(bytes) else {
+        // Lambda would fail the invocation before the handler: nothing is lost, the whole
+        // batch comes back.
+        return 0;
+    };
+    let n = event.records.len();
+    for record in event.records {
+        let inc = Incoming::from_lambda(record);
+        assert!(inc.receive_count >= 1);
+        let d = decision_for(&inc, Ledger::Stored(None), &Err(JobError::transient("t")));
+        assert!(!matches!(d, Decision::Execute { .. }));
+    }
+    n
+}
+
+fn envelope_bytes(bytes: &[u8], job_type: Option<String>) {
+    let body = String::from_utf8_lossy(bytes).into_owned();
+    for outcome in [Ok(()), Err(JobError::fatal("f")), Err(JobError::transient("t"))] {
+        for ledger in [
+            Ledger::Stored(None),
+            Ledger::Unavailable,
+            Ledger::Stored(Some(StoredAttempts {
+                attempts: 4,
+                next_attempt_at_ms: None,
+            })),
+        ] {
+            let d = decision_for(&incoming(body.clone(), job_type.clone(), 3), ledger, &outcome);
+            assert!(!matches!(d, Decision::Execute { .. }));
+        }
+    }
+}
+
+fn corpus(dir: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/corpus")
+        .join(dir);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
+        .collect()
+}
+
+#[test]
+fn envelope_corpus_replays_without_panic() {
+    let files = corpus("envelope");
+    assert!(files.len() >= 20);
+    for (name, bytes) in files {
+        eprintln!("{name}");
+        envelope_bytes(&bytes, None);
+        envelope_bytes(&bytes, Some(REGISTERED.into()));
+        envelope_bytes(&bytes, Some(String::new()));
+    }
+}
+
+#[test]
+fn sqs_event_corpus_replays_without_panic() {
+    let files = corpus("sqs_event");
+    assert!(files.len() >= 15);
+    let mut records = 0;
+    for (name, bytes) in files {
+        eprintln!("{name}");
+        records += event_bytes(&bytes);
+    }
+    assert!(
+        records > 10,
+        "the corpus reaches the processor ({records} records)"
+    );
+}
+
+/// A JSON value of any shape, for structure-aware event generation.
+fn any_json() -> impl Strategy<Value = serde_json::Value> {
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::from),
+        any::<i64>().prop_map(serde_json::Value::from),
+        any::<f64>().prop_map(|f| serde_json::json!(f)),
+        ".{0,40}".prop_map(serde_json::Value::from),
+    ];
+    leaf.prop_recursive(4, 32, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::from),
+            prop::collection::btree_map(".{0,12}", inner, 0..6)
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// An envelope-like body: mostly valid JSON objects with `type`, `id` and `payload` fields
+/// of any type, sometimes mangled.
+fn envelope_like() -> impl Strategy<Value = String> {
+    (
+        prop_oneof![Just(serde_json::json!(REGISTERED)), any_json()],
+        prop::option::of(any_json()),
+        any_json(),
+        0usize..3,
+    )
+        .prop_map(|(t, id, payload, mangle)| {
+            let mut o = serde_json::json!({"type": t, "payload": payload});
+            if let Some(id) = id {
+                o["id"] = id;
+            }
+            let s = o.to_string();
+            match mangle {
+                0 => s,
+                1 => s.chars().take(s.chars().count() / 2).collect(),
+                _ => format!("{s}{s}"),
+            }
+        })
+}
+
+/// An SQS event whose records have fields of any shape.
+fn event_like() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(
+        (
+            prop::option::of(".{0,20}"),
+            prop_oneof![envelope_like().prop_map(serde_json::Value::from), any_json()],
+            prop_oneof![
+                Just(serde_json::json!("1")),
+                Just(serde_json::json!("7")),
+                any_json()
+            ],
+            prop_oneof![
+                Just(serde_json::json!({})),
+                Just(serde_json::json!({"job-type": {"dataType": "String", "stringValue": REGISTERED}})),
+                Just(serde_json::json!({"b": {"dataType": "Binary", "binaryValue": "/wD+"}})),
+                any_json(),
+            ],
+        ),
+        0..5,
+    )
+    .prop_map(|records| {
+        let records: Vec<serde_json::Value> = records
+            .into_iter()
+            .map(|(id, body, count, attrs)| {
+                serde_json::json!({
+                    "messageId": id,
+                    "receiptHandle": "r",
+                    "body": body,
+                    "attributes": {"ApproximateReceiveCount": count},
+                    "messageAttributes": attrs,
+                    "eventSource": "aws:sqs",
+                })
+            })
+            .collect();
+        serde_json::to_vec(&serde_json::json!({ "Records": records })).unwrap()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn envelope_parser_takes_any_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512),
+                                       job_type in prop::option::of(".{0,8}")) {
+        envelope_bytes(&bytes, job_type);
+    }
+
+    #[test]
+    fn envelope_parser_takes_any_envelope_shape(body in envelope_like()) {
+        envelope_bytes(body.as_bytes(), None);
+    }
+
+    #[test]
+    fn sqs_event_takes_any_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        event_bytes(&bytes);
+    }
+
+    #[test]
+    fn sqs_event_takes_any_record_shape(bytes in event_like()) {
+        event_bytes(&bytes);
+    }
+}

@@ -1,0 +1,452 @@
+//! Hostile messages on the local stack: 10 attributes already present (one binary, not
+//! UTF-8), huge attribute values, bodies at and over the size limit, error texts larger than
+//! the DLQ can carry. Each one gets a correct DLQ copy (body byte for byte, attributes
+//! recoverable, a failure record within SQS's limits) or stays in its queue with a clear
+//! error — never lost. And no payload or attribute value reaches the logs unless
+//! `log_payloads` is on.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_config::BehaviorVersion;
+use aws_sdk_sqs::primitives::Blob;
+use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use lambda_runtime::{Context, LambdaEvent};
+use serde_json::{Value, json};
+use sqs_triage::config::Config;
+use sqs_triage::core::JobError;
+use sqs_triage::core::failure::{FailureClass, FailureRecord};
+use sqs_triage::effects::dlq::{MAX_ATTRIBUTES, attribute_size, failure_record, original_attributes};
+use sqs_triage::ops::Ctx;
+use sqs_triage::ops::setup::{SetupOptions, setup};
+use sqs_triage::processor::now_ms;
+use sqs_triage::processor::registry::{JobContext, Registry};
+use sqs_triage::runtime::chaos;
+use sqs_triage::runtime::env::{Environment, build};
+use sqs_triage::runtime::lambda;
+use sqs_triage::runtime::worker::{Worker, WorkerOptions};
+
+const SECRET: &str = "hunter2-SECRET-7f3a";
+/// A job type whose handler fails fatally with an error text as long as its payload says.
+const BIG_ERROR: &str = "hostile.big-error";
+
+struct Rig {
+    env: Environment,
+    sqs: aws_sdk_sqs::Client,
+    queue_url: String,
+    dlq_url: String,
+}
+
+async fn rig(name: &str, log_payloads: bool, queue_max: Option<u32>, dlq_max: Option<u32>) -> Rig {
+    assert!(
+        std::env::var("AWS_ENDPOINT_URL_SQS").is_ok(),
+        "local stack not configured: `bash infra/local/stack.sh start` and `eval \"$(bash infra/local/stack.sh env)\"`"
+    );
+    let sdk = aws_config::defaults(BehaviorVersion::latest()).load().await;
+    let ctx = Ctx::from_config(&sdk).unwrap();
+    let name = format!(
+        "hostile-{name}-{}-{}",
+        std::process::id(),
+        now_ms() % 1_000_000_000
+    );
+    let created = setup(
+        &ctx,
+        &SetupOptions {
+            queue: name.clone(),
+            dlq: format!("{name}-dlq"),
+            table: name.clone(),
+            fifo: false,
+            max_receive_count: 1000,
+        },
+    )
+    .await
+    .unwrap();
+    for (url, max) in [(&created.queue_url, queue_max), (&created.dlq_url, dlq_max)] {
+        if let Some(max) = max {
+            ctx.sqs
+                .set_queue_attributes()
+                .queue_url(url)
+                .attributes(QueueAttributeName::MaximumMessageSize, max.to_string())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    ctx.sqs
+        .set_queue_attributes()
+        .queue_url(&created.queue_url)
+        .attributes(QueueAttributeName::VisibilityTimeout, "2")
+        .send()
+        .await
+        .unwrap();
+    let mut config = Config::from_lookup(&|_| None).unwrap();
+    config.queue_url = Some(created.queue_url.clone());
+    config.dlq_url = Some(created.dlq_url.clone());
+    config.table = Some(created.table.clone());
+    config.log_payloads = log_payloads;
+    let registry = chaos::register(
+        Registry::new(config.policy.clone(), config.breaker),
+        config.policy.clone(),
+        config.breaker,
+    )
+    .handle(BIG_ERROR, |p: Value, _ctx: JobContext| async move {
+        let n = p["error_bytes"].as_u64().unwrap_or(10) as usize;
+        Err::<(), _>(JobError::fatal(format!("{}{SECRET}", "E".repeat(n))))
+    });
+    let env = build(&config, registry, &sdk).await.unwrap();
+    Rig {
+        env,
+        sqs: ctx.sqs.clone(),
+        queue_url: created.queue_url,
+        dlq_url: created.dlq_url,
+    }
+}
+
+impl Rig {
+    async fn send(&self, body: &str, attrs: &HashMap<String, MessageAttributeValue>) -> String {
+        self.sqs
+            .send_message()
+            .queue_url(&self.queue_url)
+            .message_body(body)
+            .set_message_attributes(Some(attrs.clone()).filter(|a| !a.is_empty()))
+            .send()
+            .await
+            .unwrap()
+            .message_id
+            .unwrap()
+    }
+
+    /// One worker poll (receive, process, delete what is settled).
+    async fn poll(&self) {
+        let worker = Worker::new(
+            self.env.clone(),
+            WorkerOptions {
+                wait: Duration::from_secs(2),
+                max_messages: 10,
+                emf: false,
+            },
+        );
+        worker.poll_once().await.unwrap().expect("a batch");
+    }
+
+    async fn all(&self, url: &str, wait: i32) -> Vec<Message> {
+        let mut out = Vec::new();
+        loop {
+            let got = self
+                .sqs
+                .receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10)
+                .visibility_timeout(300)
+                .wait_time_seconds(wait)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .unwrap()
+                .messages
+                .unwrap_or_default();
+            if got.is_empty() {
+                return out;
+            }
+            out.extend(got);
+        }
+    }
+
+    async fn max_size(&self, url: &str) -> usize {
+        self.sqs
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::MaximumMessageSize)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap()
+            .get(&QueueAttributeName::MaximumMessageSize)
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+}
+
+fn string(v: impl Into<String>) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(v)
+        .build()
+        .unwrap()
+}
+
+fn binary(v: Vec<u8>) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type("Binary")
+        .binary_value(Blob::new(v))
+        .build()
+        .unwrap()
+}
+
+fn fatal_body(id: &str) -> String {
+    json!({"type": chaos::CHAOS, "id": id, "payload": {"outcome": "fatal"}}).to_string()
+}
+
+fn attrs_of(m: &Message) -> HashMap<String, MessageAttributeValue> {
+    m.message_attributes().cloned().unwrap_or_default()
+}
+
+fn size_of(m: &Message) -> usize {
+    m.body().unwrap().len()
+        + attrs_of(m)
+            .iter()
+            .map(|(k, v)| attribute_size(k, v))
+            .sum::<usize>()
+}
+
+fn record(m: &Message) -> FailureRecord {
+    failure_record(&attrs_of(m))
+        .expect("a failure record")
+        .expect("it parses")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_attributes_one_binary_not_utf8_travel_to_the_dlq() {
+    let r = rig("ten", false, None, None).await;
+    let mut attrs: HashMap<String, MessageAttributeValue> = (0..9)
+        .map(|i| (format!("a{i}"), string(format!("value-{i}"))))
+        .collect();
+    attrs.insert("bin".into(), binary(vec![0xff, 0xfe, 0x00, 0xc3, 0x28, 0x80]));
+    assert_eq!(attrs.len(), MAX_ATTRIBUTES);
+    let body = fatal_body("ten-attrs");
+    r.send(&body, &attrs).await;
+    r.poll().await;
+    let dlq = r.all(&r.dlq_url, 2).await;
+    assert_eq!(dlq.len(), 1);
+    let copy = &dlq[0];
+    assert_eq!(copy.body(), Some(body.as_str()), "body byte for byte");
+    assert!(attrs_of(copy).len() <= MAX_ATTRIBUTES);
+    assert_eq!(
+        original_attributes(&attrs_of(copy)).unwrap(),
+        attrs,
+        "attributes recoverable"
+    );
+    assert_eq!(record(copy).class, FailureClass::Fatal);
+    assert!(r.all(&r.queue_url, 0).await.is_empty(), "settled and deleted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_attribute_values_and_huge_errors_fit_the_dlq() {
+    let r = rig("huge", false, None, None).await;
+    let limit = r.max_size(&r.dlq_url).await;
+    // Attributes using most of the message size, and an error text larger than the DLQ.
+    let attrs: HashMap<String, MessageAttributeValue> = HashMap::from([
+        ("big".to_owned(), string("v".repeat(limit / 2))),
+        ("bin".to_owned(), binary(vec![0x80; limit / 4])),
+    ]);
+    let body = json!({"type": BIG_ERROR, "id": "huge", "payload": {"error_bytes": limit * 2}}).to_string();
+    r.send(&body, &attrs).await;
+    r.poll().await;
+    let dlq = r.all(&r.dlq_url, 2).await;
+    assert_eq!(dlq.len(), 1);
+    let copy = &dlq[0];
+    assert_eq!(copy.body(), Some(body.as_str()));
+    assert_eq!(original_attributes(&attrs_of(copy)).unwrap(), attrs);
+    assert!(size_of(copy) <= limit, "{} > {limit}", size_of(copy));
+    let rec = record(copy);
+    assert!(
+        rec.error.ends_with("[truncated]"),
+        "the error is cut, never the body"
+    );
+    assert_eq!(rec.attempts, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_at_the_limit_gets_a_copy_when_the_dlq_is_larger_and_stays_when_it_is_not() {
+    // Source 256 KiB, DLQ 1 MiB: a body at the source's limit fits with its record.
+    let roomy = rig("at-limit", false, Some(262_144), Some(1_048_576)).await;
+    let limit = roomy.max_size(&roomy.queue_url).await;
+    let skeleton =
+        json!({"type": chaos::CHAOS, "id": "at-limit", "payload": {"outcome": "fatal", "pad": ""}})
+            .to_string();
+    let body = json!({"type": chaos::CHAOS, "id": "at-limit", "payload": {"outcome": "fatal", "pad": "p".repeat(limit - skeleton.len())}}).to_string();
+    assert_eq!(body.len(), limit);
+    roomy.send(&body, &HashMap::new()).await;
+    roomy.poll().await;
+    let dlq = roomy.all(&roomy.dlq_url, 2).await;
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(dlq[0].body(), Some(body.as_str()));
+    // `pad` is not a chaos field: the payload does not decode, which is fatal.
+    assert_eq!(record(&dlq[0]).class, FailureClass::Fatal);
+
+    // Same body, DLQ as small as the source: no record fits, so the message stays where it is
+    // (a clear warning is logged) rather than being deleted or sent without its record.
+    let tight = rig("at-limit-tight", false, Some(262_144), Some(262_144)).await;
+    let id = tight.send(&body, &HashMap::new()).await;
+    tight.poll().await;
+    assert!(tight.all(&tight.dlq_url, 0).await.is_empty());
+    let back = tight.all(&tight.queue_url, 5).await;
+    assert_eq!(back.len(), 1, "never lost: still in the source queue");
+    assert_eq!(back[0].message_id(), Some(id.as_str()));
+    assert_eq!(back[0].body(), Some(body.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_reported_failed_not_dropped() {
+    // SQS refuses such a body at send time; a Lambda event can still carry one (a bigger
+    // limit upstream). The processor reads it as invalid, cannot make a copy that fits the
+    // DLQ, and reports the record failed, so the event source mapping keeps it.
+    let r = rig("over", false, None, None).await;
+    let body = "x".repeat(sqs_triage::core::envelope::SQS_MAX_MESSAGE_BYTES + 1);
+    let event = json!({"Records": [{
+        "messageId": "over-1",
+        "receiptHandle": "rh-over-1",
+        "body": body,
+        "attributes": {"ApproximateReceiveCount": "1"},
+        "messageAttributes": {"job-type": {"dataType": "String", "stringValue": chaos::CHAOS}},
+        "eventSource": "aws:sqs",
+    }]});
+    let mut context = Context::default();
+    context.deadline = now_ms() + 30_000;
+    let response = lambda::handle(
+        &r.env.processor,
+        LambdaEvent::new(serde_json::from_value(event).unwrap(), context),
+    )
+    .await
+    .unwrap();
+    let failed: Vec<&str> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    assert_eq!(failed, ["over-1"]);
+    assert!(r.all(&r.dlq_url, 0).await.is_empty());
+}
+
+// ---------------------------------------------------------------- logs
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+/// Processes a batch holding the secret in bodies, attributes, payload values that fail to
+/// decode and long handler errors; returns everything the crate logged at any level.
+async fn logs_of_a_batch(log_payloads: bool) -> String {
+    let r = rig(
+        if log_payloads { "logs-on" } else { "logs-off" },
+        log_payloads,
+        None,
+        None,
+    )
+    .await;
+    let attrs = HashMap::from([
+        ("token".to_owned(), string(SECRET)),
+        ("blob".to_owned(), binary(SECRET.as_bytes().to_vec())),
+    ]);
+    let bodies = [
+        // Succeeds, retries, dead-letters: the secret rides in the payload.
+        json!({"type": chaos::CHAOS, "id": "s1", "payload": {"outcome": "ok", "note": SECRET}}),
+        json!({"type": chaos::CHAOS, "id": "s2", "payload": {"outcome": "transient", "fail_times": 1}, "x": SECRET}),
+        // The secret is a payload value the decoder complains about.
+        json!({"type": chaos::CHAOS, "id": "s3", "payload": {"outcome": SECRET}}),
+        json!({"type": chaos::CHAOS, "id": "s4", "payload": {"outcome": "ok", "sleep_ms": SECRET}}),
+        // A long error echoing the secret past the log's cut.
+        json!({"type": BIG_ERROR, "id": "s5", "payload": {"error_bytes": 4000, "x": SECRET}}),
+        // Not an envelope at all.
+        json!([SECRET]),
+    ];
+    for b in &bodies {
+        r.send(&b.to_string(), &attrs).await;
+    }
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("sqs_triage=trace"))
+        .with_writer(captured.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let mut seen = 0;
+    while seen < bodies.len() {
+        let messages = r.all(&r.queue_url, 2).await;
+        assert!(!messages.is_empty(), "every message is received");
+        seen += messages.len();
+        let event = sqs_event(&messages, &r.queue_url);
+        let mut context = Context::default();
+        context.deadline = now_ms() + 30_000;
+        lambda::handle(&r.env.processor, LambdaEvent::new(event, context))
+            .await
+            .unwrap();
+    }
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(text.contains("dead-lettered"), "the batch was logged:\n{text}");
+    text
+}
+
+/// A Lambda event from received messages, attributes included (binary as base64).
+fn sqs_event(messages: &[Message], queue_url: &str) -> aws_lambda_events::event::sqs::SqsEvent {
+    let name = queue_url.rsplit('/').next().unwrap();
+    let records: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            let attributes: HashMap<String, String> = m
+                .attributes()
+                .map(|a| {
+                    a.iter()
+                        .map(|(k, v)| (k.as_str().to_owned(), v.clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let message_attributes: HashMap<String, Value> = attrs_of(m)
+                .iter()
+                .map(|(k, v)| {
+                    let mut o =
+                        json!({"dataType": v.data_type(), "stringListValues": [], "binaryListValues": []});
+                    if let Some(s) = v.string_value() {
+                        o["stringValue"] = json!(s);
+                    }
+                    if let Some(b) = v.binary_value() {
+                        o["binaryValue"] = json!(aws_smithy_types::base64::encode(b.as_ref()));
+                    }
+                    (k.clone(), o)
+                })
+                .collect();
+            json!({
+                "messageId": m.message_id(),
+                "receiptHandle": m.receipt_handle(),
+                "body": m.body(),
+                "attributes": attributes,
+                "messageAttributes": message_attributes,
+                "eventSource": "aws:sqs",
+                "eventSourceARN": format!("arn:aws:sqs:us-east-1:000000000000:{name}"),
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({ "Records": records })).unwrap()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn no_payload_or_attribute_value_in_logs_unless_enabled() {
+    let off = logs_of_a_batch(false).await;
+    assert!(!off.contains(SECRET), "secret leaked into logs:\n{off}");
+    // Error texts are cut: the 4 000-byte error is not logged whole.
+    assert!(!off.contains(&"E".repeat(300)), "error text not truncated");
+
+    let on = logs_of_a_batch(true).await;
+    assert!(on.contains(SECRET), "log_payloads logs bodies:\n{on}");
+}
