@@ -1,0 +1,1154 @@
+//! The chaos run: thousands of `triage.chaos` jobs through two concurrent workers (and, in
+//! another scenario, through the Lambda adapter fed by a loop that behaves like the SQS event
+//! source mapping) while storage calls fail, the DLQ refuses sends, a worker process is
+//! killed with SIGKILL, Lambda deadlines cut batches short and messages are delivered twice.
+//!
+//! At the end every job is accounted for from the emulators' own state — the chaos handler's
+//! side table of executions, the DLQ's failure records, the messages left in the source
+//! queue, the attempt ledger — never from the product's logs. See `docs/guarantees.md`.
+//!
+//! Needs the local stack (`bash infra/local/stack.sh start`, then
+//! `eval "$(bash infra/local/stack.sh env)"`). Bounded: `CHAOS_JOBS` (default 5000) jobs in
+//! the all-faults scenarios, `CHAOS_SMALL_JOBS` (default 400) in each single-fault one;
+//! `CHAOS_SCENARIOS` (comma-separated names) runs a subset. Run with
+//! `cargo test --test chaos -- --nocapture` to see the table.
+
+#[path = "../support/fault_proxy.rs"]
+mod fault_proxy;
+mod router;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use aws_config::{BehaviorVersion, SdkConfig};
+use aws_lambda_events::event::sqs::SqsEvent;
+use aws_sdk_sqs::types::{
+    Message, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
+};
+use fault_proxy::{Fault, FaultPlan, FaultProxy, FaultRule};
+use lambda_runtime::{Context, LambdaEvent};
+use router::Router;
+use serde_json::{Value, json};
+use sqs_triage::config::Config;
+use sqs_triage::core::failure::FailureClass;
+use sqs_triage::effects::dlq::failure_record;
+use sqs_triage::ops::Ctx;
+use sqs_triage::ops::setup::{SetupOptions, setup};
+use sqs_triage::processor::now_ms;
+use sqs_triage::processor::registry::Registry;
+use sqs_triage::runtime::chaos::{self, Recorder};
+use sqs_triage::runtime::env::{Environment, build};
+use sqs_triage::runtime::lambda;
+use sqs_triage::runtime::worker::{Worker, WorkerOptions};
+use tokio::sync::watch;
+
+const MAX_ATTEMPTS: u32 = 5;
+/// Visibility timeout of the source queue: how soon a message comes back after a crash.
+const QUEUE_VISIBILITY_S: i32 = 8;
+/// Max delay of the policy; "parked" jobs ask for it on every attempt, so they are still
+/// waiting in the source queue when the run stops.
+const MAX_DELAY_MS: u64 = 10_000;
+
+fn policy_vars() -> Vec<(&'static str, String)> {
+    vec![
+        ("TRIAGE_MAX_ATTEMPTS", MAX_ATTEMPTS.to_string()),
+        ("TRIAGE_BASE_DELAY_MS", "1000".into()),
+        ("TRIAGE_BACKOFF_MULTIPLIER", "2".into()),
+        ("TRIAGE_MAX_DELAY_MS", MAX_DELAY_MS.to_string()),
+        ("TRIAGE_JITTER_MAX_MS", "200".into()),
+        // The breaker is tested elsewhere; here it must not defer the whole workload.
+        ("TRIAGE_BREAKER_THRESHOLD", "100000".into()),
+    ]
+}
+
+// ---------------------------------------------------------------- the workload
+
+/// Where a job must end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Place {
+    Succeeded,
+    Dlq,
+    Queue,
+}
+
+#[derive(Debug, Clone)]
+struct Job {
+    id: String,
+    payload: Value,
+    expect: Place,
+    /// True for jobs whose designed outcome is "ok" (possibly after failures).
+    ok: bool,
+    /// Another right place: a parked job may have exhausted its attempts in a long run, and
+    /// a job that panics once may succeed on a re-run when the DLQ refused its copy.
+    alt: Option<Place>,
+    /// False for payloads that do not decode: the handler never starts, so it records nothing.
+    decodes: bool,
+}
+
+/// A deterministic mix: half plain successes, successes after transient failures or a
+/// Retry-After, slow jobs (in flight when a worker dies or a deadline hits), fatal errors,
+/// panics, payloads that do not decode, jobs that exhaust their attempts, and a few parked
+/// jobs that keep asking for the maximum delay.
+fn workload(prefix: &str, n: usize, parked: bool) -> Vec<Job> {
+    let mut jobs: Vec<Job> = (0..n)
+        .map(|i| {
+            let (payload, expect, ok) = match i % 50 {
+                0..=24 | 49 => (json!({"outcome": "ok"}), Place::Succeeded, true),
+                25 => (json!({"outcome": "ok", "sleep_ms": 1200}), Place::Succeeded, true),
+                26..=31 => (
+                    json!({"outcome": "transient", "fail_times": 1}),
+                    Place::Succeeded,
+                    true,
+                ),
+                32..=34 => (
+                    json!({"outcome": "transient", "fail_times": 2}),
+                    Place::Succeeded,
+                    true,
+                ),
+                35..=37 => (
+                    json!({"outcome": "throttle", "fail_times": 1, "retry_after_ms": 1500}),
+                    Place::Succeeded,
+                    true,
+                ),
+                38 => (json!({"outcome": "panic", "fail_times": 1}), Place::Dlq, false),
+                39..=41 => (json!({"outcome": "fatal"}), Place::Dlq, false),
+                42..=43 => (json!({"outcome": "panic"}), Place::Dlq, false),
+                44..=45 => (json!({"outcome": "bogus"}), Place::Dlq, false),
+                _ => (json!({"outcome": "transient"}), Place::Dlq, false),
+            };
+            Job {
+                id: format!("{prefix}-{i:05}"),
+                alt: (i % 50 == 38).then_some(Place::Succeeded),
+                decodes: payload["outcome"] != "bogus",
+                payload,
+                expect,
+                ok,
+            }
+        })
+        .collect();
+    // Sent last, so they are still waiting for their next attempt when the run stops (or,
+    // in a long run, exhausted and dead-lettered: either place is right for them).
+    if parked {
+        jobs.extend((0..n.div_ceil(100)).map(|i| Job {
+            id: format!("{prefix}-parked-{i:03}"),
+            payload: json!({"outcome": "throttle", "retry_after_ms": MAX_DELAY_MS}),
+            expect: Place::Queue,
+            ok: false,
+            alt: Some(Place::Dlq),
+            decodes: true,
+        }));
+    }
+    jobs
+}
+
+// ---------------------------------------------------------------- resources
+
+struct Stack {
+    sdk: SdkConfig,
+    sqs: aws_sdk_sqs::Client,
+    ddb: aws_sdk_dynamodb::Client,
+    queue_url: String,
+    dlq_url: String,
+    dlq_name: String,
+    table: String,
+    record_table: String,
+}
+
+fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}-{}-{}-{}",
+        std::process::id(),
+        now_ms() % 1_000_000_000,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl Stack {
+    async fn new(prefix: &str) -> Stack {
+        assert!(
+            std::env::var("AWS_ENDPOINT_URL_SQS").is_ok(),
+            "local stack not configured: run `bash infra/local/stack.sh start` and \
+             `eval \"$(bash infra/local/stack.sh env)\"`"
+        );
+        let sdk = aws_config::defaults(BehaviorVersion::latest()).load().await;
+        let ctx = Ctx::from_config(&sdk).unwrap();
+        let name = unique(prefix);
+        let created = setup(
+            &ctx,
+            &SetupOptions {
+                queue: name.clone(),
+                dlq: format!("{name}-dlq"),
+                table: name.clone(),
+                fifo: false,
+                max_receive_count: 1000,
+            },
+        )
+        .await
+        .unwrap();
+        ctx.sqs
+            .set_queue_attributes()
+            .queue_url(&created.queue_url)
+            .attributes(
+                QueueAttributeName::VisibilityTimeout,
+                QUEUE_VISIBILITY_S.to_string(),
+            )
+            .send()
+            .await
+            .unwrap();
+        let record_table = format!("{name}-exec");
+        sqs_triage::effects::table::create_table(&ctx.ddb, &record_table)
+            .await
+            .unwrap();
+        Stack {
+            sdk,
+            sqs: ctx.sqs.clone(),
+            ddb: ctx.ddb.clone(),
+            queue_url: created.queue_url,
+            dlq_url: created.dlq_url,
+            dlq_name: format!("{name}-dlq"),
+            table: created.table,
+            record_table,
+        }
+    }
+
+    fn config(&self) -> Config {
+        let vars: HashMap<&str, String> = policy_vars().into_iter().collect();
+        let mut c = Config::from_lookup(&|k| vars.get(k).cloned()).unwrap();
+        c.queue_url = Some(self.queue_url.clone());
+        c.dlq_url = Some(self.dlq_url.clone());
+        c.table = Some(self.table.clone());
+        c
+    }
+
+    /// A recorder writing straight to DynamoDB Local (the oracle is never faulted).
+    fn recorder(&self) -> Recorder {
+        Recorder::new(self.ddb.clone(), &self.record_table)
+    }
+
+    /// An environment whose every SQS and DynamoDB call goes through `endpoint`.
+    async fn environment(&self, endpoint: &str) -> Environment {
+        let config = self.config();
+        let registry = chaos::register_recording(
+            Registry::new(config.policy.clone(), config.breaker),
+            config.policy.clone(),
+            config.breaker,
+            Some(self.recorder()),
+        );
+        build(&config, registry, &via(&self.sdk, endpoint)).await.unwrap()
+    }
+
+    async fn send(&self, jobs: &[Job]) {
+        let chunks: Vec<Vec<SendMessageBatchRequestEntry>> = jobs
+            .chunks(10)
+            .map(|c| {
+                c.iter()
+                    .enumerate()
+                    .map(|(i, j)| {
+                        let body = json!({"type": chaos::CHAOS, "id": j.id, "payload": j.payload});
+                        SendMessageBatchRequestEntry::builder()
+                            .id(format!("e{i}"))
+                            .message_body(body.to_string())
+                            .build()
+                            .unwrap()
+                    })
+                    .collect()
+            })
+            .collect();
+        futures::stream::iter(chunks)
+            .for_each_concurrent(8, |entries| async move {
+                let out = self
+                    .sqs
+                    .send_message_batch()
+                    .queue_url(&self.queue_url)
+                    .set_entries(Some(entries))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(
+                    out.failed().is_empty(),
+                    "producer send failed: {:?}",
+                    out.failed()
+                );
+            })
+            .await;
+    }
+
+    async fn depth(&self, url: &str) -> (u64, u64) {
+        let a = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap_or_default();
+        let get = |k: QueueAttributeName| a.get(&k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        (
+            get(QueueAttributeName::ApproximateNumberOfMessages)
+                + get(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
+            get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+        )
+    }
+
+    /// Every message of a queue, read with a long visibility timeout and never deleted.
+    async fn read_all(&self, url: &str) -> Vec<Message> {
+        let mut out = Vec::new();
+        let mut empty = 0;
+        while empty < 2 {
+            let got = self
+                .sqs
+                .receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10)
+                .visibility_timeout(600)
+                .wait_time_seconds(0)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .unwrap()
+                .messages
+                .unwrap_or_default();
+            if got.is_empty() {
+                empty += 1;
+            } else {
+                empty = 0;
+                out.extend(got);
+            }
+        }
+        out
+    }
+
+    async fn scan(&self, table: &str) -> Vec<HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .ddb
+                .scan()
+                .table_name(table)
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .unwrap();
+            items.extend(out.items.unwrap_or_default());
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return items;
+            }
+        }
+    }
+}
+
+/// An SDK configuration like `base` whose only endpoint is `endpoint`. It carries no
+/// service config, so `AWS_ENDPOINT_URL_SQS` / `_DYNAMODB` in the process do not win over it.
+fn via(base: &SdkConfig, endpoint: &str) -> SdkConfig {
+    let mut b = SdkConfig::builder();
+    b.set_region(base.region().cloned());
+    b.set_credentials_provider(base.credentials_provider());
+    b.set_behavior_version(base.behavior_version());
+    b.set_sleep_impl(base.sleep_impl());
+    b.set_time_source(base.time_source());
+    b.set_http_client(base.http_client());
+    b.endpoint_url(endpoint).build()
+}
+
+use futures::StreamExt;
+
+// ---------------------------------------------------------------- faults
+
+/// The proxies between the product and the emulators.
+struct Faults {
+    sqs: FaultProxy,
+    ddb: FaultProxy,
+    router: Router,
+}
+
+impl Faults {
+    fn start() -> Faults {
+        let sqs = FaultProxy::start(&std::env::var("AWS_ENDPOINT_URL_SQS").unwrap());
+        let ddb = FaultProxy::start(&std::env::var("AWS_ENDPOINT_URL_DYNAMODB").unwrap());
+        let router = Router::start(&sqs.url(), &ddb.url());
+        Faults { sqs, ddb, router }
+    }
+
+    /// Throttling, 500, 503 and resets on `share` of every SQS and DynamoDB call.
+    fn storage(&self, share: f64) {
+        let kinds = |throttle: Fault| {
+            vec![
+                throttle,
+                Fault::ThrottlingException,
+                Fault::RequestThrottled,
+                Fault::Status500,
+                Fault::Status503,
+                Fault::Reset,
+            ]
+        };
+        self.sqs.set_faults(FaultPlan {
+            share,
+            kinds: kinds(Fault::Throttle),
+            only_ops: None,
+            seed: 7,
+        });
+        self.ddb.set_faults(FaultPlan {
+            share,
+            kinds: kinds(Fault::Throttle),
+            only_ops: None,
+            seed: 11,
+        });
+    }
+
+    /// The DLQ refuses every send (503) until [`Faults::accept_dlq`].
+    fn reject_dlq(&self, dlq_name: &str) {
+        self.sqs.add_rule(FaultRule {
+            ops: Some(vec!["SendMessageBatch".into(), "SendMessage".into()]),
+            body_contains: Some(dlq_name.to_owned()),
+            fault: Fault::Status503,
+            times: None,
+        });
+    }
+
+    fn faults(&self) -> BTreeMap<String, u64> {
+        let mut all = BTreeMap::new();
+        for (svc, p) in [("sqs", &self.sqs), ("ddb", &self.ddb)] {
+            for (k, v) in p.faults() {
+                *all.entry(format!("{svc}:{k}")).or_default() += v;
+            }
+        }
+        all
+    }
+}
+
+// ---------------------------------------------------------------- consumers
+
+/// Two in-process workers, each its own environment (clients, caches, retry budget).
+async fn start_workers(
+    stack: &Stack,
+    endpoint: &str,
+    n: usize,
+    stop: watch::Receiver<bool>,
+) -> (Vec<Environment>, Vec<tokio::task::JoinHandle<()>>) {
+    let mut envs = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let env = stack.environment(endpoint).await;
+        envs.push(env.clone());
+        let worker = Worker::new(
+            env,
+            WorkerOptions {
+                wait: Duration::from_secs(1),
+                max_messages: 10,
+                emf: false,
+            },
+        );
+        // Two pollers per worker share its environment, like a worker with two batches in flight.
+        for _ in 0..2 {
+            let worker = worker.clone();
+            let mut stop = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                worker.run(shutdown, |_| {}).await.unwrap();
+            }));
+        }
+    }
+    (envs, tasks)
+}
+
+/// The `triage worker` binary, its calls through `endpoint`, recording executions.
+fn spawn_worker_process(stack: &Stack, endpoint: &str, log: &str) -> Child {
+    let stderr = std::fs::File::create(log).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
+    cmd.arg("worker")
+        .env("TRIAGE_QUEUE_URL", &stack.queue_url)
+        .env("TRIAGE_DLQ_URL", &stack.dlq_url)
+        .env("TRIAGE_TABLE", &stack.table)
+        .env(chaos::RECORD_TABLE_ENV, &stack.record_table)
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env_remove("AWS_ENDPOINT_URL_SQS")
+        .env_remove("AWS_ENDPOINT_URL_DYNAMODB")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    for (k, v) in policy_vars() {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn triage worker")
+}
+
+fn sigkill(child: &mut Child) {
+    // `Child::kill` sends SIGKILL on Unix: no shutdown hook, no drain, no delete.
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+fn sigterm(child: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    sigkill(child);
+}
+
+/// A Lambda SQS event holding these messages, as the event source mapping builds it.
+fn lambda_event(messages: &[Message], queue_url: &str) -> SqsEvent {
+    let queue_name = queue_url.rsplit('/').next().unwrap();
+    let records: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            let attributes: HashMap<String, String> = m
+                .attributes()
+                .map(|a| {
+                    a.iter()
+                        .map(|(k, v)| (k.as_str().to_owned(), v.clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            json!({
+                "messageId": m.message_id(),
+                "receiptHandle": m.receipt_handle(),
+                "body": m.body(),
+                "attributes": attributes,
+                "messageAttributes": {},
+                "md5OfBody": m.md5_of_body(),
+                "eventSource": "aws:sqs",
+                "eventSourceARN": format!("arn:aws:sqs:us-east-1:000000000000:{queue_name}"),
+                "awsRegion": "us-east-1",
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({ "Records": records })).unwrap()
+}
+
+#[derive(Default)]
+struct EsmStats {
+    invocations: AtomicU64,
+    short_deadlines: AtomicU64,
+    duplicated_batches: AtomicU64,
+    whole_batch_errors: AtomicU64,
+}
+
+/// A local event source mapping: receive up to 10, invoke `lambda::handle` in one of the
+/// environments, delete every record not in `batchItemFailures`. Every `short_every`-th
+/// invocation gets a deadline shorter than its slow jobs; every `dup_every`-th batch is also
+/// handed, unchanged, to a second environment at the same time (the same delivery twice).
+async fn esm_loop(
+    stack: Arc<Stack>,
+    envs: Arc<Vec<Environment>>,
+    me: usize,
+    short_every: u64,
+    dup_every: u64,
+    stats: Arc<EsmStats>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let invoke = |env: &Environment, event: SqsEvent, time_left: Duration| {
+        let processor = env.processor.clone();
+        async move {
+            let mut context = Context::default();
+            context.deadline = now_ms() + time_left.as_millis() as u64;
+            lambda::handle(&processor, LambdaEvent::new(event, context)).await
+        }
+    };
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let received = tokio::select! {
+            r = stack
+                .sqs
+                .receive_message()
+                .queue_url(&stack.queue_url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send() => r,
+            _ = stop.changed() => return,
+        };
+        let messages = received.unwrap().messages.unwrap_or_default();
+        if messages.is_empty() {
+            continue;
+        }
+        let n = stats.invocations.fetch_add(1, Ordering::Relaxed) + 1;
+        let time_left = if n % short_every == 0 {
+            stats.short_deadlines.fetch_add(1, Ordering::Relaxed);
+            // Start margin is 2 s and handlers stop 1.5 s before the deadline: 0.8 s of work.
+            Duration::from_millis(2_300)
+        } else {
+            Duration::from_secs(30)
+        };
+        let event = lambda_event(&messages, &stack.queue_url);
+        let mut responses = Vec::new();
+        if n % dup_every == 0 {
+            stats.duplicated_batches.fetch_add(1, Ordering::Relaxed);
+            let other = (me + 1) % envs.len();
+            let (a, b) = tokio::join!(
+                invoke(&envs[me], event.clone(), time_left),
+                invoke(&envs[other], event, time_left)
+            );
+            responses.push(a);
+            responses.push(b);
+        } else {
+            responses.push(invoke(&envs[me], event, time_left).await);
+        }
+        for response in responses {
+            let Ok(response) = response else {
+                stats.whole_batch_errors.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let failed: HashSet<&str> = response
+                .batch_item_failures
+                .iter()
+                .map(|f| f.item_identifier.as_str())
+                .collect();
+            for m in &messages {
+                if !failed.contains(m.message_id().unwrap()) {
+                    // The mapping's delete is AWS's, not the function's: not faulted.
+                    let _ = stack
+                        .sqs
+                        .delete_message()
+                        .queue_url(&stack.queue_url)
+                        .receipt_handle(m.receipt_handle().unwrap())
+                        .send()
+                        .await;
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- accounting
+
+#[derive(Debug, Default)]
+struct Execs {
+    /// (attempt, result) per execution.
+    runs: Vec<(u32, String)>,
+}
+
+#[derive(Debug, Default)]
+struct Report {
+    name: String,
+    jobs: usize,
+    secs: f64,
+    faults: BTreeMap<String, u64>,
+    storage_retries: u64,
+    storage_failures: u64,
+    succeeded: usize,
+    dlq: usize,
+    queue: usize,
+    lost: usize,
+    multi_place: usize,
+    misplaced: usize,
+    ok_in_dlq: usize,
+    executions: usize,
+    repeated: usize,
+    repeated_jobs: usize,
+    dlq_duplicates: usize,
+    over_limit: usize,
+    max_attempt: u32,
+    max_executions: usize,
+    ledger_mismatch: usize,
+    record_mismatch: usize,
+    notes: Vec<String>,
+}
+
+async fn account(stack: &Stack, jobs: &[Job], report: &mut Report) {
+    // The DLQ: every copy, with its failure record.
+    let mut dlq: HashMap<String, Vec<(FailureClass, u32)>> = HashMap::new();
+    for m in stack.read_all(&stack.dlq_url).await {
+        let attrs = m.message_attributes().cloned().unwrap_or_default();
+        let rec = failure_record(&attrs)
+            .expect("every DLQ copy carries a failure record")
+            .expect("the failure record parses");
+        let body: Value = serde_json::from_str(m.body().unwrap()).unwrap();
+        assert_eq!(
+            body["id"].as_str(),
+            Some(rec.job_id.as_str()),
+            "the body travels unchanged"
+        );
+        dlq.entry(rec.job_id.clone())
+            .or_default()
+            .push((rec.class, rec.attempts));
+    }
+    // The source queue: wait until nothing is in flight, then read everything left.
+    let until = Instant::now() + Duration::from_millis(MAX_DELAY_MS + 15_000);
+    while stack.depth(&stack.queue_url).await.1 > 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut queue: HashMap<String, usize> = HashMap::new();
+    for m in stack.read_all(&stack.queue_url).await {
+        let body: Value = serde_json::from_str(m.body().unwrap()).unwrap();
+        *queue.entry(body["id"].as_str().unwrap().to_owned()).or_default() += 1;
+    }
+    // Executions recorded by the chaos handler.
+    let mut execs: HashMap<String, Execs> = HashMap::new();
+    for item in stack.scan(&stack.record_table).await {
+        let s = |k: &str| {
+            item.get(k)
+                .and_then(|v| v.as_s().ok())
+                .cloned()
+                .unwrap_or_default()
+        };
+        let attempt = item
+            .get("attempt")
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        execs
+            .entry(s("job_id"))
+            .or_default()
+            .runs
+            .push((attempt, s("result")));
+    }
+    // The attempt ledger.
+    let mut ledger: HashMap<String, u32> = HashMap::new();
+    for item in stack.scan(&stack.table).await {
+        let pk = item
+            .get("pk")
+            .and_then(|v| v.as_s().ok())
+            .cloned()
+            .unwrap_or_default();
+        if let Some(id) = pk.strip_prefix("job#") {
+            let n = item
+                .get("attempts")
+                .and_then(|v| v.as_n().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            ledger.insert(id.to_owned(), n);
+        }
+    }
+
+    report.jobs = jobs.len();
+    for job in jobs {
+        let e = execs.get(&job.id);
+        let runs = e.map_or(&[][..], |e| &e.runs[..]);
+        let succeeded = runs.iter().any(|(_, r)| r == "ok");
+        let in_dlq = dlq.get(&job.id);
+        let in_queue = queue.get(&job.id).copied().unwrap_or(0);
+        let places: Vec<Place> = [
+            succeeded.then_some(Place::Succeeded),
+            in_dlq.map(|_| Place::Dlq),
+            (in_queue > 0).then_some(Place::Queue),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        match places.as_slice() {
+            [] => {
+                report.lost += 1;
+                report.notes.push(format!("LOST {}: {runs:?}", job.id));
+            }
+            [p] => {
+                match p {
+                    Place::Succeeded => report.succeeded += 1,
+                    Place::Dlq => report.dlq += 1,
+                    Place::Queue => report.queue += 1,
+                }
+                if *p != job.expect && Some(*p) != job.alt {
+                    report.misplaced += 1;
+                    report.notes.push(format!(
+                        "misplaced {} ({:?}, expected {:?}): {runs:?}",
+                        job.id, p, job.expect
+                    ));
+                }
+            }
+            many => {
+                report.multi_place += 1;
+                report
+                    .notes
+                    .push(format!("{} in {many:?}: {runs:?} dlq={in_dlq:?}", job.id));
+            }
+        }
+        if job.ok && in_dlq.is_some() {
+            report.ok_in_dlq += 1;
+        }
+        if let Some(copies) = in_dlq {
+            report.dlq_duplicates += copies.len() - 1;
+        }
+        report.executions += runs.len();
+        let distinct: HashSet<u32> = runs.iter().map(|(a, _)| *a).collect();
+        let repeated = runs.len() - distinct.len();
+        report.repeated += repeated;
+        report.repeated_jobs += usize::from(repeated > 0);
+        let max_attempt = distinct.iter().copied().max().unwrap_or(0);
+        report.max_attempt = report.max_attempt.max(max_attempt);
+        report.max_executions = report.max_executions.max(runs.len());
+        if max_attempt > MAX_ATTEMPTS || distinct.len() as u32 != max_attempt {
+            report.over_limit += 1;
+            report.notes.push(format!("attempts of {}: {runs:?}", job.id));
+        }
+        // The ledger of a job still waiting counts exactly the attempts its handler recorded.
+        if in_queue > 0 && ledger.get(&job.id).copied().unwrap_or(0) != max_attempt {
+            report.ledger_mismatch += 1;
+            report.notes.push(format!(
+                "ledger of {} = {:?}, executions {runs:?}",
+                job.id,
+                ledger.get(&job.id)
+            ));
+        }
+        // A DLQ record's attempts are the executions the handler recorded (0 never ran).
+        if let (Some(copies), true) = (in_dlq, job.decodes) {
+            if copies.iter().any(|(_, a)| *a != max_attempt) {
+                report.record_mismatch += 1;
+                report
+                    .notes
+                    .push(format!("record of {}: {copies:?}, executions {runs:?}", job.id));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- scenarios
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Scenario {
+    name: &'static str,
+    jobs: usize,
+    /// Share of storage calls that fail (0 = none).
+    storage_faults: f64,
+    /// The DLQ rejects sends for this long from the start.
+    dlq_reject: Option<Duration>,
+    /// Kill a `triage worker` process with SIGKILL after this long, then restart it.
+    kill_after: Option<Duration>,
+    /// Run through the Lambda adapter with a local event source mapping instead of workers.
+    lambda: bool,
+    /// Lambda: every n-th invocation gets a deadline shorter than its slow jobs (0 = never).
+    short_every: u64,
+    /// Lambda: every n-th batch is delivered to two environments at once (0 = never).
+    dup_every: u64,
+    /// Include parked jobs (still in the queue at the end).
+    parked: bool,
+}
+
+async fn run(s: Scenario) -> Report {
+    let started = Instant::now();
+    let stack = Arc::new(Stack::new(&format!("chaos-{}", s.name)).await);
+    let faults = Faults::start();
+    let endpoint = faults.router.url();
+    let jobs = workload(s.name, s.jobs, s.parked);
+    let parked = jobs.iter().filter(|j| j.expect == Place::Queue).count() as u64;
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let mut envs: Vec<Environment> = Vec::new();
+    let mut tasks = Vec::new();
+    let esm = Arc::new(EsmStats::default());
+    if s.lambda {
+        for _ in 0..3 {
+            envs.push(stack.environment(&endpoint).await);
+        }
+        let shared = Arc::new(envs.clone());
+        for me in 0..3 {
+            tasks.push(tokio::spawn(esm_loop(
+                stack.clone(),
+                shared.clone(),
+                me,
+                if s.short_every == 0 {
+                    u64::MAX
+                } else {
+                    s.short_every
+                },
+                if s.dup_every == 0 { u64::MAX } else { s.dup_every },
+                esm.clone(),
+                stop_rx.clone(),
+            )));
+        }
+    } else {
+        let (e, t) = start_workers(&stack, &endpoint, 2, stop_rx.clone()).await;
+        envs = e;
+        tasks = t;
+    }
+    // Faults start once the environments are built (start-up checks are tested elsewhere).
+    if s.storage_faults > 0.0 {
+        faults.storage(s.storage_faults);
+    }
+    if s.dlq_reject.is_some() {
+        faults.reject_dlq(&stack.dlq_name);
+    }
+    let mut child = s
+        .kill_after
+        .map(|_| spawn_worker_process(&stack, &endpoint, &format!("/tmp/chaos-{}-worker-1.log", s.name)));
+    stack.send(&jobs).await;
+    report_note(&format!(
+        "{}: {} jobs sent at {:?}",
+        s.name,
+        jobs.len(),
+        started.elapsed()
+    ));
+
+    let mut killed = false;
+    let mut dlq_open = s.dlq_reject.is_none();
+    let mut quiet = 0;
+    let limit = Duration::from_secs(900);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let elapsed = started.elapsed();
+        if let (Some(after), Some(c)) = (s.kill_after, child.as_mut()) {
+            if !killed && elapsed >= after {
+                sigkill(c);
+                killed = true;
+                report_note(&format!(
+                    "{}: worker process killed with SIGKILL at {elapsed:?}",
+                    s.name
+                ));
+                child = Some(spawn_worker_process(
+                    &stack,
+                    &endpoint,
+                    &format!("/tmp/chaos-{}-worker-2.log", s.name),
+                ));
+            }
+        }
+        if let Some(d) = s.dlq_reject {
+            if !dlq_open && elapsed >= d {
+                faults.sqs.clear_faults();
+                if s.storage_faults > 0.0 {
+                    faults.storage(s.storage_faults);
+                }
+                dlq_open = true;
+            }
+        }
+        let (visible, in_flight) = stack.depth(&stack.queue_url).await;
+        // Done when only parked jobs are left (none visible, at most the parked in flight).
+        if dlq_open && visible == 0 && in_flight <= parked && (s.kill_after.is_none() || killed) {
+            quiet += 1;
+            if quiet >= 3 {
+                break;
+            }
+        } else {
+            quiet = 0;
+        }
+        assert!(
+            elapsed < limit,
+            "{}: not settled after {limit:?} (visible {visible}, in flight {in_flight})",
+            s.name
+        );
+    }
+    report_note(&format!("{}: settled at {:?}", s.name, started.elapsed()));
+    stop_tx.send(true).unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    if let Some(c) = child.as_mut() {
+        sigterm(c);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let mut report = Report {
+        name: s.name.to_owned(),
+        secs,
+        faults: faults.faults(),
+        ..Report::default()
+    };
+    if s.lambda {
+        report.notes.push(format!(
+            "{} invocations, {} with a short deadline, {} batches delivered twice, {} whole-batch errors",
+            esm.invocations.load(Ordering::Relaxed),
+            esm.short_deadlines.load(Ordering::Relaxed),
+            esm.duplicated_batches.load(Ordering::Relaxed),
+            esm.whole_batch_errors.load(Ordering::Relaxed),
+        ));
+    }
+    for env in &envs {
+        let st = env.processor.sqs().retry().stats();
+        report.storage_retries += st.retries;
+        report.storage_failures += st.failures;
+    }
+    faults.sqs.clear_faults();
+    faults.ddb.clear_faults();
+    account(&stack, &jobs, &mut report).await;
+    report_note(&format!("{}: accounted at {:?}", s.name, started.elapsed()));
+    report.secs = secs;
+    report
+}
+
+fn report_note(s: &str) {
+    eprintln!("[chaos] {s}");
+}
+
+fn print_table(reports: &[Report]) {
+    let mut out = String::new();
+    out.push_str(
+        "\n| scenario | jobs | secs | faults injected | storage retries (gave up) | succeeded | DLQ | queue | lost | in 2 places | misplaced | ok in DLQ | executions | repeated (jobs) | DLQ dup copies | max attempt | max executions | ledger≠ | record≠ |\n",
+    );
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in reports {
+        let faults = if r.faults.is_empty() {
+            "-".to_owned()
+        } else {
+            r.faults
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        out.push_str(&format!(
+            "| {} | {} | {:.0} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} |\n",
+            r.name,
+            r.jobs,
+            r.secs,
+            faults,
+            r.storage_retries,
+            r.storage_failures,
+            r.succeeded,
+            r.dlq,
+            r.queue,
+            r.lost,
+            r.multi_place,
+            r.misplaced,
+            r.ok_in_dlq,
+            r.executions,
+            r.repeated,
+            r.repeated_jobs,
+            r.dlq_duplicates,
+            r.max_attempt,
+            r.max_executions,
+            r.ledger_mismatch,
+            r.record_mismatch,
+        ));
+    }
+    for r in reports {
+        for n in r.notes.iter().take(20) {
+            out.push_str(&format!("  {}: {n}\n", r.name));
+        }
+    }
+    println!("{out}");
+    if let Ok(path) = std::env::var("CHAOS_TABLE") {
+        std::fs::write(path, &out).unwrap();
+    }
+}
+
+fn jobs_env(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn scenarios() -> Vec<Scenario> {
+    let big = jobs_env("CHAOS_JOBS", 5_000);
+    let small = jobs_env("CHAOS_SMALL_JOBS", 400);
+    let all = vec![
+        Scenario {
+            name: "baseline",
+            jobs: small,
+            ..Scenario::default()
+        },
+        Scenario {
+            name: "storage-faults",
+            jobs: small,
+            storage_faults: 0.08,
+            ..Scenario::default()
+        },
+        Scenario {
+            name: "dlq-rejects",
+            jobs: small,
+            dlq_reject: Some(Duration::from_secs(6)),
+            ..Scenario::default()
+        },
+        Scenario {
+            name: "sigkill",
+            jobs: small,
+            kill_after: Some(Duration::from_secs(4)),
+            ..Scenario::default()
+        },
+        Scenario {
+            name: "lambda-deadlines",
+            jobs: small,
+            lambda: true,
+            short_every: 4,
+            ..Scenario::default()
+        },
+        Scenario {
+            name: "lambda-duplicates",
+            jobs: small,
+            lambda: true,
+            dup_every: 3,
+            ..Scenario::default()
+        },
+        Scenario {
+            name: "all-workers",
+            jobs: big,
+            storage_faults: 0.08,
+            dlq_reject: Some(Duration::from_secs(8)),
+            kill_after: Some(Duration::from_secs(8)),
+            parked: true,
+            ..Scenario::default()
+        },
+        Scenario {
+            name: "all-lambda",
+            jobs: small * 2,
+            storage_faults: 0.08,
+            dlq_reject: Some(Duration::from_secs(8)),
+            lambda: true,
+            short_every: 7,
+            dup_every: 5,
+            parked: true,
+            ..Scenario::default()
+        },
+    ];
+    match std::env::var("CHAOS_SCENARIOS") {
+        Ok(names) if !names.trim().is_empty() => {
+            let wanted: Vec<&str> = names.split(',').map(str::trim).collect();
+            all.into_iter().filter(|s| wanted.contains(&s.name)).collect()
+        }
+        _ => all,
+    }
+}
+
+/// Every scenario in turn, then the table; any lost job, job in two places, "ok" job in the
+/// DLQ, attempt beyond the limit or ledger disagreement fails the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_job_ends_in_exactly_one_place() {
+    // The chaos handler's panics are expected (caught per record); keep them out of the output.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .unwrap_or("");
+        if !msg.starts_with("chaos: panic") {
+            default_hook(info);
+        }
+    }));
+    let mut reports = Vec::new();
+    for s in scenarios() {
+        eprintln!("[chaos] {} ({} jobs) ...", s.name, s.jobs);
+        let r = run(s).await;
+        eprintln!("[chaos] {} done in {:.0} s", r.name, r.secs);
+        reports.push(r);
+    }
+    print_table(&reports);
+    for r in &reports {
+        assert_eq!(r.lost, 0, "{}: lost jobs", r.name);
+        assert_eq!(r.multi_place, 0, "{}: jobs in two places", r.name);
+        assert_eq!(r.ok_in_dlq, 0, "{}: ok jobs in the DLQ", r.name);
+        assert_eq!(r.misplaced, 0, "{}: jobs in the wrong place", r.name);
+        assert_eq!(r.over_limit, 0, "{}: attempts beyond the limit", r.name);
+        assert_eq!(
+            r.ledger_mismatch, 0,
+            "{}: ledger disagrees with executions",
+            r.name
+        );
+        assert_eq!(
+            r.record_mismatch, 0,
+            "{}: DLQ records disagree with executions",
+            r.name
+        );
+    }
+}
