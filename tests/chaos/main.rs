@@ -845,6 +845,15 @@ async fn run(s: Scenario) -> Report {
     let jobs = workload(s.name, s.jobs, s.parked);
     let parked = jobs.iter().filter(|j| j.expect == Place::Queue).count() as u64;
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Everything is queued before any consumer starts: the producer is not under test.
+    stack.send(&jobs).await;
+    report_note(&format!(
+        "{}: {} jobs sent in {:?}",
+        s.name,
+        jobs.len(),
+        started.elapsed()
+    ));
+    let started = Instant::now();
 
     let mut envs: Vec<Environment> = Vec::new();
     let mut tasks = Vec::new();
@@ -884,13 +893,6 @@ async fn run(s: Scenario) -> Report {
     let mut child = s
         .kill_after
         .map(|_| spawn_worker_process(&stack, &endpoint, &format!("/tmp/chaos-{}-worker-1.log", s.name)));
-    stack.send(&jobs).await;
-    report_note(&format!(
-        "{}: {} jobs sent at {:?}",
-        s.name,
-        jobs.len(),
-        started.elapsed()
-    ));
 
     let mut killed = false;
     let mut dlq_open = s.dlq_reject.is_none();
@@ -1131,6 +1133,7 @@ async fn every_job_ends_in_exactly_one_place() {
         eprintln!("[chaos] {} ({} jobs) ...", s.name, s.jobs);
         let r = run(s).await;
         eprintln!("[chaos] {} done in {:.0} s", r.name, r.secs);
+        print_table(std::slice::from_ref(&r));
         reports.push(r);
     }
     print_table(&reports);
