@@ -8,9 +8,10 @@
 //! queue, the attempt ledger — never from the product's logs. See `docs/guarantees.md`.
 //!
 //! Needs the local stack (`bash infra/local/stack.sh start`, then
-//! `eval "$(bash infra/local/stack.sh env)"`). Bounded: `CHAOS_JOBS` (default 5000) jobs in
-//! the all-faults scenarios, `CHAOS_SMALL_JOBS` (default 400) in each single-fault one;
-//! `CHAOS_SCENARIOS` (comma-separated names) runs a subset. Run with
+//! `eval "$(bash infra/local/stack.sh env)"`). Bounded for CI: `CHAOS_JOBS` (default 1000) jobs
+//! in the all-faults worker scenario, `CHAOS_SMALL_JOBS` (default 200) in each single-fault
+//! one and twice that in the all-faults Lambda one. The full proof is
+//! `CHAOS_JOBS=5000`; `CHAOS_SCENARIOS` (comma-separated names) runs a subset. Run with
 //! `cargo test --test chaos -- --nocapture` to see the table.
 
 #[path = "../support/fault_proxy.rs"]
@@ -1042,8 +1043,8 @@ fn jobs_env(var: &str, default: usize) -> usize {
 }
 
 fn scenarios() -> Vec<Scenario> {
-    let big = jobs_env("CHAOS_JOBS", 5_000);
-    let small = jobs_env("CHAOS_SMALL_JOBS", 400);
+    let big = jobs_env("CHAOS_JOBS", 1_000);
+    let small = jobs_env("CHAOS_SMALL_JOBS", 200);
     let all = vec![
         Scenario {
             name: "baseline",
