@@ -102,7 +102,7 @@ impl Config {
                 "TRIAGE_BREAKER_THRESHOLD",
                 d.threshold(),
                 1,
-                1_000_000,
+                100_000,
             )?)
             .window(Duration::from_secs(parse(
                 lookup,
@@ -134,7 +134,18 @@ impl Config {
                 300_000,
             )?))
             .build()
-            .map_err(|e| invalid("TRIAGE_BREAKER_PROBES", "", e))?;
+            .map_err(|e| {
+                use crate::core::breaker::BreakerConfigError as E;
+                let var = match e {
+                    E::Threshold(_) => "TRIAGE_BREAKER_THRESHOLD",
+                    E::Window(_) => "TRIAGE_BREAKER_WINDOW_S",
+                    E::OpenFor(_) | E::Lease(_) => "TRIAGE_BREAKER_OPEN_S",
+                    E::Probes(_) => "TRIAGE_BREAKER_PROBES",
+                    E::SuccessesToClose(_) => "TRIAGE_BREAKER_SUCCESSES",
+                    E::CacheTtl(_) => "TRIAGE_BREAKER_CACHE_MS",
+                };
+                invalid(var, "", e)
+            })?;
         let log_payloads = match text("TRIAGE_LOG_PAYLOADS").as_deref().map(str::trim) {
             None | Some("0" | "false" | "no") => false,
             Some("1" | "true" | "yes") => true,
@@ -191,6 +202,8 @@ mod tests {
             e.to_string(),
             "TRIAGE_MAX_ATTEMPTS=\"0\" is not valid: expected a number from 1 to 1000"
         );
+        let e = with(&[("TRIAGE_BREAKER_THRESHOLD", "1000000")]).unwrap_err();
+        assert_eq!(e.var, "TRIAGE_BREAKER_THRESHOLD");
         let e = with(&[("TRIAGE_BACKOFF_MULTIPLIER", "fast")]).unwrap_err();
         assert_eq!(e.var, "TRIAGE_BACKOFF_MULTIPLIER");
     }
