@@ -466,8 +466,33 @@ async fn start_workers(
     (envs, tasks)
 }
 
+/// A worker process that is killed if the test ends (or panics) while it still runs.
+struct WorkerProcess(Child);
+
+impl std::ops::Deref for WorkerProcess {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for WorkerProcess {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// The `triage worker` binary, its calls through `endpoint`, recording executions.
-fn spawn_worker_process(stack: &Stack, endpoint: &str, log: &str) -> Child {
+fn spawn_worker_process(stack: &Stack, endpoint: &str, log: &str) -> WorkerProcess {
     let stderr = std::fs::File::create(log).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
     cmd.arg("worker")
@@ -485,7 +510,7 @@ fn spawn_worker_process(stack: &Stack, endpoint: &str, log: &str) -> Child {
     for (k, v) in policy_vars() {
         cmd.env(k, v);
     }
-    cmd.spawn().expect("spawn triage worker")
+    WorkerProcess(cmd.spawn().expect("spawn triage worker"))
 }
 
 fn sigkill(child: &mut Child) {
