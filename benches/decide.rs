@@ -1,5 +1,11 @@
 //! Per-record cost of the pure core: envelope parse, classification and decision, over a
-//! 10,000-record batch with a 10% failure mix (5% transient, 3% fatal, 2% malformed).
+//! 10,000-record batch with a 10% failure mix (5% transient, 3% fatal, 2% malformed); and the
+//! same mix as a Lambda SQS event, from its JSON bytes to the serialized batch response (the
+//! Rust side of `cargo bench --bench report`'s comparison with Powertools).
+
+#[allow(dead_code)]
+#[path = "report/pipeline.rs"]
+mod pipeline;
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -78,5 +84,25 @@ fn per_record(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, per_record);
+fn event_to_response(c: &mut Criterion) {
+    let raw = pipeline::event_json(RECORDS).into_bytes();
+    let policy = RetryPolicy::default();
+    let mut rng = SmallRng::seed_from_u64(1);
+    let mut g = c.benchmark_group("pipeline");
+    g.throughput(Throughput::Elements(RECORDS as u64));
+    g.measurement_time(Duration::from_secs(5));
+    g.bench_function("SqsEvent JSON to batch response 10k records", |b| {
+        b.iter(|| {
+            black_box(pipeline::process_event(
+                &raw,
+                &policy,
+                1_700_000_000_000,
+                &mut rng,
+            ))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, per_record, event_to_response);
 criterion_main!(benches);

@@ -23,12 +23,13 @@ fn the_report_runs_on_a_tiny_input_and_prints_every_table() {
     ])
     .unwrap();
     let r = report::run(&opts);
-    let md = r.markdown();
+    let md = format!("{}\n{}", r.summary(&opts), r.markdown());
     println!("{md}");
     for f in r.failures() {
         println!("not measured: {f}");
     }
     for header in [
+        "| measurement | sqs-triage | alternatives, same run |",
         "| pipeline | µs/record | relative |",
         "| workload | sqs-triage calls |",
         "| policy | executions | on bugs |",

@@ -216,6 +216,8 @@ pub fn run(opts: &Options) -> Section {
                     format!("{} + {}", per_k(m.receives), per_k(m.deletes)),
                 ]);
                 s.value(&format!("calls.{}", w.tag), m.total() as f64 * scale);
+                s.value(&format!("calls.{}.lower", w.tag), m.lower_bound() as f64 * scale);
+                s.value(&format!("calls.{}.naive", w.tag), m.naive() as f64 * scale);
             }
             Err(e) => {
                 s.row(&[

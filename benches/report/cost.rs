@@ -58,6 +58,7 @@ pub fn run(opts: &Options) -> Section {
         "runs (median)",
     ]);
     let rust_failures = describe_rust(&tally);
+    s.value("cost.rust_us", rust_us);
     match &python {
         Ok(p) => {
             s.row(&[
@@ -74,7 +75,6 @@ pub fn run(opts: &Options) -> Section {
                 format!("{} (every failure)", p.failures),
                 p.runs.to_string(),
             ]);
-            s.value("cost.rust_us", rust_us);
             s.value("cost.python_us", p.us_per_record);
         }
         Err(e) => {

@@ -15,6 +15,7 @@ use super::{Options, Section, median};
 const WINDOW_MS: u64 = 100;
 
 struct Strategy {
+    id: &'static str,
     name: &'static str,
     backoff: Backoff,
     /// The range the first retry's delay can take, in ms (start, width).
@@ -27,18 +28,21 @@ fn strategies() -> Vec<Strategy> {
     let s = Duration::from_secs;
     vec![
         Strategy {
+            id: "none",
             name: "no jitter (3 s × 2)",
             backoff: Backoff::exponential(s(3), 2.0, s(3600), Duration::ZERO),
             range_ms: (3_000, 0),
             whole_seconds: false,
         },
         Strategy {
+            id: "default",
             name: "default: 3 s × 2 + uniform 0–1 s (the seed's)",
             backoff: Backoff::default(),
             range_ms: (3_000, 1_000),
             whole_seconds: false,
         },
         Strategy {
+            id: "full",
             name: "full jitter: uniform 0–3 s",
             backoff: Backoff::FullJitter {
                 base: s(3),
@@ -49,6 +53,7 @@ fn strategies() -> Vec<Strategy> {
             whole_seconds: false,
         },
         Strategy {
+            id: "decorrelated",
             name: "decorrelated: uniform 3–9 s",
             backoff: Backoff::Decorrelated {
                 base: s(3),
@@ -58,6 +63,7 @@ fn strategies() -> Vec<Strategy> {
             whole_seconds: false,
         },
         Strategy {
+            id: "sidekiq",
             name: "Sidekiq: 15 s + rand(10) s",
             backoff: Backoff::Sidekiq,
             range_ms: (15_000, 10_000),
@@ -133,7 +139,8 @@ pub fn run(opts: &Options) -> Section {
             format!("{limit:.1}"),
             format!("{:.1}×", p / limit),
         ]);
-        s.value(&format!("herd.peak.{}", st.name), p);
+        s.value(&format!("herd.{}.peak", st.id), p);
+        s.value(&format!("herd.{}.limit", st.id), limit);
         plotted.push((st.name, landings(&st.backoff, n, 1), limit));
     }
     let svg = opts.svg_path();

@@ -237,6 +237,104 @@ impl Report {
         out
     }
 
+    /// The key numbers in one table, for the README.
+    pub fn summary(&self, opts: &Options) -> String {
+        let v: BTreeMap<&str, f64> = self
+            .sections
+            .iter()
+            .flat_map(|s| s.values.iter().map(|(k, v)| (k.as_str(), *v)))
+            .collect();
+        let f = |k: &str, digits: usize| v.get(k).map_or("n/a".into(), |x| format!("{x:.digits$}"));
+        let secs = |k: &str| v.get(k).map_or("n/a".into(), |x| storm::human(*x));
+        let mut out =
+            String::from("| measurement | sqs-triage | alternatives, same run |\n| --- | --- | --- |\n");
+        let mut row = |a: String, b: String, c: String| {
+            let _ = writeln!(out, "| {a} | {b} | {c} |");
+        };
+        let ratio = match (v.get("cost.python_us"), v.get("cost.rust_us")) {
+            (Some(p), Some(r)) => format!("{:.1}×", p / r),
+            _ => "n/a".into(),
+        };
+        row(
+            format!("Per-record cost, {}-record SQS event, 10% failing", opts.records),
+            format!("**{} µs/record**", f("cost.rust_us", 2)),
+            format!(
+                "Powertools `BatchProcessor` (Python): {} µs/record, **{ratio}** the time",
+                f("cost.python_us", 2)
+            ),
+        );
+        for (tag, name) in [
+            ("ok", "all succeed"),
+            ("transient", "10% transient"),
+            ("fatal", "10% fatal"),
+            ("outage", "dependency outage, breaker opens"),
+        ] {
+            row(
+                format!("AWS calls per 1,000 messages: {name}"),
+                format!("**{}**", f(&format!("calls.{tag}"), 0)),
+                format!(
+                    "lower bound {}; naive per-message state {}",
+                    f(&format!("calls.{tag}.lower"), 0),
+                    f(&format!("calls.{tag}.naive"), 0)
+                ),
+            );
+        }
+        row(
+            format!(
+                "Retry storm, {} jobs, 10% payload bugs: bug → DLQ (median), executions",
+                opts.jobs
+            ),
+            format!(
+                "**{}**, {} executions",
+                secs("storm.triage.bug_to_dlq_s"),
+                f("storm.triage.executions", 0)
+            ),
+            format!(
+                "uniform retry, same backoff: {}, {}; the seed's 4 attempts: {}, {}; Sidekiq: {}, {}",
+                secs("storm.uniform5.bug_to_dlq_s"),
+                f("storm.uniform5.executions", 0),
+                secs("storm.uniform4.bug_to_dlq_s"),
+                f("storm.uniform4.executions", 0),
+                secs("storm.sidekiq.bug_to_dlq_s"),
+                f("storm.sidekiq.executions", 0),
+            ),
+        );
+        row(
+            format!(
+                "Herd, {} jobs failing at once: peak first retries in 100 ms (uniform limit)",
+                opts.herd
+            ),
+            format!(
+                "**{}** ({}), default 0–1 s jitter",
+                f("herd.default.peak", 0),
+                f("herd.default.limit", 0)
+            ),
+            format!(
+                "no jitter {}; full jitter {} ({}); decorrelated {} ({}); Sidekiq {} ({})",
+                f("herd.none.peak", 0),
+                f("herd.full.peak", 0),
+                f("herd.full.limit", 0),
+                f("herd.decorrelated.peak", 0),
+                f("herd.decorrelated.limit", 0),
+                f("herd.sidekiq.peak", 0),
+                f("herd.sidekiq.limit", 0),
+            ),
+        );
+        row(
+            "Cold start: process start → first event handled; binary size".into(),
+            format!(
+                "**{} ms**, {} MiB",
+                f("cold.handled_ms", 0),
+                f("cold.binary_mib", 1)
+            ),
+            format!(
+                "Python interpreter + Powertools batch import: {} ms (before any event)",
+                f("cold.python_import_ms", 0)
+            ),
+        );
+        out
+    }
+
     /// Everything that could not be measured.
     pub fn failures(&self) -> Vec<String> {
         self.sections
@@ -320,6 +418,8 @@ pub fn document(opts: &Options, report: &Report) -> String {
          Machine: {}.\n",
         opts.command, report.machine
     );
+    let _ = writeln!(out, "## Summary\n\n{}", report.summary(opts));
+    let _ = writeln!(out, "## Results\n");
     out.push_str(&report.markdown());
     let _ = writeln!(out, "{}", METHOD);
     out

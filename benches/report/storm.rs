@@ -23,6 +23,7 @@ enum Job {
 }
 
 struct Strategy {
+    id: &'static str,
     name: &'static str,
     policy: RetryPolicy,
     /// Retry every error, as a policy that does not classify would.
@@ -38,21 +39,25 @@ fn strategies() -> Vec<Strategy> {
     };
     vec![
         Strategy {
+            id: "triage",
             name: "sqs-triage: fatal → DLQ at once; transient: 5 attempts, 3 s × 2 + 0–1 s",
             policy: RetryPolicy::default(),
             uniform: false,
         },
         Strategy {
+            id: "uniform5",
             name: "uniform retry, same backoff, 5 attempts",
             policy: uniform(5),
             uniform: true,
         },
         Strategy {
+            id: "uniform4",
             name: "uniform retry, the seed's example: 4 attempts (3 + 6 + 12 s)",
             policy: uniform(4),
             uniform: true,
         },
         Strategy {
+            id: "sidekiq",
             name: "Sidekiq default: 25 retries, count⁴ + 15 + rand(10)·(count+1) s",
             policy: RetryPolicy::builder()
                 .max_attempts(26)
@@ -222,8 +227,16 @@ pub fn run(opts: &Options) -> Section {
                 human(tr)
             },
         ]);
-        s.value(&format!("storm.executions.{}", st.name), w.executions as f64);
-        s.value(&format!("storm.bug_to_dlq_median_s.{}", st.name), bug_med);
+        s.value(&format!("storm.{}.executions", st.id), w.executions as f64);
+        s.value(
+            &format!("storm.{}.bug_executions", st.id),
+            w.bug_executions as f64,
+        );
+        s.value(
+            &format!("storm.{}.bug_delay_s", st.id),
+            w.bug_delay_ms as f64 / 1000.0,
+        );
+        s.value(&format!("storm.{}.bug_to_dlq_s", st.id), bug_med);
     }
     s
 }
