@@ -314,7 +314,7 @@ async fn measure(w: &Workload, n: usize, quick: bool) -> Result<Measured, String
     let mut m = Measured::default();
     let mut seen: HashSet<String> = HashSet::new();
     let started = Instant::now();
-    let limit = Duration::from_secs(if quick { 60 } else { 240 });
+    let limit = Duration::from_secs(if quick { 120 } else { 300 });
     loop {
         let done = match w.until {
             Until::Settled => m.settled >= n as u64,
