@@ -177,8 +177,8 @@ async fn an_open_breaker_defers_the_job_type_without_spending_attempts() {
     let dependency = down.clone();
     let breaker = BreakerConfig::builder()
         .threshold(5)
-        .open_for(Duration::from_secs(3))
-        .lease(Duration::from_secs(10))
+        .open_for(Duration::from_secs(20))
+        .lease(Duration::from_secs(30))
         .build()
         .unwrap();
     let h = Harness::build(Options {
@@ -235,25 +235,43 @@ async fn an_open_breaker_defers_the_job_type_without_spending_attempts() {
     assert_eq!(state.phase, sqs_triage::core::breaker::Phase::Open, "{state:?}");
 
     // While open, the jobs come back after their 1 s backoff and are deferred, unexecuted.
-    let opened_at = Instant::now();
-    while opened_at.elapsed() < Duration::from_secs(2) {
-        h.invoke_once(Duration::from_secs(1)).await;
+    let mut returned = 0;
+    while returned < 10 && sqs_triage::processor::now_ms() < state.open_until_ms {
+        returned += h
+            .invoke_once(Duration::from_secs(2))
+            .await
+            .map_or(0, |(m, _)| m.len());
     }
-    assert_eq!(
-        h.log.lock().unwrap().len(),
-        10,
-        "nothing ran while the breaker was open"
-    );
+    // Only a half-open breaker admits a probe, and it cannot be half-open before the end of
+    // the open period: if that has not come yet, nothing can have run.
+    let still_open = sqs_triage::processor::now_ms() < state.open_until_ms;
+    if still_open {
+        assert_eq!(returned, 10, "every job came back and was deferred");
+        assert_eq!(
+            h.log.lock().unwrap().len(),
+            10,
+            "nothing ran while the breaker was open"
+        );
+    } else {
+        eprintln!("the machine was too slow to see every deferral within the open period");
+    }
     // The dependency recovers; after the open period one probe closes the breaker.
     down.store(false, Ordering::SeqCst);
     let start = Instant::now();
     while h.depth(&h.queue_url).await > 0 {
         h.invoke_once(Duration::from_secs(2)).await;
-        assert!(start.elapsed() < Duration::from_secs(60), "jobs did not finish");
+        assert!(start.elapsed() < Duration::from_secs(120), "jobs did not finish");
     }
     for i in 0..10 {
         let ex = h.executions(&format!("d{i}"));
-        assert_eq!(ex, vec![1, 2], "d{i}: deferrals spent no attempt");
+        if still_open {
+            assert_eq!(ex, vec![1, 2], "d{i}: deferrals spent no attempt");
+        } else {
+            assert!(
+                ex.iter().copied().eq(1..=ex.len() as u32) && ex.len() <= 3,
+                "d{i}: {ex:?}"
+            );
+        }
         assert!(
             ledger.show(&format!("d{i}")).await.unwrap().is_none(),
             "ledger closed after success"
