@@ -32,6 +32,11 @@ pub struct TypeMetrics {
 pub struct Metrics {
     /// Per job type (dimension value).
     pub by_type: BTreeMap<String, TypeMetrics>,
+    /// Retries of the adapter's own SQS and DynamoDB calls during the batch (never job
+    /// attempts); reported without dimensions as `StorageRetries`.
+    pub storage_retries: u64,
+    /// Storage calls that failed for good, retried or not (`StorageFailures`).
+    pub storage_failures: u64,
 }
 
 impl Metrics {
@@ -89,6 +94,8 @@ impl Metrics {
             e.retry_delay_ms.extend(m.retry_delay_ms);
             e.handler_ms.extend(m.handler_ms);
         }
+        self.storage_retries += other.storage_retries;
+        self.storage_failures += other.storage_failures;
     }
 
     /// The EMF lines for these metrics at `timestamp_ms`.
@@ -119,10 +126,16 @@ impl Metrics {
             root.insert("_aws".into(), aws_block(timestamp_ms, vec!["JobType"], defs));
             lines.push(Value::Object(root).to_string());
         }
-        // Account-wide totals of what alarms watch, without dimensions.
+        // Account-wide totals of what alarms watch, and the adapter's own storage retries,
+        // without dimensions.
         let alarmed: Vec<_> = totals
             .into_iter()
             .filter(|(k, _)| ["DeadLettered", "BreakerOpened"].contains(k))
+            .chain([
+                ("StorageRetries", self.storage_retries),
+                ("StorageFailures", self.storage_failures),
+            ])
+            .filter(|(_, v)| *v > 0)
             .collect();
         if !alarmed.is_empty() {
             let mut root = Map::new();
@@ -186,5 +199,35 @@ mod tests {
         let total: Value = serde_json::from_str(&lines[1]).unwrap();
         assert_eq!(total["DeadLettered"], 1);
         assert_eq!(total["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([[]]));
+        assert!(
+            total.get("StorageRetries").is_none(),
+            "zero counters are left out"
+        );
+    }
+
+    #[test]
+    fn storage_retries_go_to_the_line_without_dimensions() {
+        let mut m = Metrics {
+            storage_retries: 3,
+            ..Metrics::default()
+        };
+        m.merge(Metrics {
+            storage_retries: 2,
+            storage_failures: 1,
+            ..Metrics::default()
+        });
+        let lines = m.emf_lines(1_000);
+        assert_eq!(lines.len(), 1);
+        let v: Value = serde_json::from_str(&lines[0]).unwrap();
+        assert_eq!(v["StorageRetries"], 5);
+        assert_eq!(v["StorageFailures"], 1);
+        assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([[]]));
+        let names: Vec<&str> = v["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["Name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["StorageRetries", "StorageFailures"]);
     }
 }

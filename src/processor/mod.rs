@@ -218,7 +218,20 @@ impl Processor {
     }
 
     /// Processes one batch. `deadline` is the invocation's deadline (none for the worker).
+    ///
+    /// The outcome's storage counters are the environment's retries made while the batch ran:
+    /// exact for Lambda (one invocation at a time); a worker running batches side by side on
+    /// one environment may count a neighbour's retry in either batch.
     pub async fn process(&self, records: Vec<Incoming>, deadline: Option<Instant>) -> BatchOutcome {
+        let before = self.sqs.retry().stats();
+        let mut outcome = self.process_records(records, deadline).await;
+        let after = self.sqs.retry().stats();
+        outcome.metrics.storage_retries = after.retries.saturating_sub(before.retries);
+        outcome.metrics.storage_failures = after.failures.saturating_sub(before.failures);
+        outcome
+    }
+
+    async fn process_records(&self, records: Vec<Incoming>, deadline: Option<Instant>) -> BatchOutcome {
         let mut metrics = Metrics::default();
         let mut slots: Vec<Slot> = records.into_iter().map(|r| self.read(r)).collect();
         self.load_ledger(&mut slots, deadline, &mut metrics).await;
