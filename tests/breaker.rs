@@ -3,13 +3,15 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqs_triage::core::breaker::{Aggregate, BreakerConfig, Phase};
 use sqs_triage::core::decision::Gate;
 use sqs_triage::effects::breaker_store::BreakerStore;
-use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client};
+use sqs_triage::effects::calls::CallCounter;
+use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb_config};
 use sqs_triage::effects::table::{create_table, delete_table};
 
 const T0: u64 = 1_800_000_000_000;
@@ -184,5 +186,88 @@ async fn operator_forces_and_missing_table_fails_open() {
     assert_eq!(missing.admit("jt", T0).await.gate, Gate::Closed, "fails open");
     let err = missing.status("jt", T0).await.unwrap_err();
     assert!(err.to_string().contains("does not exist"), "{err}");
+    delete_table(&client, &table).await.unwrap();
+}
+
+/// Environments that have seen the window counting report with one `UpdateItem` each (no
+/// read); racing increments still open the breaker exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn counting_windows_take_one_write_per_report_and_open_once() {
+    let (client, table) = setup().await;
+    let sdk = support::sdk_config().await;
+    let caching = BreakerConfig::builder()
+        .threshold(8)
+        .cache_ttl(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let counted = |calls: &CallCounter| {
+        let conf = dynamodb_config(&sdk).interceptor(calls.clone()).build();
+        BreakerStore::new(
+            aws_sdk_dynamodb::Client::from_conf(conf),
+            &table,
+            StorageRetry::default(),
+        )
+        .with_config(caching)
+    };
+    let jt = "email";
+    let one = Aggregate {
+        transient_failures: 1,
+        generation: 0,
+        ..Aggregate::default()
+    };
+    // The first failure starts the window: a read and a full write.
+    let calls = CallCounter::new();
+    let first = counted(&calls);
+    first.report(jt, &one, T0).await.unwrap();
+    assert_eq!(
+        calls.snapshot(),
+        BTreeMap::from([
+            ("DynamoDB.GetItem".to_owned(), 1),
+            ("DynamoDB.PutItem".to_owned(), 1)
+        ])
+    );
+    // The same environment again: one increment.
+    calls.reset();
+    let s = first.report(jt, &one, T0 + 1_000).await.unwrap().unwrap();
+    assert_eq!(
+        calls.snapshot(),
+        BTreeMap::from([("DynamoDB.UpdateItem".to_owned(), 1)])
+    );
+    assert_eq!((s.phase, s.failures), (Phase::Closed, 2));
+
+    // Six environments that have seen the counting window race one failure each: the count
+    // passes 8 with the sixth increment, and exactly one of them opens the breaker.
+    let racers: Vec<(CallCounter, Arc<BreakerStore>)> = (0..6)
+        .map(|_| {
+            let c = CallCounter::new();
+            let store = Arc::new(counted(&c));
+            (c, store)
+        })
+        .collect();
+    for (_, store) in &racers {
+        store.gate(jt, T0 + 2_000).await;
+    }
+    let tasks: Vec<_> = racers
+        .iter()
+        .map(|(_, store)| {
+            let store = store.clone();
+            let one = one.clone();
+            tokio::spawn(async move { store.report(jt, &one, T0 + 3_000).await.unwrap() })
+        })
+        .collect();
+    let mut opened = 0;
+    for t in tasks {
+        if t.await.unwrap().is_some_and(|s| s.phase == Phase::Open) {
+            opened += 1;
+        }
+    }
+    assert_eq!(opened, 1, "one report opens it");
+    let s = first.read(jt).await.unwrap();
+    assert_eq!((s.phase, s.generation), (Phase::Open, 1), "{s:?}");
+    let updates: u64 = racers
+        .iter()
+        .map(|(c, _)| c.snapshot().get("DynamoDB.UpdateItem").copied().unwrap_or(0))
+        .sum();
+    assert!(updates >= 6, "every racer tried an increment ({updates})");
     delete_table(&client, &table).await.unwrap();
 }

@@ -282,6 +282,19 @@ impl Aggregate {
     }
 }
 
+/// A report that only adds transient failures to a window that is already counting, and
+/// (as far as the reporter knows) stays below the threshold: it can be written as an
+/// increment conditioned on that window, without reading the item first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Increment {
+    /// Failures to add.
+    pub failures: u32,
+    /// The closed generation the failures belong to.
+    pub generation: u64,
+    /// The window they are counted in.
+    pub window_start_ms: u64,
+}
+
 /// The answer to a probe request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acquire {
@@ -375,6 +388,36 @@ impl BreakerState {
             next = next.opened(now_ms, config);
         }
         Some(next.bumped())
+    }
+
+    /// Whether reporting `agg` at `now_ms` on this state (typically an environment's cached
+    /// copy) is a plain [`Increment`]. The store's write re-checks every premise in its
+    /// condition, so a stale state only costs a refused increment.
+    pub fn increment(&self, agg: &Aggregate, now_ms: u64, config: &BreakerConfig) -> Option<Increment> {
+        let s = self.at(now_ms);
+        let plain = agg.transient_failures > 0
+            && agg.probe_successes == 0
+            && agg.probe_failures == 0
+            && agg.leases.is_empty();
+        let counting = s.phase == Phase::Closed
+            && s.generation == agg.generation
+            && s.failures > 0
+            && now_ms.saturating_sub(s.window_start_ms) < ms(config.window);
+        let below = s.failures.saturating_add(agg.transient_failures) < config.threshold;
+        (plain && counting && below).then_some(Increment {
+            failures: agg.transient_failures,
+            generation: s.generation,
+            window_start_ms: s.window_start_ms,
+        })
+    }
+
+    /// After an increment brought the count to the threshold (other environments counted
+    /// too): the opened state to write. `None` when there is nothing to open.
+    pub fn trip(&self, now_ms: u64, config: &BreakerConfig) -> Option<BreakerState> {
+        let s = self.at(now_ms);
+        let in_window = now_ms.saturating_sub(s.window_start_ms) < ms(config.window);
+        (s.phase == Phase::Closed && s.failures > 0 && s.failures >= config.threshold && in_window)
+            .then(|| s.opened(now_ms, config).bumped())
     }
 
     /// Asks for a probe slot at `now_ms` for a new lease `lease_id`. Expired leases free their
@@ -511,6 +554,71 @@ mod tests {
 
     fn open_state(clock: &Clock) -> BreakerState {
         fail(&BreakerState::default(), 5, clock.now())
+    }
+
+    fn failures(n: u32, generation: u64) -> Aggregate {
+        Aggregate {
+            transient_failures: n,
+            generation,
+            ..Aggregate::default()
+        }
+    }
+
+    #[test]
+    fn an_increment_is_what_a_full_report_would_write_below_the_threshold() {
+        let t0 = 1_000_000;
+        let fresh = BreakerState::default();
+        assert_eq!(
+            fresh.increment(&failures(1, 0), t0, &cfg()),
+            None,
+            "the first failure starts a window: a full write"
+        );
+        let one = fail(&fresh, 1, t0);
+        let inc = one
+            .increment(&failures(2, 0), t0 + 5_000, &cfg())
+            .expect("an increment");
+        assert_eq!(
+            inc,
+            Increment {
+                failures: 2,
+                generation: 0,
+                window_start_ms: t0
+            }
+        );
+        // What the increment adds is what the full transition writes.
+        let full = one.report(&failures(2, 0), t0 + 5_000, &cfg()).unwrap();
+        assert_eq!(full.failures, one.failures + inc.failures);
+        assert_eq!((full.window_start_ms, full.phase), (t0, Phase::Closed));
+        // Not an increment: reaching the threshold, a window that ended, another generation,
+        // probe outcomes, an open breaker.
+        assert_eq!(one.increment(&failures(4, 0), t0 + 1, &cfg()), None);
+        assert_eq!(one.increment(&failures(1, 0), t0 + 60_000, &cfg()), None);
+        assert_eq!(one.increment(&failures(1, 1), t0 + 1, &cfg()), None);
+        let probe = Aggregate {
+            probe_successes: 1,
+            ..failures(1, 0)
+        };
+        assert_eq!(one.increment(&probe, t0 + 1, &cfg()), None);
+        let open = fail(&one, 4, t0 + 1);
+        assert_eq!(open.phase, Phase::Open);
+        assert_eq!(
+            open.increment(&failures(1, open.generation), t0 + 2, &cfg()),
+            None
+        );
+    }
+
+    #[test]
+    fn trip_opens_only_a_closed_window_at_the_threshold() {
+        let t0 = 1_000_000;
+        let mut s = fail(&BreakerState::default(), 1, t0);
+        assert_eq!(s.trip(t0 + 1, &cfg()), None, "below the threshold");
+        s.failures = 5;
+        let opened = s.trip(t0 + 1, &cfg()).expect("opens");
+        assert_eq!(opened.phase, Phase::Open);
+        assert_eq!(opened.generation, s.generation + 1);
+        assert_eq!(opened.version, s.version + 1);
+        assert_eq!(s.trip(t0 + 60_000, &cfg()), None, "the window is over");
+        assert_eq!(opened.trip(t0 + 2, &cfg()), None, "already open");
     }
 
     fn lease_of(a: Acquire) -> (BreakerState, Lease) {

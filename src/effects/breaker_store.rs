@@ -11,9 +11,11 @@
 //! Reads for [`gate`](BreakerStore::gate) are cached per environment for
 //! [`BreakerConfig::cache_ttl`]. The healthy path (closed, nothing to report) makes no
 //! writes. Failure reports are aggregated by the caller per invocation and job type, so a
-//! failing invocation costs one read and one write per job type; the failure counter is a
-//! single attribute (not sharded): only failing invocations write it, and once the
-//! threshold is reached the breaker opens and further reports stop writing.
+//! failing invocation costs one write per job type once its window is counting (an `ADD`
+//! conditioned on the window, see [`Increment`]) and a read and a write when it starts a
+//! window or changes the phase. The failure counter is a single attribute (not sharded):
+//! only failing invocations write it, and once the threshold is reached the breaker opens and
+//! further reports stop writing.
 //!
 //! If DynamoDB stays unavailable after the storage retries, `gate` and `admit` answer
 //! [`Gate::Closed`] (fail open, logged): jobs keep running and their attempt limits still
@@ -24,13 +26,13 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use rand::Rng;
 use tokio::time::Instant;
 
 use super::storage_retry::{FailureKind, StorageError, StorageRetry};
 use super::table::{BREAKER_SK, PK, SK, TTL_ATTRIBUTE, breaker_key, breaker_pk, get_consistent};
-use crate::core::breaker::{Acquire, Aggregate, BreakerConfig, BreakerState, Lease, Phase, gate};
+use crate::core::breaker::{Acquire, Aggregate, BreakerConfig, BreakerState, Increment, Lease, Phase, gate};
 use crate::core::decision::Gate;
 
 /// How long a breaker item lives after its last write. A vanished item is a fresh closed
@@ -212,8 +214,86 @@ impl BreakerStore {
             return Ok(None);
         }
         let config = self.config;
+        let cached = self.cached(job_type);
+        if let Some(inc) = cached.and_then(|s| s.increment(agg, now_ms, &config)) {
+            if let Some(counted) = self.add_failures(job_type, &inc).await? {
+                self.remember(job_type, &counted);
+                // Other environments' failures may have brought the window to the threshold.
+                if counted.trip(now_ms, &config).is_none() {
+                    return Ok(Some(counted));
+                }
+                let opened = self.transition(job_type, |s| s.trip(now_ms, &config)).await?;
+                return Ok(opened.or(Some(counted)));
+            }
+            // The window, phase or generation changed since this environment last saw it.
+        }
         self.transition(job_type, |s| s.report(agg, now_ms, &config))
             .await
+    }
+
+    /// This environment's last known state of a breaker, however old (only used to choose
+    /// how to write; conditions check the real item).
+    fn cached(&self, job_type: &str) -> Option<BreakerState> {
+        let cache = self.cache.lock().expect("cache lock");
+        cache.get(job_type).map(|(s, _)| s.clone())
+    }
+
+    /// Adds failures to a counting window in one `UpdateItem`, on condition that the item is
+    /// still closed in that generation and window. Returns the state after the write; `None`
+    /// when the condition failed (the caller falls back to a read and a full write). The
+    /// write carries a token, so a retried increment whose first try landed is recognised
+    /// instead of counted twice.
+    async fn add_failures(
+        &self,
+        job_type: &str,
+        inc: &Increment,
+    ) -> Result<Option<BreakerState>, StorageError> {
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let token = format!("{:016x}", rand::rng().random::<u64>());
+        let result = self
+            .retry
+            .call("UpdateItem", None, || {
+                self.client
+                    .update_item()
+                    .table_name(&self.table)
+                    .set_key(Some(breaker_key(job_type)))
+                    .update_expression(
+                        "ADD failures :n, version :one \
+                         SET writer = :token, updated_at = :now, #ttl = :exp",
+                    )
+                    .condition_expression(
+                        "phase = :closed AND generation = :g AND window_start = :ws AND failures > :zero \
+                         AND (attribute_not_exists(writer) OR writer <> :token)",
+                    )
+                    .expression_attribute_names("#ttl", TTL_ATTRIBUTE)
+                    .expression_attribute_values(":n", num(u64::from(inc.failures)))
+                    .expression_attribute_values(":one", num(1))
+                    .expression_attribute_values(":zero", num(0))
+                    .expression_attribute_values(":token", AttributeValue::S(token.clone()))
+                    .expression_attribute_values(":now", num(now_s * 1000))
+                    .expression_attribute_values(":exp", num(now_s + BREAKER_TTL.as_secs()))
+                    .expression_attribute_values(
+                        ":closed",
+                        AttributeValue::S(Phase::Closed.as_str().to_owned()),
+                    )
+                    .expression_attribute_values(":g", num(inc.generation))
+                    .expression_attribute_values(":ws", num(inc.window_start_ms))
+                    .return_values(ReturnValue::AllNew)
+                    .send()
+            })
+            .await
+            .map_err(|e| e.with_resource(&self.table));
+        match result {
+            Ok(out) => Ok(Some(out.attributes().map(from_item).unwrap_or_default())),
+            Err(e) if e.is_conditional_check_failed() => {
+                let (fresh, writer) = self.read_raw(job_type).await?;
+                // A retried increment that had landed before its answer was lost.
+                Ok((writer.as_deref() == Some(token.as_str())).then_some(fresh))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Operator: opens the breaker, until closed (`for_ = None`) or for a period.
