@@ -5,6 +5,9 @@
 //! error — never lost. And no payload or attribute value reaches the logs unless
 //! `log_payloads` is on.
 
+#[path = "support/lambda_event.rs"]
+mod lambda_event;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -386,7 +389,7 @@ async fn logs_of_a_batch(log_payloads: bool) -> String {
         let messages = r.all(&r.queue_url, 2).await;
         assert!(!messages.is_empty(), "every message is received");
         seen += messages.len();
-        let event = sqs_event(&messages, &r.queue_url);
+        let event = lambda_event::lambda_event(&messages, &r.queue_url);
         let mut context = Context::default();
         context.deadline = now_ms() + 30_000;
         lambda::handle(&r.env.processor, LambdaEvent::new(event, context))
@@ -396,48 +399,6 @@ async fn logs_of_a_batch(log_payloads: bool) -> String {
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(text.contains("dead-lettered"), "the batch was logged:\n{text}");
     text
-}
-
-/// A Lambda event from received messages, attributes included (binary as base64).
-fn sqs_event(messages: &[Message], queue_url: &str) -> aws_lambda_events::event::sqs::SqsEvent {
-    let name = queue_url.rsplit('/').next().unwrap();
-    let records: Vec<Value> = messages
-        .iter()
-        .map(|m| {
-            let attributes: HashMap<String, String> = m
-                .attributes()
-                .map(|a| {
-                    a.iter()
-                        .map(|(k, v)| (k.as_str().to_owned(), v.clone()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let message_attributes: HashMap<String, Value> = attrs_of(m)
-                .iter()
-                .map(|(k, v)| {
-                    let mut o =
-                        json!({"dataType": v.data_type(), "stringListValues": [], "binaryListValues": []});
-                    if let Some(s) = v.string_value() {
-                        o["stringValue"] = json!(s);
-                    }
-                    if let Some(b) = v.binary_value() {
-                        o["binaryValue"] = json!(aws_smithy_types::base64::encode(b.as_ref()));
-                    }
-                    (k.clone(), o)
-                })
-                .collect();
-            json!({
-                "messageId": m.message_id(),
-                "receiptHandle": m.receipt_handle(),
-                "body": m.body(),
-                "attributes": attributes,
-                "messageAttributes": message_attributes,
-                "eventSource": "aws:sqs",
-                "eventSourceARN": format!("arn:aws:sqs:us-east-1:000000000000:{name}"),
-            })
-        })
-        .collect();
-    serde_json::from_value(json!({ "Records": records })).unwrap()
 }
 
 #[tokio::test(flavor = "current_thread")]

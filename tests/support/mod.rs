@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod fault_proxy;
+pub mod lambda_event;
 pub mod pipeline;
 
 use std::sync::atomic::{AtomicU64, Ordering};

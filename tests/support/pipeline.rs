@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use aws_lambda_events::event::sqs::SqsBatchResponse;
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
@@ -302,48 +302,7 @@ impl Harness {
     }
 }
 
-/// A Lambda SQS event holding these SDK messages, as the event source mapping builds it.
-pub fn lambda_event(messages: &[Message], queue_url: &str) -> SqsEvent {
-    let queue_name = queue_url.rsplit('/').next().unwrap();
-    let records: Vec<Value> = messages
-        .iter()
-        .map(|m| {
-            let attributes: HashMap<String, String> = m
-                .attributes()
-                .map(|a| a.iter().map(|(k, v)| (k.as_str().to_owned(), v.clone())).collect())
-                .unwrap_or_default();
-            let message_attributes: HashMap<String, Value> = m
-                .message_attributes()
-                .map(|a| {
-                    a.iter()
-                        .map(|(k, v)| {
-                            let mut o = json!({"dataType": v.data_type(), "stringListValues": [], "binaryListValues": []});
-                            if let Some(s) = v.string_value() {
-                                o["stringValue"] = json!(s);
-                            }
-                            if let Some(b) = v.binary_value() {
-                                o["binaryValue"] = json!(aws_smithy_types::base64::encode(b.as_ref()));
-                            }
-                            (k.clone(), o)
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            json!({
-                "messageId": m.message_id(),
-                "receiptHandle": m.receipt_handle(),
-                "body": m.body(),
-                "attributes": attributes,
-                "messageAttributes": message_attributes,
-                "md5OfBody": m.md5_of_body(),
-                "eventSource": "aws:sqs",
-                "eventSourceARN": format!("arn:aws:sqs:us-east-1:000000000000:{queue_name}"),
-                "awsRegion": "us-east-1",
-            })
-        })
-        .collect();
-    serde_json::from_value(json!({ "Records": records })).unwrap()
-}
+pub use super::lambda_event::lambda_event;
 
 /// A handler error for tests that need one.
 pub fn transient(msg: &str) -> JobError {
