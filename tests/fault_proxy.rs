@@ -161,6 +161,7 @@ async fn ddb_full_throttle_surfaces_provisioned_throughput_exceeded() {
         share: 1.0,
         kinds: vec![Fault::Throttle],
         only_ops: ops(&["GetItem"]),
+        spare_body_containing: None,
         seed: 1,
     });
 
@@ -217,6 +218,7 @@ async fn run_random_plan(table: &str, seed: u64) -> (BTreeMap<String, u64>, u64)
         share: 0.3,
         kinds: vec![Fault::Throttle, Fault::Status500, Fault::Status503, Fault::Reset],
         only_ops: None,
+        spare_body_containing: None,
         seed,
     });
     for i in 0..30 {

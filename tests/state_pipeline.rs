@@ -110,6 +110,7 @@ async fn dynamodb_faults_never_spend_attempts_and_decisions_stay_right() {
             Fault::Reset,
         ],
         only_ops: None,
+        spare_body_containing: None,
         seed: 7,
     });
     let h = Harness::build(Options {

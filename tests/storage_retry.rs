@@ -51,6 +51,7 @@ async fn ledger_is_exact_through_a_share_of_faults_and_retries_stay_in_budget() 
         share: 0.3,
         kinds: all_kinds(),
         only_ops: None,
+        spare_body_containing: None,
         seed: 42,
     });
     let tasks: Vec<_> = (1..=32u32)

@@ -7,8 +7,9 @@
 //! With `TRIAGE_CHAOS_RECORD_TABLE` set (or a [`Recorder`] given to [`register_recording`]),
 //! every execution is also written to that side table *before* the handler returns: one item
 //! per execution (`pk = exec#<job id>`, `sk = <message id>#<attempt>#<unique>`) with the
-//! attempt, the message id and the result (`ok` or the failing outcome; slow jobs also get a
-//! `started` item before their `sleep_ms`). Chaos tests account
+//! attempt, the message id and the result (`ok` or the failing outcome; a slow job's item is
+//! first written as `started` before its `sleep_ms`, then replaced by the result, so an
+//! execution stopped at a deadline or killed with its process still shows up, once). Chaos tests account
 //! from it instead of from logs. A success that cannot be recorded is returned as a transient
 //! failure, so "recorded ok" and "handler returned Ok" never disagree. The recorder is a
 //! handler side effect, not product storage: it uses the SDK's own retries, not `StorageRetry`.
@@ -92,21 +93,26 @@ impl Recorder {
         Some(Self::new(aws_sdk_dynamodb::Client::from_conf(conf), table))
     }
 
-    /// Records one execution of `ctx` with its result (`ok` or the failing outcome's name).
-    pub async fn record(&self, ctx: &JobContext, result: &str) -> Result<(), String> {
+    /// A key for one execution, unique across processes.
+    pub fn execution_key() -> String {
         static SEQ: AtomicU64 = AtomicU64::new(0);
-        let unique = format!(
+        format!(
             "{}-{}-{}",
             std::process::id(),
             crate::processor::now_ms(),
             SEQ.fetch_add(1, Ordering::Relaxed)
-        );
+        )
+    }
+
+    /// Records execution `key` of `ctx` with its result (`started`, `ok` or the failing
+    /// outcome's name); a later record of the same execution replaces the earlier one.
+    pub async fn record(&self, ctx: &JobContext, key: &str, result: &str) -> Result<(), String> {
         let s = |v: &str| AttributeValue::S(v.to_owned());
         self.client
             .put_item()
             .table_name(&self.table)
             .item("pk", s(&format!("exec#{}", ctx.job_id)))
-            .item("sk", s(&format!("{}#{}#{unique}", ctx.message_id, ctx.attempt)))
+            .item("sk", s(&format!("{}#{}#{key}", ctx.message_id, ctx.attempt)))
             .item("job_id", s(&ctx.job_id))
             .item("message_id", s(&ctx.message_id))
             .item("attempt", AttributeValue::N(ctx.attempt.to_string()))
@@ -130,11 +136,12 @@ pub async fn run_recorded(
     recorder: Option<&Recorder>,
 ) -> Result<(), JobError> {
     let succeeds = p.outcome == ChaosOutcome::Ok || p.fail_times.is_some_and(|n| ctx.attempt > n);
+    let key = Recorder::execution_key();
     if let Some(ms) = p.sleep_ms {
         // A slow execution is also recorded when it starts, so one stopped at a deadline or
         // killed with its process still shows up.
         if let Some(r) = recorder {
-            if let Err(e) = r.record(&ctx, "started").await {
+            if let Err(e) = r.record(&ctx, &key, "started").await {
                 tracing::warn!(error = %e, "chaos: execution start not recorded");
             }
         }
@@ -142,7 +149,7 @@ pub async fn run_recorded(
     }
     if let Some(r) = recorder {
         let result = if succeeds { "ok" } else { p.outcome.name() };
-        if let Err(e) = r.record(&ctx, result).await {
+        if let Err(e) = r.record(&ctx, &key, result).await {
             if succeeds {
                 return Err(JobError::transient(format!("chaos: success not recorded: {e}")));
             }

@@ -95,6 +95,9 @@ pub struct FaultPlan {
     pub kinds: Vec<Fault>,
     /// Operation names (e.g. `UpdateItem`) the plan applies to; `None` = all.
     pub only_ops: Option<Vec<String>>,
+    /// Requests whose body contains this string are never faulted by the plan (e.g. the
+    /// table a test's oracle writes to through the same endpoint).
+    pub spare_body_containing: Option<String>,
     /// Seed of the plan's `StdRng`.
     pub seed: u64,
 }
@@ -172,11 +175,17 @@ impl Shared {
                     }
                 }
             } else if let Some(active) = f.plan.as_mut() {
-                let applies = active
+                let spared = active
                     .plan
-                    .only_ops
+                    .spare_body_containing
                     .as_ref()
-                    .is_none_or(|ops| ops.iter().any(|o| o == op));
+                    .is_some_and(|s| contains(body, s.as_bytes()));
+                let applies = !spared
+                    && active
+                        .plan
+                        .only_ops
+                        .as_ref()
+                        .is_none_or(|ops| ops.iter().any(|o| o == op));
                 if applies && !active.plan.kinds.is_empty() {
                     let share = active.plan.share.clamp(0.0, 1.0);
                     if active.rng.random_bool(share) {
