@@ -33,7 +33,16 @@ cargo clippy --all-targets --quiet -- -D warnings
 step "cargo test (unit, property and integration tests on the local stack)"
 # Benchmarks are not timed in CI: clippy builds them, tests/bench_smoke.rs runs the report on a
 # tiny input.
-cargo test --lib --bins --tests --examples --no-fail-fast
+# The chaos run writes its accounting table here; it is printed after the tests, pass or fail.
+export CHAOS_TABLE="${CHAOS_TABLE:-$CARGO_TARGET_DIR/chaos-table.md}"
+rm -f "$CHAOS_TABLE"
+status=0
+cargo test --lib --bins --tests --examples --no-fail-fast || status=$?
+if [ -f "$CHAOS_TABLE" ]; then
+  step "chaos run accounting (tests/chaos, docs/guarantees.md)"
+  cat "$CHAOS_TABLE"
+fi
+[ "$status" = 0 ] || exit "$status"
 
 if [ -f infra/check.sh ]; then
   step "deployment templates (cfn-lint, SAM translator, cdk synth + cdk-nag, facts)"
