@@ -5,17 +5,15 @@
 //! error — never lost. And no payload or attribute value reaches the logs unless
 //! `log_payloads` is on.
 
-#[path = "support/lambda_event.rs"]
-mod lambda_event;
+mod support;
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_config::BehaviorVersion;
 use aws_sdk_sqs::primitives::Blob;
-use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::types::{Message, MessageAttributeValue, QueueAttributeName};
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 use sqs_triage::config::Config;
@@ -23,7 +21,6 @@ use sqs_triage::core::JobError;
 use sqs_triage::core::failure::{FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::{MAX_ATTRIBUTES, attribute_size, failure_record, original_attributes};
 use sqs_triage::ops::Ctx;
-use sqs_triage::ops::setup::{SetupOptions, setup};
 use sqs_triage::processor::now_ms;
 use sqs_triage::processor::registry::{JobContext, Registry};
 use sqs_triage::runtime::chaos;
@@ -43,29 +40,9 @@ struct Rig {
 }
 
 async fn rig(name: &str, log_payloads: bool, queue_max: Option<u32>, dlq_max: Option<u32>) -> Rig {
-    assert!(
-        std::env::var("AWS_ENDPOINT_URL_SQS").is_ok(),
-        "local stack not configured: `bash infra/local/stack.sh start` and `eval \"$(bash infra/local/stack.sh env)\"`"
-    );
-    let sdk = aws_config::defaults(BehaviorVersion::latest()).load().await;
+    let sdk = support::sdk_config().await;
     let ctx = Ctx::from_config(&sdk).unwrap();
-    let name = format!(
-        "hostile-{name}-{}-{}",
-        std::process::id(),
-        now_ms() % 1_000_000_000
-    );
-    let created = setup(
-        &ctx,
-        &SetupOptions {
-            queue: name.clone(),
-            dlq: format!("{name}-dlq"),
-            table: name.clone(),
-            fifo: false,
-            max_receive_count: 1000,
-        },
-    )
-    .await
-    .unwrap();
+    let created = support::fresh_resources(&format!("hostile-{name}"), false).await;
     for (url, max) in [(&created.queue_url, queue_max), (&created.dlq_url, dlq_max)] {
         if let Some(max) = max {
             ctx.sqs
@@ -135,27 +112,7 @@ impl Rig {
     }
 
     async fn all(&self, url: &str, wait: i32) -> Vec<Message> {
-        let mut out = Vec::new();
-        loop {
-            let got = self
-                .sqs
-                .receive_message()
-                .queue_url(url)
-                .max_number_of_messages(10)
-                .visibility_timeout(300)
-                .wait_time_seconds(wait)
-                .message_system_attribute_names(MessageSystemAttributeName::All)
-                .message_attribute_names("All")
-                .send()
-                .await
-                .unwrap()
-                .messages
-                .unwrap_or_default();
-            if got.is_empty() {
-                return out;
-            }
-            out.extend(got);
-        }
+        support::read_all(&self.sqs, url, 300, wait).await
     }
 
     async fn max_size(&self, url: &str) -> usize {
@@ -389,7 +346,7 @@ async fn logs_of_a_batch(log_payloads: bool) -> String {
         let messages = r.all(&r.queue_url, 2).await;
         assert!(!messages.is_empty(), "every message is received");
         seen += messages.len();
-        let event = lambda_event::lambda_event(&messages, &r.queue_url);
+        let event = support::lambda_event::lambda_event(&messages, &r.queue_url);
         let mut context = Context::default();
         context.deadline = now_ms() + 30_000;
         lambda::handle(&r.env.processor, LambdaEvent::new(event, context))

@@ -248,9 +248,7 @@ impl BreakerStore {
         job_type: &str,
         inc: &Increment,
     ) -> Result<Option<BreakerState>, StorageError> {
-        let now_s = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let now_s = crate::processor::now_ms() / 1000;
         let token = format!("{:016x}", rand::rng().random::<u64>());
         let result = self
             .retry
@@ -381,9 +379,7 @@ impl BreakerStore {
         next: &BreakerState,
         token: &str,
     ) -> Result<(), StorageError> {
-        let now_s = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let now_s = crate::processor::now_ms() / 1000;
         let mut item = to_item(job_type, next, now_s);
         item.insert("writer".to_owned(), AttributeValue::S(token.to_owned()));
         self.retry

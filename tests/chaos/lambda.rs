@@ -14,8 +14,8 @@ use serde_json::Value;
 use sqs_triage::runtime::chaos;
 use tokio::sync::watch;
 
-use super::lambda_event::lambda_event_json;
-use super::runtime_api::{Outcome, RuntimeApi};
+use super::support::lambda_event::lambda_event_json;
+use super::support::runtime_api::{Outcome, RuntimeApi};
 use super::{Stack, WorkerProcess, policy_vars, report_note};
 
 /// How long an environment may take to start, or to pick up an event queued behind another.

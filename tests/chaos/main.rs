@@ -16,14 +16,10 @@
 //! `CHAOS_LIMIT_S` overrides the time limit per scenario. Run with
 //! `cargo test --test chaos -- --nocapture` to see the table.
 
-#[path = "../support/fault_proxy.rs"]
-mod fault_proxy;
 mod lambda;
-#[path = "../support/lambda_event.rs"]
-mod lambda_event;
 mod router;
-#[path = "../support/runtime_api.rs"]
-mod runtime_api;
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
@@ -31,23 +27,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use aws_config::{BehaviorVersion, SdkConfig};
-use aws_sdk_sqs::types::{
-    Message, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
-};
-use fault_proxy::{Fault, FaultPlan, FaultProxy, FaultRule};
+use aws_config::SdkConfig;
+use aws_sdk_sqs::types::{Message, QueueAttributeName, SendMessageBatchRequestEntry};
 use router::Router;
 use serde_json::{Value, json};
 use sqs_triage::config::Config;
 use sqs_triage::core::failure::FailureClass;
 use sqs_triage::effects::dlq::failure_record;
 use sqs_triage::ops::Ctx;
-use sqs_triage::ops::setup::{SetupOptions, setup};
-use sqs_triage::processor::now_ms;
 use sqs_triage::processor::registry::Registry;
 use sqs_triage::runtime::chaos::{self, Recorder};
 use sqs_triage::runtime::env::{Environment, build};
 use sqs_triage::runtime::worker::{Worker, WorkerOptions};
+use support::fault_proxy::{Fault, FaultPlan, FaultProxy, FaultRule};
 use tokio::sync::watch;
 
 const MAX_ATTEMPTS: u32 = 5;
@@ -162,38 +154,12 @@ struct Stack {
     record_table: String,
 }
 
-fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{prefix}-{}-{}-{}",
-        std::process::id(),
-        now_ms() % 1_000_000_000,
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
 impl Stack {
     async fn new(prefix: &str) -> Stack {
-        assert!(
-            std::env::var("AWS_ENDPOINT_URL_SQS").is_ok(),
-            "local stack not configured: run `bash infra/local/stack.sh start` and \
-             `eval \"$(bash infra/local/stack.sh env)\"`"
-        );
-        let sdk = aws_config::defaults(BehaviorVersion::latest()).load().await;
+        let sdk = support::sdk_config().await;
         let ctx = Ctx::from_config(&sdk).unwrap();
-        let name = unique(prefix);
-        let created = setup(
-            &ctx,
-            &SetupOptions {
-                queue: name.clone(),
-                dlq: format!("{name}-dlq"),
-                table: name.clone(),
-                fifo: false,
-                max_receive_count: 1000,
-            },
-        )
-        .await
-        .unwrap();
+        let created = support::fresh_resources(prefix, false).await;
+        let name = created.table.clone();
         ctx.sqs
             .set_queue_attributes()
             .queue_url(&created.queue_url)
@@ -282,54 +248,15 @@ impl Stack {
             .await;
     }
 
+    /// (visible or delayed, in flight) in a queue.
     async fn depth(&self, url: &str) -> (u64, u64) {
-        let a = self
-            .sqs
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
-            .send()
-            .await
-            .unwrap()
-            .attributes
-            .unwrap_or_default();
-        let get = |k: QueueAttributeName| a.get(&k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        (
-            get(QueueAttributeName::ApproximateNumberOfMessages)
-                + get(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
-            get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-        )
+        let d = support::queue_depth(&self.sqs, url).await;
+        (d.visible + d.delayed, d.in_flight)
     }
 
     /// Every message of a queue, read with a long visibility timeout and never deleted.
     async fn read_all(&self, url: &str) -> Vec<Message> {
-        let mut out = Vec::new();
-        let mut empty = 0;
-        while empty < 2 {
-            let got = self
-                .sqs
-                .receive_message()
-                .queue_url(url)
-                .max_number_of_messages(10)
-                .visibility_timeout(600)
-                .wait_time_seconds(0)
-                .message_system_attribute_names(MessageSystemAttributeName::All)
-                .message_attribute_names("All")
-                .send()
-                .await
-                .unwrap()
-                .messages
-                .unwrap_or_default();
-            if got.is_empty() {
-                empty += 1;
-            } else {
-                empty = 0;
-                out.extend(got);
-            }
-        }
-        out
+        support::read_all(&self.sqs, url, 600, 1).await
     }
 
     async fn scan(&self, table: &str) -> Vec<HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
@@ -380,8 +307,8 @@ struct Faults {
 
 impl Faults {
     fn start() -> Faults {
-        let sqs = FaultProxy::start(&std::env::var("AWS_ENDPOINT_URL_SQS").unwrap());
-        let ddb = FaultProxy::start(&std::env::var("AWS_ENDPOINT_URL_DYNAMODB").unwrap());
+        let sqs = FaultProxy::start(&support::sqs_endpoint());
+        let ddb = FaultProxy::start(&support::ddb_endpoint());
         let router = Router::start(&sqs.url(), &ddb.url());
         Faults { sqs, ddb, router }
     }

@@ -9,6 +9,7 @@
 pub mod fault_proxy;
 pub mod lambda_event;
 pub mod pipeline;
+pub mod runtime_api;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -122,4 +123,75 @@ pub async fn fresh_resources(prefix: &str, fifo: bool) -> sqs_triage::ops::setup
         max_receive_count: 1000,
     };
     sqs_triage::ops::setup::setup(&ctx, &opts).await.unwrap()
+}
+
+/// Approximate message counts of a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueDepth {
+    /// `ApproximateNumberOfMessages`.
+    pub visible: u64,
+    /// `ApproximateNumberOfMessagesNotVisible`.
+    pub in_flight: u64,
+    /// `ApproximateNumberOfMessagesDelayed`.
+    pub delayed: u64,
+}
+
+impl QueueDepth {
+    /// Every message the queue holds.
+    pub fn total(&self) -> u64 {
+        self.visible + self.in_flight + self.delayed
+    }
+}
+
+/// The approximate counts of `queue_url`, in one `GetQueueAttributes`.
+pub async fn queue_depth(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> QueueDepth {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let attrs = sqs
+        .get_queue_attributes()
+        .queue_url(queue_url)
+        .attribute_names(A::ApproximateNumberOfMessages)
+        .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+        .attribute_names(A::ApproximateNumberOfMessagesDelayed)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap_or_default();
+    let get = |k: A| attrs.get(&k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    QueueDepth {
+        visible: get(A::ApproximateNumberOfMessages),
+        in_flight: get(A::ApproximateNumberOfMessagesNotVisible),
+        delayed: get(A::ApproximateNumberOfMessagesDelayed),
+    }
+}
+
+/// Every message `queue_url` hands out now, with all system and message attributes, read
+/// with a `visibility` timeout long enough not to be handed out twice and never deleted:
+/// receives until one comes back empty after waiting `wait_s` seconds.
+pub async fn read_all(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    visibility: i32,
+    wait_s: i32,
+) -> Vec<aws_sdk_sqs::types::Message> {
+    let mut out = Vec::new();
+    loop {
+        let got = sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            .visibility_timeout(visibility)
+            .wait_time_seconds(wait_s)
+            .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        if got.is_empty() {
+            return out;
+        }
+        out.extend(got);
+    }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsBatchResponse;
-use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 use sqs_triage::config::Config;
@@ -263,19 +263,7 @@ impl Harness {
 
     /// Approximate visible + in-flight + delayed messages in a queue.
     pub async fn depth(&self, queue_url: &str) -> u64 {
-        let attrs = self
-            .sqs
-            .get_queue_attributes()
-            .queue_url(queue_url)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
-            .send()
-            .await
-            .unwrap()
-            .attributes
-            .unwrap_or_default();
-        attrs.values().filter_map(|v| v.parse::<u64>().ok()).sum()
+        super::queue_depth(&self.sqs, queue_url).await.total()
     }
 
     /// Reads every DLQ message (and makes them visible again).
