@@ -144,6 +144,8 @@ struct Ran {
     executed: bool,
     error_kind: Option<ErrorKind>,
     lease: Option<Lease>,
+    /// The breaker generation the record was admitted in: its failures count there.
+    generation: u64,
     handler_time: Option<Duration>,
 }
 
@@ -252,6 +254,7 @@ impl Processor {
                             executed: false,
                             error_kind: None,
                             lease: None,
+                            generation: 0,
                             handler_time: None,
                         }
                     } else {
@@ -383,6 +386,9 @@ impl Processor {
             now_ms,
         };
         let now = now_ms();
+        // Failures count in the generation the record was admitted in: a report about a
+        // period that has since ended is ignored by the store.
+        let generation = state.map_or(0, |s| s.at(now).generation);
         // A half-open breaker is asked for a permit only for a record that would otherwise run.
         let mut g = state.map_or(Gate::Closed, |s| gate(s, now, half_open));
         let mut pre = decide(&inputs(g, Execution::NotRun, now), &mut rand::rng());
@@ -419,6 +425,7 @@ impl Processor {
                 executed: false,
                 error_kind: None,
                 lease: None,
+                generation,
                 handler_time: None,
             };
         };
@@ -443,6 +450,7 @@ impl Processor {
             executed: true,
             error_kind,
             lease,
+            generation,
             handler_time: Some(handler_time),
         }
     }
@@ -665,7 +673,10 @@ fn tally(agg: &mut Aggregate, r: &Ran) {
             agg.generation = l.generation;
             agg.leases.push(l.id.clone());
         }
-        (None, _) if transient => agg.transient_failures += 1,
+        (None, _) if transient => {
+            agg.transient_failures += 1;
+            agg.generation = r.generation;
+        }
         (None, _) => {}
     }
 }
