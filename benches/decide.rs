@@ -57,6 +57,7 @@ fn per_record(c: &mut Criterion) {
                     record: RecordFacts {
                         receive_count: 1,
                         received_at_ms: 1_700_000_000_000,
+                        receive_limit: None,
                     },
                     invalid,
                     ledger: Ledger::FirstDelivery,

@@ -49,7 +49,7 @@ async fn open_it(store: &BreakerStore, job_type: &str, now: u64) {
         generation: g.generation,
         ..Aggregate::default()
     };
-    let s = store.report(job_type, &agg, now).await.unwrap().unwrap();
+    let s = store.report(job_type, &agg, now, None).await.unwrap().unwrap();
     assert_eq!(s.phase, Phase::Open);
 }
 
@@ -70,7 +70,7 @@ async fn race_for_probes(stores: &[Arc<BreakerStore>], job_type: &str, now: u64)
                 assert!(a.permit.is_some());
                 granted += 1;
             }
-            Gate::ProbeBusy => assert!(a.permit.is_none()),
+            Gate::ProbeBusy { .. } => assert!(a.permit.is_none()),
             other => panic!("unexpected gate {other:?}"),
         }
     }
@@ -123,7 +123,7 @@ async fn failures_aggregate_open_defers_and_probe_success_closes() {
                     generation: 0,
                     ..Aggregate::default()
                 };
-                s.report(jt, &agg, T0 + 1_000).await.unwrap()
+                s.report(jt, &agg, T0 + 1_000, None).await.unwrap()
             })
         })
         .collect();
@@ -141,7 +141,7 @@ async fn failures_aggregate_open_defers_and_probe_success_closes() {
     // Half-open: one probe; a released permit is free again; a success closes.
     let a = stores[2].admit(jt, T0 + 31_000).await;
     let permit = a.permit.expect("a probe");
-    stores[2].release(jt, &permit, T0 + 31_001).await.unwrap();
+    stores[2].release(jt, &permit, T0 + 31_001, None).await.unwrap();
     let b = stores[3].admit(jt, T0 + 31_002).await;
     let permit = b.permit.expect("the released slot is free");
     let stale = Aggregate {
@@ -150,7 +150,7 @@ async fn failures_aggregate_open_defers_and_probe_success_closes() {
         ..Aggregate::default()
     };
     assert_eq!(
-        stores[4].report(jt, &stale, T0 + 31_003).await.unwrap(),
+        stores[4].report(jt, &stale, T0 + 31_003, None).await.unwrap(),
         None,
         "stale generation ignored"
     );
@@ -160,7 +160,11 @@ async fn failures_aggregate_open_defers_and_probe_success_closes() {
         generation: permit.generation,
         ..Aggregate::default()
     };
-    let closed = stores[3].report(jt, &ok, T0 + 31_004).await.unwrap().unwrap();
+    let closed = stores[3]
+        .report(jt, &ok, T0 + 31_004, None)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(closed.phase, Phase::Closed);
     assert_eq!(stores[0].gate(jt, T0 + 31_005).await.gate, Gate::Closed);
     delete_table(&client, &table).await.unwrap();
@@ -218,7 +222,7 @@ async fn counting_windows_take_one_write_per_report_and_open_once() {
     // The first failure starts the window: a read and a full write.
     let calls = CallCounter::new();
     let first = counted(&calls);
-    first.report(jt, &one, T0).await.unwrap();
+    first.report(jt, &one, T0, None).await.unwrap();
     assert_eq!(
         calls.snapshot(),
         BTreeMap::from([
@@ -228,7 +232,7 @@ async fn counting_windows_take_one_write_per_report_and_open_once() {
     );
     // The same environment again: one increment.
     calls.reset();
-    let s = first.report(jt, &one, T0 + 1_000).await.unwrap().unwrap();
+    let s = first.report(jt, &one, T0 + 1_000, None).await.unwrap().unwrap();
     assert_eq!(
         calls.snapshot(),
         BTreeMap::from([("DynamoDB.UpdateItem".to_owned(), 1)])
@@ -252,7 +256,7 @@ async fn counting_windows_take_one_write_per_report_and_open_once() {
         .map(|(_, store)| {
             let store = store.clone();
             let one = one.clone();
-            tokio::spawn(async move { store.report(jt, &one, T0 + 3_000).await.unwrap() })
+            tokio::spawn(async move { store.report(jt, &one, T0 + 3_000, None).await.unwrap() })
         })
         .collect();
     let mut opened = 0;

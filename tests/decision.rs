@@ -17,6 +17,7 @@ fn facts(receive_count: u32) -> RecordFacts {
     RecordFacts {
         receive_count,
         received_at_ms: NOW,
+        receive_limit: None,
     }
 }
 
@@ -139,10 +140,87 @@ fn open_breaker_defers_to_the_end_of_the_open_period_plus_jitter() {
 }
 
 #[test]
-fn half_open_without_a_slot_defers_briefly() {
+fn half_open_without_a_slot_defers_until_the_probe_can_be_known() {
     let p = RetryPolicy::default();
     let i = Inputs {
-        gate: Gate::ProbeBusy,
+        gate: Gate::ProbeBusy {
+            until_ms: NOW + 20_000,
+        },
+        ..inputs(&p, Execution::NotRun)
+    };
+    match decide(&i, &mut rng()) {
+        Decision::Defer {
+            reason: DeferReason::ProbeBusy,
+            visibility,
+        } => assert!(
+            visibility >= Duration::from_secs(20) && visibility <= Duration::from_secs(23),
+            "{visibility:?}"
+        ),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn on_the_last_receive_nothing_is_left_for_the_redrive_to_move_unrecorded() {
+    let p = RetryPolicy::default();
+    let last = RecordFacts {
+        receive_count: 8,
+        received_at_ms: NOW,
+        receive_limit: Some(8),
+    };
+    let outage = Inputs {
+        record: last,
+        gate: Gate::Open {
+            until_ms: NOW + 30_000,
+        },
+        ..inputs(&p, Execution::NotRun)
+    };
+    let failed = Err(JobError::transient("timeout"));
+    let retried = Inputs {
+        record: last,
+        ..inputs(&p, Execution::Ran(&failed))
+    };
+    let late = Inputs {
+        record: last,
+        time_left: Some(Duration::ZERO),
+        ..inputs(&p, Execution::NotRun)
+    };
+    for (i, attempts) in [(outage, 0), (retried, 1), (late, 0)] {
+        match decide(&i, &mut rng()) {
+            Decision::DeadLetter {
+                class: FailureClass::Expiring,
+                attempts: a,
+                error,
+            } => {
+                assert_eq!(a, attempts);
+                assert!(error.contains("maxReceiveCount 8"), "{error}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // One receive earlier, the same inputs leave the message in its queue.
+    let earlier = Inputs {
+        record: RecordFacts {
+            receive_count: 7,
+            ..last
+        },
+        ..outage
+    };
+    assert!(matches!(decide(&earlier, &mut rng()), Decision::Defer { .. }));
+    // A success on the last receive is a success.
+    let ok = Ok(());
+    let done = Inputs {
+        record: last,
+        ..inputs(&p, Execution::Ran(&ok))
+    };
+    assert!(matches!(decide(&done, &mut rng()), Decision::Done { .. }));
+}
+
+#[test]
+fn half_open_without_a_slot_defers_at_least_a_second() {
+    let p = RetryPolicy::default();
+    let i = Inputs {
+        gate: Gate::ProbeBusy { until_ms: NOW },
         ..inputs(&p, Execution::NotRun)
     };
     match decide(&i, &mut rng()) {
@@ -374,6 +452,7 @@ fn long_delays_are_applied_in_steps_within_the_12_hour_limit() {
         record: RecordFacts {
             receive_count: 2,
             received_at_ms: NOW + 12 * 3_600_000,
+            receive_limit: None,
         },
         ledger: stored(1, Some(NOW + 31 * 3_600_000)),
         now_ms: NOW + 12 * 3_600_000,
@@ -445,7 +524,7 @@ fn any_gate() -> impl Strategy<Value = Gate> {
     prop_oneof![
         Just(Gate::Closed),
         Just(Gate::Probe),
-        Just(Gate::ProbeBusy),
+        (0u64..100_000).prop_map(|d| Gate::ProbeBusy { until_ms: NOW + d }),
         (0u64..100_000_000).prop_map(|d| Gate::Open { until_ms: NOW + d }),
     ]
 }
@@ -475,7 +554,7 @@ proptest! {
         invalid in proptest::option::of("[a-z ]{1,20}"),
         seed in any::<u64>(),
     ) {
-        let record = RecordFacts { receive_count, received_at_ms: NOW - since_receive_ms };
+        let record = RecordFacts { receive_count, received_at_ms: NOW - since_receive_ms, receive_limit: None };
         let execution = match &outcome { None => Execution::NotRun, Some(o) => Execution::Ran(o) };
         let i = Inputs {
             record,
@@ -514,7 +593,7 @@ proptest! {
             // Before the handler nothing is spent, whatever the decision.
             let unspent = d.spends_no_attempt() || matches!(d, Decision::DeadLetter { .. });
             prop_assert!(unspent);
-            if matches!(gate, Gate::Open { .. } | Gate::ProbeBusy) {
+            if matches!(gate, Gate::Open { .. } | Gate::ProbeBusy { .. }) {
                 let runs = matches!(d, Decision::Execute { .. });
                 prop_assert!(!runs);
             }

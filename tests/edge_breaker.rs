@@ -200,3 +200,158 @@ async fn an_operators_close_on_a_fresh_type_leaves_the_breaker_working() {
     send(&h, "d", 6).await;
     poll_until(&h, &envs, &store, Phase::Open, 40).await;
 }
+
+/// Item: deferrals must not use up `maxReceiveCount`. A dependency that hangs (each run takes
+/// 8 s, then fails) behind a breaker that opens for 8 s: two environments poll side by side,
+/// so while one runs the probe the other keeps receiving the job type's messages. Each
+/// message may be received about twice per open/half-open cycle (once while open, once while
+/// the probe runs), and none may reach the DLQ without a failure record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_dependency_costs_each_message_few_receives_per_cycle() {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    use tokio::time::Instant;
+
+    let hang = Duration::from_secs(8);
+    let config = BreakerConfig::builder()
+        .threshold(2)
+        .window(Duration::from_secs(120))
+        .open_for(Duration::from_secs(8))
+        .cache_ttl(Duration::ZERO)
+        .build()
+        .unwrap();
+    let h = Harness::build(Options {
+        prefix: "hang",
+        ..Options::default()
+    })
+    .await;
+    let dlq_arn = h
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&h.dlq_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap()[&QueueAttributeName::QueueArn]
+        .clone();
+    h.sqs
+        .set_queue_attributes()
+        .queue_url(&h.queue_url)
+        .attributes(
+            QueueAttributeName::RedrivePolicy,
+            json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 8}).to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let sdk = support::sdk_config().await;
+    let mut envs = Vec::new();
+    for _ in 0..2 {
+        let mut c = sqs_triage::config::Config::from_lookup(&|_| None).unwrap();
+        c.queue_url = Some(h.queue_url.clone());
+        c.dlq_url = Some(h.dlq_url.clone());
+        c.table = Some(h.table.clone());
+        let registry = Registry::new(fast_policy(20), config).handle_with(
+            DEP,
+            fast_policy(20),
+            config,
+            move |_: serde_json::Value, _ctx: JobContext| async move {
+                tokio::time::sleep(hang).await;
+                Err(JobError::transient("dependency hangs"))
+            },
+        );
+        envs.push(
+            build_with(&c, registry, sqs_config(&sdk), dynamodb_config(&sdk))
+                .await
+                .unwrap(),
+        );
+    }
+    let store = store(&h, config).await;
+    send(&h, "h", 6).await;
+
+    let until = Instant::now() + Duration::from_secs(50);
+    let receives: Receives = Default::default();
+    let openings: Openings = Default::default();
+    tokio::join!(
+        hang_poller(&h, &envs[0], &store, until, &receives, &openings),
+        hang_poller(&h, &envs[1], &store, until, &receives, &openings)
+    );
+
+    let openings = openings.lock().unwrap().len() as u32;
+    let receives = receives.lock().unwrap().clone();
+    assert!(openings >= 2, "the breaker cycled: {openings} open periods");
+    let most = receives.values().copied().max().unwrap_or(0);
+    assert!(
+        most <= 2 * openings + 2,
+        "a message was received {most} times over {openings} open periods: {receives:?}"
+    );
+    for m in h.dlq_messages().await {
+        let attrs = m.message_attributes().cloned().unwrap_or_default();
+        assert!(
+            sqs_triage::effects::dlq::failure_record(&attrs).is_some(),
+            "a message reached the DLQ without a record"
+        );
+    }
+}
+
+type Receives = std::sync::Mutex<std::collections::HashMap<String, u32>>;
+type Openings = std::sync::Mutex<std::collections::BTreeSet<u64>>;
+
+/// One environment's event source mapping until `until`: records each message's highest
+/// receive count and each open period seen.
+async fn hang_poller(
+    h: &Harness,
+    env: &Environment,
+    store: &BreakerStore,
+    until: tokio::time::Instant,
+    receives: &Receives,
+    openings: &Openings,
+) {
+    while tokio::time::Instant::now() < until {
+        let s = store.read(DEP).await.unwrap();
+        if s.phase == Phase::Open {
+            openings.lock().unwrap().insert(s.open_until_ms);
+        }
+        let messages = h.receive(&h.queue_url, Duration::from_secs(1)).await;
+        if messages.is_empty() {
+            continue;
+        }
+        for m in &messages {
+            let n: u32 = m
+                .attributes()
+                .and_then(|a| a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let mut r = receives.lock().unwrap();
+            let e = r.entry(m.message_id().unwrap().to_owned()).or_default();
+            *e = (*e).max(n);
+        }
+        let event = lambda_event(&messages, &h.queue_url);
+        let mut context = lambda_runtime::Context::default();
+        context.deadline = now_ms() + 20_000;
+        let response = sqs_triage::runtime::lambda::handle(
+            &env.processor,
+            lambda_runtime::LambdaEvent::new(event, context),
+        )
+        .await
+        .unwrap();
+        let failed: Vec<&str> = response
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.as_str())
+            .collect();
+        for m in messages
+            .iter()
+            .filter(|m| !failed.contains(&m.message_id().unwrap()))
+        {
+            h.sqs
+                .delete_message()
+                .queue_url(&h.queue_url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+}

@@ -41,6 +41,7 @@ fn decision_for(inc: &Incoming, ledger: Ledger, outcome: &Result<(), JobError>) 
         record: RecordFacts {
             receive_count: inc.receive_count,
             received_at_ms: now,
+            receive_limit: None,
         },
         invalid: invalid.as_deref(),
         ledger: if inc.receive_count > 1 {

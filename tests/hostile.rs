@@ -37,6 +37,7 @@ struct Rig {
     sqs: aws_sdk_sqs::Client,
     queue_url: String,
     dlq_url: String,
+    table: String,
 }
 
 async fn rig(name: &str, log_payloads: bool, queue_max: Option<u32>, dlq_max: Option<u32>) -> Rig {
@@ -81,6 +82,7 @@ async fn rig(name: &str, log_payloads: bool, queue_max: Option<u32>, dlq_max: Op
         sqs: ctx.sqs.clone(),
         queue_url: created.queue_url,
         dlq_url: created.dlq_url,
+        table: created.table,
     }
 }
 
@@ -222,7 +224,7 @@ async fn huge_attribute_values_and_huge_errors_fit_the_dlq() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_at_the_limit_gets_a_copy_when_the_dlq_is_larger_and_stays_when_it_is_not() {
+async fn a_body_at_the_limit_gets_a_copy_with_its_record_or_without_when_none_fits() {
     // Source 256 KiB, DLQ 1 MiB: a body at the source's limit fits with its record.
     let roomy = rig("at-limit", false, Some(262_144), Some(1_048_576)).await;
     let limit = roomy.max_size(&roomy.queue_url).await;
@@ -239,16 +241,36 @@ async fn a_body_at_the_limit_gets_a_copy_when_the_dlq_is_larger_and_stays_when_i
     // `pad` is not a chaos field: the payload does not decode, which is fatal.
     assert_eq!(record(&dlq[0]).class, FailureClass::Fatal);
 
-    // Same body, DLQ as small as the source: no record fits, so the message stays where it is
-    // (a clear warning is logged) rather than being deleted or sent without its record.
+    // Same body, DLQ as small as the source: no record fits beside the body. The copy goes
+    // without it (body and attributes intact) and the record's error stays in the job's
+    // ledger item; the job ran once and is not run again on every redelivery.
     let tight = rig("at-limit-tight", false, Some(262_144), Some(262_144)).await;
     let id = tight.send(&body, &HashMap::new()).await;
     tight.poll().await;
-    assert!(tight.all(&tight.dlq_url, 0).await.is_empty());
-    let back = tight.all(&tight.queue_url, 5).await;
-    assert_eq!(back.len(), 1, "never lost: still in the source queue");
-    assert_eq!(back[0].message_id(), Some(id.as_str()));
-    assert_eq!(back[0].body(), Some(body.as_str()));
+    let dlq = tight.all(&tight.dlq_url, 2).await;
+    assert_eq!(dlq.len(), 1, "in the DLQ after one execution");
+    assert_eq!(dlq[0].body(), Some(body.as_str()));
+    assert!(failure_record(&attrs_of(&dlq[0])).is_none(), "no record fits");
+    assert!(
+        tight.all(&tight.queue_url, 3).await.is_empty(),
+        "not left to run again"
+    );
+    let sdk = support::sdk_config().await;
+    let ledger = sqs_triage::effects::ledger::AttemptLedger::new(
+        sqs_triage::effects::storage_retry::dynamodb_client(&sdk),
+        tight.table.clone(),
+        sqs_triage::effects::storage_retry::StorageRetry::default(),
+    );
+    let item = ledger
+        .show("at-limit")
+        .await
+        .unwrap()
+        .expect("the record is kept in the ledger");
+    assert_eq!(item.attempts, 1);
+    assert!(
+        item.last_error.is_some_and(|e| e.contains("does not decode")),
+        "{id}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -163,6 +163,7 @@ pub fn process_event(raw: &[u8], policy: &RetryPolicy, now_ms: u64, rng: &mut dy
             record: RecordFacts {
                 receive_count: inc.receive_count,
                 received_at_ms: now_ms,
+                receive_limit: None,
             },
             invalid: invalid.as_deref(),
             ledger: Ledger::FirstDelivery,

@@ -112,6 +112,7 @@ fn walk(st: &Strategy, jobs: &[Job], seed: u64) -> Walk {
                 record: RecordFacts {
                     receive_count: attempts + 1,
                     received_at_ms: t,
+                    receive_limit: None,
                 },
                 invalid: None,
                 ledger,

@@ -300,8 +300,14 @@ pub struct Increment {
 pub enum Acquire {
     /// Not half-open: no permit needed (closed) or none possible (open).
     NotHalfOpen,
-    /// Every slot is held by an unexpired lease.
-    Busy,
+    /// Every slot is held by an unexpired lease; the first of them ends at `until_ms`.
+    Busy {
+        /// When the earliest held lease ends (epoch ms).
+        until_ms: u64,
+    },
+    /// This lease id already holds a slot (a retried request whose first try landed):
+    /// nothing to write.
+    Held(Lease),
     /// A slot was free: write `state`, then the holder owns `lease`.
     Granted {
         /// The state to write.
@@ -420,27 +426,55 @@ impl BreakerState {
             .then(|| s.opened(now_ms, config).bumped())
     }
 
-    /// Asks for a probe slot at `now_ms` for a new lease `lease_id`. Expired leases free their
-    /// slots first.
-    pub fn acquire(&self, lease_id: &str, now_ms: u64, config: &BreakerConfig) -> Acquire {
+    /// Asks for a probe slot at `now_ms` for a new lease `lease_id`, held until
+    /// `lease_until_ms` (the moment its execution can no longer be running: the invocation's
+    /// deadline) or, when that is unknown, for the configured lease. Expired leases free their
+    /// slots first. Asking again with an id that already holds a slot returns that lease.
+    pub fn acquire(
+        &self,
+        lease_id: &str,
+        now_ms: u64,
+        lease_until_ms: Option<u64>,
+        config: &BreakerConfig,
+    ) -> Acquire {
         let mut s = self.at(now_ms);
         if s.phase != Phase::HalfOpen {
             return Acquire::NotHalfOpen;
         }
         s.leases.retain(|_, exp| *exp > now_ms);
+        if let Some(&expires_at_ms) = s.leases.get(lease_id) {
+            return Acquire::Held(Lease {
+                id: lease_id.to_owned(),
+                generation: s.generation,
+                expires_at_ms,
+            });
+        }
         if s.leases.len() >= config.probes as usize {
-            return Acquire::Busy;
+            return Acquire::Busy {
+                until_ms: s.leases.values().copied().min().unwrap_or(now_ms),
+            };
         }
         let lease = Lease {
             id: lease_id.to_owned(),
             generation: s.generation,
-            expires_at_ms: now_ms.saturating_add(ms(config.lease)),
+            expires_at_ms: lease_until_ms
+                .filter(|&u| u > now_ms)
+                .unwrap_or_else(|| now_ms.saturating_add(ms(config.lease))),
         };
         s.leases.insert(lease.id.clone(), lease.expires_at_ms);
         Acquire::Granted {
             state: s.bumped(),
             lease,
         }
+    }
+
+    /// When the outcome of the probes now running can be known: the end of the earliest
+    /// unexpired lease, but no later than one open period from `now_ms` (a probe that
+    /// fails opens the breaker for that long anyway). `now_ms` when no lease is held.
+    pub fn probes_known_at(&self, now_ms: u64, config: &BreakerConfig) -> u64 {
+        let s = self.at(now_ms);
+        let first = s.leases.values().copied().filter(|&e| e > now_ms).min();
+        first.map_or(now_ms, |e| e.min(now_ms.saturating_add(ms(config.open_for))))
     }
 
     /// Gives back a permit whose user code never started. `None`: nothing to write (a stale
@@ -517,7 +551,7 @@ impl BreakerState {
 
 /// What the breaker allows at `now_ms` for a record; `holds_permit` says whether the record
 /// holds a probe permit of the current half-open generation.
-pub fn gate(state: &BreakerState, now_ms: u64, holds_permit: bool) -> Gate {
+pub fn gate(state: &BreakerState, now_ms: u64, holds_permit: bool, config: &BreakerConfig) -> Gate {
     let s = state.at(now_ms);
     match s.phase {
         Phase::Closed => Gate::Closed,
@@ -525,7 +559,9 @@ pub fn gate(state: &BreakerState, now_ms: u64, holds_permit: bool) -> Gate {
             until_ms: s.open_until_ms,
         },
         Phase::HalfOpen if holds_permit => Gate::Probe,
-        Phase::HalfOpen => Gate::ProbeBusy,
+        Phase::HalfOpen => Gate::ProbeBusy {
+            until_ms: s.probes_known_at(now_ms, config),
+        },
     }
 }
 
@@ -677,7 +713,7 @@ mod tests {
         assert_eq!(s.generation, 1);
         assert_eq!(s.open_until_ms, clock.now() + 30_000);
         assert_eq!(
-            gate(&s, clock.now(), false),
+            gate(&s, clock.now(), false, &cfg()),
             Gate::Open {
                 until_ms: s.open_until_ms
             }
@@ -709,7 +745,7 @@ mod tests {
             None,
             "healthy path writes nothing"
         );
-        assert_eq!(gate(&s, clock.now(), false), Gate::Closed);
+        assert_eq!(gate(&s, clock.now(), false, &cfg()), Gate::Closed);
     }
 
     #[test]
@@ -723,8 +759,14 @@ mod tests {
         assert_eq!(h.phase, Phase::HalfOpen);
         assert_eq!(h.generation, s.generation + 1);
         assert_eq!(h.version, s.version, "time alone writes nothing");
-        assert_eq!(gate(&s, clock.now(), false), Gate::ProbeBusy);
-        assert_eq!(gate(&s, clock.now(), true), Gate::Probe);
+        assert_eq!(
+            gate(&s, clock.now(), false, &cfg()),
+            Gate::ProbeBusy {
+                until_ms: clock.now()
+            },
+            "no probe running: ask now"
+        );
+        assert_eq!(gate(&s, clock.now(), true, &cfg()), Gate::Probe);
     }
 
     #[test]
@@ -732,21 +774,26 @@ mod tests {
         let mut clock = Clock(1_000_000);
         let config = BreakerConfig::builder().probes(2).build().unwrap();
         let mut s = open_state(&clock);
-        assert_eq!(s.acquire("x", clock.now(), &config), Acquire::NotHalfOpen);
+        assert_eq!(s.acquire("x", clock.now(), None, &config), Acquire::NotHalfOpen);
         clock.advance(Duration::from_secs(30));
-        let (s1, a) = lease_of(s.acquire("a", clock.now(), &config));
+        let (s1, a) = lease_of(s.acquire("a", clock.now(), None, &config));
         assert_eq!(a.expires_at_ms, clock.now() + 60_000);
         assert_eq!(a.generation, s1.generation);
-        let (s2, _b) = lease_of(s1.acquire("b", clock.now(), &config));
-        assert_eq!(s2.acquire("c", clock.now(), &config), Acquire::Busy);
+        let (s2, _b) = lease_of(s1.acquire("b", clock.now(), None, &config));
+        assert_eq!(
+            s2.acquire("c", clock.now(), None, &config),
+            Acquire::Busy {
+                until_ms: a.expires_at_ms
+            }
+        );
         clock.advance(Duration::from_secs(60));
-        let (s3, c) = lease_of(s2.acquire("c", clock.now(), &config));
+        let (s3, c) = lease_of(s2.acquire("c", clock.now(), None, &config));
         assert_eq!(s3.leases.len(), 1, "both expired leases were dropped");
         assert!(s3.leases.contains_key(&c.id));
         s = s3;
         assert_eq!(s.version, 4);
         assert_eq!(
-            BreakerState::default().acquire("x", 0, &config),
+            BreakerState::default().acquire("x", 0, None, &config),
             Acquire::NotHalfOpen
         );
     }
@@ -756,12 +803,17 @@ mod tests {
         let mut clock = Clock(1_000_000);
         let s = open_state(&clock);
         clock.advance(Duration::from_secs(30));
-        let (s1, a) = lease_of(s.acquire("a", clock.now(), &cfg()));
-        assert_eq!(s1.acquire("b", clock.now(), &cfg()), Acquire::Busy);
+        let (s1, a) = lease_of(s.acquire("a", clock.now(), None, &cfg()));
+        assert_eq!(
+            s1.acquire("b", clock.now(), None, &cfg()),
+            Acquire::Busy {
+                until_ms: a.expires_at_ms
+            }
+        );
         let s2 = s1.release(&a, clock.now()).expect("a write");
         assert!(s2.leases.is_empty());
         assert_eq!(s2.release(&a, clock.now()), None, "already released");
-        let (_s3, _b) = lease_of(s2.acquire("b", clock.now(), &cfg()));
+        let (_s3, _b) = lease_of(s2.acquire("b", clock.now(), None, &cfg()));
         let stale = Lease {
             generation: a.generation - 1,
             ..a
@@ -775,7 +827,7 @@ mod tests {
         let config = BreakerConfig::builder().successes_to_close(2).build().unwrap();
         let s = fail(&BreakerState::default(), 5, clock.now());
         clock.advance(Duration::from_secs(30));
-        let (s1, a) = lease_of(s.acquire("a", clock.now(), &config));
+        let (s1, a) = lease_of(s.acquire("a", clock.now(), None, &config));
         let ok = |lease: &Lease| Aggregate {
             probe_successes: 1,
             leases: vec![lease.id.clone()],
@@ -785,11 +837,11 @@ mod tests {
         let s2 = s1.report(&ok(&a), clock.now(), &config).expect("a write");
         assert_eq!((s2.phase, s2.probe_successes), (Phase::HalfOpen, 1));
         assert!(s2.leases.is_empty(), "the reported lease frees its slot");
-        let (s3, b) = lease_of(s2.acquire("b", clock.now(), &config));
+        let (s3, b) = lease_of(s2.acquire("b", clock.now(), None, &config));
         let s4 = s3.report(&ok(&b), clock.now(), &config).expect("a write");
         assert_eq!(s4.phase, Phase::Closed);
         assert_eq!(s4.generation, s3.generation + 1);
-        assert_eq!(gate(&s4, clock.now(), false), Gate::Closed);
+        assert_eq!(gate(&s4, clock.now(), false, &cfg()), Gate::Closed);
         assert_eq!(
             s4.report(&ok(&b), clock.now(), &config),
             None,
@@ -802,7 +854,7 @@ mod tests {
         let mut clock = Clock(1_000_000);
         let s = open_state(&clock);
         clock.advance(Duration::from_secs(31));
-        let (s1, a) = lease_of(s.acquire("a", clock.now(), &cfg()));
+        let (s1, a) = lease_of(s.acquire("a", clock.now(), None, &cfg()));
         let agg = Aggregate {
             probe_failures: 1,
             leases: vec![a.id.clone()],
@@ -874,5 +926,54 @@ mod tests {
             assert_eq!(Phase::parse(p.as_str()), Some(p));
         }
         assert_eq!(Phase::parse("weird"), None);
+    }
+
+    #[test]
+    fn a_lease_lasts_until_its_invocation_ends_and_a_repeated_ask_gets_the_same_lease() {
+        let mut clock = Clock(1_000_000);
+        let s = open_state(&clock);
+        clock.advance(Duration::from_secs(30));
+        let deadline = clock.now() + 900_000;
+        let (s1, a) = lease_of(s.acquire("a", clock.now(), Some(deadline), &cfg()));
+        assert_eq!(
+            a.expires_at_ms, deadline,
+            "held as long as the invocation can run"
+        );
+        clock.advance(Duration::from_secs(120));
+        assert_eq!(
+            s1.acquire("b", clock.now(), None, &cfg()),
+            Acquire::Busy { until_ms: deadline },
+            "a second probe is not admitted while the first can still be running"
+        );
+        assert_eq!(
+            s1.acquire("a", clock.now(), Some(deadline), &cfg()),
+            Acquire::Held(a.clone()),
+            "a retried ask whose first try landed gets its own lease back"
+        );
+        // A past or missing deadline falls back to the configured lease.
+        let (_, b) = lease_of(s.acquire("b", clock.now(), Some(1), &cfg()));
+        assert_eq!(b.expires_at_ms, clock.now() + 60_000);
+    }
+
+    #[test]
+    fn busy_records_wait_until_the_probe_can_be_known_but_no_longer_than_an_open_period() {
+        let mut clock = Clock(1_000_000);
+        let s = open_state(&clock);
+        clock.advance(Duration::from_secs(30));
+        let (s1, _) = lease_of(s.acquire("a", clock.now(), Some(clock.now() + 10_000), &cfg()));
+        assert_eq!(
+            gate(&s1, clock.now(), false, &cfg()),
+            Gate::ProbeBusy {
+                until_ms: clock.now() + 10_000
+            }
+        );
+        let (s2, _) = lease_of(s.acquire("a", clock.now(), Some(clock.now() + 600_000), &cfg()));
+        assert_eq!(
+            gate(&s2, clock.now(), false, &cfg()),
+            Gate::ProbeBusy {
+                until_ms: clock.now() + 30_000
+            },
+            "capped at one open period"
+        );
     }
 }

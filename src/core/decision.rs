@@ -20,7 +20,8 @@ pub const RECEIVE_SLACK: Duration = Duration::from_secs(15 * 60);
 /// Arrivals this close to their stored `next_attempt_at` count as on time (clock skew between
 /// environments).
 pub const ARRIVAL_TOLERANCE: Duration = Duration::from_millis(500);
-/// Shortest deferral while the breaker is half-open and has no free probe slot.
+/// Shortest deferral while the breaker is half-open and has no free probe slot (it waits
+/// for the running probe's outcome, see [`Gate::ProbeBusy`]).
 pub const PROBE_BUSY_BASE: Duration = Duration::from_secs(1);
 
 /// What SQS says about this delivery.
@@ -30,6 +31,9 @@ pub struct RecordFacts {
     pub receive_count: u32,
     /// When this delivery was received (epoch ms); the 12-hour visibility limit counts from it.
     pub received_at_ms: u64,
+    /// The source queue's redrive `maxReceiveCount`, when it has one: SQS moves the message
+    /// to the DLQ, without a failure record, on the receive after that many.
+    pub receive_limit: Option<u32>,
 }
 
 /// What the attempt ledger says about the job.
@@ -65,7 +69,11 @@ pub enum Gate {
         until_ms: u64,
     },
     /// Half-open with every probe slot taken.
-    ProbeBusy,
+    ProbeBusy {
+        /// When the running probes' outcome can be known (epoch ms): the earliest lease's
+        /// end, at most one open period away.
+        until_ms: u64,
+    },
 }
 
 /// Whether the handler ran, and how it went.
@@ -107,6 +115,17 @@ pub enum DeferReason {
     BreakerOpen,
     /// The breaker is half-open and no probe slot is free.
     ProbeBusy,
+}
+
+impl DeferReason {
+    /// A short name for logs and records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EarlyArrival => "early arrival",
+            Self::BreakerOpen => "breaker open",
+            Self::ProbeBusy => "breaker half-open, probe running",
+        }
+    }
 }
 
 /// What happens to a record.
@@ -188,6 +207,10 @@ impl Decision {
                 class: FailureClass::Invalid,
                 ..
             } => "dead_lettered_invalid",
+            Self::DeadLetter {
+                class: FailureClass::Expiring,
+                ..
+            } => "dead_lettered_expiring",
         }
     }
 }
@@ -226,9 +249,51 @@ fn jitter(rng: &mut dyn RngCore, max: Duration) -> Duration {
 /// decision, and every input gets exactly one.
 pub fn decide(inputs: &Inputs<'_>, rng: &mut dyn RngCore) -> Decision {
     let prior = attempts_before(inputs.record, inputs.ledger);
-    match inputs.execution {
+    let decision = match inputs.execution {
         Execution::NotRun => admit(inputs, prior, rng),
         Execution::Ran(outcome) => settle(inputs, prior, outcome, rng),
+    };
+    last_receive(inputs.record, prior, decision)
+}
+
+/// True when SQS will not deliver this message again: its next receive moves it to the DLQ.
+pub fn is_last_receive(record: RecordFacts) -> bool {
+    record
+        .receive_limit
+        .is_some_and(|limit| record.receive_count >= limit)
+}
+
+/// On the last receive before SQS's redrive, a decision that leaves the message in its queue
+/// (defer, release, retry) would let SQS move it to the DLQ without a failure record: it is
+/// dead-lettered here instead, class `expiring`, with what was known.
+fn last_receive(record: RecordFacts, prior: u32, decision: Decision) -> Decision {
+    if !is_last_receive(record) {
+        return decision;
+    }
+    let limit = record.receive_limit.unwrap_or_default();
+    let why = |what: String| {
+        format!(
+            "{what}; receive {} of the queue's maxReceiveCount {limit}",
+            record.receive_count
+        )
+    };
+    match decision {
+        Decision::Defer { reason, .. } => Decision::DeadLetter {
+            class: FailureClass::Expiring,
+            attempts: prior,
+            error: why(format!("deferred ({})", reason.as_str())),
+        },
+        Decision::Release => Decision::DeadLetter {
+            class: FailureClass::Expiring,
+            attempts: prior,
+            error: why("released before it could start".to_owned()),
+        },
+        Decision::Retry { attempts, error, .. } => Decision::DeadLetter {
+            class: FailureClass::Expiring,
+            attempts,
+            error: why(format!("retry after: {error}")),
+        },
+        other => other,
     }
 }
 
@@ -272,10 +337,12 @@ fn admit(inputs: &Inputs<'_>, prior: u32, rng: &mut dyn RngCore) -> Decision {
                 visibility: visibility(rest + jitter(rng, policy.defer_jitter()), limit),
             };
         }
-        Gate::ProbeBusy => {
+        Gate::ProbeBusy { until_ms } => {
+            // Asking again before the probe's outcome can be known only spends receives.
+            let rest = Duration::from_millis(until_ms.saturating_sub(inputs.now_ms)).max(PROBE_BUSY_BASE);
             return Decision::Defer {
                 reason: DeferReason::ProbeBusy,
-                visibility: visibility(PROBE_BUSY_BASE + jitter(rng, policy.defer_jitter()), limit),
+                visibility: visibility(rest + jitter(rng, policy.defer_jitter()), limit),
             };
         }
         Gate::Closed | Gate::Probe => {}

@@ -16,6 +16,10 @@ pub enum FailureClass {
     Exhausted,
     /// The message is not a runnable job (bad envelope, unknown job type). Never executed.
     Invalid,
+    /// The queue would not deliver it again in time: its last receive before SQS's redrive
+    /// (`maxReceiveCount`) came while it was waiting (deferred, released or between
+    /// retries), so it is dead-lettered with a record instead of being moved without one.
+    Expiring,
 }
 
 impl FailureClass {
@@ -25,6 +29,7 @@ impl FailureClass {
             Self::Fatal => "fatal",
             Self::Exhausted => "exhausted",
             Self::Invalid => "invalid",
+            Self::Expiring => "expiring",
         }
     }
 }

@@ -52,6 +52,20 @@ pub struct Admission {
     pub permit: Option<Lease>,
 }
 
+/// The answer to a probe request, as the store saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// A slot was taken (or was already held by this request's lease id).
+    Granted(Lease),
+    /// Every slot is held; the first lease ends at `until_ms`.
+    Busy {
+        /// When the earliest held lease ends (epoch ms).
+        until_ms: u64,
+    },
+    /// The breaker is not half-open (a cached view was stale): the state as stored.
+    NotHalfOpen(BreakerState),
+}
+
 /// The breakers of every job type, in one table.
 #[derive(Debug)]
 pub struct BreakerStore {
@@ -88,12 +102,32 @@ impl BreakerStore {
 
     /// The stored state, read consistently (no cache); a missing item is a fresh breaker.
     pub async fn read(&self, job_type: &str) -> Result<BreakerState, StorageError> {
-        Ok(self.read_raw(job_type).await?.0)
+        self.read_by(job_type, None).await
+    }
+
+    /// Like [`read`](Self::read), every try ending by `deadline`.
+    pub async fn read_by(
+        &self,
+        job_type: &str,
+        deadline: Option<Instant>,
+    ) -> Result<BreakerState, StorageError> {
+        Ok(self.read_raw(job_type, deadline).await?.0)
     }
 
     /// The stored state and the token of the write that produced it.
-    async fn read_raw(&self, job_type: &str) -> Result<(BreakerState, Option<String>), StorageError> {
-        let item = get_consistent(&self.client, &self.retry, &self.table, breaker_key(job_type)).await?;
+    async fn read_raw(
+        &self,
+        job_type: &str,
+        deadline: Option<Instant>,
+    ) -> Result<(BreakerState, Option<String>), StorageError> {
+        let item = get_consistent(
+            &self.client,
+            &self.retry,
+            &self.table,
+            breaker_key(job_type),
+            deadline,
+        )
+        .await?;
         let state = item.as_ref().map(from_item).unwrap_or_default();
         let writer = item
             .as_ref()
@@ -104,15 +138,20 @@ impl BreakerStore {
         Ok((state, writer))
     }
 
-    /// The state through this environment's cache (read again after `cache_ttl`).
-    pub async fn state(&self, job_type: &str) -> Result<BreakerState, StorageError> {
+    /// The state through this environment's cache (read again after `cache_ttl`), every
+    /// try of a read ending by `deadline`.
+    pub async fn state(
+        &self,
+        job_type: &str,
+        deadline: Option<Instant>,
+    ) -> Result<BreakerState, StorageError> {
         let ttl = self.config.cache_ttl();
         if let Some((s, at)) = self.cache.lock().expect("cache lock").get(job_type) {
             if at.elapsed() < ttl {
                 return Ok(s.clone());
             }
         }
-        self.read(job_type).await
+        self.read_by(job_type, deadline).await
     }
 
     fn remember(&self, job_type: &str, state: &BreakerState) {
@@ -133,9 +172,9 @@ impl BreakerStore {
     /// [`Gate::ProbeBusy`] when half-open. Reads through the cache and never writes. Fails
     /// open: a storage error gives [`Gate::Closed`].
     pub async fn gate(&self, job_type: &str, now_ms: u64) -> Admission {
-        match self.state(job_type).await {
+        match self.state(job_type, None).await {
             Ok(s) => Admission {
-                gate: gate(&s, now_ms, false),
+                gate: gate(&s, now_ms, false, &self.config),
                 generation: s.at(now_ms).generation,
                 permit: None,
             },
@@ -154,16 +193,24 @@ impl BreakerStore {
     /// a probe permit ([`Gate::Probe`] with the permit, else [`Gate::ProbeBusy`]). Fails open.
     pub async fn admit(&self, job_type: &str, now_ms: u64) -> Admission {
         let seen = self.gate(job_type, now_ms).await;
-        if seen.gate != Gate::ProbeBusy {
+        if !matches!(seen.gate, Gate::ProbeBusy { .. }) {
             return seen;
         }
-        match self.acquire_probe(job_type, now_ms).await {
-            Ok(Some(lease)) => Admission {
+        match self.acquire_probe(job_type, now_ms, None, None).await {
+            Ok(Probe::Granted(lease)) => Admission {
                 gate: Gate::Probe,
                 generation: lease.generation,
                 permit: Some(lease),
             },
-            Ok(None) => seen,
+            Ok(Probe::Busy { until_ms }) => Admission {
+                gate: Gate::ProbeBusy { until_ms },
+                ..seen
+            },
+            Ok(Probe::NotHalfOpen(s)) => Admission {
+                gate: gate(&s, now_ms, false, &self.config),
+                generation: s.at(now_ms).generation,
+                permit: None,
+            },
             Err(e) => {
                 tracing::warn!(job_type, error = %e, "breaker probe unavailable: failing open");
                 Admission {
@@ -176,29 +223,58 @@ impl BreakerStore {
     }
 
     /// Takes a probe permit at `now_ms` if the breaker is half-open and a slot is free
-    /// (expired leases free theirs). `None`: not half-open, or every slot is taken.
-    pub async fn acquire_probe(&self, job_type: &str, now_ms: u64) -> Result<Option<Lease>, StorageError> {
+    /// (expired leases free theirs). The lease is held until `lease_until_ms` (the
+    /// invocation's deadline, so no second probe is admitted while this one can still run)
+    /// or, when that is unknown, for the configured lease. Every try ends by `deadline`.
+    pub async fn acquire_probe(
+        &self,
+        job_type: &str,
+        now_ms: u64,
+        lease_until_ms: Option<u64>,
+        deadline: Option<Instant>,
+    ) -> Result<Probe, StorageError> {
         let id = format!("{:016x}", rand::rng().random::<u64>());
         let config = self.config;
-        let mut granted = None;
+        let mut answer = None;
         let written = self
-            .transition(job_type, |s| match s.acquire(&id, now_ms, &config) {
-                Acquire::Granted { state, lease } => {
-                    granted = Some(lease);
-                    Some(state)
-                }
-                Acquire::Busy | Acquire::NotHalfOpen => {
-                    granted = None;
-                    None
+            .transition(job_type, deadline, |s| {
+                match s.acquire(&id, now_ms, lease_until_ms, &config) {
+                    Acquire::Granted { state, lease } => {
+                        answer = Some(Probe::Granted(lease));
+                        Some(state)
+                    }
+                    // The lease id is this request's own: a retried write whose first try landed
+                    // and was followed by another writer.
+                    Acquire::Held(lease) => {
+                        answer = Some(Probe::Granted(lease));
+                        None
+                    }
+                    Acquire::Busy { until_ms } => {
+                        answer = Some(Probe::Busy { until_ms });
+                        None
+                    }
+                    Acquire::NotHalfOpen => {
+                        answer = Some(Probe::NotHalfOpen(s.clone()));
+                        None
+                    }
                 }
             })
             .await?;
-        Ok(written.and(granted))
+        // `transition` applies the closure at least once before it answers.
+        let _ = written;
+        Ok(answer.unwrap_or_else(|| Probe::NotHalfOpen(BreakerState::default())))
     }
 
     /// Gives back a permit whose user code never started (deadline, shutdown, early arrival).
-    pub async fn release(&self, job_type: &str, permit: &Lease, now_ms: u64) -> Result<(), StorageError> {
-        self.transition(job_type, |s| s.release(permit, now_ms)).await?;
+    pub async fn release(
+        &self,
+        job_type: &str,
+        permit: &Lease,
+        now_ms: u64,
+        deadline: Option<Instant>,
+    ) -> Result<(), StorageError> {
+        self.transition(job_type, deadline, |s| s.release(permit, now_ms))
+            .await?;
         Ok(())
     }
 
@@ -209,6 +285,7 @@ impl BreakerStore {
         job_type: &str,
         agg: &Aggregate,
         now_ms: u64,
+        deadline: Option<Instant>,
     ) -> Result<Option<BreakerState>, StorageError> {
         if agg.is_empty() {
             return Ok(None);
@@ -216,18 +293,20 @@ impl BreakerStore {
         let config = self.config;
         let cached = self.cached(job_type);
         if let Some(inc) = cached.and_then(|s| s.increment(agg, now_ms, &config)) {
-            if let Some(counted) = self.add_failures(job_type, &inc).await? {
+            if let Some(counted) = self.add_failures(job_type, &inc, deadline).await? {
                 self.remember(job_type, &counted);
                 // Other environments' failures may have brought the window to the threshold.
                 if counted.trip(now_ms, &config).is_none() {
                     return Ok(Some(counted));
                 }
-                let opened = self.transition(job_type, |s| s.trip(now_ms, &config)).await?;
+                let opened = self
+                    .transition(job_type, deadline, |s| s.trip(now_ms, &config))
+                    .await?;
                 return Ok(opened.or(Some(counted)));
             }
             // The window, phase or generation changed since this environment last saw it.
         }
-        self.transition(job_type, |s| s.report(agg, now_ms, &config))
+        self.transition(job_type, deadline, |s| s.report(agg, now_ms, &config))
             .await
     }
 
@@ -247,12 +326,13 @@ impl BreakerStore {
         &self,
         job_type: &str,
         inc: &Increment,
+        deadline: Option<Instant>,
     ) -> Result<Option<BreakerState>, StorageError> {
         let now_s = crate::processor::now_ms() / 1000;
         let token = format!("{:016x}", rand::rng().random::<u64>());
         let result = self
             .retry
-            .call("UpdateItem", None, || {
+            .call("UpdateItem", deadline, || {
                 self.client
                     .update_item()
                     .table_name(&self.table)
@@ -286,7 +366,7 @@ impl BreakerStore {
         match result {
             Ok(out) => Ok(Some(out.attributes().map(from_item).unwrap_or_default())),
             Err(e) if e.is_conditional_check_failed() => {
-                let (fresh, writer) = self.read_raw(job_type).await?;
+                let (fresh, writer) = self.read_raw(job_type, deadline).await?;
                 // A retried increment that had landed before its answer was lost.
                 Ok((writer.as_deref() == Some(token.as_str())).then_some(fresh))
             }
@@ -326,7 +406,7 @@ impl BreakerStore {
         job_type: &str,
         f: impl Fn(&BreakerState) -> BreakerState,
     ) -> Result<BreakerState, StorageError> {
-        let written = self.transition(job_type, |s| Some(f(s))).await?;
+        let written = self.transition(job_type, None, |s| Some(f(s))).await?;
         Ok(written.expect("forced transitions always write"))
     }
 
@@ -336,9 +416,10 @@ impl BreakerStore {
     async fn transition(
         &self,
         job_type: &str,
+        deadline: Option<Instant>,
         mut f: impl FnMut(&BreakerState) -> Option<BreakerState>,
     ) -> Result<Option<BreakerState>, StorageError> {
-        let mut cur = self.read(job_type).await?;
+        let mut cur = self.read_by(job_type, deadline).await?;
         let limit = MAX_CONFLICTS + self.config.probes();
         for _ in 0..limit {
             let Some(next) = f(&cur) else {
@@ -347,13 +428,13 @@ impl BreakerStore {
             // Identifies this write, so a retried write whose first try landed is recognised
             // (comparing states would not do: two racers can compute the same state).
             let token = format!("{:016x}", rand::rng().random::<u64>());
-            match self.write(job_type, &cur, &next, &token).await {
+            match self.write(job_type, &cur, &next, &token, deadline).await {
                 Ok(()) => {
                     self.remember(job_type, &next);
                     return Ok(Some(next));
                 }
                 Err(e) if e.is_conditional_check_failed() => {
-                    let (fresh, writer) = self.read_raw(job_type).await?;
+                    let (fresh, writer) = self.read_raw(job_type, deadline).await?;
                     // A retried write that had landed before its answer was lost.
                     if writer.as_deref() == Some(token.as_str()) {
                         return Ok(Some(next));
@@ -378,12 +459,13 @@ impl BreakerStore {
         expected: &BreakerState,
         next: &BreakerState,
         token: &str,
+        deadline: Option<Instant>,
     ) -> Result<(), StorageError> {
         let now_s = crate::processor::now_ms() / 1000;
         let mut item = to_item(job_type, next, now_s);
         item.insert("writer".to_owned(), AttributeValue::S(token.to_owned()));
         self.retry
-            .call("PutItem", None, || {
+            .call("PutItem", deadline, || {
                 let req = self
                     .client
                     .put_item()

@@ -404,7 +404,7 @@ impl AttemptLedger {
 
     /// Reads one job's ledger (consistent read), for the CLI.
     pub async fn show(&self, job_id: &str) -> Result<Option<LedgerItem>, StorageError> {
-        let item = get_consistent(&self.client, &self.retry, &self.table, ledger_key(job_id)).await?;
+        let item = get_consistent(&self.client, &self.retry, &self.table, ledger_key(job_id), None).await?;
         Ok(item.as_ref().and_then(LedgerItem::parse))
     }
 }

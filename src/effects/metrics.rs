@@ -68,6 +68,7 @@ impl Metrics {
                     crate::core::FailureClass::Fatal => "DeadLetteredFatal",
                     crate::core::FailureClass::Exhausted => "DeadLetteredExhausted",
                     crate::core::FailureClass::Invalid => "DeadLetteredInvalid",
+                    crate::core::FailureClass::Expiring => "DeadLetteredExpiring",
                 }
             }
         };

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use aws_config::SdkConfig;
 use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::display::DisplayErrorContext;
@@ -502,7 +503,25 @@ impl StorageRetry {
     {
         let mut attempts = 1;
         loop {
-            match f().await {
+            let answer = match deadline {
+                None => f().await,
+                Some(d) => match tokio::time::timeout_at(d, f()).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        self.inner.failures.fetch_add(1, Ordering::Relaxed);
+                        let mut err = StorageError::new(
+                            op,
+                            None,
+                            "no answer before the deadline",
+                            FailureKind::Transient,
+                        );
+                        err.stop = Stop::Deadline;
+                        err.attempts = attempts;
+                        return Err(err);
+                    }
+                },
+            };
+            match answer {
                 Ok(v) => {
                     self.inner.budget.deposit();
                     return Ok(v);
@@ -618,15 +637,36 @@ impl fmt::Display for FailureKind {
     }
 }
 
-/// A DynamoDB client configuration from `conf` with the SDK's retries disabled (this module
-/// is the only retry policy). Override the endpoint on it if needed, then `build()`.
-pub fn dynamodb_config(conf: &SdkConfig) -> aws_sdk_dynamodb::config::Builder {
-    aws_sdk_dynamodb::config::Builder::from(conf).retry_config(RetryConfig::disabled())
+/// Longest wait for a connection to be made.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest wait for one DynamoDB call's answer (a stalled call is then retried as a timeout).
+pub const DYNAMODB_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for one SQS call's answer: above the 20 s of a long-polling receive.
+pub const SQS_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn timeouts(attempt: Duration) -> TimeoutConfig {
+    TimeoutConfig::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .operation_attempt_timeout(attempt)
+        .build()
 }
 
-/// An SQS client configuration from `conf` with the SDK's retries disabled.
+/// A DynamoDB client configuration from `conf` with the SDK's retries disabled (this module
+/// is the only retry policy) and connect and per-call timeouts set, so no call waits forever
+/// where there is no invocation deadline. Override the endpoint on it if needed, then
+/// `build()`.
+pub fn dynamodb_config(conf: &SdkConfig) -> aws_sdk_dynamodb::config::Builder {
+    aws_sdk_dynamodb::config::Builder::from(conf)
+        .retry_config(RetryConfig::disabled())
+        .timeout_config(timeouts(DYNAMODB_ATTEMPT_TIMEOUT))
+}
+
+/// An SQS client configuration from `conf` with the SDK's retries disabled and connect and
+/// per-call timeouts set.
 pub fn sqs_config(conf: &SdkConfig) -> aws_sdk_sqs::config::Builder {
-    aws_sdk_sqs::config::Builder::from(conf).retry_config(RetryConfig::disabled())
+    aws_sdk_sqs::config::Builder::from(conf)
+        .retry_config(RetryConfig::disabled())
+        .timeout_config(timeouts(SQS_ATTEMPT_TIMEOUT))
 }
 
 /// A DynamoDB client with the SDK's retries disabled. Build it once per environment.

@@ -57,15 +57,16 @@ fn key(pk: String, sk: &str) -> HashMap<String, AttributeValue> {
     ])
 }
 
-/// Reads one item with a consistent read, through `retry`.
+/// Reads one item with a consistent read, through `retry`, every try ending by `deadline`.
 pub async fn get_consistent(
     client: &Client,
     retry: &StorageRetry,
     table: &str,
     key: HashMap<String, AttributeValue>,
+    deadline: Option<tokio::time::Instant>,
 ) -> Result<Option<HashMap<String, AttributeValue>>, StorageError> {
     let out = retry
-        .call("GetItem", None, || {
+        .call("GetItem", deadline, || {
             client
                 .get_item()
                 .table_name(table)

@@ -23,9 +23,9 @@ use tracing::{Instrument, info_span, warn};
 use crate::core::breaker::{Aggregate, BreakerState, Lease, Phase, gate};
 use crate::core::envelope::{self, EnvelopeLimits, Job};
 use crate::core::error::ErrorKind;
-use crate::core::failure::FailureRecord;
+use crate::core::failure::{FailureClass, FailureRecord};
 use crate::core::{Decision, Execution, Gate, Inputs, JobError, Ledger, RecordFacts, decide};
-use crate::effects::breaker_store::BreakerStore;
+use crate::effects::breaker_store::{BreakerStore, Probe};
 use crate::effects::dlq::dlq_copy;
 use crate::effects::ledger::{AttemptLedger, Delivery};
 use crate::effects::metrics::{Metrics, UNREGISTERED};
@@ -36,6 +36,13 @@ use registry::{JobContext, Registry, Route};
 /// Time kept back before the invocation deadline to report the batch: a handler still
 /// running then is stopped and counted as a transient failure.
 pub const REPORT_MARGIN: Duration = Duration::from_millis(1_500);
+
+/// The latest moment a call made before the handlers run may end: the report margin before
+/// the invocation's deadline, so a stalled read or probe request leaves time to settle the
+/// batch (its records are then released, unspent).
+fn admission_deadline(deadline: Option<Instant>) -> Option<Instant> {
+    deadline.map(|d| d.checked_sub(REPORT_MARGIN).unwrap_or(d))
+}
 
 /// Milliseconds since the epoch.
 pub fn now_ms() -> u64 {
@@ -57,6 +64,7 @@ pub struct Processor {
     concurrency: usize,
     limits: EnvelopeLimits,
     log_payloads: bool,
+    receive_limit: Option<u32>,
     draining: Arc<AtomicBool>,
 }
 
@@ -75,6 +83,8 @@ pub struct ProcessorConfig {
     pub limits: EnvelopeLimits,
     /// Include bodies in logs.
     pub log_payloads: bool,
+    /// The source queue's redrive `maxReceiveCount`, when it has one.
+    pub receive_limit: Option<u32>,
 }
 
 /// What happened to one record.
@@ -169,6 +179,7 @@ impl Processor {
             concurrency: config.concurrency.max(1),
             limits: config.limits,
             log_payloads: config.log_payloads,
+            receive_limit: config.receive_limit,
             draining: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -236,8 +247,9 @@ impl Processor {
     async fn process_records(&self, records: Vec<Incoming>, deadline: Option<Instant>) -> BatchOutcome {
         let mut metrics = Metrics::default();
         let mut slots: Vec<Slot> = records.into_iter().map(|r| self.read(r)).collect();
-        self.load_ledger(&mut slots, deadline, &mut metrics).await;
-        let states = self.load_breakers(&slots).await;
+        self.load_ledger(&mut slots, admission_deadline(deadline), &mut metrics)
+            .await;
+        let states = self.load_breakers(&slots, deadline).await;
 
         let groups = self.groups(&slots);
         let slots_ref = &slots;
@@ -260,7 +272,9 @@ impl Processor {
                     } else {
                         self.run(&slots_ref[idx], states_ref, deadline).await
                     };
-                    blocked |= !matches!(r.decision, Decision::Done { .. } | Decision::DeadLetter { .. });
+                    // A dead-lettered record blocks its group too: its DLQ copy is sent after
+                    // the handlers, and a later record must not run before that copy exists.
+                    blocked |= !matches!(r.decision, Decision::Done { .. });
                     out.push((idx, r));
                 }
                 out
@@ -311,7 +325,12 @@ impl Processor {
 
     /// One breaker state per job type in the batch, through the per-environment cache. A
     /// breaker that cannot be read fails open (closed), so a storage outage stops nothing.
-    async fn load_breakers(&self, slots: &[Slot]) -> HashMap<String, BreakerState> {
+    async fn load_breakers(
+        &self,
+        slots: &[Slot],
+        deadline: Option<Instant>,
+    ) -> HashMap<String, BreakerState> {
+        let deadline = admission_deadline(deadline);
         let mut types: Vec<&str> = slots.iter().filter_map(Slot::job_type).collect();
         types.sort_unstable();
         types.dedup();
@@ -319,7 +338,7 @@ impl Processor {
             .iter()
             .filter_map(|t| self.breakers.get(*t).map(|b| (*t, b)))
             .map(|(t, b)| async move {
-                let state = b.state(t).await.unwrap_or_else(|e| {
+                let state = b.state(t, deadline).await.unwrap_or_else(|e| {
                     warn!(job_type = t, error = %e, "breaker state unavailable; treating it as closed");
                     BreakerState::default()
                 });
@@ -364,12 +383,13 @@ impl Processor {
     ) -> Ran {
         let route = slot.job_type().and_then(|t| self.registry.route(t));
         let policy = route.map_or(self.registry.default_policy(), |r| &r.policy);
+        let store = slot.job_type().and_then(|t| self.breakers.get(t));
         let state = slot.job_type().and_then(|t| states.get(t));
-        let half_open = state.is_some_and(|s| s.phase_at(now_ms()) == Phase::HalfOpen);
         let invalid = slot.job.as_ref().err().map(String::as_str);
         let record = RecordFacts {
             receive_count: slot.inc.receive_count,
             received_at_ms: slot.received_at_ms,
+            receive_limit: self.receive_limit,
         };
         let inputs = |gate, execution, now_ms| Inputs {
             record,
@@ -389,36 +409,44 @@ impl Processor {
         // Failures count in the generation the record was admitted in: a report about a
         // period that has since ended is ignored by the store.
         let generation = state.map_or(0, |s| s.at(now).generation);
+        let half_open = state.is_some_and(|s| s.phase_at(now) == Phase::HalfOpen);
         // A half-open breaker is asked for a permit only for a record that would otherwise run.
-        let mut g = state.map_or(Gate::Closed, |s| gate(s, now, half_open));
+        let mut g = match (state, store) {
+            (Some(s), Some(b)) => gate(s, now, half_open, b.config()),
+            _ => Gate::Closed,
+        };
         let mut pre = decide(&inputs(g, Execution::NotRun, now), &mut rand::rng());
         let mut lease = None;
-        if half_open && matches!(pre, Decision::Execute { .. }) {
+        if let (true, Decision::Execute { .. }, Some(b)) = (half_open, &pre, store) {
             let job_type = slot.job_type().unwrap_or_default();
-            let acquired = match self.breakers.get(job_type) {
-                Some(b) => b.acquire_probe(job_type, now).await,
-                None => Ok(None),
-            };
-            // A probe slot that cannot be asked for fails open, like the state read.
-            let busy = match acquired {
-                Ok(l) => {
-                    lease = l;
-                    lease.is_none()
+            // The permit is held as long as this invocation can run the probe.
+            let lease_until = deadline
+                .map(|d| now.saturating_add(d.saturating_duration_since(Instant::now()).as_millis() as u64));
+            let asked = b
+                .acquire_probe(job_type, now, lease_until, admission_deadline(deadline))
+                .await;
+            g = match asked {
+                Ok(Probe::Granted(l)) => {
+                    lease = Some(l);
+                    Gate::Probe
                 }
+                Ok(Probe::Busy { until_ms }) => Gate::ProbeBusy {
+                    until_ms: until_ms.min(now.saturating_add(b.config().open_for().as_millis() as u64)),
+                },
+                // The cached view was stale: the breaker closed or opened again meanwhile.
+                Ok(Probe::NotHalfOpen(fresh)) => gate(&fresh, now, false, b.config()),
+                // A probe slot that cannot be asked for fails open, like the state read.
                 Err(e) => {
                     warn!(job_type, error = %e, "probe permit unavailable; running without one");
-                    g = Gate::Closed;
-                    false
+                    Gate::Closed
                 }
             };
-            if busy {
-                g = Gate::ProbeBusy;
-                pre = decide(&inputs(g, Execution::NotRun, now), &mut rand::rng());
-            }
+            // Decide again: the gate changed, and asking took time the start margin counts.
+            pre = decide(&inputs(g, Execution::NotRun, now_ms()), &mut rand::rng());
         }
         let (Decision::Execute { attempt }, Some(route), Ok(job)) = (&pre, route, &slot.job) else {
             if let (Some(l), Some(t)) = (lease, slot.job_type()) {
-                self.release_probe(t, &l).await;
+                self.release_probe(t, &l, deadline).await;
             }
             return Ran {
                 decision: pre,
@@ -455,111 +483,100 @@ impl Processor {
         }
     }
 
-    async fn release_probe(&self, job_type: &str, lease: &Lease) {
+    async fn release_probe(&self, job_type: &str, lease: &Lease, deadline: Option<Instant>) {
         if let Some(b) = self.breakers.get(job_type) {
-            if let Err(e) = b.release(job_type, lease, now_ms()).await {
+            if let Err(e) = b.release(job_type, lease, now_ms(), deadline).await {
                 warn!(job_type, error = %e, "probe permit not released; it frees its slot when its lease expires");
             }
         }
     }
 
-    /// Carries out the decisions: DLQ sends, visibility changes, ledger writes and deletes,
-    /// breaker reports — each batched.
-    async fn apply(
+    /// The DLQ copy of a dead-lettered record: body, attributes and failure record; or, when
+    /// no record fits beside the body, the body and attributes alone (`bare`: the record is
+    /// then kept in the job's ledger item instead).
+    fn dlq_outgoing(&self, i: usize, slot: &Slot, decision: &Decision, now: u64) -> Option<(Outgoing, bool)> {
+        let Decision::DeadLetter {
+            class,
+            attempts,
+            error,
+        } = decision
+        else {
+            return None;
+        };
+        let record = FailureRecord {
+            class: *class,
+            error: error.clone(),
+            attempts: *attempts,
+            job_type: slot.named_type.clone(),
+            job_id: slot.job_id.clone(),
+            source_queue: self.source_queue.clone(),
+            original_message_id: slot.inc.message_id.clone(),
+            first_received_at: slot.inc.first_received_at_ms.unwrap_or(now),
+            failed_at: now,
+        };
+        let (body, attributes, bare) = match dlq_copy(
+            &slot.inc.body,
+            &slot.inc.attributes,
+            &record,
+            self.dlq_max_bytes,
+        ) {
+            Ok(copy) => (copy.body, copy.attributes, false),
+            Err(e) => {
+                warn!(message_id = %slot.inc.message_id, error = %e, "no failure record fits beside the body: the copy goes without it");
+                let attributes = slot
+                    .inc
+                    .attributes
+                    .iter()
+                    .filter(|(k, _)| !is_reserved(k))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                (slot.inc.body.clone(), attributes, true)
+            }
+        };
+        let fifo_dlq = self.dlq_url.ends_with(".fifo");
+        let out = Outgoing {
+            key: i,
+            body,
+            attributes,
+            group_id: fifo_dlq.then(|| slot.inc.group_id.clone().unwrap_or_else(|| "triage".into())),
+            dedup_id: fifo_dlq.then(|| slot.inc.message_id.clone()),
+            delay_seconds: None,
+        };
+        Some((out, bare))
+    }
+
+    /// Sends DLQ copies; marks the accepted records settled and returns the keys of those
+    /// that failed.
+    async fn send_to_dlq(
         &self,
         slots: &[Slot],
-        ran: Vec<Ran>,
+        outgoing: Vec<Outgoing>,
+        settled: &mut [bool],
         deadline: Option<Instant>,
-        mut metrics: Metrics,
-    ) -> BatchOutcome {
-        let now = now_ms();
-        let fifo_dlq = self.dlq_url.ends_with(".fifo");
-        let mut settled = vec![false; slots.len()];
-        let mut outgoing = Vec::new();
-        let mut visibility = Vec::new();
-        let mut counts = Vec::new();
-        let mut forget = Vec::new();
-        let mut aggregates: BTreeMap<&str, Aggregate> = BTreeMap::new();
-
-        for (i, (slot, r)) in slots.iter().zip(&ran).enumerate() {
-            let ty = self.dimension(slot.job_type());
-            metrics.decision(ty, &r.decision);
-            if let Some(t) = r.handler_time {
-                metrics.handler_duration(ty, t);
-            }
-            if let (true, Some(job_type)) = (r.executed, slot.job_type()) {
-                let agg = aggregates.entry(job_type).or_default();
-                tally(agg, r);
-            }
-            match &r.decision {
-                Decision::Done { .. } => {
-                    settled[i] = true;
-                    if slot.had_ledger_item || slot.ledger == Ledger::Unavailable {
-                        forget.push(slot.job_id.clone());
-                    }
-                }
-                Decision::Retry { visibility: v, .. } | Decision::Defer { visibility: v, .. } => {
-                    visibility.push((i, slot.inc.receipt_handle.clone(), v.as_secs() as i32));
-                    if let Decision::Retry { .. } = r.decision {
-                        counts.push(i);
-                    }
-                }
-                Decision::Release => visibility.push((i, slot.inc.receipt_handle.clone(), 0)),
-                Decision::DeadLetter {
-                    class,
-                    attempts,
-                    error,
-                } => {
-                    let record = FailureRecord {
-                        class: *class,
-                        error: error.clone(),
-                        attempts: *attempts,
-                        job_type: slot.named_type.clone(),
-                        job_id: slot.job_id.clone(),
-                        source_queue: self.source_queue.clone(),
-                        original_message_id: slot.inc.message_id.clone(),
-                        first_received_at: slot.inc.first_received_at_ms.unwrap_or(now),
-                        failed_at: now,
-                    };
-                    match dlq_copy(&slot.inc.body, &slot.inc.attributes, &record, self.dlq_max_bytes) {
-                        Ok(copy) => outgoing.push(Outgoing {
-                            key: i,
-                            body: copy.body,
-                            attributes: copy.attributes,
-                            group_id: fifo_dlq
-                                .then(|| slot.inc.group_id.clone().unwrap_or_else(|| "triage".into())),
-                            dedup_id: fifo_dlq.then(|| slot.inc.message_id.clone()),
-                            delay_seconds: None,
-                        }),
-                        Err(e) => {
-                            warn!(message_id = %slot.inc.message_id, error = %e, "no DLQ copy possible; the message stays in its queue")
-                        }
-                    }
-                }
-                Decision::Execute { .. } => unreachable!("the second decision never admits"),
-            }
+    ) -> Vec<usize> {
+        if outgoing.is_empty() {
+            return Vec::new();
         }
-
-        // DLQ first: its answer decides which dead-lettered records are settled, and which
-        // executed ones must have their attempt counted because they stay in the queue.
         let sent = self.sqs.send(&self.dlq_url, outgoing, deadline).await;
         for (i, why) in &sent.failed {
             warn!(message_id = %slots[*i].inc.message_id, error = %why, "DLQ refused the copy; the message stays in its queue");
         }
         for &i in &sent.accepted {
             settled[i] = true;
-            let s = &slots[i];
-            if s.had_ledger_item || s.ledger == Ledger::Unavailable {
-                forget.push(s.job_id.clone());
-            }
         }
-        for (i, _) in &sent.failed {
-            if ran[*i].executed {
-                counts.push(*i);
-            }
-        }
+        sent.failed.into_iter().map(|(i, _)| i).collect()
+    }
 
-        let ledger_writes = futures::future::join_all(counts.iter().map(|&i| {
+    /// Counts executions in the ledger (one conditional write each, in parallel). Returns
+    /// the keys whose count could not be written.
+    async fn count(
+        &self,
+        slots: &[Slot],
+        ran: &[Ran],
+        keys: &[usize],
+        deadline: Option<Instant>,
+    ) -> Vec<usize> {
+        let writes = futures::future::join_all(keys.iter().map(|&i| {
             let (s, r) = (&slots[i], &ran[i]);
             let (next, error) = match &r.decision {
                 Decision::Retry {
@@ -582,12 +599,121 @@ impl Processor {
                 error,
                 deadline,
             )
-        }));
+        }))
+        .await;
+        let mut lost = Vec::new();
+        for (w, &i) in writes.iter().zip(keys) {
+            if let Err(e) = w {
+                warn!(job_id = %slots[i].job_id, error = %e, "attempt not recorded; the receive count bounds it instead");
+                lost.push(i);
+            }
+        }
+        lost
+    }
+
+    /// A retry whose count could not be written would come back to a ledger one execution
+    /// short: it is judged now as the next delivery would judge it without a ledger — by the
+    /// receive count, an upper bound — and dead-lettered as exhausted when that leaves no
+    /// attempt, so a ledger that refuses writes cannot make a job run past its limit.
+    fn recount(&self, slot: &Slot, decision: &Decision) -> Option<Decision> {
+        let Decision::Retry { error, .. } = decision else {
+            return None;
+        };
+        let policy = slot
+            .job_type()
+            .and_then(|t| self.registry.route(t))
+            .map_or(self.registry.default_policy(), |r| &r.policy);
+        let bound = slot.inc.receive_count;
+        (bound >= policy.max_attempts()).then(|| Decision::DeadLetter {
+            class: FailureClass::Exhausted,
+            attempts: bound,
+            error: format!(
+                "{error} (attempt count uncertain: the ledger could not be written; receive {bound} of {} attempts)",
+                policy.max_attempts()
+            ),
+        })
+    }
+
+    /// Carries out the decisions, each kind of effect batched: DLQ copies first (their
+    /// answer decides which records are settled and which executions must be counted
+    /// because they stay), then counts, ledger cleanup, breaker reports and visibility
+    /// changes together; a retry whose count failed is judged again before its visibility
+    /// is set.
+    async fn apply(
+        &self,
+        slots: &[Slot],
+        mut ran: Vec<Ran>,
+        deadline: Option<Instant>,
+        mut metrics: Metrics,
+    ) -> BatchOutcome {
+        let now = now_ms();
+        let mut settled = vec![false; slots.len()];
+        let mut outgoing = Vec::new();
+        let mut bare = vec![false; slots.len()];
+        let mut visibility = Vec::new();
+        let mut retries = Vec::new();
+        let mut retry_secs: HashMap<usize, i32> = HashMap::new();
+        let mut counts = Vec::new();
+        let mut aggregates: BTreeMap<&str, Aggregate> = BTreeMap::new();
+
+        for (i, (slot, r)) in slots.iter().zip(&ran).enumerate() {
+            let ty = self.dimension(slot.job_type());
+            metrics.decision(ty, &r.decision);
+            if let Some(t) = r.handler_time {
+                metrics.handler_duration(ty, t);
+            }
+            if let (true, Some(job_type)) = (r.executed, slot.job_type()) {
+                let agg = aggregates.entry(job_type).or_default();
+                tally(agg, r);
+            }
+            match &r.decision {
+                Decision::Done { .. } => settled[i] = true,
+                Decision::Retry { visibility: v, .. } => {
+                    retries.push(i);
+                    retry_secs.insert(i, v.as_secs() as i32);
+                    counts.push(i);
+                }
+                Decision::Defer { visibility: v, .. } => {
+                    visibility.push((i, slot.inc.receipt_handle.clone(), v.as_secs() as i32));
+                }
+                Decision::Release => visibility.push((i, slot.inc.receipt_handle.clone(), 0)),
+                Decision::DeadLetter { .. } => {
+                    if let Some((out, no_room)) = self.dlq_outgoing(i, slot, &r.decision, now) {
+                        bare[i] = no_room;
+                        outgoing.push(out);
+                    }
+                }
+                Decision::Execute { .. } => unreachable!("the second decision never admits"),
+            }
+        }
+
+        // DLQ first: an executed record whose copy was refused stays in the queue, so its
+        // execution is counted; one whose copy went without its record keeps the record
+        // (the error) in its ledger item.
+        for i in self.send_to_dlq(slots, outgoing, &mut settled, deadline).await {
+            if ran[i].executed {
+                counts.push(i);
+            }
+        }
+        for (i, _) in bare.iter().enumerate().filter(|(_, b)| **b) {
+            if settled[i] && ran[i].executed {
+                counts.push(i);
+            }
+        }
+        let forget: Vec<String> = slots
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| {
+                settled[*i] && !bare[*i] && (s.had_ledger_item || s.ledger == Ledger::Unavailable)
+            })
+            .map(|(_, s)| s.job_id.clone())
+            .collect();
+
         let breaker_reports = futures::future::join_all(aggregates.iter().map(|(t, a)| async move {
             let Some(b) = self.breakers.get(*t) else {
                 return false;
             };
-            match b.report(t, a, now).await {
+            match b.report(t, a, now, deadline).await {
                 Ok(Some(state)) => state.phase == Phase::Open,
                 Ok(None) => false,
                 Err(e) => {
@@ -596,10 +722,10 @@ impl Processor {
                 }
             }
         }));
-        let (_, writes, opened, _) = tokio::join!(
+        let (_, lost, opened, _) = tokio::join!(
             self.sqs
                 .change_visibility(&self.source_queue, visibility, deadline),
-            ledger_writes,
+            self.count(slots, &ran, &counts, deadline),
             breaker_reports,
             async {
                 if !forget.is_empty() {
@@ -609,16 +735,34 @@ impl Processor {
                 }
             },
         );
-        for (w, &i) in writes.iter().zip(&counts) {
-            if let Err(e) = w {
-                warn!(job_id = %slots[i].job_id, error = %e, "attempt not recorded; the receive count bounds it instead");
-            }
-        }
         for (t, o) in aggregates.keys().zip(opened) {
             if o {
                 metrics.add(self.dimension(Some(t)), "BreakerOpened", 1);
             }
         }
+
+        // Retries whose count was lost: judged again by the receive count.
+        let mut outgoing = Vec::new();
+        for &i in lost.iter().filter(|i| retries.contains(i)) {
+            if let Some(d) = self.recount(&slots[i], &ran[i].decision) {
+                metrics.add(self.dimension(slots[i].job_type()), "LedgerFallback", 1);
+                if let Some((out, _)) = self.dlq_outgoing(i, &slots[i], &d, now) {
+                    outgoing.push(out);
+                }
+                ran[i].decision = d;
+            }
+        }
+        self.send_to_dlq(slots, outgoing, &mut settled, deadline).await;
+        // A retry stays in the queue for its delay; so does a recounted one whose DLQ copy
+        // was refused (its next delivery decides again).
+        let visibility: Vec<_> = retries
+            .iter()
+            .filter(|&&i| !settled[i])
+            .map(|&i| (i, slots[i].inc.receipt_handle.clone(), retry_secs[&i]))
+            .collect();
+        self.sqs
+            .change_visibility(&self.source_queue, visibility, deadline)
+            .await;
 
         let mut whole_batch_failed = false;
         let records = slots
@@ -651,6 +795,11 @@ impl Processor {
             whole_batch_failed,
         }
     }
+}
+
+/// The attribute names only the processor may set on a DLQ copy.
+fn is_reserved(name: &str) -> bool {
+    name == crate::core::failure::FAILURE_ATTRIBUTE || name == crate::effects::dlq::PACKED_ATTRIBUTE
 }
 
 /// Adds one executed record's outcome to its job type's breaker report.

@@ -86,7 +86,10 @@ pub async fn build_with(
     let (source, dlq) = tokio::join!(
         attrs(
             queue_url.clone(),
-            vec![QueueAttributeName::MessageRetentionPeriod]
+            vec![
+                QueueAttributeName::MessageRetentionPeriod,
+                QueueAttributeName::RedrivePolicy
+            ]
         ),
         attrs(dlq_url.clone(), vec![QueueAttributeName::MaximumMessageSize]),
     );
@@ -100,6 +103,9 @@ pub async fn build_with(
             .check_retention(Duration::from_secs(secs))
             .map_err(|e| format!("retry policy rejected for {queue_url}: {e}"))?;
     }
+    let receive_limit = source
+        .get(&QueueAttributeName::RedrivePolicy)
+        .and_then(|p| max_receive_count(p));
     let dlq_max_bytes = match dlq {
         Ok(a) => a
             .get(&QueueAttributeName::MaximumMessageSize)
@@ -135,6 +141,7 @@ pub async fn build_with(
             concurrency: config.concurrency,
             limits: EnvelopeLimits::default(),
             log_payloads: config.log_payloads,
+            receive_limit,
         },
     );
     Ok(Environment {
@@ -143,6 +150,17 @@ pub async fn build_with(
         calls,
         retry,
     })
+}
+
+/// The `maxReceiveCount` of a queue's `RedrivePolicy` (SQS writes it as a number or a
+/// string).
+fn max_receive_count(policy: &str) -> Option<u32> {
+    let v: serde_json::Value = serde_json::from_str(policy).ok()?;
+    match v.get("maxReceiveCount")? {
+        serde_json::Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+        serde_json::Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
 }
 
 /// Sets up `tracing`: JSON lines when `AWS_LAMBDA_LOG_FORMAT=JSON`, text otherwise; the

@@ -1,0 +1,257 @@
+//! The processor at its edges, on the local stack through the real SDK: a count the ledger
+//! refuses to write, a FIFO group behind a refused DLQ copy, storage calls that stall past the
+//! invocation's deadline, and a queue's last receive before SQS's own redrive.
+
+mod support;
+
+use std::time::Duration;
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use serde_json::json;
+use sqs_triage::core::failure::FailureClass;
+use sqs_triage::effects::dlq::failure_record;
+use support::fault_proxy::{Fault, FaultProxy};
+use support::pipeline::{Harness, Options, fast_policy, quiet_breaker};
+
+fn record_of(m: &aws_sdk_sqs::types::Message) -> sqs_triage::core::failure::FailureRecord {
+    failure_record(&m.message_attributes().cloned().unwrap_or_default())
+        .expect("a failure record")
+        .expect("it parses")
+}
+
+/// Item: a count write that fails for good is not forgotten. The proxy refuses every
+/// `UpdateItem` (the ledger's conditional count), while reads work: each redelivery reads a
+/// ledger that never moved. The job must still stop at `max_attempts` executions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_that_refuses_counts_cannot_make_a_job_run_past_its_limit() {
+    let proxy = FaultProxy::start(&support::ddb_endpoint());
+    proxy.fail_always("UpdateItem", Fault::Status500);
+    let h = Harness::build(Options {
+        prefix: "nocount",
+        policy: fast_policy(3),
+        ddb_endpoint: Some(proxy.url()),
+        ..Options::default()
+    })
+    .await;
+    h.send_jobs(&[("stubborn", json!({"outcome": "transient"}))])
+        .await;
+    for _ in 0..40 {
+        h.invoke_once(Duration::from_secs(2)).await;
+        if h.depth(&h.queue_url).await == 0 || h.executions("stubborn").len() > 3 {
+            break;
+        }
+    }
+    let runs = h.executions("stubborn");
+    assert!(runs.len() <= 3, "ran past max_attempts (3): {runs:?}");
+    let dlq = h.dlq_messages().await;
+    assert_eq!(dlq.len(), 1, "dead-lettered once its receives reached the limit");
+    let r = record_of(&dlq[0]);
+    assert_eq!(r.class, FailureClass::Exhausted);
+    assert_eq!(r.attempts, 3, "{r:?}");
+    assert!(proxy.count("UpdateItem") >= 1, "the counts were tried");
+}
+
+/// Item: FIFO order across a failed DLQ send. In group `g`, a fatal job is followed by an ok
+/// one; the DLQ refuses the copy. The ok job must not run before its predecessor's copy is
+/// confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_group_waits_for_its_dead_lettered_record_to_reach_the_dlq() {
+    let h = Harness::build(Options {
+        prefix: "fifodlq",
+        fifo: true,
+        policy: fast_policy(5),
+        breaker: quiet_breaker(),
+        tweak: Box::new(|mut c| {
+            // A DLQ that does not exist: every send is refused.
+            c.dlq_url = c.dlq_url.map(|u| format!("{u}-missing"));
+            c
+        }),
+        ..Options::default()
+    })
+    .await;
+    let job =
+        |id: &str, p: serde_json::Value| json!({"type": "test.recorded", "id": id, "payload": p}).to_string();
+    let first = job("f1", json!({"outcome": "fatal"}));
+    let second = job("f2", json!({"outcome": "ok"}));
+    h.send_raw(&[(&first, Some("g")), (&second, Some("g"))]).await;
+    let mut seen = 0;
+    for _ in 0..5 {
+        if let Some((messages, response)) = h.invoke_once(Duration::from_secs(2)).await {
+            seen += messages.len();
+            assert_eq!(
+                response.batch_item_failures.len(),
+                messages.len(),
+                "nothing in the group settles while the DLQ refuses the first"
+            );
+        }
+        if seen >= 2 {
+            break;
+        }
+    }
+    assert!(seen >= 1);
+    assert_eq!(h.executions("f1"), vec![1]);
+    assert!(
+        h.executions("f2").is_empty(),
+        "f2 ran although f1's DLQ copy does not exist"
+    );
+}
+
+/// Item: storage calls before the handlers are bounded by the invocation's deadline. The
+/// proxy stalls every DynamoDB call for a minute; an invocation with 6 s left must still
+/// answer in time and spend no attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_table_cannot_hold_an_invocation_past_its_deadline() {
+    let proxy = FaultProxy::start(&support::ddb_endpoint());
+    let breaker = sqs_triage::core::breaker::BreakerConfig::builder()
+        .cache_ttl(Duration::ZERO)
+        .build()
+        .unwrap();
+    let h = Harness::build(Options {
+        prefix: "stall",
+        breaker,
+        ddb_endpoint: Some(proxy.url()),
+        ..Options::default()
+    })
+    .await;
+    h.send_jobs(&[("s1", json!({"outcome": "ok"})), ("s2", json!({"outcome": "ok"}))])
+        .await;
+    let mut messages = Vec::new();
+    for _ in 0..5 {
+        messages.extend(h.receive(&h.queue_url, Duration::from_secs(1)).await);
+        if messages.len() >= 2 {
+            break;
+        }
+    }
+    assert_eq!(messages.len(), 2);
+    proxy.fail_always("GetItem", Fault::Delay(Duration::from_secs(60)));
+    proxy.fail_always("BatchGetItem", Fault::Delay(Duration::from_secs(60)));
+    let time_left = Duration::from_secs(6);
+    let answered = tokio::time::timeout(time_left, h.invoke_with(&messages, time_left)).await;
+    let response = answered
+        .expect("the invocation answered before its deadline")
+        .expect("a batch response");
+    // The breaker read ran out of time: it fails open and the jobs ran, or they were released
+    // unspent; either way every record is accounted for in the response.
+    let failed = response.batch_item_failures.len();
+    let ran = h.log.lock().unwrap().len();
+    assert_eq!(ran + failed, 2, "ran {ran}, reported failed {failed}");
+}
+
+/// Item: a message on its last receive before SQS's redrive (`maxReceiveCount`) is never left
+/// for the redrive to move without a record: here an open breaker defers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferral_on_the_last_receive_is_dead_lettered_with_a_record() {
+    let h = Harness::build(Options {
+        prefix: "lastrecv",
+        ..Options::default()
+    })
+    .await;
+    let dlq_arn = h
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&h.dlq_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap()[&QueueAttributeName::QueueArn]
+        .clone();
+    h.sqs
+        .set_queue_attributes()
+        .queue_url(&h.queue_url)
+        .attributes(
+            QueueAttributeName::RedrivePolicy,
+            json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 2}).to_string(),
+        )
+        .attributes(QueueAttributeName::VisibilityTimeout, "1")
+        .send()
+        .await
+        .unwrap();
+    // Rebuild the processor so it reads the new redrive policy at start-up.
+    let sdk = support::sdk_config().await;
+    let mut config = sqs_triage::config::Config::from_lookup(&|_| None).unwrap();
+    config.queue_url = Some(h.queue_url.clone());
+    config.dlq_url = Some(h.dlq_url.clone());
+    config.table = Some(h.table.clone());
+    let registry = sqs_triage::runtime::chaos::register(
+        sqs_triage::processor::registry::Registry::new(fast_policy(5), quiet_breaker()),
+        fast_policy(5),
+        quiet_breaker(),
+    );
+    let env = sqs_triage::runtime::env::build(&config, registry, &sdk)
+        .await
+        .unwrap();
+    let store = sqs_triage::effects::breaker_store::BreakerStore::new(
+        sqs_triage::effects::storage_retry::dynamodb_client(&sdk),
+        &h.table,
+        sqs_triage::effects::storage_retry::StorageRetry::default(),
+    );
+    store
+        .force_open(
+            sqs_triage::runtime::chaos::CHAOS,
+            None,
+            sqs_triage::processor::now_ms(),
+        )
+        .await
+        .unwrap();
+    let body = json!({"type": sqs_triage::runtime::chaos::CHAOS, "id": "held", "payload": {}}).to_string();
+    h.send_raw(&[(&body, None)]).await;
+    let mut deliveries = 0;
+    for _ in 0..20 {
+        let messages = h.receive(&h.queue_url, Duration::from_secs(2)).await;
+        if messages.is_empty() {
+            if h.depth(&h.queue_url).await == 0 {
+                break;
+            }
+            continue;
+        }
+        deliveries += messages.len();
+        let event = support::pipeline::lambda_event(&messages, &h.queue_url);
+        let mut context = lambda_runtime::Context::default();
+        context.deadline = sqs_triage::processor::now_ms() + 30_000;
+        let response = sqs_triage::runtime::lambda::handle(
+            &env.processor,
+            lambda_runtime::LambdaEvent::new(event, context),
+        )
+        .await
+        .unwrap();
+        let failed: Vec<&str> = response
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.as_str())
+            .collect();
+        for m in &messages {
+            if !failed.contains(&m.message_id().unwrap()) {
+                h.sqs
+                    .delete_message()
+                    .queue_url(&h.queue_url)
+                    .receipt_handle(m.receipt_handle().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
+        // A forced-open breaker defers for ~12 h: make it visible again to go on.
+        for m in messages
+            .iter()
+            .filter(|m| failed.contains(&m.message_id().unwrap()))
+        {
+            h.sqs
+                .change_message_visibility()
+                .queue_url(&h.queue_url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .visibility_timeout(0)
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(deliveries, 2, "delivered up to maxReceiveCount");
+    let dlq = h.dlq_messages().await;
+    assert_eq!(dlq.len(), 1);
+    let r = record_of(&dlq[0]);
+    assert_eq!(r.class, FailureClass::Expiring, "{r:?}");
+    assert_eq!(r.attempts, 0, "never ran");
+    assert_eq!(dlq[0].body(), Some(body.as_str()));
+}
