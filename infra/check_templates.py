@@ -8,6 +8,16 @@
     check_templates.py check --sam SAM_TEMPLATE --sam-cfn OUT_JSON --cdk-out CDK_OUT_DIR
         Checks the facts that matter on the translated SAM output and on the synthesized CDK
         template: one line per fact, then `N passed, M failed`; exit status 1 on any failure.
+        Some facts read the crate too: the role's actions against the SDK calls derived from
+        triage-lambda's source (lambda_calls.py), and the receive rule's factor in
+        src/ops/setup.rs, the CDK stack and docs/deploy.md against SAM's Rules.
+
+    check_templates.py sam-rules SAM_TEMPLATE
+        Rewrites the template's generated `Rules:` section (maxReceiveCount >= F x MaxAttempts,
+        F from src/ops/setup.rs) for the values its MaxAttempts and MaxReceiveCount accept.
+
+    check_templates.py lambda-calls
+        Prints the SDK calls triage-lambda can make, as IAM actions, with where each is called.
 
 Both templates are evaluated the same way: intrinsic functions are resolved with the
 parameter defaults (or the CDK context baked into the template), resources get the names and
@@ -891,7 +901,8 @@ def main() -> int:
     if args.cmd == "lambda-calls":
         d = Derived(ROOT)
         print(d.summary())
-        print("\n".join(d.problems))
+        for problem in d.problems:
+            print(f"PROBLEM {problem}")
         return 1 if d.problems else 0
 
     report = Report()
