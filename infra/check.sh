@@ -16,8 +16,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-VENV="$ROOT/.local/venv-infra"
-OUT="$ROOT/.local/infra-check"
+# INFRA_VENV / INFRA_OUT: another tool folder / output folder (e.g. a venv that already holds
+# the pinned tools, or an output folder outside a shared .local).
+VENV="${INFRA_VENV:-$ROOT/.local/venv-infra}"
+OUT="${INFRA_OUT:-$ROOT/.local/infra-check}"
 CDK_DIR="$ROOT/infra/cdk"
 PY_PINS=(cfn-lint==1.58.0 aws-sam-translator==1.115.0)
 

@@ -8,6 +8,16 @@
     check_templates.py check --sam SAM_TEMPLATE --sam-cfn OUT_JSON --cdk-out CDK_OUT_DIR
         Checks the facts that matter on the translated SAM output and on the synthesized CDK
         template: one line per fact, then `N passed, M failed`; exit status 1 on any failure.
+        Some facts read the crate too: the role's actions against the SDK calls derived from
+        triage-lambda's source (lambda_calls.py), and the receive rule's factor in
+        src/ops/setup.rs, the CDK stack and docs/deploy.md against SAM's Rules.
+
+    check_templates.py sam-rules SAM_TEMPLATE
+        Rewrites the template's generated `Rules:` section (maxReceiveCount >= F x MaxAttempts,
+        F from src/ops/setup.rs) for the values its MaxAttempts and MaxReceiveCount accept.
+
+    check_templates.py lambda-calls
+        Prints the SDK calls triage-lambda can make, as IAM actions, with where each is called.
 
 Both templates are evaluated the same way: intrinsic functions are resolved with the
 parameter defaults (or the CDK context baked into the template), resources get the names and
@@ -23,6 +33,8 @@ import os
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # lambda_calls.py
 
 REGION = "us-east-1"
 ACCOUNT = "000000000000"
@@ -40,23 +52,274 @@ EXPECTED_POLICY_ENV = {
     "TRIAGE_BREAKER_OPEN_S": "30",
     "TRIAGE_BREAKER_PROBES": "1",
 }
-SOURCE_QUEUE_ACTIONS = {
-    "sqs:ReceiveMessage",
-    "sqs:DeleteMessage",
-    "sqs:ChangeMessageVisibility",
-    "sqs:GetQueueAttributes",
-}
-DLQ_ACTIONS = {"sqs:SendMessage", "sqs:GetQueueAttributes"}
-TABLE_ACTIONS = {
-    "dynamodb:GetItem",
-    "dynamodb:BatchGetItem",
-    "dynamodb:PutItem",
-    "dynamodb:UpdateItem",
-    "dynamodb:DeleteItem",
-    "dynamodb:BatchWriteItem",
-    "dynamodb:Query",
-}
+# What the role must allow that triage-lambda's own code does not call: the SQS event source
+# mapping polls, deletes and reads the source queue with the function's role, and Lambda
+# writes the function's logs with it.
+MAPPING_ACTIONS = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"}
 LOG_ACTIONS = {"logs:CreateLogStream", "logs:PutLogEvents"}
+# Which queue each SQS action of the function's code goes to (the source queue's URL is
+# TRIAGE_QUEUE_URL, the DLQ's TRIAGE_DLQ_URL; see src/processor/mod.rs and src/runtime/env.rs).
+QUEUES_OF_SQS_ACTION = {
+    "sqs:ChangeMessageVisibility": {"source"},   # retries and deferrals
+    "sqs:DeleteMessage": {"source"},
+    "sqs:ReceiveMessage": {"source"},
+    "sqs:SendMessage": {"dlq"},                  # dead-lettered copies
+    "sqs:GetQueueAttributes": {"source", "dlq"},  # start-up: retention, DLQ size limit
+}
+# DynamoDB calls in this file go to TRIAGE_CHAOS_RECORD_TABLE (a test side table), not to the
+# state table; the stacks do not set that variable, so they grant nothing for them.
+CHAOS_RECORDER = "src/runtime/chaos.rs"
+CHAOS_RECORD_ENV = "TRIAGE_CHAOS_RECORD_TABLE"
+
+
+class Derived:
+    """triage-lambda's SDK calls from the source, as per-resource IAM actions."""
+
+    def __init__(self, root: Path):
+        import lambda_calls
+
+        self.calls, self.problems = lambda_calls.lambda_calls(root)
+        self.table: set[str] = set()
+        self.source: set[str] = set(MAPPING_ACTIONS)
+        self.dlq: set[str] = set()
+        self.chaos: set[str] = set()
+        for c in self.calls:
+            if c.action.startswith("dynamodb:"):
+                (self.chaos if c.file == CHAOS_RECORDER else self.table).add(c.action)
+            elif c.action in QUEUES_OF_SQS_ACTION:
+                for q in QUEUES_OF_SQS_ACTION[c.action]:
+                    (self.source if q == "source" else self.dlq).add(c.action)
+            else:
+                self.problems.append(f"{c.file}:{c.line} {c.action}: which resource? add it to QUEUES_OF_SQS_ACTION")
+
+    def code_actions(self) -> set[str]:
+        return {c.action for c in self.calls if c.file != CHAOS_RECORDER}
+
+    def all_actions(self) -> set[str]:
+        return self.table | self.source | self.dlq | LOG_ACTIONS
+
+    def summary(self) -> str:
+        seen = {}
+        for c in self.calls:
+            seen.setdefault(c.action, f"{c.action} ({c.op} in {c.file} fn {c.fn})")
+        return "; ".join(seen[a] for a in sorted(seen))
+
+
+# --------------------------------------------------------------------------- the receive rule
+
+ROOT = Path(__file__).resolve().parent.parent
+RUST_RULE = "src/ops/setup.rs"
+CDK_RULE = "infra/cdk/lib/triage-stack.ts"
+DOC_RULE = "docs/deploy.md"
+SQS_MAX_RECEIVE_COUNT = 1000
+
+
+def rust_factor(root: Path) -> int | None:
+    m = re.search(r"pub const RECEIVES_PER_ATTEMPT: u32 = (\d+);", (root / RUST_RULE).read_text())
+    return int(m.group(1)) if m else None
+
+
+def cdk_factor(root: Path) -> int | None:
+    text = (root / CDK_RULE).read_text()
+    m = re.search(r"export const RECEIVES_PER_ATTEMPT = (\d+);", text)
+    used = re.search(r"maxReceiveCount\s*<\s*RECEIVES_PER_ATTEMPT\s*\*\s*maxAttempts", text)
+    return int(m.group(1)) if m and used else None
+
+
+def doc_factor(root: Path) -> int | None:
+    found = set(re.findall(r"`maxReceiveCount ≥ (\d+) × max attempts`", (root / DOC_RULE).read_text()))
+    return int(found.pop()) if len(found) == 1 else None
+
+
+class Params:
+    """A template's parameters: which values CloudFormation accepts, and its Rules."""
+
+    def __init__(self, raw: dict):
+        self.decl = raw.get("Parameters", {})
+        self.rules = raw.get("Rules", {})
+
+    def accepts(self, name: str, value) -> bool:
+        p = self.decl[name]
+        v = str(value)
+        if "AllowedValues" in p and v not in [str(a) for a in p["AllowedValues"]]:
+            return False
+        if p.get("Type") == "Number":
+            try:
+                x = float(v)
+            except ValueError:
+                return False
+            if "MinValue" in p and x < float(p["MinValue"]):
+                return False
+            if "MaxValue" in p and x > float(p["MaxValue"]):
+                return False
+        if "AllowedPattern" in p and not re.fullmatch(p["AllowedPattern"], v):
+            return False
+        return True
+
+    def rules_pass(self, values: dict) -> bool:
+        def ev(x):
+            if isinstance(x, dict) and len(x) == 1:
+                (k, a), = x.items()
+                if k == "Ref":
+                    return str(values[a] if a in values else self.decl[a].get("Default", ""))
+                if k == "Fn::Equals":
+                    return str(ev(a[0])) == str(ev(a[1]))
+                if k == "Fn::Not":
+                    return not ev(a[0])
+                if k == "Fn::And":
+                    return all(ev(i) for i in a)
+                if k == "Fn::Or":
+                    return any(ev(i) for i in a)
+                if k == "Fn::Contains":
+                    return str(ev(a[1])) in [str(ev(i)) for i in a[0]]
+                raise ValueError(f"rule function {k} is not evaluated by this check")
+            return x
+
+        for rule in self.rules.values():
+            if "RuleCondition" in rule and not ev(rule["RuleCondition"]):
+                continue
+            if not all(ev(a["Assert"]) for a in rule.get("Assertions", [])):
+                return False
+        return True
+
+
+def sam_rules(raw: dict, factor: int) -> dict:
+    """The Rules that hold MaxReceiveCount >= factor x MaxAttempts, for the template's values.
+
+    CloudFormation rules compare strings only, so MaxReceiveCount takes listed values and each
+    rule names the MaxAttempts values whose smallest allowed count is the same."""
+    params = Params(raw)
+    counts = sorted(int(c) for c in params.decl["MaxReceiveCount"]["AllowedValues"])
+    attempts = [a for a in range(1, SQS_MAX_RECEIVE_COUNT + 1) if params.accepts("MaxAttempts", a)]
+    rules = {}
+    for k, m in enumerate(counts):
+        lower = counts[k - 1] if k else 0
+        group = [a for a in attempts if lower < factor * a <= m]
+        if not group or k == 0:
+            continue  # the smallest allowed count suits them: nothing to assert
+        # The shorter list: the counts allowed, or (MaxReceiveCount takes listed values only)
+        # the counts refused.
+        if len(counts[:k]) < len(counts[k:]):
+            assertion = {"Fn::Not": [{"Fn::Contains": [[str(c) for c in counts[:k]], {"Ref": "MaxReceiveCount"}]}]}
+        else:
+            assertion = {"Fn::Contains": [[str(c) for c in counts[k:]], {"Ref": "MaxReceiveCount"}]}
+        rules[f"ReceivesFor{group[0]}To{group[-1]}Attempts" if len(group) > 1 else f"ReceivesFor{group[0]}Attempts"] = {
+            "RuleCondition": {"Fn::Contains": [[str(a) for a in group], {"Ref": "MaxAttempts"}]},
+            "Assertions": [{
+                "Assert": assertion,
+                "AssertDescription": f"MaxReceiveCount must be at least {factor} x MaxAttempts "
+                                     f"({m} or more for {group[0]}" + (f" to {group[-1]}" if len(group) > 1 else "")
+                                     + " attempts): deferrals count as receives",
+            }],
+        }
+    return rules
+
+
+def write_sam_rules(sam_path: Path, factor: int) -> None:
+    """Rewrites the generated `Rules:` section of the SAM template in place."""
+    text = sam_path.read_text()
+    rules = sam_rules(load_yaml_template(sam_path), factor)
+    lines = ["Rules:",
+             f"  # Generated by `python3 infra/check_templates.py sam-rules`: MaxReceiveCount >= {factor} x",
+             "  # MaxAttempts (docs/deploy.md, the receive rule). CloudFormation rules compare strings only,",
+             "  # so each rule lists the MaxAttempts values that need the same smallest MaxReceiveCount."]
+    def flow(x) -> str:  # one-line YAML (JSON is YAML)
+        return json.dumps(x, separators=(", ", ": "))
+
+    for name, r in rules.items():
+        a = r["Assertions"][0]
+        lines += [f"  {name}:",
+                  f"    RuleCondition: {flow(r['RuleCondition'])}",
+                  "    Assertions:",
+                  f"      - Assert: {flow(a['Assert'])}",
+                  f"        AssertDescription: {json.dumps(a['AssertDescription'])}"]
+    block = "\n".join(lines) + "\n\n"
+    m = re.search(r"^Rules:\n(?:(?:[ #].*)?\n)*", text, re.M)
+    if m:
+        text = text[:m.start()] + block + text[m.end():]
+    else:
+        at = re.search(r"^Mappings:", text, re.M).start()
+        text = text[:at] + block + text[at:]
+    sam_path.write_text(text)
+    print(f"wrote {len(rules)} rules to {sam_path}")
+
+
+def config_ranges(root: Path) -> dict[str, tuple[str, str]]:
+    """TRIAGE_* variable -> (min, max) as src/config.rs parses them."""
+    text = (root / "src/config.rs").read_text()
+    out = {}
+    num_re = r"(-?[\d_]+(?:\.[\d_]+)?)(?:u64|u32|usize|f64)?"
+    for m in re.finditer(r'parse\(\s*lookup,\s*"(TRIAGE_[A-Z_]+)",\s*[^,]+,\s*%s,\s*%s,?\s*\)' % (num_re, num_re), text):
+        out[m.group(1)] = (m.group(2).replace("_", ""), m.group(3).replace("_", ""))
+    return out
+
+
+def rule_facts(root: Path, sam_raw: dict, report: Report) -> int | None:
+    """The one receive rule: setup, CDK, SAM and the docs agree. Returns the factor."""
+    rf, cf, df = rust_factor(root), cdk_factor(root), doc_factor(root)
+    report.fact(f"[rule] one factor for maxReceiveCount >= F x max attempts: {RUST_RULE} RECEIVES_PER_ATTEMPT, "
+                f"{CDK_RULE} RECEIVES_PER_ATTEMPT (and its check), {DOC_RULE}",
+                rf is not None and rf == cf == df, f"setup {rf}, CDK {cf}, docs {df}")
+    factor = rf or cf or df
+    if factor is None:
+        return None
+    params = Params(sam_raw)
+
+    def sam_rule():
+        if not params.rules:
+            return False, "the template has no Rules"
+        attempts = [a for a in range(0, 1002) if params.accepts("MaxAttempts", a)]
+        counts = [m for m in range(0, 1002) if params.accepts("MaxReceiveCount", m)]
+        wrong = [(a, m) for a in attempts for m in counts
+                 if params.rules_pass({"MaxAttempts": a, "MaxReceiveCount": m}) != (m >= factor * a)]
+        stranded = [a for a in attempts if not any(m >= factor * a for m in counts)]
+        return not wrong and not stranded and bool(attempts) and bool(counts), (
+            f"{len(wrong)} wrong verdicts, e.g. {wrong[:5]} (MaxAttempts, MaxReceiveCount); "
+            f"MaxAttempts with no allowed MaxReceiveCount: {stranded[:5]}")
+
+    report.check(f"[sam] Rules accept exactly MaxReceiveCount >= {factor} x MaxAttempts, over every allowed pair", sam_rule)
+
+    def ranges():
+        cfg = config_ranges(root)
+        fn = next(r for r in sam_raw["Resources"].values() if r["Type"] == "AWS::Serverless::Function")
+        env = fn["Properties"]["Environment"]["Variables"]
+        bad, seen = [], 0
+        for var, v in env.items():
+            if not (isinstance(v, dict) and "Ref" in v and v["Ref"] in params.decl and var in cfg):
+                continue
+            seen += 1
+            name, (lo, hi) = v["Ref"], cfg[var]
+            is_float = "." in lo or "." in hi
+            conv = float if is_float else int
+            lo, hi = conv(lo), conv(hi)
+            if var == "TRIAGE_MAX_ATTEMPTS":
+                hi = min(hi, SQS_MAX_RECEIVE_COUNT // factor)  # the receive rule's cap
+            step = 0.01 if is_float else 1
+            for value, want in ((lo, True), (hi, True), (lo - step, False), (hi + step, False)):
+                value = round(value, 2) if is_float else value
+                if params.accepts(name, value) != want:
+                    bad.append(f"{name} ({var} {lo}..{hi}) {'refuses' if want else 'accepts'} {value}")
+        return not bad and seen >= 9, "; ".join(bad) or f"{seen} parameters"
+
+    report.check("[sam] policy parameters accept exactly the ranges src/config.rs accepts "
+                 f"(MaxAttempts up to {SQS_MAX_RECEIVE_COUNT} / {factor})", ranges)
+
+    def cdk_ranges():
+        text = (root / CDK_RULE).read_text()
+        table = {v: (lo, hi) for v, lo, hi in re.findall(r"(TRIAGE_[A-Z_]+): \[(-?[\d_.]+), (-?[\d_.]+)\]", text)}
+        cfg = config_ranges(root)
+        bad = []
+        for var in EXPECTED_POLICY_ENV:
+            lo, hi = cfg[var]
+            if var == "TRIAGE_MAX_ATTEMPTS":
+                hi = str(min(int(hi), SQS_MAX_RECEIVE_COUNT // factor))
+            got = tuple(x.replace("_", "") for x in table[var]) if var in table else None
+            if got is None or tuple(float(x) for x in got) != (float(lo), float(hi)):
+                bad.append(f"{var}: CDK {got}, config {lo}..{hi}")
+        return not bad, "; ".join(bad)
+
+    report.check("[cdk] TRIAGE_POLICY_RANGES in the stack are the ranges src/config.rs accepts", cdk_ranges)
+    return factor
 
 
 # --------------------------------------------------------------------------- translation
@@ -266,10 +529,13 @@ def parse_json_prop(v):
 class Facts:
     """The shared facts, asserted on one evaluated template."""
 
-    def __init__(self, tag: str, tpl: Template, report: Report):
+    def __init__(self, tag: str, tpl: Template, report: Report, derived: "Derived | None" = None,
+                 factor: int | None = None):
         self.tag = tag
         self.t = tpl
         self.r = report
+        self.derived = derived
+        self.factor = factor
         funcs = tpl.of_type("AWS::Lambda::Function")
         if len(funcs) != 1:
             raise SystemExit(f"[{tag}] expected exactly one Lambda function, found {funcs}")
@@ -326,9 +592,10 @@ class Facts:
         self.c("source queue visibility timeout >= 6 x function timeout", lambda: (
             num(srcp["VisibilityTimeout"]) >= 6 * num(self.fnp["Timeout"]),
             f"visibility {srcp.get('VisibilityTimeout')} s, timeout {self.fnp.get('Timeout')} s"))
-        self.c("source queue redrives to the DLQ with maxReceiveCount >= 4 x TRIAGE_MAX_ATTEMPTS", lambda: (
-            (rp := parse_json_prop(srcp["RedrivePolicy"]))["deadLetterTargetArn"] == dlq_arn
-            and num(rp["maxReceiveCount"]) >= 4 * num(self.env["TRIAGE_MAX_ATTEMPTS"]),
+        self.c(f"source queue redrives to the DLQ with maxReceiveCount >= {self.factor} x TRIAGE_MAX_ATTEMPTS", lambda: (
+            self.factor is not None
+            and (rp := parse_json_prop(srcp["RedrivePolicy"]))["deadLetterTargetArn"] == dlq_arn
+            and num(rp["maxReceiveCount"]) >= self.factor * num(self.env["TRIAGE_MAX_ATTEMPTS"]),
             json.dumps(srcp.get("RedrivePolicy"))))
         self.c("DLQ redrive-allow policy admits the source queue only", lambda: (
             (ra := parse_json_prop(dlqp["RedriveAllowPolicy"]))["redrivePermission"] == "byQueue"
@@ -428,17 +695,36 @@ class Facts:
 
         self.c("no IAM statement allows '*' actions or '*' resources", no_wildcards)
 
-        def grants():
-            got: dict[str, set] = {}
-            for s in sts:
-                if s.get("Effect") == "Allow":
-                    for r in as_list(s["Resource"]):
-                        got.setdefault(r, set()).update(as_list(s["Action"]))
-            lg = next(iter(log_groups)) if len(log_groups) == 1 else None
-            want = {src_arn: SOURCE_QUEUE_ACTIONS, dlq_arn: DLQ_ACTIONS, table_arn: TABLE_ACTIONS, lg: LOG_ACTIONS}
-            return got == want, json.dumps({k: sorted(v) for k, v in got.items()})
+        d = self.derived
+        got: dict[str, set] = {}
+        for s in sts:
+            if s.get("Effect") == "Allow":
+                for r in as_list(s["Resource"]):
+                    got.setdefault(r, set()).update(as_list(s["Action"]))
 
-        self.c("IAM grants exactly the function's calls, each on its own resource", grants)
+        def exactly():
+            granted = set().union(*got.values()) if got else set()
+            want = d.all_actions()
+            extra, missing = sorted(granted - want), sorted(want - granted)
+            return not extra and not missing and not d.problems, (
+                f"extra {extra}, missing {missing}" + (f"; {d.problems}" if d.problems else ""))
+
+        self.c("role grants exactly the actions triage-lambda's code calls (derived from src/), "
+               "the SQS mapping's and the logs': no extra, none missing", exactly)
+
+        def grants():
+            lg = next(iter(log_groups)) if len(log_groups) == 1 else None
+            want = {src_arn: d.source, dlq_arn: d.dlq, table_arn: d.table, lg: LOG_ACTIONS}
+            bad = []
+            for r in sorted(set(got) | set(want), key=str):
+                g, w = got.get(r, set()), want.get(r, set())
+                if g != w:
+                    bad.append(f"{r}: extra {sorted(g - w)} missing {sorted(w - g)}")
+            return not bad, "; ".join(bad)
+
+        self.c("IAM grants each action on its own resource only (source queue, DLQ, table, log group)", grants)
+        self.c(f"{CHAOS_RECORD_ENV} is not set (its recorder's {sorted(d.chaos)} are granted nowhere)", lambda: (
+            CHAOS_RECORD_ENV not in self.env, json.dumps(self.env.get(CHAOS_RECORD_ENV))))
 
     def alarm_facts(self):
         t = self.t
@@ -595,6 +881,9 @@ def main() -> int:
     tr = sub.add_parser("translate")
     tr.add_argument("sam")
     tr.add_argument("out")
+    sr = sub.add_parser("sam-rules", help="rewrite the SAM template's generated Rules section")
+    sr.add_argument("sam")
+    sub.add_parser("lambda-calls", help="print the SDK calls derived from triage-lambda's source")
     ck = sub.add_parser("check")
     ck.add_argument("--sam", required=True)
     ck.add_argument("--sam-cfn", required=True)
@@ -606,6 +895,15 @@ def main() -> int:
     if args.cmd == "translate":
         translate(Path(args.sam), Path(args.out))
         return 0
+    if args.cmd == "sam-rules":
+        write_sam_rules(Path(args.sam), rust_factor(ROOT))
+        return 0
+    if args.cmd == "lambda-calls":
+        d = Derived(ROOT)
+        print(d.summary())
+        for problem in d.problems:
+            print(f"PROBLEM {problem}")
+        return 1 if d.problems else 0
 
     report = Report()
     sam_path = Path(args.sam)
@@ -616,9 +914,13 @@ def main() -> int:
 
     report.fact("[sam] translated template has no Serverless resources left",
                 not any(r["Type"].startswith("AWS::Serverless::") for r in sam_cfn["Resources"].values()))
-    Facts("sam", Template(copy.deepcopy(sam_cfn)), report).run()
+    derived = Derived(ROOT)
+    report.fact("[source] SDK calls triage-lambda can make, from src/bin/triage-lambda.rs down: " + derived.summary(),
+                bool(derived.calls) and not derived.problems, "; ".join(derived.problems))
+    factor = rule_facts(ROOT, sam_raw, report)
+    Facts("sam", Template(copy.deepcopy(sam_cfn)), report, derived, factor).run()
     sam_only_facts(sam_path, sam_raw, sam_cfn, report)
-    Facts("cdk", Template(copy.deepcopy(cdk_cfn)), report).run()
+    Facts("cdk", Template(copy.deepcopy(cdk_cfn)), report, derived, factor).run()
     cdk_only_facts(cdk_out, cdk_cfn, report)
     if args.events and args.schema:
         events_facts(Path(args.events), Path(args.schema), report)

@@ -745,3 +745,86 @@ async fn attempts_show_reads_the_ledger() {
     );
     assert_one_line_error(&o, 3, "does not exist");
 }
+
+/// Every queue whose name starts with `prefix`, and whether the table `table` exists.
+async fn created(prefix: &str, table: &str) -> (Vec<String>, bool) {
+    let queues = sqs()
+        .await
+        .list_queues()
+        .queue_name_prefix(prefix)
+        .send()
+        .await
+        .unwrap()
+        .queue_urls
+        .unwrap_or_default();
+    let table = match ddb().await.describe_table().table_name(table).send().await {
+        Ok(_) => true,
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_resource_not_found_exception()) =>
+        {
+            false
+        }
+        Err(e) => panic!("DescribeTable {table}: {e:?}"),
+    };
+    (queues, table)
+}
+
+#[tokio::test]
+async fn setup_refuses_a_max_receive_count_that_leaves_no_room_for_the_attempts() {
+    let q = support::unique_name("cli-mrc");
+    let (dlq, table) = (format!("{q}-dlq"), format!("{q}-t"));
+    let setup_args = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["setup", "--queue", &q, "--dlq", &dlq, "--table", &table]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let run_setup = |extra: &[&str], attempts_env: Option<&str>| {
+        let args = setup_args(extra);
+        let mut cmd = triage_cmd(None, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        match attempts_env {
+            Some(v) => cmd.env("TRIAGE_MAX_ATTEMPTS", v),
+            None => cmd.env_remove("TRIAGE_MAX_ATTEMPTS"),
+        };
+        cmd.output().expect("run triage")
+    };
+
+    // The configuration's default of 5 attempts needs at least 4 x 5 = 20 receives.
+    let o = run_setup(&["--max-receive-count", "1"], None);
+    assert_one_line_error(&o, 2, "--max-receive-count 1");
+    assert!(
+        stderr(&o).contains("5 attempts") && stderr(&o).contains("20"),
+        "{}",
+        stderr(&o)
+    );
+    // Attempts from the flag, then from TRIAGE_MAX_ATTEMPTS as the worker reads it.
+    let o = run_setup(&["--max-receive-count", "100", "--max-attempts", "30"], None);
+    assert_one_line_error(&o, 2, "--max-receive-count 100");
+    assert!(
+        stderr(&o).contains("30 attempts") && stderr(&o).contains("120"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_setup(&["--max-receive-count", "100"], Some("30"));
+    assert_one_line_error(&o, 2, "--max-receive-count 100");
+    assert!(stderr(&o).contains("TRIAGE_MAX_ATTEMPTS"), "{}", stderr(&o));
+    // More attempts than any redrive policy can hold (SQS caps maxReceiveCount at 1000).
+    let o = run_setup(&["--max-attempts", "251"], None);
+    assert_one_line_error(&o, 2, "251");
+    let o = run_setup(&["--max-attempts", "0"], None);
+    assert_one_line_error(&o, 2, "--max-attempts");
+    assert_eq!(
+        created(&q, &table).await,
+        (vec![], false),
+        "a refused setup creates nothing"
+    );
+
+    // Without --max-receive-count the default leaves room for the configured attempts.
+    let v = ok_json(&run_setup(&["--json"], Some("30")));
+    assert_eq!(v["max_receive_count"], 120);
+    let v = ok_json(&run_setup(&["--json", "--max-receive-count", "20"], None));
+    assert_eq!(v["max_receive_count"], 20);
+}

@@ -124,9 +124,14 @@ struct SetupArgs {
     #[arg(long)]
     fifo: bool,
     /// SQS's own redrive after this many receives: a safety net for crashes the handler
-    /// cannot catch. Keep it well above the retry policy's attempts (deferrals count too).
-    #[arg(long, default_value_t = 50, value_name = "N")]
-    max_receive_count: u32,
+    /// cannot catch. At least 4 x the retry policy's attempts, since deferrals count as
+    /// receives [default: 50, or 4 x the attempts when that is more]
+    #[arg(long, value_name = "N")]
+    max_receive_count: Option<u32>,
+    /// The retry policy's attempts the consumers will run with (TRIAGE_MAX_ATTEMPTS), to check
+    /// --max-receive-count against [default: TRIAGE_MAX_ATTEMPTS, else 5]
+    #[arg(long, value_name = "N")]
+    max_attempts: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -361,6 +366,12 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
     match &cli.command {
         Command::Setup(a) => {
             let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
+            let env_attempts = std::env::var("TRIAGE_MAX_ATTEMPTS").ok();
+            let (attempts, from) = setup::max_attempts_from(a.max_attempts, env_attempts.as_deref())?;
+            let max_receive_count = a
+                .max_receive_count
+                .unwrap_or_else(|| setup::default_max_receive_count(attempts));
+            setup::check_max_receive_count(max_receive_count, attempts, from)?;
             let ctx = Ctx::from_env().await?;
             let report = setup::setup(
                 &ctx,
@@ -369,7 +380,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                     dlq: a.dlq.clone(),
                     table: table.to_owned(),
                     fifo: a.fifo,
-                    max_receive_count: a.max_receive_count,
+                    max_receive_count,
                 },
             )
             .await?;

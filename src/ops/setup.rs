@@ -14,6 +14,109 @@ use crate::effects::storage_retry::dynamodb_client;
 /// investigated after a long weekend.
 const DLQ_RETENTION_S: &str = "1209600";
 
+/// The one rule between the source queue's redrive `maxReceiveCount` and the retry policy's
+/// `max_attempts`: `maxReceiveCount >= RECEIVES_PER_ATTEMPT x max_attempts`. Deferrals (breaker
+/// open, early arrivals) and releases before the Lambda deadline are receives too, so SQS's own
+/// redrive must leave room for several receives per attempt or it moves a job to the DLQ (with
+/// no failure record) before its attempts are spent. The SAM template (a `Rules` assertion) and
+/// the CDK app apply the same factor; `infra/check_templates.py` checks that they agree.
+pub const RECEIVES_PER_ATTEMPT: u32 = 4;
+
+/// SQS's largest `maxReceiveCount`.
+pub const MAX_RECEIVE_COUNT_LIMIT: u32 = 1000;
+
+/// The default `maxReceiveCount` of `triage setup` when the retry policy needs no more.
+pub const DEFAULT_MAX_RECEIVE_COUNT: u32 = 50;
+
+/// The smallest `maxReceiveCount` that leaves room for `max_attempts` (see
+/// [`RECEIVES_PER_ATTEMPT`]).
+pub fn min_max_receive_count(max_attempts: u32) -> u32 {
+    max_attempts.saturating_mul(RECEIVES_PER_ATTEMPT)
+}
+
+/// The `maxReceiveCount` setup uses when none is given: [`DEFAULT_MAX_RECEIVE_COUNT`], or the
+/// rule's minimum for `max_attempts` when that is larger.
+pub fn default_max_receive_count(max_attempts: u32) -> u32 {
+    DEFAULT_MAX_RECEIVE_COUNT.max(min_max_receive_count(max_attempts))
+}
+
+/// Where the value of `max_attempts` came from, for the error message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptsSource {
+    /// `--max-attempts`.
+    Flag,
+    /// `TRIAGE_MAX_ATTEMPTS`.
+    Env,
+    /// The configuration's default.
+    Default,
+}
+
+impl AttemptsSource {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Flag => "--max-attempts",
+            Self::Env => "TRIAGE_MAX_ATTEMPTS",
+            Self::Default => "the default of TRIAGE_MAX_ATTEMPTS",
+        }
+    }
+}
+
+/// The retry policy's `max_attempts` as the worker and the Lambda function will read it: the
+/// flag when given, else `TRIAGE_MAX_ATTEMPTS` (`env`, read like the configuration does), else
+/// the configuration's default.
+pub fn max_attempts_from(flag: Option<u32>, env: Option<&str>) -> OpsResult<(u32, AttemptsSource)> {
+    if let Some(n) = flag {
+        return Ok((n, AttemptsSource::Flag));
+    }
+    match env.map(str::trim).filter(|v| !v.is_empty()) {
+        Some(v) => v.parse::<u32>().map(|n| (n, AttemptsSource::Env)).map_err(|_| {
+            OpsError::usage(format!(
+                "TRIAGE_MAX_ATTEMPTS={v:?} is not valid: expected a number from 1 to 1000"
+            ))
+        }),
+        None => {
+            let defaults =
+                crate::config::Config::from_lookup(&|_| None).map_err(|e| OpsError::usage(e.to_string()))?;
+            Ok((defaults.policy.max_attempts(), AttemptsSource::Default))
+        }
+    }
+}
+
+/// Checks `max_attempts` (the range the configuration accepts, and room under SQS's limit) and
+/// `max_receive_count` against the rule. Usage errors name both values.
+pub fn check_max_receive_count(
+    max_receive_count: u32,
+    max_attempts: u32,
+    attempts_from: AttemptsSource,
+) -> OpsResult<()> {
+    let from = attempts_from.describe();
+    let most_attempts = MAX_RECEIVE_COUNT_LIMIT / RECEIVES_PER_ATTEMPT;
+    if !(1..=1000).contains(&max_attempts) {
+        return Err(OpsError::usage(format!(
+            "{from} {max_attempts} is not valid: expected a number from 1 to 1000"
+        )));
+    }
+    if max_attempts > most_attempts {
+        return Err(OpsError::usage(format!(
+            "{max_attempts} attempts ({from}) need a maxReceiveCount of at least {} ({RECEIVES_PER_ATTEMPT} x {max_attempts}), above SQS's limit of {MAX_RECEIVE_COUNT_LIMIT}: use at most {most_attempts} attempts",
+            min_max_receive_count(max_attempts)
+        )));
+    }
+    if max_receive_count == 0 || max_receive_count > MAX_RECEIVE_COUNT_LIMIT {
+        return Err(OpsError::usage(format!(
+            "--max-receive-count {max_receive_count} is not valid: expected a number from 1 to {MAX_RECEIVE_COUNT_LIMIT}"
+        )));
+    }
+    let least = min_max_receive_count(max_attempts);
+    if max_receive_count < least {
+        return Err(OpsError::usage(format!(
+            "--max-receive-count {max_receive_count} leaves no room for {max_attempts} attempts ({from}): \
+             it must be at least {RECEIVES_PER_ATTEMPT} x {max_attempts} = {least}, since deferrals count as receives"
+        )));
+    }
+    Ok(())
+}
+
 /// What to create.
 #[derive(Debug, Clone)]
 pub struct SetupOptions {
@@ -27,7 +130,8 @@ pub struct SetupOptions {
     pub fifo: bool,
     /// The SQS redrive policy's `maxReceiveCount` on the source queue. Only a safety net for
     /// crashes the handler cannot catch: deferrals (breaker open, early arrivals) also count
-    /// as receives, so it must sit well above the retry policy's attempts.
+    /// as receives, so it must sit well above the retry policy's attempts. [`setup`] checks
+    /// only SQS's range; callers that know the policy check [`check_max_receive_count`] first.
     pub max_receive_count: u32,
 }
 
@@ -108,8 +212,11 @@ pub async fn setup(ctx: &Ctx, opts: &SetupOptions) -> OpsResult<SetupReport> {
     if queue == dlq {
         return Err(OpsError::usage("--queue and --dlq must name different queues"));
     }
-    if opts.max_receive_count == 0 || opts.max_receive_count > 1000 {
-        return Err(OpsError::usage("--max-receive-count must be between 1 and 1000"));
+    if opts.max_receive_count == 0 || opts.max_receive_count > MAX_RECEIVE_COUNT_LIMIT {
+        return Err(OpsError::usage(format!(
+            "--max-receive-count {} is not valid: expected a number from 1 to {MAX_RECEIVE_COUNT_LIMIT}",
+            opts.max_receive_count
+        )));
     }
 
     let dlq_url = create_queue(ctx, &dlq, fifo).await?;
@@ -228,4 +335,54 @@ pub async fn create_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
     crate::effects::table::create_table_with(&client, &ctx.storage_retry(), table, Duration::from_secs(120))
         .await
         .map_err(|e| ctx.storage_error(e, table))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_receive_count_leaves_four_receives_per_attempt() {
+        assert_eq!(min_max_receive_count(5), 20);
+        assert_eq!(default_max_receive_count(5), 50);
+        assert_eq!(default_max_receive_count(30), 120);
+        check_max_receive_count(20, 5, AttemptsSource::Default).unwrap();
+        check_max_receive_count(1000, 250, AttemptsSource::Flag).unwrap();
+        let e = check_max_receive_count(19, 5, AttemptsSource::Default).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(
+            e.to_string().contains("--max-receive-count 19") && e.to_string().contains("4 x 5 = 20"),
+            "{e}"
+        );
+        let e = check_max_receive_count(1000, 251, AttemptsSource::Env).unwrap_err();
+        assert!(
+            e.to_string().contains("TRIAGE_MAX_ATTEMPTS") && e.to_string().contains("at most 250"),
+            "{e}"
+        );
+        assert!(check_max_receive_count(1001, 1, AttemptsSource::Flag).is_err());
+        assert!(check_max_receive_count(0, 1, AttemptsSource::Flag).is_err());
+        assert!(check_max_receive_count(100, 0, AttemptsSource::Flag).is_err());
+    }
+
+    #[test]
+    fn attempts_come_from_the_flag_then_the_variable_then_the_default() {
+        assert_eq!(
+            max_attempts_from(Some(7), Some("9")).unwrap(),
+            (7, AttemptsSource::Flag)
+        );
+        assert_eq!(
+            max_attempts_from(None, Some(" 9 ")).unwrap(),
+            (9, AttemptsSource::Env)
+        );
+        assert_eq!(
+            max_attempts_from(None, Some("")).unwrap(),
+            (5, AttemptsSource::Default)
+        );
+        assert_eq!(
+            max_attempts_from(None, None).unwrap(),
+            (5, AttemptsSource::Default)
+        );
+        let e = max_attempts_from(None, Some("many")).unwrap_err();
+        assert!(e.to_string().contains("TRIAGE_MAX_ATTEMPTS=\"many\""), "{e}");
+    }
 }

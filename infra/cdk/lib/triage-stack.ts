@@ -31,6 +31,36 @@ export const TRIAGE_POLICY_DEFAULTS: Record<string, string> = {
   TRIAGE_BREAKER_PROBES: '1',
 };
 
+/**
+ * The accepted range of each policy variable: src/config.rs's, except TRIAGE_MAX_ATTEMPTS, which
+ * the receive rule caps at 1000 / RECEIVES_PER_ATTEMPT (SQS's largest maxReceiveCount is 1000).
+ * `bash infra/check.sh` compares this table with src/config.rs.
+ */
+export const TRIAGE_POLICY_RANGES: Record<string, [number, number]> = {
+  TRIAGE_MAX_ATTEMPTS: [1, 250],
+  TRIAGE_BASE_DELAY_MS: [0, 43_200_000],
+  TRIAGE_BACKOFF_MULTIPLIER: [1, 100],
+  TRIAGE_MAX_DELAY_MS: [1_000, 1_209_600_000],
+  TRIAGE_JITTER_MAX_MS: [0, 3_600_000],
+  TRIAGE_BREAKER_THRESHOLD: [1, 100_000],
+  TRIAGE_BREAKER_WINDOW_S: [1, 86_400],
+  TRIAGE_BREAKER_OPEN_S: [1, 43_200],
+  TRIAGE_BREAKER_PROBES: [1, 100],
+};
+
+/** Variables the function reads as whole numbers (all but the multiplier). */
+const FRACTIONAL_POLICY = new Set(['TRIAGE_BACKOFF_MULTIPLIER']);
+
+/**
+ * The receive rule (docs/deploy.md): maxReceiveCount >= RECEIVES_PER_ATTEMPT x TRIAGE_MAX_ATTEMPTS,
+ * since deferrals (breaker open, early arrivals) count as receives. `triage setup` and the SAM
+ * template's Rules apply the same factor.
+ */
+export const RECEIVES_PER_ATTEMPT = 4;
+
+/** SQS's largest maxReceiveCount. */
+const SQS_MAX_RECEIVE_COUNT = 1000;
+
 export interface TriageStackProps extends StackProps {
   /** Lambda timeout; the source queue's visibility timeout is 6x this. */
   readonly functionTimeoutSeconds: number;
@@ -38,7 +68,7 @@ export interface TriageStackProps extends StackProps {
   readonly batchSize: number;
   readonly maxBatchingWindowSeconds: number;
   readonly maxConcurrency: number;
-  /** Safety-net redrive; keep it well above TRIAGE_MAX_ATTEMPTS (deferrals count as receives). */
+  /** Safety-net redrive: at least RECEIVES_PER_ATTEMPT x TRIAGE_MAX_ATTEMPTS (deferrals count as receives). */
   readonly maxReceiveCount: number;
   readonly sourceRetentionSeconds: number;
   readonly pointInTimeRecovery: boolean;
@@ -60,9 +90,22 @@ export class TriageStack extends Stack {
     if (props.functionTimeoutSeconds * VISIBILITY_FACTOR > 43200) {
       throw new Error('functionTimeoutSeconds x 6 exceeds the 12 h SQS visibility timeout limit');
     }
+    for (const [name, [lo, hi]] of Object.entries(TRIAGE_POLICY_RANGES)) {
+      const raw = props.policy[name];
+      const v = Number(raw);
+      if (raw === undefined || raw.trim() === '' || !Number.isFinite(v) || v < lo || v > hi
+          || (!FRACTIONAL_POLICY.has(name) && !Number.isInteger(v))) {
+        throw new Error(`${name}=${JSON.stringify(raw)} is not valid: expected a ${FRACTIONAL_POLICY.has(name) ? 'number' : 'whole number'} from ${lo} to ${hi}`);
+      }
+    }
+    if (!Number.isInteger(props.maxReceiveCount) || props.maxReceiveCount < 1
+        || props.maxReceiveCount > SQS_MAX_RECEIVE_COUNT) {
+      throw new Error(`maxReceiveCount (${props.maxReceiveCount}) must be a whole number from 1 to ${SQS_MAX_RECEIVE_COUNT}`);
+    }
     const maxAttempts = Number(props.policy.TRIAGE_MAX_ATTEMPTS);
-    if (props.maxReceiveCount < 4 * maxAttempts) {
-      throw new Error(`maxReceiveCount (${props.maxReceiveCount}) must be at least 4 x TRIAGE_MAX_ATTEMPTS (${maxAttempts})`);
+    if (props.maxReceiveCount < RECEIVES_PER_ATTEMPT * maxAttempts) {
+      throw new Error(`maxReceiveCount (${props.maxReceiveCount}) leaves no room for TRIAGE_MAX_ATTEMPTS (${maxAttempts}): `
+        + `it must be at least ${RECEIVES_PER_ATTEMPT} x ${maxAttempts} = ${RECEIVES_PER_ATTEMPT * maxAttempts}, since deferrals count as receives`);
     }
 
     const sourceQueueName = `${this.stackName}-jobs`;
@@ -119,6 +162,8 @@ export class TriageStack extends Stack {
 
     // Least privilege: only the calls triage-lambda makes, only on this stack's resources.
     // Metrics are EMF log lines, so no cloudwatch:PutMetricData. No managed policies.
+    // `bash infra/check.sh` derives the function's calls from the crate's source and fails on
+    // any extra or missing action.
     const role = new iam.Role(this, 'TriageLambdaRole', {
       assumedBy: new iam.ServicePrincipal('lambda.amazonaws.com'),
       inlinePolicies: {
@@ -129,6 +174,9 @@ export class TriageStack extends Stack {
               actions: ['logs:CreateLogStream', 'logs:PutLogEvents'],
               resources: [logGroup.logGroupArn],
             }),
+            // ReceiveMessage, DeleteMessage, GetQueueAttributes: the event source mapping's (it
+            // polls and deletes with this role); ChangeMessageVisibility: retries and deferrals;
+            // GetQueueAttributes: the retention check at start-up too.
             new iam.PolicyStatement({
               sid: 'ConsumeSourceQueue',
               actions: [
@@ -139,11 +187,14 @@ export class TriageStack extends Stack {
               ],
               resources: [queue.queueArn],
             }),
+            // Dead-lettered copies (SendMessageBatch); the DLQ's size limit at start-up.
             new iam.PolicyStatement({
               sid: 'SendToDeadLetterQueue',
               actions: ['sqs:SendMessage', 'sqs:GetQueueAttributes'],
               resources: [dlq.queueArn],
             }),
+            // Attempt ledger: BatchGetItem (reads), UpdateItem (counts), BatchWriteItem (cleanup).
+            // Breakers: GetItem (reads), UpdateItem (failure counts), PutItem (transitions).
             new iam.PolicyStatement({
               sid: 'StateTable',
               actions: [
@@ -151,9 +202,7 @@ export class TriageStack extends Stack {
                 'dynamodb:BatchGetItem',
                 'dynamodb:PutItem',
                 'dynamodb:UpdateItem',
-                'dynamodb:DeleteItem',
                 'dynamodb:BatchWriteItem',
-                'dynamodb:Query',
               ],
               resources: [table.tableArn],
             }),
