@@ -361,3 +361,113 @@ async fn the_sqs_event_corpus_gets_a_batch_response_per_event() {
     assert_eq!(pt.1, FailureClass::Invalid);
     assert_eq!(pt.2.get("retries").and_then(|a| a.string_value()), Some("3"));
 }
+
+// ------------------------------------------------------------------ panic messages
+
+const SECRET: &str = "pan-4111-1111-1111-1111";
+
+fn panic_job(id: &str) -> String {
+    json!({"type": "triage.chaos", "id": id, "payload": {"outcome": "panic", "panic_message": SECRET}})
+        .to_string()
+}
+
+/// Runs `triage worker` on a fresh queue holding one job that panics with [`SECRET`] in its
+/// panic message, until the job is dead-lettered; returns all the worker wrote.
+async fn worker_output_for_a_panic(log_payloads: bool) -> String {
+    let created = support::fresh_resources("edge-panic-w", false).await;
+    let sqs = support::sqs_client().await;
+    sqs.send_message()
+        .queue_url(&created.queue_url)
+        .message_body(panic_job("wp1"))
+        .send()
+        .await
+        .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
+    cmd.arg("worker")
+        .env("TRIAGE_QUEUE_URL", &created.queue_url)
+        .env("TRIAGE_DLQ_URL", &created.dlq_url)
+        .env("TRIAGE_TABLE", &created.table)
+        .env("TRIAGE_EMF", "true")
+        .env("RUST_LOG", "info")
+        .env_remove("TRIAGE_LOG_PAYLOADS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if log_payloads {
+        cmd.env("TRIAGE_LOG_PAYLOADS", "true");
+    }
+    let mut child = cmd.spawn().expect("triage worker starts");
+    let stdout = child.stdout.take().unwrap();
+    let stdout = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap_or_default());
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = lines.clone();
+    let reader = std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if line.contains("dead-lettered") {
+                let _ = tx.send(());
+            }
+            seen.lock().unwrap().push(line);
+        }
+    });
+    let settled = rx.recv_timeout(Duration::from_secs(120)).is_ok();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    reader.join().unwrap();
+    let stderr = lines.lock().unwrap().join("\n");
+    let out = format!("{}{stderr}", stdout.join().unwrap());
+    assert!(settled, "the panicking job was never dead-lettered:\n{out}");
+    out
+}
+
+/// The line the panic hook wrote.
+fn panic_line(out: &str) -> &str {
+    out.lines()
+        .find(|l| l.contains("panicked") && l.contains("chaos.rs"))
+        .unwrap_or_else(|| panic!("no panic line in:\n{out}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panic_message_reaches_the_worker_logs_masked() {
+    let out = worker_output_for_a_panic(false).await;
+    assert!(!out.contains(SECRET), "the secret leaked:\n{out}");
+    let line = panic_line(&out);
+    assert!(line.contains("chaos: panic on attempt 1"), "{line}");
+
+    let out = worker_output_for_a_panic(true).await;
+    assert!(panic_line(&out).contains(SECRET), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panic_message_reaches_the_lambda_logs_masked() {
+    let created = support::fresh_resources("edge-panic-l", false).await;
+    for log_payloads in [false, true] {
+        let vars: &[(&str, &str)] = if log_payloads {
+            &[("TRIAGE_LOG_PAYLOADS", "true")]
+        } else {
+            &[]
+        };
+        let lambda = Lambda::start(&created, vars).await;
+        let id = format!("lp-{log_payloads}");
+        let v = response(
+            lambda
+                .invoke(&json!({"Records": [record(&id, &panic_job(&id))]}))
+                .await,
+        );
+        let out = lambda.stop();
+        assert_eq!(
+            failures(&v),
+            BTreeSet::new(),
+            "dead-lettered, not failed: {v}\n{out}"
+        );
+        if log_payloads {
+            assert!(panic_line(&out).contains(SECRET), "{out}");
+        } else {
+            assert!(!out.contains(SECRET), "the secret leaked:\n{out}");
+            assert!(panic_line(&out).contains("chaos: panic on attempt 1"), "{out}");
+        }
+    }
+}

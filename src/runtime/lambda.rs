@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::RuntimeError;
-use super::env::{Environment, build, init_tracing, sdk_config};
+use super::env::{Environment, build, init_tracing, install_panic_hook, sdk_config};
 use crate::config::Config;
 use crate::effects::metrics::UNREGISTERED;
 use crate::processor::registry::Registry;
@@ -19,6 +19,7 @@ use crate::processor::{Incoming, Processor, now_ms};
 pub async fn run(registry: Registry) -> Result<(), RuntimeError> {
     init_tracing();
     let config = Config::from_env()?;
+    install_panic_hook(config.log_payloads);
     let env: Environment = build(&config, registry, &sdk_config().await).await?;
     let processor = &env.processor;
     // The event is taken as JSON and read record by record: one record the typed model
