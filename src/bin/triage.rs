@@ -274,9 +274,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return clap_error(e),
     };
-    // Operator commands never panic by design; if one does, say so in one line. The worker and
-    // the demo run handlers whose panics the processor catches per record, so they keep the
-    // default hook.
+    // Operator commands never panic by design; if one does, say so in one line. The worker
+    // runs handlers whose panics the processor catches per record: it installs the runtime's
+    // hook (`runtime::env::install_panic_hook`, masked messages through tracing) when it starts.
     if !matches!(cli.command, Command::Worker | Command::Demo { .. }) {
         set_panic_hook();
     }

@@ -865,7 +865,7 @@ fn log_decision(d: &Decision, s: &Slot, log_payloads: bool) {
 /// An error text as logged: cut to 256 characters and, unless payloads may be logged, with
 /// every quoted span (`…` or "…") masked — decoders (serde's "unknown variant `x`", "invalid
 /// type: string \"x\"") and most libraries echo input values there.
-fn loggable(s: &str, log_payloads: bool) -> String {
+pub(crate) fn loggable(s: &str, log_payloads: bool) -> String {
     let s = truncate(s);
     if log_payloads {
         return s.to_owned();

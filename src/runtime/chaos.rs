@@ -2,7 +2,9 @@
 //!
 //! Payload: `outcome` (ok | fatal | transient | throttle | panic), `fail_times` (fail with that
 //! outcome on attempts 1..=N and succeed from N+1; absent: every attempt), `retry_after_ms`
-//! (for throttle), `sleep_ms` (work time before the outcome).
+//! (for throttle), `sleep_ms` (work time before the outcome), `panic_message` (for panic: a
+//! value the panic message carries, quoted the way `panic!("{value:?}")` quotes it, as a
+//! handler that panics with its payload would).
 //!
 //! With `TRIAGE_CHAOS_RECORD_TABLE` set (or a [`Recorder`] given to [`register_recording`]),
 //! every execution is also written to that side table *before* the handler returns: one item
@@ -60,6 +62,8 @@ pub struct ChaosPayload {
     pub retry_after_ms: Option<u64>,
     /// Work time before the outcome.
     pub sleep_ms: Option<u64>,
+    /// A value the panic message carries (`panic` only), `{:?}`-quoted.
+    pub panic_message: Option<String>,
 }
 
 /// The variable naming the side table of [`Recorder::from_env`].
@@ -173,7 +177,10 @@ pub async fn run_recorded(
             Duration::from_millis(p.retry_after_ms.unwrap_or(1_000)),
             format!("chaos: throttled on attempt {}", ctx.attempt),
         )),
-        ChaosOutcome::Panic => panic!("chaos: panic on attempt {}", ctx.attempt),
+        ChaosOutcome::Panic => match p.panic_message {
+            None => panic!("chaos: panic on attempt {}", ctx.attempt),
+            Some(m) => panic!("chaos: panic on attempt {}: {m:?}", ctx.attempt),
+        },
     }
 }
 

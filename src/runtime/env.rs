@@ -182,3 +182,67 @@ pub fn init_tracing() {
         builder.with_target(false).try_init()
     };
 }
+
+/// Installs the process's panic hook, in place of Rust's default one (which prints the panic
+/// message, and so whatever payload value a handler put in it, to stderr). A panic is logged
+/// through `tracing` at error level with its location and thread, and its message cut to
+/// 256 characters with every quoted span masked, as error texts are (the processor still
+/// turns a handler's panic into a fatal failure of that record alone). With `log_payloads`
+/// (`TRIAGE_LOG_PAYLOADS=true`) the message is logged in full. Before `tracing` is set up
+/// the same line goes to stderr.
+pub fn install_panic_hook(log_payloads: bool) {
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let text = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("non-string panic payload");
+        let message = panic_text(text, log_payloads);
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column()))
+            .unwrap_or_else(|| "unknown".into());
+        let thread = std::thread::current();
+        let thread = thread.name().unwrap_or("unnamed");
+        if tracing::dispatcher::has_been_set() {
+            tracing::error!(location = %location, thread, panic = %message, "panicked");
+        } else {
+            eprintln!("panicked at {location} (thread {thread}): {message}");
+        }
+    }));
+}
+
+/// A panic message as logged. `{:?}` output escapes the quotes nested in a quoted value
+/// (`Error("invalid type: string \"x\"")`); they are read as part of the outer quoted span,
+/// so the whole span is masked.
+fn panic_text(text: &str, log_payloads: bool) -> String {
+    if log_payloads {
+        return text.to_owned();
+    }
+    crate::processor::loggable(&text.replace("\\\"", "\u{2033}"), false)
+}
+
+#[cfg(test)]
+mod panic_tests {
+    use super::panic_text;
+
+    #[test]
+    fn panic_messages_are_masked_and_cut_unless_payloads_are_logged() {
+        // `panic!("{payload:?}")` and `.unwrap()` on a decode error.
+        let debug = format!("bad job: {:?}", "s3cr3t");
+        let unwrap = format!(
+            "called `Result::unwrap()` on an `Err` value: {:?}",
+            serde_json::from_str::<u32>("\"s3cr3t\"").unwrap_err()
+        );
+        for text in [debug.as_str(), unwrap.as_str()] {
+            let masked = panic_text(text, false);
+            assert!(!masked.contains("s3cr3t"), "{text} -> {masked}");
+            assert_eq!(panic_text(text, true), text);
+        }
+        assert_eq!(panic_text(&debug, false), "bad job: \"…\"");
+        let long = "x".repeat(1_000);
+        assert_eq!(panic_text(&long, false).chars().count(), 256);
+        assert_eq!(panic_text(&long, true), long);
+    }
+}

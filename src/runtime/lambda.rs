@@ -1,12 +1,16 @@
 //! The Lambda adapter: an SQS event in, a partial batch response out.
 
+use std::collections::HashSet;
+
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use lambda_runtime::{LambdaEvent, service_fn};
+use serde_json::Value;
 use tokio::time::Instant;
 
 use super::RuntimeError;
-use super::env::{Environment, build, init_tracing, sdk_config};
+use super::env::{Environment, build, init_tracing, install_panic_hook, sdk_config};
 use crate::config::Config;
+use crate::effects::metrics::UNREGISTERED;
 use crate::processor::registry::Registry;
 use crate::processor::{Incoming, Processor, now_ms};
 
@@ -15,10 +19,13 @@ use crate::processor::{Incoming, Processor, now_ms};
 pub async fn run(registry: Registry) -> Result<(), RuntimeError> {
     init_tracing();
     let config = Config::from_env()?;
+    install_panic_hook(config.log_payloads);
     let env: Environment = build(&config, registry, &sdk_config().await).await?;
     let processor = &env.processor;
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-        handle(processor, event).await
+    // The event is taken as JSON and read record by record: one record the typed model
+    // rejects must not fail the others.
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
+        handle_json(processor, event).await
     }))
     .await
 }
@@ -35,29 +42,95 @@ fn time_left_ms(deadline_ms: u64, now_ms: u64) -> u64 {
     }
 }
 
-/// Handles one event: processes the records, prints the metrics as EMF, and reports failed
-/// records. A record that must be reported but has no message id fails the whole batch (an
-/// empty `itemIdentifier` is never sent).
+/// Handles one typed event: see [`handle_json`], which it calls with the event as JSON.
 pub async fn handle(
     processor: &Processor,
     event: LambdaEvent<SqsEvent>,
 ) -> Result<SqsBatchResponse, RuntimeError> {
+    let (payload, context) = (event.payload, event.context);
+    let payload = serde_json::to_value(payload).map_err(|e| format!("cannot read the event: {e}"))?;
+    handle_json(processor, LambdaEvent::new(payload, context)).await
+}
+
+/// Handles one event: reads it record by record ([`Incoming::from_lambda_json`]), processes
+/// the records that read, prints the metrics as EMF, and reports failed records.
+///
+/// A record that cannot be read is reported failed on its own (SQS delivers it again and,
+/// after `maxReceiveCount`, its redrive policy moves it to the DLQ); the others proceed. The
+/// whole batch fails (an empty `itemIdentifier` is never sent) when the event has no
+/// `Records` array, when a record that cannot be read has no readable message id (then
+/// before any handler runs, so no job runs twice), or when a record without a message id
+/// must be reported.
+pub async fn handle_json(
+    processor: &Processor,
+    event: LambdaEvent<Value>,
+) -> Result<SqsBatchResponse, RuntimeError> {
     let deadline_ms = event.context.deadline;
     let left = std::time::Duration::from_millis(time_left_ms(deadline_ms, now_ms()));
     let deadline = (deadline_ms > 0).then(|| Instant::now() + left);
+    let Some(Value::Array(raw)) = event.payload.get("Records") else {
+        return Err("not an SQS event (no `Records` array); failing the whole batch".into());
+    };
     tracing::debug!(
         deadline_ms,
         time_left_ms = left.as_millis() as u64,
-        records = event.payload.records.len(),
+        records = raw.len(),
         "invocation"
     );
-    let records: Vec<Incoming> = event
-        .payload
-        .records
-        .into_iter()
-        .map(Incoming::from_lambda)
-        .collect();
-    let outcome = processor.process(records, deadline).await;
+    let mut records = Vec::with_capacity(raw.len());
+    // Reported failed without being processed: records that cannot be read and, on a FIFO
+    // queue, the records of their message group behind them (they must not overtake them).
+    let mut unreadable = Vec::new();
+    let mut held_groups: HashSet<&str> = HashSet::new();
+    let mut hold_all = false;
+    for (index, r) in raw.iter().enumerate() {
+        let fifo = processor.is_fifo() || r["eventSourceARN"].as_str().is_some_and(|a| a.ends_with(".fifo"));
+        let group = r["attributes"]["MessageGroupId"].as_str();
+        let whole_batch = |reason: &str| -> RuntimeError {
+            tracing::error!(
+                record = index,
+                reason,
+                "record has no message id; failing the whole batch"
+            );
+            format!("record {index}: {reason}, and it has no message id; failing the whole batch").into()
+        };
+        if fifo && (hold_all || group.is_some_and(|g| held_groups.contains(g))) {
+            match r["messageId"].as_str().filter(|id| !id.is_empty()) {
+                Some(id) => {
+                    tracing::warn!(message_id = %id, "held back behind an unreadable record of its FIFO group; reported failed");
+                    unreadable.push(id.to_owned());
+                    continue;
+                }
+                None => {
+                    return Err(whole_batch(
+                        "held back behind an unreadable record of its FIFO group",
+                    ));
+                }
+            }
+        }
+        match Incoming::from_lambda_json(r) {
+            Ok(inc) => records.push(inc),
+            Err(e) => match e.message_id {
+                Some(id) => {
+                    tracing::warn!(message_id = %id, reason = %e.reason, "record cannot be read; reported failed");
+                    unreadable.push(id);
+                    if fifo {
+                        match group {
+                            Some(g) => {
+                                held_groups.insert(g);
+                            }
+                            None => hold_all = true,
+                        }
+                    }
+                }
+                None => return Err(whole_batch(&format!("cannot be read ({})", e.reason))),
+            },
+        }
+    }
+    let mut outcome = processor.process(records, deadline).await;
+    outcome
+        .metrics
+        .add(UNREGISTERED, "UnreadableRecords", unreadable.len() as u64);
     for line in outcome.metrics.emf_lines(now_ms()) {
         println!("{line}");
     }
@@ -68,6 +141,7 @@ pub async fn handle(
     response.batch_item_failures = outcome
         .failures()
         .into_iter()
+        .chain(unreadable)
         .map(|id| {
             let mut f = BatchItemFailure::default();
             f.item_identifier = id;

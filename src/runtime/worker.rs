@@ -9,7 +9,7 @@ use std::time::Duration;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 
 use super::RuntimeError;
-use super::env::{Environment, build, init_tracing, sdk_config};
+use super::env::{Environment, build, init_tracing, install_panic_hook, sdk_config};
 use crate::config::Config;
 use crate::processor::registry::Registry;
 use crate::processor::{BatchOutcome, Incoming, now_ms};
@@ -181,6 +181,7 @@ pub async fn shutdown_signal() {
 pub async fn main_from_env() -> Result<(), RuntimeError> {
     init_tracing();
     let config = Config::from_env()?;
+    install_panic_hook(config.log_payloads);
     let sdk = sdk_config().await;
     let registry = super::chaos::register_recording(
         Registry::new(config.policy.clone(), config.breaker),
