@@ -1194,6 +1194,31 @@ impl PurgePlan {
     }
 }
 
+/// How `dlq purge` runs.
+#[derive(Debug, Clone)]
+pub struct PurgeOptions {
+    /// Which messages.
+    pub filter: Filter,
+    /// Delete at most this many.
+    pub limit: Option<usize>,
+    /// Read at most this many DLQ messages.
+    pub max_scan: usize,
+    /// How long the selection is held invisible while the operator reads the question
+    /// (default 15 minutes).
+    pub hold: Duration,
+}
+
+impl Default for PurgeOptions {
+    fn default() -> Self {
+        Self {
+            filter: Filter::default(),
+            limit: None,
+            max_scan: 100_000,
+            hold: Duration::from_secs(900),
+        }
+    }
+}
+
 /// `dlq purge`: deletes the selected DLQ messages once `confirm` approves the plan.
 pub async fn purge(
     ctx: &Ctx,
@@ -1203,9 +1228,26 @@ pub async fn purge(
     max_scan: usize,
     confirm: impl FnOnce(&PurgePlan) -> bool,
 ) -> OpsResult<PurgeReport> {
+    let opts = PurgeOptions {
+        filter: filter.clone(),
+        limit,
+        max_scan,
+        ..PurgeOptions::default()
+    };
+    purge_with(ctx, dlq_url, &opts, confirm).await
+}
+
+/// [`purge`] with every option.
+pub async fn purge_with(
+    ctx: &Ctx,
+    dlq_url: &str,
+    opts: &PurgeOptions,
+    confirm: impl FnOnce(&PurgePlan) -> bool,
+) -> OpsResult<PurgeReport> {
+    let (filter, limit, max_scan) = (&opts.filter, opts.limit, opts.max_scan);
     filter.validate()?;
     // Long holds: the selection must stay ours while the operator reads the question.
-    let mut sweep = Sweep::new(ctx, dlq_url, Duration::from_secs(900), max_scan);
+    let mut sweep = Sweep::new(ctx, dlq_url, opts.hold, max_scan);
     let mut held: HashMap<String, String> = HashMap::new();
     let mut selected: Vec<DlqMessage> = Vec::new();
     let mut scanned = 0;
