@@ -115,7 +115,9 @@ async fn ten_large_fatal_jobs_are_all_dead_lettered_in_one_invocation() {
     let proxy = FaultProxy::start(&support::sqs_endpoint());
     proxy.enforce_batch_cap(CAP);
     let h = harness_via("big-dlq", &proxy).await;
-    let bodies: Vec<String> = (0..10).map(|i| big_fatal_body(&format!("big-{i}"), 110_000)).collect();
+    let bodies: Vec<String> = (0..10)
+        .map(|i| big_fatal_body(&format!("big-{i}"), 110_000))
+        .collect();
     let refs: Vec<(&str, Option<&str>)> = bodies.iter().map(|b| (b.as_str(), None)).collect();
     h.send_raw(&refs).await;
 
@@ -134,8 +136,15 @@ async fn ten_large_fatal_jobs_are_all_dead_lettered_in_one_invocation() {
     want.sort();
     assert_eq!(got, want, "bodies byte for byte");
     assert_eq!(h.depth(&h.queue_url).await, 0);
-    assert_eq!(proxy.faults().get("BatchRequestTooLong"), None, "no batch over the cap was sent");
-    assert!(proxy.count("SendMessageBatch") >= 2, "ten 110 KB copies need two calls");
+    assert_eq!(
+        proxy.faults().get("BatchRequestTooLong"),
+        None,
+        "no batch over the cap was sent"
+    );
+    assert!(
+        proxy.count("SendMessageBatch") >= 2,
+        "ten 110 KB copies need two calls"
+    );
 }
 
 #[tokio::test]
@@ -230,7 +239,10 @@ async fn an_empty_success_answer_settles_nothing() {
     );
     assert_eq!(h.depth(&h.queue_url).await, 1, "the original still exists");
     assert_eq!(h.depth(&h.dlq_url).await, 0);
-    assert!(proxy.count("SendMessageBatch") > 1, "the unaccounted entry is sent again");
+    assert!(
+        proxy.count("SendMessageBatch") > 1,
+        "the unaccounted entry is sent again"
+    );
 }
 
 #[tokio::test]
@@ -285,7 +297,9 @@ async fn a_producers_packed_attributes_do_not_survive_the_dlq_copy_or_replay() {
     );
 
     let ctx = ctx().await;
-    let report = dlq::replay(&ctx, &h.dlq_url, &replay_opts(&h.table)).await.unwrap();
+    let report = dlq::replay(&ctx, &h.dlq_url, &replay_opts(&h.table))
+        .await
+        .unwrap();
     assert_eq!(report.moved, 1, "{:?}", report.not_moved);
     let back = support::read_all(&ctx.sqs, &h.queue_url, 300, 1).await;
     assert_eq!(back.len(), 1);
@@ -352,19 +366,34 @@ async fn a_forged_record_cannot_send_elsewhere_or_forget_another_jobs_ledger() {
     let victim = support::fresh_resources("forge-victim", false).await;
     put_ledger(&ctx, &r.table, "t", "victim-job").await;
     let body = json!({"type": "t", "id": "victim-job"}).to_string();
-    forge_in_dlq(&ctx, &r.dlq_url, &body, &record("t", "victim-job", &victim.queue_url)).await;
+    forge_in_dlq(
+        &ctx,
+        &r.dlq_url,
+        &body,
+        &record("t", "victim-job", &victim.queue_url),
+    )
+    .await;
 
-    let report = dlq::replay(&ctx, &r.dlq_url, &replay_opts(&r.table)).await.unwrap();
+    let report = dlq::replay(&ctx, &r.dlq_url, &replay_opts(&r.table))
+        .await
+        .unwrap();
     assert_eq!(report.moved, 0, "sent to a queue that does not feed this DLQ");
     assert_eq!(report.not_moved.len(), 1);
     let reason = &report.not_moved[0].reason;
-    assert!(reason.contains("dead-letter") && reason.contains("--to"), "{reason}");
+    assert!(
+        reason.contains("dead-letter") && reason.contains("--to"),
+        "{reason}"
+    );
     assert_eq!(support::queue_depth(&ctx.sqs, &victim.queue_url).await.total(), 0);
     assert!(
         has_ledger(&ctx, &r.table, "victim-job").await,
         "the ledger of a job that was not replayed was forgotten"
     );
-    assert_eq!(support::queue_depth(&ctx.sqs, &r.dlq_url).await.visible, 1, "kept in the DLQ");
+    assert_eq!(
+        support::queue_depth(&ctx.sqs, &r.dlq_url).await.visible,
+        1,
+        "kept in the DLQ"
+    );
 
     // Dry runs say the same.
     let dry = dlq::replay(
@@ -390,7 +419,9 @@ async fn a_record_that_disagrees_with_its_body_is_unverified_and_only_the_bodys_
     let body = json!({"type": "t", "id": "attacker-job"}).to_string();
     forge_in_dlq(&ctx, &r.dlq_url, &body, &record("t", "victim-job", &r.queue_url)).await;
 
-    let report = dlq::replay(&ctx, &r.dlq_url, &replay_opts(&r.table)).await.unwrap();
+    let report = dlq::replay(&ctx, &r.dlq_url, &replay_opts(&r.table))
+        .await
+        .unwrap();
     assert_eq!(report.moved, 1, "{:?}", report.not_moved);
     assert!(
         has_ledger(&ctx, &r.table, "victim-job").await,
@@ -492,7 +523,10 @@ async fn a_purge_confirmed_after_its_hold_expired_reports_what_it_really_deleted
         report.deleted
     );
     assert_eq!(report.deleted, 0, "another reader holds all four");
-    assert_eq!(left, 4, "stale receipt handles deleted messages another reader holds");
+    assert_eq!(
+        left, 4,
+        "stale receipt handles deleted messages another reader holds"
+    );
     assert_eq!(report.failed, 4);
 }
 

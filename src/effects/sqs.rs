@@ -147,8 +147,7 @@ fn sort<E>(
     answer: &Answer,
     codes: &Mutex<HashMap<usize, String>>,
 ) -> BatchStep<E, (usize, Option<String>)> {
-    let failed: HashMap<&str, &BatchResultErrorEntry> =
-        answer.failed.iter().map(|f| (f.id(), f)).collect();
+    let failed: HashMap<&str, &BatchResultErrorEntry> = answer.failed.iter().map(|f| (f.id(), f)).collect();
     let ok: HashMap<&str, &Option<String>> =
         answer.successful.iter().map(|(id, m)| (id.as_str(), m)).collect();
     let mut step = BatchStep::default();
@@ -283,12 +282,22 @@ impl Sqs {
                 })
                 .await?;
             Ok(Answer {
-                successful: out.successful().iter().map(|s| (s.id().to_owned(), None)).collect(),
+                successful: out
+                    .successful()
+                    .iter()
+                    .map(|s| (s.id().to_owned(), None))
+                    .collect(),
                 failed: out.failed().to_vec(),
             })
         };
-        self.batched("ChangeMessageVisibilityBatch", deadline, Self::tens(entries), |e| e.0, call)
-            .await
+        self.batched(
+            "ChangeMessageVisibilityBatch",
+            deadline,
+            Self::tens(entries),
+            |e| e.0,
+            call,
+        )
+        .await
     }
 
     /// Deletes received messages: `(key, receipt handle)`.
@@ -320,7 +329,11 @@ impl Sqs {
                 })
                 .await?;
             Ok(Answer {
-                successful: out.successful().iter().map(|s| (s.id().to_owned(), None)).collect(),
+                successful: out
+                    .successful()
+                    .iter()
+                    .map(|s| (s.id().to_owned(), None))
+                    .collect(),
                 failed: out.failed().to_vec(),
             })
         };
@@ -370,8 +383,14 @@ impl Sqs {
                 failed: out.failed().to_vec(),
             })
         };
-        self.batched("SendMessageBatch", deadline, batches(entries, BATCH_LIMIT), |m| m.key, call)
-            .await
+        self.batched(
+            "SendMessageBatch",
+            deadline,
+            batches(entries, BATCH_LIMIT),
+            |m| m.key,
+            call,
+        )
+        .await
     }
 }
 
@@ -460,8 +479,15 @@ mod tests {
         assert_eq!(step.failed.len(), 1);
         assert_eq!(step.failed[0].0, 1);
         assert!(step.failed[0].1.starts_with("InvalidParameterValue: "));
-        assert_eq!(step.retry, vec![2, 3], "retryable and unaccounted entries go again");
-        assert_eq!(codes.lock().unwrap().get(&1).map(String::as_str), Some("InvalidParameterValue"));
+        assert_eq!(
+            step.retry,
+            vec![2, 3],
+            "retryable and unaccounted entries go again"
+        );
+        assert_eq!(
+            codes.lock().unwrap().get(&1).map(String::as_str),
+            Some("InvalidParameterValue")
+        );
 
         let empty = Answer {
             successful: Vec::new(),
