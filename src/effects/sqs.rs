@@ -205,21 +205,26 @@ impl Sqs {
             let call = call.clone();
             async move {
                 let codes = Mutex::new(HashMap::new());
+                // A failure of the call itself (not of entries the answer named or left out).
+                let whole: Mutex<Option<StorageError>> = Mutex::new(None);
                 let r = self
                     .retry
                     .batch(op, deadline, chunk, |pending: Vec<E>| {
                         let call = call.clone();
-                        let codes = &codes;
+                        let (codes, whole) = (&codes, &whole);
                         async move {
-                            let answer = call(pending.clone()).await?;
+                            let answer = call(pending.clone()).await.inspect_err(|e| {
+                                *whole.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
+                            })?;
                             Ok(sort(pending, key, &answer, codes))
                         }
                     })
                     .await;
                 let mut codes = codes.into_inner().unwrap_or_else(|p| p.into_inner());
+                let whole = whole.into_inner().unwrap_or_else(|p| p.into_inner());
                 let failed: Vec<(usize, String)> =
                     r.failed.into_iter().map(|(e, why)| (key(&e), why)).collect();
-                if let Some(code) = r.error.as_ref().and_then(|e| e.code()) {
+                if let Some(code) = whole.as_ref().and_then(|e| e.code()) {
                     for (k, _) in &failed {
                         codes.entry(*k).or_insert_with(|| code.to_owned());
                     }
@@ -229,7 +234,7 @@ impl Sqs {
                 let mut out = EntryResults {
                     failed,
                     codes,
-                    error: r.error,
+                    error: whole,
                     ..EntryResults::default()
                 };
                 for (k, message_id) in r.succeeded {

@@ -1556,12 +1556,59 @@ where
     ctx.sqs_error(op, err, Some((dlq_url, "TRIAGE_DLQ_URL")))
 }
 
+/// What `dlq redrive` is about to start, for the confirmation prompt.
+#[derive(Debug, Clone, Serialize)]
+pub struct RedrivePlan {
+    /// The DLQ.
+    pub dlq_url: String,
+    /// The destination queue; absent means each message's original source.
+    pub to: Option<String>,
+    /// Messages in the DLQ now (SQS's approximate count), when known.
+    pub approximate_messages: Option<u64>,
+    /// Messages per second, if limited.
+    pub rate: Option<i32>,
+}
+
+impl RedrivePlan {
+    /// The confirmation question.
+    pub fn question(&self) -> String {
+        let count = self
+            .approximate_messages
+            .map_or_else(|| "every".to_owned(), |n| format!("all (about {n})"));
+        let to = self.to.as_deref().map_or_else(
+            || "each message's original source queue".to_owned(),
+            str::to_owned,
+        );
+        let rate = self
+            .rate
+            .map(|r| format!(" at {r} message(s) per second"))
+            .unwrap_or_default();
+        format!(
+            "move {count} message(s) from {} to {to}{rate}, with no filter and no attempt ledger reset? \
+             Prefer `triage dlq replay` for a selection. [y/N] ",
+            self.dlq_url
+        )
+    }
+}
+
 /// `dlq redrive`: starts SQS's own move task from the DLQ to each message's source (or `to`).
 pub async fn redrive_start(
     ctx: &Ctx,
     dlq_url: &str,
     to: Option<&str>,
     rate: Option<i32>,
+) -> OpsResult<RedriveReport> {
+    redrive_start_confirmed(ctx, dlq_url, to, rate, |_| true).await
+}
+
+/// [`redrive_start`] once `confirm` approves the plan (checked after the queues are, before
+/// the task starts).
+pub async fn redrive_start_confirmed(
+    ctx: &Ctx,
+    dlq_url: &str,
+    to: Option<&str>,
+    rate: Option<i32>,
+    confirm: impl FnOnce(&RedrivePlan) -> bool,
 ) -> OpsResult<RedriveReport> {
     if let Some(r) = rate {
         if !(1..=500).contains(&r) {
@@ -1571,13 +1618,23 @@ pub async fn redrive_start(
         }
     }
     let source_arn = queue_arn(ctx, dlq_url, "TRIAGE_DLQ_URL").await?;
-    let destination_arn = match to {
+    let (to_url, destination_arn) = match to {
         Some(q) => {
             let url = resolve_queue(ctx, q, "--to").await?;
-            Some(queue_arn(ctx, &url, "--to").await?)
+            let arn = queue_arn(ctx, &url, "--to").await?;
+            (Some(url), Some(arn))
         }
-        None => None,
+        None => (None, None),
     };
+    let plan = RedrivePlan {
+        dlq_url: dlq_url.to_owned(),
+        to: to_url,
+        approximate_messages: approximate_count(ctx, dlq_url).await,
+        rate,
+    };
+    if !confirm(&plan) {
+        return Err(OpsError::usage("redrive cancelled: no move task was started"));
+    }
     let out = ctx
         .sqs
         .start_message_move_task()
