@@ -657,7 +657,7 @@ async fn purge_deletes_only_the_selection() {
 #[tokio::test]
 async fn redrive_on_moto_points_to_replay() {
     let stack = setup("cli-redrive");
-    let o = run(Some(&stack), &["dlq", "redrive", "--rate", "5"]);
+    let o = run(Some(&stack), &["dlq", "redrive", "--rate", "5", "--yes"]);
     assert_one_line_error(&o, 6, "does not support StartMessageMoveTask");
     assert!(stderr(&o).contains("triage dlq replay"));
     let o = run(Some(&stack), &["dlq", "redrive", "status"]);
@@ -827,4 +827,86 @@ async fn setup_refuses_a_max_receive_count_that_leaves_no_room_for_the_attempts(
     assert_eq!(v["max_receive_count"], 120);
     let v = ok_json(&run_setup(&["--json", "--max-receive-count", "20"], None));
     assert_eq!(v["max_receive_count"], 20);
+}
+
+#[tokio::test]
+async fn send_fills_each_batch_up_to_the_payload_cap() {
+    use support::fault_proxy::FaultProxy;
+    let stack = setup("cli-send-big");
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.enforce_batch_cap(1_048_576);
+    let lines: String = (0..10)
+        .map(|i| {
+            let line = json!({"type": "big", "id": format!("big-{i}"), "payload": "x".repeat(110_000)});
+            format!("{line}\n")
+        })
+        .collect();
+    let mut child = triage_cmd(Some(&stack), &["send", "--json"])
+        .env("AWS_ENDPOINT_URL_SQS", proxy.url())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(lines.as_bytes()).unwrap();
+    let report = ok_json(&child.wait_with_output().unwrap());
+    assert_eq!(report["accepted"], 10, "{report}");
+    assert_eq!(report["sent"].as_array().unwrap().len(), 10);
+    assert!(
+        report["sent"][0]["message_id"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+    );
+    assert_eq!(proxy.faults().get("BatchRequestTooLong"), None);
+    assert_eq!(
+        proxy.count("SendMessageBatch"),
+        2,
+        "ten 110 KB jobs fill two batches under SQS's 1 MiB cap"
+    );
+    assert_eq!(drain(&stack.queue_url, 10).await.len(), 10);
+}
+
+#[tokio::test]
+async fn send_reports_a_job_sqs_never_confirmed_as_rejected() {
+    use support::fault_proxy::{Fault, FaultProxy};
+    let stack = setup("cli-send-empty");
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_always(
+        "SendMessageBatch",
+        Fault::Body {
+            status: 200,
+            body: "{}".into(),
+        },
+    );
+    let o = triage_cmd(Some(&stack), &["send", "--type", "t", "--id", "j-1", "--json"])
+        .env("AWS_ENDPOINT_URL_SQS", proxy.url())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["accepted"], 0, "{report}");
+    assert_eq!(report["rejected"].as_array().unwrap().len(), 1, "{report}");
+}
+
+#[tokio::test]
+async fn redrive_asks_for_confirmation_like_purge() {
+    let stack = setup("cli-redrive-ask");
+    // Without a terminal and without --yes: refused before anything is asked of SQS.
+    let o = run(Some(&stack), &["dlq", "redrive"]);
+    assert_one_line_error(
+        &o,
+        2,
+        "refusing to redrive without confirmation in a non-interactive shell: pass --yes",
+    );
+    let o = run(
+        Some(&stack),
+        &["dlq", "redrive", "--to", &stack.queue_url, "--rate", "5"],
+    );
+    assert_one_line_error(&o, 2, "pass --yes");
+    // With --yes it goes ahead (moto has no move tasks).
+    let o = run(Some(&stack), &["dlq", "redrive", "--yes"]);
+    assert_one_line_error(&o, 6, "does not support StartMessageMoveTask");
+    // Reading or cancelling move tasks asks nothing.
+    let o = run(Some(&stack), &["dlq", "redrive", "status"]);
+    assert_one_line_error(&o, 6, "use `triage dlq replay`");
 }

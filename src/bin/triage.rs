@@ -241,7 +241,8 @@ enum DlqCommand {
         #[arg(long, short = 'y')]
         yes: bool,
     },
-    /// Server-side move with SQS StartMessageMoveTask (not on moto: use `replay` there).
+    /// Server-side move with SQS StartMessageMoveTask (asks first unless --yes; not on moto:
+    /// use `replay` there).
     Redrive(RedriveArgs),
 }
 
@@ -256,6 +257,9 @@ struct RedriveArgs {
     /// At most this many messages per second (1-500).
     #[arg(long, value_name = "PER_SECOND")]
     rate: Option<i32>,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    yes: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -397,12 +401,12 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
         }
         Command::Dlq(cmd) => {
             let dlq_arg = require(&cli.dlq_url, "TRIAGE_DLQ_URL", "--dlq-url")?;
-            if let DlqCommand::Purge { yes: false, .. } = cmd {
-                if !std::io::stdin().is_terminal() {
-                    return Err(OpsError::usage(
-                        "refusing to purge without confirmation in a non-interactive shell: pass --yes",
-                    ));
-                }
+            match cmd {
+                DlqCommand::Purge { yes, .. } => can_confirm(*yes, "purge")?,
+                DlqCommand::Redrive(RedriveArgs {
+                    action: None, yes, ..
+                }) => can_confirm(*yes, "redrive")?,
+                _ => {}
             }
             let ctx = Ctx::from_env().await?;
             let dlq_url = ops::resolve_queue(&ctx, dlq_arg, "TRIAGE_DLQ_URL").await?;
@@ -509,7 +513,13 @@ async fn run_dlq(
         }
         DlqCommand::Redrive(a) => {
             let r = match &a.action {
-                None => dlq::redrive_start(ctx, dlq_url, a.to.as_deref(), a.rate).await?,
+                None => {
+                    let yes = a.yes;
+                    dlq::redrive_start_confirmed(ctx, dlq_url, a.to.as_deref(), a.rate, |plan| {
+                        yes || confirm(&plan.question())
+                    })
+                    .await?
+                }
                 Some(RedriveAction::Status) => dlq::redrive_status(ctx, dlq_url).await?,
                 Some(RedriveAction::Cancel { handle }) => {
                     dlq::redrive_cancel(ctx, dlq_url, handle.as_deref()).await?
@@ -555,6 +565,17 @@ fn stop_on_ctrl_c() -> Arc<AtomicBool> {
         }
     });
     flag
+}
+
+/// A destructive command without --yes needs someone to answer: refuses when stdin is not a
+/// terminal.
+fn can_confirm(yes: bool, what: &str) -> OpsResult<()> {
+    if !yes && !std::io::stdin().is_terminal() {
+        return Err(OpsError::usage(format!(
+            "refusing to {what} without confirmation in a non-interactive shell: pass --yes"
+        )));
+    }
+    Ok(())
 }
 
 /// Asks on stderr, reads one line from stdin; anything but y/yes is a no.

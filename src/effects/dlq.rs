@@ -5,6 +5,10 @@
 //! into one attribute, `triage-attributes` (JSON), so the record still travels and nothing is
 //! lost; replay unpacks them. The message size limit counts the body and every attribute's
 //! name, type and value; the record's error text is cut to fit, never the body.
+//!
+//! Both names are reserved: a producer's own `triage-failure` or `triage-attributes` is
+//! dropped from the copy, and replay unpacks `triage-attributes` only from a message shaped
+//! as the processor packs it (those two attributes and nothing else).
 
 use std::collections::HashMap;
 
@@ -19,6 +23,21 @@ use crate::core::failure::{FAILURE_ATTRIBUTE, FailureRecord};
 pub const PACKED_ATTRIBUTE: &str = "triage-attributes";
 /// SQS's limit on message attributes per message.
 pub const MAX_ATTRIBUTES: usize = 10;
+
+/// True for the attribute names the DLQ copy reserves for itself.
+pub fn is_reserved(name: &str) -> bool {
+    name == FAILURE_ATTRIBUTE || name == PACKED_ATTRIBUTE
+}
+
+fn without_reserved(
+    attrs: &HashMap<String, MessageAttributeValue>,
+) -> HashMap<String, MessageAttributeValue> {
+    attrs
+        .iter()
+        .filter(|(k, _)| !is_reserved(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
 
 /// A message ready to send to the DLQ.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,18 +110,15 @@ fn pack(attrs: &HashMap<String, MessageAttributeValue>) -> Result<String, DlqCop
     serde_json::to_string(&packed).map_err(|_| DlqCopyError::BadAttribute(PACKED_ATTRIBUTE.into()))
 }
 
-/// Builds the DLQ copy of a message, fitting the record into `max_message_bytes`.
+/// Builds the DLQ copy of a message, fitting the record into `max_message_bytes`. A
+/// producer's own `triage-failure` or `triage-attributes` is dropped, never carried.
 pub fn dlq_copy(
     body: &str,
     original: &HashMap<String, MessageAttributeValue>,
     record: &FailureRecord,
     max_message_bytes: usize,
 ) -> Result<DlqCopy, DlqCopyError> {
-    let mut attributes: HashMap<String, MessageAttributeValue> = original
-        .iter()
-        .filter(|(k, _)| k.as_str() != FAILURE_ATTRIBUTE)
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let mut attributes = without_reserved(original);
     if attributes.len() >= MAX_ATTRIBUTES {
         let packed = pack(&attributes)?;
         attributes = HashMap::from([(PACKED_ATTRIBUTE.to_owned(), string_attr(packed))]);
@@ -133,16 +149,28 @@ pub fn failure_record(
     Some(serde_json::from_str(raw).map_err(|e| format!("`{FAILURE_ATTRIBUTE}` is not a failure record: {e}")))
 }
 
-/// The attributes to send back on replay: the original ones, unpacked if they were packed,
-/// without the failure record.
+/// True when `attrs` are shaped as [`dlq_copy`] packs them: `triage-attributes` and
+/// `triage-failure`, nothing else.
+pub fn is_packed(attrs: &HashMap<String, MessageAttributeValue>) -> bool {
+    attrs.len() == 2 && attrs.contains_key(PACKED_ATTRIBUTE) && attrs.contains_key(FAILURE_ATTRIBUTE)
+}
+
+/// The attributes to send back on replay: the original ones, unpacked if the processor packed
+/// them, without the reserved ones. `triage-attributes` is unpacked only from a message shaped
+/// as [`dlq_copy`] packs it; anywhere else (a producer set it, and SQS's own redrive moved the
+/// message) it is dropped with `triage-failure` and the other attributes are kept.
 pub fn original_attributes(
     attrs: &HashMap<String, MessageAttributeValue>,
 ) -> Result<HashMap<String, MessageAttributeValue>, DlqCopyError> {
-    if let Some(packed) = attrs.get(PACKED_ATTRIBUTE).and_then(|v| v.string_value()) {
+    let packed = is_packed(attrs)
+        .then(|| attrs.get(PACKED_ATTRIBUTE).and_then(|v| v.string_value()))
+        .flatten();
+    if let Some(packed) = packed {
         let bad = || DlqCopyError::BadAttribute(PACKED_ATTRIBUTE.into());
         let map: HashMap<String, PackedValue> = serde_json::from_str(packed).map_err(|_| bad())?;
         return map
             .into_iter()
+            .filter(|(k, _)| !is_reserved(k))
             .map(|(k, p)| {
                 let mut b = MessageAttributeValue::builder().data_type(p.data_type);
                 if let Some(s) = p.string {
@@ -157,11 +185,7 @@ pub fn original_attributes(
             })
             .collect();
     }
-    Ok(attrs
-        .iter()
-        .filter(|(k, _)| k.as_str() != FAILURE_ATTRIBUTE)
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect())
+    Ok(without_reserved(attrs))
 }
 
 #[cfg(test)]
@@ -242,5 +266,42 @@ mod tests {
     fn a_body_at_the_limit_is_an_error_not_a_loss() {
         let err = dlq_copy(&"b".repeat(1_000), &HashMap::new(), &record("x"), 1_000).unwrap_err();
         assert!(matches!(err, DlqCopyError::NoRoom { .. }));
+    }
+
+    #[test]
+    fn a_producers_reserved_attributes_are_dropped_from_the_copy() {
+        let mut original = attrs(3);
+        original.insert(
+            PACKED_ATTRIBUTE.into(),
+            string_attr("{\"a0\":{\"data_type\":\"String\",\"string\":\"evil\"}}".into()),
+        );
+        original.insert(FAILURE_ATTRIBUTE.into(), string_attr("{}".into()));
+        let c = dlq_copy("body", &original, &record("boom"), 1 << 20).unwrap();
+        assert_eq!(c.attributes.len(), 4);
+        assert_eq!(failure_record(&c.attributes).unwrap().unwrap(), record("boom"));
+        assert_eq!(original_attributes(&c.attributes).unwrap(), attrs(3));
+
+        // Ten real attributes plus a forged packed one: the ten are packed, the forgery dropped.
+        let mut ten = attrs(10);
+        ten.insert(PACKED_ATTRIBUTE.into(), string_attr("{}".into()));
+        let c = dlq_copy("body", &ten, &record("boom"), 1 << 20).unwrap();
+        assert!(is_packed(&c.attributes));
+        assert_eq!(original_attributes(&c.attributes).unwrap(), attrs(10));
+    }
+
+    #[test]
+    fn only_the_processors_shape_is_unpacked() {
+        let forged = "{\"tenant\":{\"data_type\":\"String\",\"string\":\"evil\"}}".to_owned();
+        // Moved by SQS's redrive: the producer's own attributes, one of them reserved.
+        let mut moved = attrs(2);
+        moved.insert(PACKED_ATTRIBUTE.into(), string_attr(forged.clone()));
+        assert_eq!(original_attributes(&moved).unwrap(), attrs(2));
+        // With a forged record too, but with other attributes: still not the packed shape.
+        moved.insert(FAILURE_ATTRIBUTE.into(), string_attr("{}".into()));
+        assert!(!is_packed(&moved));
+        assert_eq!(original_attributes(&moved).unwrap(), attrs(2));
+        // Only the packed attribute: dropped, nothing unpacked.
+        let alone = HashMap::from([(PACKED_ATTRIBUTE.to_owned(), string_attr(forged))]);
+        assert!(original_attributes(&alone).unwrap().is_empty());
     }
 }

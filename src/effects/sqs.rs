@@ -1,8 +1,16 @@
-//! Batched SQS actions: visibility changes, sends and deletes, ten entries a call, chunks in
-//! parallel, only failed entries retried, each entry's fate reported back by its key.
+//! Batched SQS actions: visibility changes, sends and deletes, chunks in parallel, only failed
+//! entries retried, each entry's fate reported back by its key.
+//!
+//! A batch holds at most ten entries and, for sends, at most [`BATCH_BYTES`] of payload (every
+//! entry's body and message attributes); [`batches`] is the one place that splits by both. An
+//! entry counts as done only when the answer lists it under `Successful`: one listed under
+//! `Failed` failed (and is sent again when the failure is retryable), and one listed in
+//! neither is unknown, so it is sent again and, if still unaccounted when the retries end,
+//! reported failed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::sync::Mutex;
 use tokio::time::Instant;
 
 use aws_sdk_sqs::Client;
@@ -12,25 +20,41 @@ use aws_sdk_sqs::types::{
 };
 use futures::future::join_all;
 
+use super::dlq::attribute_size;
 use super::storage_retry::{BatchStep, StorageError, StorageRetry};
 use crate::core::error::is_throttling_code;
 
 /// SQS's limit of entries per batch call.
 pub const BATCH_LIMIT: usize = 10;
+/// SQS's limit on a SendMessageBatch's payload: the bodies and message attributes (name, data
+/// type and value) of all its entries together, 1 MiB.
+pub const BATCH_BYTES: usize = 1_048_576;
 
 /// What happened to each entry of a batched action, by key.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone)]
 pub struct EntryResults {
-    /// Keys of entries SQS accepted.
+    /// Keys of entries SQS accepted (listed under `Successful`).
     pub accepted: Vec<usize>,
-    /// Keys of entries that failed, with why.
+    /// Keys of entries that failed, with why (`CODE: message` when SQS named the entry).
     pub failed: Vec<(usize, String)>,
+    /// The SQS message id of each sent entry, by key (sends only).
+    pub message_ids: HashMap<usize, String>,
+    /// The error code of each failed entry, by key, when there is one.
+    pub codes: HashMap<usize, String>,
+    /// A whole-call failure that stopped some entries, when one did (e.g. the queue does not
+    /// exist): callers tell "SQS refused these entries" from "SQS was not reached".
+    pub error: Option<StorageError>,
 }
 
 impl EntryResults {
     fn absorb(&mut self, other: EntryResults) {
         self.accepted.extend(other.accepted);
         self.failed.extend(other.failed);
+        self.message_ids.extend(other.message_ids);
+        self.codes.extend(other.codes);
+        if self.error.is_none() {
+            self.error = other.error;
+        }
     }
 }
 
@@ -51,6 +75,46 @@ pub struct Outgoing {
     pub delay_seconds: Option<i32>,
 }
 
+impl Outgoing {
+    /// Bytes this message counts toward a batch's [`BATCH_BYTES`]: its body and every
+    /// attribute's name, data type and value.
+    pub fn payload_bytes(&self) -> usize {
+        self.body.len()
+            + self
+                .attributes
+                .iter()
+                .map(|(k, v)| attribute_size(k, v))
+                .sum::<usize>()
+    }
+}
+
+/// Splits messages, in order, into batches of at most `max_entries` (1 to 10) entries and
+/// [`BATCH_BYTES`] of payload. A message larger than the cap on its own is a batch of its own
+/// (SQS then refuses it, and only it).
+pub fn batches(messages: Vec<Outgoing>, max_entries: usize) -> Vec<Vec<Outgoing>> {
+    split(messages, max_entries, BATCH_BYTES, Outgoing::payload_bytes)
+}
+
+/// Greedy split in order by entry count and summed size.
+fn split<T>(items: Vec<T>, max_entries: usize, max_bytes: usize, size: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+    let max_entries = max_entries.clamp(1, BATCH_LIMIT);
+    let mut out: Vec<Vec<T>> = Vec::new();
+    let mut bytes = 0;
+    for item in items {
+        let n = size(&item);
+        let full = out
+            .last()
+            .is_none_or(|b| b.len() >= max_entries || bytes + n > max_bytes);
+        if full {
+            out.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += n;
+        out.last_mut().expect("a batch was just pushed").push(item);
+    }
+    out
+}
+
 /// The SQS side of the effects.
 #[derive(Debug, Clone)]
 pub struct Sqs {
@@ -67,23 +131,41 @@ fn retryable(e: &BatchResultErrorEntry) -> bool {
     is_throttling_code(e.code()) || !e.sender_fault()
 }
 
-/// Sorts a chunk's entries by the response's failed list: absent means accepted.
+/// One batch call's answer: the ids listed under `Successful` (with the message id, for sends)
+/// and the entries listed under `Failed`.
+struct Answer {
+    successful: Vec<(String, Option<String>)>,
+    failed: Vec<BatchResultErrorEntry>,
+}
+
+/// Sorts a chunk's entries by the answer: listed as successful means accepted; listed as
+/// failed means failed (sent again when retryable); listed in neither means unknown, and it is
+/// sent again.
 fn sort<E>(
     pending: Vec<E>,
     key: impl Fn(&E) -> usize,
-    failed: &[BatchResultErrorEntry],
-) -> BatchStep<E, usize> {
-    let by_id: HashMap<&str, &BatchResultErrorEntry> = failed.iter().map(|f| (f.id(), f)).collect();
+    answer: &Answer,
+    codes: &Mutex<HashMap<usize, String>>,
+) -> BatchStep<E, (usize, Option<String>)> {
+    let failed: HashMap<&str, &BatchResultErrorEntry> = answer.failed.iter().map(|f| (f.id(), f)).collect();
+    let ok: HashMap<&str, &Option<String>> =
+        answer.successful.iter().map(|(id, m)| (id.as_str(), m)).collect();
     let mut step = BatchStep::default();
     for e in pending {
         let k = key(&e);
-        match by_id.get(entry_id(k).as_str()) {
-            None => step.succeeded.push(k),
-            Some(f) if retryable(f) => step.retry.push(e),
-            Some(f) => {
+        let id = entry_id(k);
+        match (failed.get(id.as_str()), ok.get(id.as_str())) {
+            (Some(f), _) if retryable(f) => step.retry.push(e),
+            (Some(f), _) => {
+                codes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(k, f.code().to_owned());
                 let why = format!("{}: {}", f.code(), f.message().unwrap_or("rejected"));
                 step.failed.push((e, why));
             }
+            (None, Some(message_id)) => step.succeeded.push((k, (*message_id).clone())),
+            (None, None) => step.retry.push(e),
         }
     }
     step
@@ -105,48 +187,74 @@ impl Sqs {
         &self.retry
     }
 
-    /// Runs one batched action over every entry, ten a call, chunks in parallel.
+    /// Runs one batched action over every chunk, chunks in parallel.
     async fn batched<E, F, Fut>(
         &self,
         op: &'static str,
         deadline: Option<Instant>,
-        entries: Vec<E>,
+        chunks: Vec<Vec<E>>,
         key: fn(&E) -> usize,
         call: F,
     ) -> EntryResults
     where
         E: Clone,
         F: Fn(Vec<E>) -> Fut + Clone,
-        Fut: Future<Output = Result<Vec<BatchResultErrorEntry>, StorageError>>,
+        Fut: Future<Output = Result<Answer, StorageError>>,
     {
-        let mut chunks = Vec::new();
-        let mut it = entries.into_iter().peekable();
-        while it.peek().is_some() {
-            chunks.push(it.by_ref().take(BATCH_LIMIT).collect::<Vec<_>>());
-        }
-        let results = join_all(chunks.into_iter().map(|chunk| {
+        let results = join_all(chunks.into_iter().filter(|c| !c.is_empty()).map(|chunk| {
             let call = call.clone();
             async move {
+                let codes = Mutex::new(HashMap::new());
+                // A failure of the call itself (not of entries the answer named or left out).
+                let whole: Mutex<Option<StorageError>> = Mutex::new(None);
                 let r = self
                     .retry
                     .batch(op, deadline, chunk, |pending: Vec<E>| {
                         let call = call.clone();
+                        let (codes, whole) = (&codes, &whole);
                         async move {
-                            let failed = call(pending.clone()).await?;
-                            Ok(sort(pending, key, &failed))
+                            let answer = call(pending.clone()).await.inspect_err(|e| {
+                                *whole.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
+                            })?;
+                            Ok(sort(pending, key, &answer, codes))
                         }
                     })
                     .await;
-                EntryResults {
-                    accepted: r.succeeded,
-                    failed: r.failed.into_iter().map(|(e, why)| (key(&e), why)).collect(),
+                let mut codes = codes.into_inner().unwrap_or_else(|p| p.into_inner());
+                let whole = whole.into_inner().unwrap_or_else(|p| p.into_inner());
+                let failed: Vec<(usize, String)> =
+                    r.failed.into_iter().map(|(e, why)| (key(&e), why)).collect();
+                if let Some(code) = whole.as_ref().and_then(|e| e.code()) {
+                    for (k, _) in &failed {
+                        codes.entry(*k).or_insert_with(|| code.to_owned());
+                    }
                 }
+                let failed_keys: HashSet<usize> = failed.iter().map(|(k, _)| *k).collect();
+                codes.retain(|k, _| failed_keys.contains(k));
+                let mut out = EntryResults {
+                    failed,
+                    codes,
+                    error: whole,
+                    ..EntryResults::default()
+                };
+                for (k, message_id) in r.succeeded {
+                    out.accepted.push(k);
+                    if let Some(m) = message_id {
+                        out.message_ids.insert(k, m);
+                    }
+                }
+                out
             }
         }))
         .await;
         let mut out = EntryResults::default();
         results.into_iter().for_each(|r| out.absorb(r));
         out
+    }
+
+    /// Ten entries a chunk.
+    fn tens<E>(entries: Vec<E>) -> Vec<Vec<E>> {
+        split(entries, BATCH_LIMIT, usize::MAX, |_| 0)
     }
 
     /// Sets the visibility timeout of received messages: `(key, receipt handle, seconds)`.
@@ -178,10 +286,23 @@ impl Sqs {
                         .send()
                 })
                 .await?;
-            Ok(out.failed().to_vec())
+            Ok(Answer {
+                successful: out
+                    .successful()
+                    .iter()
+                    .map(|s| (s.id().to_owned(), None))
+                    .collect(),
+                failed: out.failed().to_vec(),
+            })
         };
-        self.batched("ChangeMessageVisibilityBatch", deadline, entries, |e| e.0, call)
-            .await
+        self.batched(
+            "ChangeMessageVisibilityBatch",
+            deadline,
+            Self::tens(entries),
+            |e| e.0,
+            call,
+        )
+        .await
     }
 
     /// Deletes received messages: `(key, receipt handle)`.
@@ -212,13 +333,21 @@ impl Sqs {
                         .send()
                 })
                 .await?;
-            Ok(out.failed().to_vec())
+            Ok(Answer {
+                successful: out
+                    .successful()
+                    .iter()
+                    .map(|s| (s.id().to_owned(), None))
+                    .collect(),
+                failed: out.failed().to_vec(),
+            })
         };
-        self.batched("DeleteMessageBatch", deadline, entries, |e| e.0, call)
+        self.batched("DeleteMessageBatch", deadline, Self::tens(entries), |e| e.0, call)
             .await
     }
 
-    /// Sends messages.
+    /// Sends messages, in batches of at most ten entries and [`BATCH_BYTES`] (see [`batches`]).
+    /// Keys must be distinct.
     pub async fn send(
         &self,
         queue_url: &str,
@@ -250,9 +379,127 @@ impl Sqs {
                         .send()
                 })
                 .await?;
-            Ok(out.failed().to_vec())
+            Ok(Answer {
+                successful: out
+                    .successful()
+                    .iter()
+                    .map(|s| (s.id().to_owned(), Some(s.message_id().to_owned())))
+                    .collect(),
+                failed: out.failed().to_vec(),
+            })
         };
-        self.batched("SendMessageBatch", deadline, entries, |m| m.key, call)
-            .await
+        self.batched(
+            "SendMessageBatch",
+            deadline,
+            batches(entries, BATCH_LIMIT),
+            |m| m.key,
+            call,
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(key: usize, body_bytes: usize, attr_bytes: usize) -> Outgoing {
+        let mut attributes = HashMap::new();
+        if attr_bytes > 0 {
+            // name "a" (1) + "String" (6) + value
+            let v = MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value("v".repeat(attr_bytes - 7))
+                .build()
+                .unwrap();
+            attributes.insert("a".to_owned(), v);
+        }
+        Outgoing {
+            key,
+            body: "b".repeat(body_bytes),
+            attributes,
+            group_id: None,
+            dedup_id: None,
+            delay_seconds: None,
+        }
+    }
+
+    fn keys(b: &[Vec<Outgoing>]) -> Vec<Vec<usize>> {
+        b.iter().map(|c| c.iter().map(|m| m.key).collect()).collect()
+    }
+
+    #[test]
+    fn batches_split_by_entries_and_by_bytes_in_order() {
+        let small: Vec<_> = (0..25).map(|k| msg(k, 10, 0)).collect();
+        assert_eq!(
+            batches(small, 10).iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![10, 10, 5]
+        );
+        let big: Vec<_> = (0..10).map(|k| msg(k, 110_000, 0)).collect();
+        let b = batches(big, 10);
+        assert_eq!(keys(&b), vec![(0..9).collect::<Vec<_>>(), vec![9]]);
+        for c in &b {
+            assert!(c.iter().map(Outgoing::payload_bytes).sum::<usize>() <= BATCH_BYTES);
+        }
+        // Attributes count: 10 × (100,000 + 6,000) is over the cap, bodies alone are not.
+        let attrs: Vec<_> = (0..10).map(|k| msg(k, 100_000, 6_000)).collect();
+        assert_eq!(batches(attrs, 10).len(), 2);
+        // Exactly at the cap fits.
+        let exact: Vec<_> = (0..2).map(|k| msg(k, BATCH_BYTES / 2, 0)).collect();
+        assert_eq!(batches(exact, 10).len(), 1);
+        // Fewer entries per batch when asked.
+        let few: Vec<_> = (0..5).map(|k| msg(k, 1, 0)).collect();
+        assert_eq!(keys(&batches(few, 2)), vec![vec![0, 1], vec![2, 3], vec![4]]);
+    }
+
+    #[test]
+    fn an_entry_over_the_cap_is_a_batch_of_its_own() {
+        let ms = vec![msg(0, 10, 0), msg(1, BATCH_BYTES + 1, 0), msg(2, 10, 0)];
+        assert_eq!(keys(&batches(ms, 10)), vec![vec![0], vec![1], vec![2]]);
+        assert!(batches(Vec::new(), 10).is_empty());
+    }
+
+    fn error(id: &str, code: &str, sender_fault: bool) -> BatchResultErrorEntry {
+        BatchResultErrorEntry::builder()
+            .id(id)
+            .code(code)
+            .sender_fault(sender_fault)
+            .message("m")
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn only_entries_listed_as_successful_are_accepted() {
+        let codes = Mutex::new(HashMap::new());
+        let answer = Answer {
+            successful: vec![("e0".into(), Some("m0".into()))],
+            failed: vec![
+                error("e1", "InvalidParameterValue", true),
+                error("e2", "InternalError", false),
+            ],
+        };
+        let step = sort(vec![0usize, 1, 2, 3], |k| *k, &answer, &codes);
+        assert_eq!(step.succeeded, vec![(0, Some("m0".to_owned()))]);
+        assert_eq!(step.failed.len(), 1);
+        assert_eq!(step.failed[0].0, 1);
+        assert!(step.failed[0].1.starts_with("InvalidParameterValue: "));
+        assert_eq!(
+            step.retry,
+            vec![2, 3],
+            "retryable and unaccounted entries go again"
+        );
+        assert_eq!(
+            codes.lock().unwrap().get(&1).map(String::as_str),
+            Some("InvalidParameterValue")
+        );
+
+        let empty = Answer {
+            successful: Vec::new(),
+            failed: Vec::new(),
+        };
+        let step = sort(vec![0usize, 1], |k| *k, &empty, &Mutex::new(HashMap::new()));
+        assert!(step.succeeded.is_empty());
+        assert_eq!(step.retry, vec![0, 1]);
     }
 }

@@ -11,17 +11,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use aws_config::retry::RetryConfig;
-use aws_sdk_sqs::types::{
-    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, MessageAttributeValue,
-    MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
-};
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use serde::Serialize;
 
 use super::output::{Report, Table, progress};
 use super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, now_ms, queue_arn, resolve_queue};
-use crate::core::envelope::{self, EnvelopeLimits, JOB_TYPE_ATTRIBUTE};
+use crate::core::envelope::{self, EnvelopeLimits, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE, Job};
 use crate::core::failure::FailureRecord;
 use crate::effects::dlq::{failure_record, original_attributes};
+use crate::effects::sqs::{Outgoing, Sqs, batches};
+use crate::effects::storage_retry::sqs_client;
 
 /// Class shown for DLQ messages without a failure record: SQS moved them itself after
 /// `maxReceiveCount` receives, which means the consumer crashed (or timed out) on them.
@@ -113,6 +112,46 @@ impl DlqMessage {
     /// When it failed (epoch ms): the record's `failed_at`, else when it entered the DLQ.
     pub fn failed_at_ms(&self) -> u64 {
         self.record.as_ref().map_or(self.sent_at_ms, |r| r.failed_at)
+    }
+
+    /// The job as the processor reads it: the body with the `job-type` / `job-id` attributes
+    /// among the original ones. This, not the failure record (a producer can forge one),
+    /// says which job a replay sends back.
+    pub fn body_job(&self) -> Option<Job> {
+        let attrs = original_attributes(&self.attributes).ok()?;
+        let attr = |name: &str| attrs.get(name).and_then(|v| v.string_value());
+        envelope::parse(
+            &self.body,
+            attr(JOB_TYPE_ATTRIBUTE),
+            attr(JOB_ID_ATTRIBUTE),
+            EnvelopeLimits::default(),
+        )
+        .ok()
+    }
+
+    /// Why the failure record does not describe this message's body, if it does not: the
+    /// processor writes the job type and id it read from the body (the original message id
+    /// for a job without an id), so a record naming another job was not written by it.
+    pub fn record_mismatch(&self) -> Option<String> {
+        let r = self.record.as_ref()?;
+        let (body_type, body_id) = match self.body_job() {
+            Some(j) => (
+                Some(j.job_type),
+                j.id.unwrap_or_else(|| r.original_message_id.clone()),
+            ),
+            None => (None, r.original_message_id.clone()),
+        };
+        if r.job_type == body_type && r.job_id == body_id {
+            return None;
+        }
+        let show = |t: &Option<String>| t.clone().unwrap_or_else(|| "-".into());
+        Some(format!(
+            "the failure record names job `{}` of type `{}` but the body is job `{}` of type `{}`",
+            r.job_id,
+            show(&r.job_type),
+            body_id,
+            show(&body_type)
+        ))
     }
 }
 
@@ -240,69 +279,43 @@ impl<'a> Sweep<'a> {
     }
 }
 
+/// The batched SQS actions of operator commands: one retry layer (the storage retry policy,
+/// an operator's few tries) over an SDK client without retries of its own.
+fn effects(ctx: &Ctx) -> Sqs {
+    Sqs::new(sqs_client(&ctx.sdk), ctx.storage_retry())
+}
+
 /// Makes held messages visible again (visibility 0), ten per call. Failures are counted,
 /// not fatal: those messages come back on their own when their hold expires.
 async fn release(ctx: &Ctx, url: &str, handles: impl IntoIterator<Item = String>) -> usize {
-    let handles: Vec<String> = handles.into_iter().collect();
-    let mut failed = 0;
-    for chunk in handles.chunks(10) {
-        let entries: Vec<_> = chunk
-            .iter()
-            .enumerate()
-            .filter_map(|(i, h)| {
-                ChangeMessageVisibilityBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .receipt_handle(h)
-                    .visibility_timeout(0)
-                    .build()
-                    .ok()
-            })
-            .collect();
-        match ctx
-            .sqs
-            .change_message_visibility_batch()
-            .queue_url(url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-        {
-            Ok(out) => failed += out.failed.len(),
-            Err(_) => failed += chunk.len(),
-        }
+    let entries: Vec<(usize, String, i32)> =
+        handles.into_iter().enumerate().map(|(k, h)| (k, h, 0)).collect();
+    if entries.is_empty() {
+        return 0;
     }
-    failed
+    effects(ctx)
+        .change_visibility(url, entries, None)
+        .await
+        .failed
+        .len()
 }
 
-/// Deletes messages by receipt handle, ten per call; returns the handles that failed.
-async fn delete(ctx: &Ctx, url: &str, handles: &[(String, String)]) -> OpsResult<Vec<String>> {
-    let mut failed = Vec::new();
-    for chunk in handles.chunks(10) {
-        let entries: Vec<_> = chunk
-            .iter()
-            .enumerate()
-            .filter_map(|(i, (_, h))| {
-                DeleteMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .receipt_handle(h)
-                    .build()
-                    .ok()
-            })
-            .collect();
-        let out = ctx
-            .sqs
-            .delete_message_batch()
-            .queue_url(url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .map_err(|e| ctx.sqs_error("DeleteMessageBatch", e, Some((url, "TRIAGE_DLQ_URL"))))?;
-        for f in out.failed {
-            if let Some((id, _)) = f.id.parse::<usize>().ok().and_then(|i| chunk.get(i)) {
-                failed.push(id.clone());
-            }
-        }
+/// Deletes messages by receipt handle, `(message id, handle)`, ten per call; returns the
+/// message ids whose delete was not confirmed.
+async fn delete(ctx: &Ctx, url: &str, handles: &[(String, String)]) -> Vec<String> {
+    if handles.is_empty() {
+        return Vec::new();
     }
-    Ok(failed)
+    let entries: Vec<(usize, String)> = handles
+        .iter()
+        .enumerate()
+        .map(|(k, (_, h))| (k, h.clone()))
+        .collect();
+    let r = effects(ctx).delete(url, entries, None).await;
+    r.failed
+        .into_iter()
+        .filter_map(|(k, _)| handles.get(k).map(|(id, _)| id.clone()))
+        .collect()
 }
 
 /// Reads the whole DLQ (up to `max` messages) and makes everything visible again.
@@ -682,6 +695,9 @@ pub struct ReplayReport {
     pub groups: Vec<Group>,
     /// Selected messages that were not moved.
     pub not_moved: Vec<NotMoved>,
+    /// Selected messages whose failure record names another job than their body: moved (or
+    /// skipped) like the others, but only the body's job has its ledger reset.
+    pub unverified: Vec<NotMoved>,
     /// Stopped early by the operator.
     pub interrupted: bool,
     /// Wall time, in milliseconds.
@@ -715,6 +731,12 @@ impl Report for ReplayReport {
         }
         if !self.dry_run {
             out.push_str(&format!("attempt ledgers reset: {}\n", self.ledgers_reset));
+        }
+        for n in &self.unverified {
+            out.push_str(&format!(
+                "unverified record: message {}: {} (only the body's job counts)\n",
+                n.message_id, n.reason
+            ));
         }
         for n in &self.not_moved {
             out.push_str(&format!(
@@ -809,6 +831,43 @@ async fn check_queue(ctx: &Ctx, queue: &str, var: &str) -> OpsResult<String> {
     Ok(url)
 }
 
+/// Checks that `source` (a failure record's source queue) sends its dead letters to the DLQ
+/// `dlq_arn` (its RedrivePolicy's `deadLetterTargetArn`); returns its URL. A record is only
+/// trusted to name a queue that feeds this DLQ: anything else could be a producer's forgery
+/// pointing at any queue the operator can write to.
+async fn verified_source(ctx: &Ctx, source: &str, dlq_arn: &str) -> Result<String, String> {
+    let url = resolve_queue(ctx, source, "the failure record")
+        .await
+        .map_err(|e| format!("{e}; pass --to QUEUE"))?;
+    let out = ctx
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(QueueAttributeName::RedrivePolicy)
+        .send()
+        .await
+        .map_err(|e| {
+            let e = ctx.sqs_error("GetQueueAttributes", e, Some((&url, "the failure record")));
+            format!("{e}; pass --to QUEUE")
+        })?;
+    let target = out
+        .attributes
+        .and_then(|mut a| a.remove(&QueueAttributeName::RedrivePolicy))
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(&p).ok())
+        .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
+    match target {
+        Some(arn) if arn == dlq_arn => Ok(url),
+        Some(arn) => Err(format!(
+            "the failure record names source queue {url}, whose dead-letter queue is {arn}, not this DLQ: \
+             the record is not trusted; pass --to QUEUE"
+        )),
+        None => Err(format!(
+            "the failure record names source queue {url}, which has no redrive policy naming this DLQ as \
+             its dead-letter queue: the record is not trusted; pass --to QUEUE"
+        )),
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fate {
     /// Not selected, or selected but not moved: made visible again at the end.
@@ -820,6 +879,12 @@ enum Fate {
 }
 
 /// `dlq replay`: moves selected DLQ messages back to their source queue (or `--to`).
+///
+/// Without `--to`, a message goes back to its failure record's source queue only when that
+/// queue's RedrivePolicy names this DLQ (checked once per queue); otherwise it stays and is
+/// reported. The job whose ledger is reset is the one the body names (read as the processor
+/// reads it), never the record's; a record that disagrees with its body is reported as
+/// unverified.
 pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult<ReplayReport> {
     opts.filter.validate()?;
     if let Some(r) = opts.rate {
@@ -838,7 +903,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         (None, false) => return Err(OpsError::missing_var("TRIAGE_TABLE", "--table")),
     };
     // Fail before touching the DLQ when the DLQ, the table or the --to queue is missing.
-    queue_arn(ctx, dlq_url, "TRIAGE_DLQ_URL").await?;
+    let dlq_arn = queue_arn(ctx, dlq_url, "TRIAGE_DLQ_URL").await?;
     if let (Some(t), false) = (&table, opts.dry_run) {
         check_table(ctx, t).await?;
     }
@@ -872,9 +937,12 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         ledgers_reset: 0,
         targets: BTreeMap::new(),
         not_moved: Vec::new(),
+        unverified: Vec::new(),
         target_cache: HashMap::new(),
+        dlq_arn,
         scanned: 0,
     };
+    let sqs = effects(ctx);
     let stopped = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
     let mut pacer = Pacer::new(opts.rate);
     let mut sweep = Sweep::new(ctx, dlq_url, hold, opts.max_scan);
@@ -891,7 +959,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                 match st.fates.get(&m.message_id) {
                     Some(Fate::MovedUndeleted) => {
                         let failed =
-                            delete(ctx, dlq_url, &[(m.message_id.clone(), m.receipt_handle.clone())]).await?;
+                            delete(ctx, dlq_url, &[(m.message_id.clone(), m.receipt_handle.clone())]).await;
                         if failed.is_empty() {
                             st.fates.insert(m.message_id.clone(), Fate::Moved);
                             st.delete_failed = st.delete_failed.saturating_sub(1);
@@ -909,27 +977,16 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                 st.fates.insert(m.message_id.clone(), Fate::Held);
                 st.handles.insert(m.message_id.clone(), m.receipt_handle.clone());
                 if room && opts.filter.matches(&m, now) {
+                    if let Some(reason) = m.record_mismatch() {
+                        st.unverified.push(NotMoved {
+                            message_id: m.message_id.clone(),
+                            job_id: body_job_id(&m),
+                            reason,
+                        });
+                    }
                     st.selected.push(m.clone());
                     chosen.push(m);
                 }
-            }
-            if opts.dry_run {
-                for m in &chosen {
-                    let target = st.target_for(ctx, m, to.as_deref()).await;
-                    match target {
-                        Ok(url) => {
-                            st.moved += 1;
-                            *st.targets.entry(url).or_default() += 1;
-                        }
-                        Err(reason) => st.not_moved.push(NotMoved {
-                            message_id: m.message_id.clone(),
-                            job_id: m.job_id(),
-                            reason,
-                        }),
-                    }
-                }
-                bar.inc(chosen.len() as u64);
-                continue;
             }
             // Group by target queue, keeping DLQ order within each.
             let mut by_target: BTreeMap<String, Vec<DlqMessage>> = BTreeMap::new();
@@ -940,21 +997,45 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                         bar.inc(1);
                         st.not_moved.push(NotMoved {
                             message_id: m.message_id.clone(),
-                            job_id: m.job_id(),
+                            job_id: body_job_id(&m),
                             reason,
                         });
                     }
                 }
             }
+            if opts.dry_run {
+                for (url, ms) in by_target {
+                    st.moved += ms.len();
+                    bar.inc(ms.len() as u64);
+                    *st.targets.entry(url).or_default() += ms.len();
+                }
+                continue;
+            }
             for (target, ms) in by_target {
-                for chunk in ms.chunks(batch_size) {
+                let fifo = is_fifo(&target);
+                let mut outgoing = Vec::new();
+                for (key, m) in ms.iter().enumerate() {
+                    match replay_copy(key, m, fifo) {
+                        Ok(o) => outgoing.push(o),
+                        Err(reason) => {
+                            bar.inc(1);
+                            st.not_moved.push(NotMoved {
+                                message_id: m.message_id.clone(),
+                                job_id: body_job_id(m),
+                                reason,
+                            });
+                        }
+                    }
+                }
+                for batch in batches(outgoing, batch_size) {
                     if stopped() {
                         break;
                     }
-                    pacer.take(chunk.len()).await;
-                    st.move_chunk(ctx, dlq_url, &target, table.as_deref(), chunk)
+                    let n = batch.len();
+                    pacer.take(n).await;
+                    st.move_batch(ctx, &sqs, dlq_url, &target, table.as_deref(), &ms, batch)
                         .await?;
-                    bar.inc(chunk.len() as u64);
+                    bar.inc(n as u64);
                 }
             }
         }
@@ -988,8 +1069,31 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
             .collect(),
         groups: group(&st.selected, now),
         not_moved: st.not_moved,
+        unverified: st.unverified,
         interrupted: stopped(),
         elapsed_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// The job id to show for a message: the body's, else what [`DlqMessage::job_id`] finds.
+fn body_job_id(m: &DlqMessage) -> String {
+    m.body_job().and_then(|j| j.id).unwrap_or_else(|| m.job_id())
+}
+
+/// The message replay sends for DLQ message `m`: the body byte for byte and the original
+/// attributes (unpacked when the processor packed them).
+fn replay_copy(key: usize, m: &DlqMessage, fifo: bool) -> Result<Outgoing, String> {
+    let attributes = original_attributes(&m.attributes).map_err(|e| e.to_string())?;
+    Ok(Outgoing {
+        key,
+        body: m.body.clone(),
+        attributes,
+        // A fresh deduplication id per DLQ message: the original one may still be inside
+        // SQS's 5-minute window, and a repeated replay of the same DLQ message (after a crash
+        // between send and delete) is then deduplicated.
+        group_id: fifo.then(|| m.group_id.clone().unwrap_or_else(|| body_job_id(m))),
+        dedup_id: fifo.then(|| format!("replay-{}", m.message_id)),
+        delay_seconds: None,
     })
 }
 
@@ -1002,13 +1106,15 @@ struct ReplayState {
     ledgers_reset: usize,
     targets: BTreeMap<String, usize>,
     not_moved: Vec<NotMoved>,
+    unverified: Vec<NotMoved>,
     target_cache: HashMap<String, Result<String, String>>,
+    dlq_arn: String,
     scanned: usize,
 }
 
 impl ReplayState {
-    /// The queue a message goes back to: `--to`, else the record's source queue (checked to
-    /// exist, once per queue).
+    /// The queue a message goes back to: `--to`, else the record's source queue once its
+    /// redrive policy is checked to name this DLQ (once per queue).
     async fn target_for(&mut self, ctx: &Ctx, m: &DlqMessage, to: Option<&str>) -> Result<String, String> {
         if let Some(to) = to {
             return Ok(to.to_owned());
@@ -1019,99 +1125,61 @@ impl ReplayState {
         if let Some(r) = self.target_cache.get(&source) {
             return r.clone();
         }
-        let r = check_queue(ctx, &source, "the failure record")
-            .await
-            .map_err(|e| format!("{e}; pass --to QUEUE"));
+        let r = verified_source(ctx, &source, &self.dlq_arn).await;
         self.target_cache.insert(source, r.clone());
         r
     }
 
-    /// Resets the chunk's ledgers, sends it to `target`, then deletes what was accepted.
-    async fn move_chunk(
+    /// Resets the ledgers of the batch's jobs, sends the batch to `target`, then deletes what
+    /// SQS accepted. `ms` are the DLQ messages the batch's keys index.
+    #[allow(clippy::too_many_arguments)]
+    async fn move_batch(
         &mut self,
         ctx: &Ctx,
+        sqs: &Sqs,
         dlq_url: &str,
         target: &str,
         table: Option<&str>,
-        chunk: &[DlqMessage],
+        ms: &[DlqMessage],
+        batch: Vec<Outgoing>,
     ) -> OpsResult<()> {
         // Reset before sending: once the job is back on its queue a worker may count a new
-        // attempt at any moment, and that count must not be wiped.
+        // attempt at any moment, and that count must not be wiped. The job is the one its body
+        // names, as the processor will read it (type and id); a job without an id gets a new
+        // message id, hence a fresh ledger, when it is sent again.
         if let Some(table) = table {
-            let ids: Vec<String> = chunk.iter().map(DlqMessage::job_id).collect();
-            self.ledgers_reset += reset_ledgers(ctx, table, &ids).await?;
-        }
-        let fifo = is_fifo(target);
-        let mut entries = Vec::new();
-        let mut sendable: Vec<&DlqMessage> = Vec::new();
-        for m in chunk {
-            let attrs = match original_attributes(&m.attributes) {
-                Ok(a) => a,
-                Err(e) => {
-                    self.not_moved.push(NotMoved {
-                        message_id: m.message_id.clone(),
-                        job_id: m.job_id(),
-                        reason: e.to_string(),
-                    });
-                    continue;
-                }
-            };
-            let mut entry = SendMessageBatchRequestEntry::builder()
-                .id(sendable.len().to_string())
-                .message_body(&m.body)
-                .set_message_attributes((!attrs.is_empty()).then_some(attrs));
-            if fifo {
-                // A fresh deduplication id per DLQ message: the original one may still be
-                // inside SQS's 5-minute window, and a repeated replay of the same DLQ message
-                // (after a crash between send and delete) is then deduplicated.
-                entry = entry
-                    .message_group_id(m.group_id.clone().unwrap_or_else(|| m.job_id()))
-                    .message_deduplication_id(format!("replay-{}", m.message_id));
-            }
-            match entry.build() {
-                Ok(e) => {
-                    entries.push(e);
-                    sendable.push(m);
-                }
-                Err(e) => self.not_moved.push(NotMoved {
-                    message_id: m.message_id.clone(),
-                    job_id: m.job_id(),
-                    reason: e.to_string(),
-                }),
+            let jobs: Vec<(String, String)> = batch
+                .iter()
+                .filter_map(|o| ms.get(o.key).and_then(DlqMessage::body_job))
+                .filter_map(|j| j.id.map(|id| (j.job_type, id)))
+                .collect();
+            if !jobs.is_empty() {
+                let ids: Vec<String> = jobs.into_iter().map(|(_job_type, id)| id).collect();
+                self.ledgers_reset += reset_ledgers(ctx, table, &ids).await?;
             }
         }
-        if entries.is_empty() {
-            return Ok(());
-        }
-        let out = ctx
-            .sqs
-            .send_message_batch()
-            .queue_url(target)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .map_err(|e| ctx.sqs_error("SendMessageBatch", e, Some((target, "--to"))))?;
-        let mut accepted: Vec<(String, String)> = Vec::new();
-        for s in &out.successful {
-            if let Some(m) = s.id.parse::<usize>().ok().and_then(|i| sendable.get(i)) {
-                accepted.push((m.message_id.clone(), m.receipt_handle.clone()));
-            }
-        }
-        for f in &out.failed {
-            if let Some(m) = f.id.parse::<usize>().ok().and_then(|i| sendable.get(i)) {
+        let sent = sqs.send(target, batch, None).await;
+        for (k, why) in &sent.failed {
+            if let Some(m) = ms.get(*k) {
                 self.not_moved.push(NotMoved {
                     message_id: m.message_id.clone(),
-                    job_id: m.job_id(),
-                    reason: format!("{}: {}", f.code, f.message.clone().unwrap_or_default()),
+                    job_id: body_job_id(m),
+                    reason: why.clone(),
                 });
             }
         }
+        let accepted: Vec<(String, String)> = sent
+            .accepted
+            .iter()
+            .filter_map(|k| ms.get(*k))
+            .map(|m| (m.message_id.clone(), m.receipt_handle.clone()))
+            .collect();
         self.moved += accepted.len();
         *self.targets.entry(target.to_owned()).or_default() += accepted.len();
         for (id, _) in &accepted {
             self.fates.insert(id.clone(), Fate::Moved);
         }
-        let failed = delete(ctx, dlq_url, &accepted).await?;
+        let failed = delete(ctx, dlq_url, &accepted).await;
         self.delete_failed += failed.len();
         for id in failed {
             self.fates.insert(id, Fate::MovedUndeleted);
@@ -1158,8 +1226,12 @@ pub struct PurgeReport {
     pub plan: PurgePlan,
     /// Messages deleted.
     pub deleted: usize,
-    /// Selected messages whose delete failed (still in the DLQ).
+    /// Selected messages that were not deleted (still in the DLQ, unless someone else
+    /// deleted them).
     pub failed: usize,
+    /// Of those, messages whose hold had expired when the purge was confirmed and that could
+    /// not be received again (another reader holds them, or they are gone).
+    pub lost_hold: usize,
 }
 
 impl Report for PurgeReport {
@@ -1171,7 +1243,16 @@ impl Report for PurgeReport {
     }
 
     fn problem(&self) -> Option<String> {
-        (self.failed > 0).then(|| format!("{} selected message(s) could not be deleted", self.failed))
+        (self.failed > 0).then(|| {
+            let mut p = format!("{} selected message(s) were not deleted", self.failed);
+            if self.lost_hold > 0 {
+                p.push_str(&format!(
+                    " ({} were no longer held when the purge was confirmed and another reader has them or deleted them; run the purge again)",
+                    self.lost_hold
+                ));
+            }
+            p
+        })
     }
 }
 
@@ -1194,6 +1275,31 @@ impl PurgePlan {
     }
 }
 
+/// How `dlq purge` runs.
+#[derive(Debug, Clone)]
+pub struct PurgeOptions {
+    /// Which messages.
+    pub filter: Filter,
+    /// Delete at most this many.
+    pub limit: Option<usize>,
+    /// Read at most this many DLQ messages.
+    pub max_scan: usize,
+    /// How long the selection is held invisible while the operator reads the question
+    /// (default 15 minutes).
+    pub hold: Duration,
+}
+
+impl Default for PurgeOptions {
+    fn default() -> Self {
+        Self {
+            filter: Filter::default(),
+            limit: None,
+            max_scan: 100_000,
+            hold: Duration::from_secs(900),
+        }
+    }
+}
+
 /// `dlq purge`: deletes the selected DLQ messages once `confirm` approves the plan.
 pub async fn purge(
     ctx: &Ctx,
@@ -1203,21 +1309,43 @@ pub async fn purge(
     max_scan: usize,
     confirm: impl FnOnce(&PurgePlan) -> bool,
 ) -> OpsResult<PurgeReport> {
+    let opts = PurgeOptions {
+        filter: filter.clone(),
+        limit,
+        max_scan,
+        ..PurgeOptions::default()
+    };
+    purge_with(ctx, dlq_url, &opts, confirm).await
+}
+
+/// [`purge`] with every option.
+pub async fn purge_with(
+    ctx: &Ctx,
+    dlq_url: &str,
+    opts: &PurgeOptions,
+    confirm: impl FnOnce(&PurgePlan) -> bool,
+) -> OpsResult<PurgeReport> {
+    let (filter, limit, max_scan) = (&opts.filter, opts.limit, opts.max_scan);
     filter.validate()?;
     // Long holds: the selection must stay ours while the operator reads the question.
-    let mut sweep = Sweep::new(ctx, dlq_url, Duration::from_secs(900), max_scan);
-    let mut held: HashMap<String, String> = HashMap::new();
+    let mut sweep = Sweep::new(ctx, dlq_url, opts.hold, max_scan);
+    // Message id → (receipt handle, when the receive that gave it was asked for).
+    let mut held: HashMap<String, (String, Instant)> = HashMap::new();
     let mut selected: Vec<DlqMessage> = Vec::new();
     let mut scanned = 0;
     let now = now_ms();
     let read = async {
-        while let Some((new, again)) = sweep.next().await? {
+        loop {
+            let asked = Instant::now();
+            let Some((new, again)) = sweep.next().await? else {
+                break;
+            };
             scanned += new.len();
             for m in again {
-                held.insert(m.message_id.clone(), m.receipt_handle.clone());
+                held.insert(m.message_id.clone(), (m.receipt_handle.clone(), asked));
             }
             for m in new {
-                held.insert(m.message_id.clone(), m.receipt_handle.clone());
+                held.insert(m.message_id.clone(), (m.receipt_handle.clone(), asked));
                 if limit.is_none_or(|l| selected.len() < l) && filter.matches(&m, now) {
                     selected.push(m);
                 }
@@ -1226,8 +1354,9 @@ pub async fn purge(
         Ok::<_, OpsError>(())
     }
     .await;
+    let handles = |held: HashMap<String, (String, Instant)>| held.into_values().map(|(h, _)| h);
     if let Err(e) = read {
-        release(ctx, dlq_url, held.into_values()).await;
+        release(ctx, dlq_url, handles(held)).await;
         return Err(e);
     }
     let plan = PurgePlan {
@@ -1237,34 +1366,82 @@ pub async fn purge(
         selected: selected.len(),
     };
     if plan.selected == 0 {
-        release(ctx, dlq_url, held.into_values()).await;
+        release(ctx, dlq_url, handles(held)).await;
         return Ok(PurgeReport {
             plan,
             deleted: 0,
             failed: 0,
+            lost_hold: 0,
         });
     }
     if !confirm(&plan) {
-        release(ctx, dlq_url, held.into_values()).await;
+        release(ctx, dlq_url, handles(held)).await;
         return Err(OpsError::usage("purge cancelled: nothing was deleted"));
     }
-    let targets: Vec<(String, String)> = selected
-        .iter()
-        .map(|m| {
-            let handle = held
-                .remove(&m.message_id)
-                .unwrap_or_else(|| m.receipt_handle.clone());
-            (m.message_id.clone(), handle)
-        })
+
+    // A receipt handle only deletes while its hold lasts: after it expires, another reader may
+    // have received the message (SQS then accepts the stale handle and deletes nothing). So a
+    // handle whose hold is over, or nearly, is never used: the message is received again by
+    // id, and what cannot be found again is reported, not counted as deleted.
+    let margin = (opts.hold / 4).min(Duration::from_secs(30));
+    let confirmed = Instant::now();
+    let holds = |asked: Instant| confirmed + margin < asked + opts.hold;
+    let mut targets: Vec<(String, String)> = Vec::new();
+    let mut stale: HashSet<String> = HashSet::new();
+    for m in &selected {
+        match held.remove(&m.message_id) {
+            Some((h, asked)) if holds(asked) => targets.push((m.message_id.clone(), h)),
+            _ => {
+                stale.insert(m.message_id.clone());
+            }
+        }
+    }
+    let still_held: Vec<String> = held
+        .into_values()
+        .filter(|(_, asked)| holds(*asked))
+        .map(|(h, _)| h)
         .collect();
-    let deleted = delete(ctx, dlq_url, &targets).await;
-    release(ctx, dlq_url, held.into_values()).await;
-    let failed = deleted?.len();
+    if !stale.is_empty() {
+        let found = receive_again(ctx, dlq_url, &mut stale, max_scan).await;
+        targets.extend(found);
+    }
+    let failed_ids = delete(ctx, dlq_url, &targets).await;
+    release(ctx, dlq_url, still_held).await;
+    let deleted = targets.len() - failed_ids.len();
     Ok(PurgeReport {
-        deleted: plan.selected - failed,
-        failed,
+        deleted,
+        failed: plan.selected - deleted,
+        lost_hold: stale.len(),
         plan,
     })
+}
+
+/// Receives the DLQ again looking for the messages in `wanted` (by message id), to delete them
+/// with fresh receipt handles. Returns `(message id, handle)` of those found and removes them
+/// from `wanted`; every other message received is made visible again.
+async fn receive_again(
+    ctx: &Ctx,
+    dlq_url: &str,
+    wanted: &mut HashSet<String>,
+    max_scan: usize,
+) -> Vec<(String, String)> {
+    let mut sweep = Sweep::new(ctx, dlq_url, Duration::from_secs(60), max_scan);
+    let mut found = Vec::new();
+    let mut others: HashMap<String, String> = HashMap::new();
+    while !wanted.is_empty() {
+        let Ok(Some((new, again))) = sweep.next().await else {
+            break;
+        };
+        for m in new.into_iter().chain(again) {
+            if wanted.remove(&m.message_id) {
+                found.push((m.message_id, m.receipt_handle));
+            } else {
+                others.insert(m.message_id, m.receipt_handle);
+            }
+        }
+    }
+    release(ctx, dlq_url, others.into_values()).await;
+    found
 }
 
 // ---------------------------------------------------------------- redrive
@@ -1379,12 +1556,59 @@ where
     ctx.sqs_error(op, err, Some((dlq_url, "TRIAGE_DLQ_URL")))
 }
 
+/// What `dlq redrive` is about to start, for the confirmation prompt.
+#[derive(Debug, Clone, Serialize)]
+pub struct RedrivePlan {
+    /// The DLQ.
+    pub dlq_url: String,
+    /// The destination queue; absent means each message's original source.
+    pub to: Option<String>,
+    /// Messages in the DLQ now (SQS's approximate count), when known.
+    pub approximate_messages: Option<u64>,
+    /// Messages per second, if limited.
+    pub rate: Option<i32>,
+}
+
+impl RedrivePlan {
+    /// The confirmation question.
+    pub fn question(&self) -> String {
+        let count = self
+            .approximate_messages
+            .map_or_else(|| "every".to_owned(), |n| format!("all (about {n})"));
+        let to = self.to.as_deref().map_or_else(
+            || "each message's original source queue".to_owned(),
+            str::to_owned,
+        );
+        let rate = self
+            .rate
+            .map(|r| format!(" at {r} message(s) per second"))
+            .unwrap_or_default();
+        format!(
+            "move {count} message(s) from {} to {to}{rate}, with no filter and no attempt ledger reset? \
+             Prefer `triage dlq replay` for a selection. [y/N] ",
+            self.dlq_url
+        )
+    }
+}
+
 /// `dlq redrive`: starts SQS's own move task from the DLQ to each message's source (or `to`).
 pub async fn redrive_start(
     ctx: &Ctx,
     dlq_url: &str,
     to: Option<&str>,
     rate: Option<i32>,
+) -> OpsResult<RedriveReport> {
+    redrive_start_confirmed(ctx, dlq_url, to, rate, |_| true).await
+}
+
+/// [`redrive_start`] once `confirm` approves the plan (checked after the queues are, before
+/// the task starts).
+pub async fn redrive_start_confirmed(
+    ctx: &Ctx,
+    dlq_url: &str,
+    to: Option<&str>,
+    rate: Option<i32>,
+    confirm: impl FnOnce(&RedrivePlan) -> bool,
 ) -> OpsResult<RedriveReport> {
     if let Some(r) = rate {
         if !(1..=500).contains(&r) {
@@ -1394,13 +1618,23 @@ pub async fn redrive_start(
         }
     }
     let source_arn = queue_arn(ctx, dlq_url, "TRIAGE_DLQ_URL").await?;
-    let destination_arn = match to {
+    let (to_url, destination_arn) = match to {
         Some(q) => {
             let url = resolve_queue(ctx, q, "--to").await?;
-            Some(queue_arn(ctx, &url, "--to").await?)
+            let arn = queue_arn(ctx, &url, "--to").await?;
+            (Some(url), Some(arn))
         }
-        None => None,
+        None => (None, None),
     };
+    let plan = RedrivePlan {
+        dlq_url: dlq_url.to_owned(),
+        to: to_url,
+        approximate_messages: approximate_count(ctx, dlq_url).await,
+        rate,
+    };
+    if !confirm(&plan) {
+        return Err(OpsError::usage("redrive cancelled: no move task was started"));
+    }
     let out = ctx
         .sqs
         .start_message_move_task()

@@ -1,4 +1,7 @@
-//! `triage send`: one job from flags, or many from NDJSON, in batches of ten.
+//! `triage send`: one job from flags, or many from NDJSON, in batches of up to ten entries and
+//! SQS's batch payload cap (split by [`crate::effects::sqs::batches`]).
+
+use std::collections::HashMap;
 
 use futures::stream::{self, StreamExt};
 use rand::Rng;
@@ -6,14 +9,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::output::{Report, progress};
-use super::{Ctx, OpsError, OpsResult, is_fifo};
+use super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo};
 use crate::core::envelope::{self, EnvelopeLimits};
+use crate::effects::sqs::{BATCH_LIMIT, Outgoing, Sqs, batches};
+use crate::effects::storage_retry::{StorageError, sqs_client};
 
-/// SendMessageBatch takes at most ten entries.
-const BATCH_ENTRIES: usize = 10;
-/// Keep a batch's bodies under SQS's 256 KiB batch limit of older accounts and endpoints; a
-/// larger single message goes alone.
-const BATCH_BYTES: usize = 256 * 1024;
 /// Batches in flight at once.
 const CONCURRENCY: usize = 8;
 /// SQS's longest per-message delay.
@@ -176,7 +176,32 @@ fn dedup_id(spec: &JobSpec) -> String {
     }
 }
 
-/// Sends the jobs to `queue_url` in batches of ten (several batches in flight).
+/// An SQS [`StorageError`] that stopped a whole call, as one operator line: a missing queue
+/// (exit 3) or an unreachable endpoint (exit 4) say so; anything else is a plain failure.
+pub(crate) fn sqs_storage_error(ctx: &Ctx, e: &StorageError, queue: &str, var: &str) -> OpsError {
+    let code = e.code().unwrap_or_default();
+    if code.contains("NonExistentQueue") || code.contains("QueueDoesNotExist") {
+        return OpsError::new(
+            ErrorKind::NotFound,
+            format!("queue {queue} does not exist: run `triage setup` or check {var}"),
+        );
+    }
+    if e.code().is_none() && e.status.is_none() && e.is_unavailable() {
+        let hint = if ctx.custom_endpoint {
+            "is the local stack running (`bash infra/local/stack.sh start`)?"
+        } else {
+            "check the network, AWS_REGION and AWS_ENDPOINT_URL"
+        };
+        return OpsError::new(
+            ErrorKind::Unreachable,
+            format!("cannot reach SQS at {}: {hint}", ctx.sqs_endpoint),
+        );
+    }
+    OpsError::new(ErrorKind::Failed, e.to_string())
+}
+
+/// Sends the jobs to `queue_url` (several batches in flight). A job counts as sent only when
+/// SQS lists it as successful; the others are reported rejected.
 pub async fn send(
     ctx: &Ctx,
     queue_url: &str,
@@ -189,30 +214,28 @@ pub async fn send(
             .map_err(|e| OpsError::usage(format!("line {line}: {e}")))?;
     }
     let requested = jobs.len();
-    let mut batches: Vec<Vec<(usize, JobSpec, String)>> = Vec::new();
-    let mut bytes = 0;
-    for (line, spec) in jobs {
-        let body = spec.body();
-        let start_new = batches
-            .last()
-            .is_none_or(|b| b.len() >= BATCH_ENTRIES || (bytes + body.len() > BATCH_BYTES && !b.is_empty()));
-        if start_new {
-            batches.push(Vec::new());
-            bytes = 0;
-        }
-        bytes += body.len();
-        if let Some(b) = batches.last_mut() {
-            b.push((line, spec, body));
-        }
-    }
+    let outgoing: Vec<Outgoing> = jobs
+        .iter()
+        .enumerate()
+        .map(|(key, (_, spec))| Outgoing {
+            key,
+            body: spec.body(),
+            attributes: HashMap::new(),
+            group_id: spec.group.clone(),
+            dedup_id: fifo.then(|| dedup_id(spec)),
+            delay_seconds: if fifo { None } else { spec.delay.map(|d| d as i32) },
+        })
+        .collect();
 
+    let sqs = Sqs::new(sqs_client(&ctx.sdk), ctx.storage_retry());
     let bar = progress(show_progress, requested as u64, "sending");
-    let results = stream::iter(batches)
+    let results = stream::iter(batches(outgoing, BATCH_LIMIT))
         .map(|batch| {
-            let bar = bar.clone();
+            let (bar, sqs) = (bar.clone(), &sqs);
             async move {
-                let r = send_batch(ctx, queue_url, fifo, &batch).await;
-                bar.inc(batch.len() as u64);
+                let n = batch.len() as u64;
+                let r = sqs.send(queue_url, batch, None).await;
+                bar.inc(n);
                 r
             }
         })
@@ -223,10 +246,33 @@ pub async fn send(
 
     let mut sent = Vec::new();
     let mut rejected = Vec::new();
+    let mut error = None;
     for r in results {
-        let (s, f) = r?;
-        sent.extend(s);
-        rejected.extend(f);
+        for k in r.accepted {
+            let (line, spec) = &jobs[k];
+            sent.push(Sent {
+                line: *line,
+                id: spec.id.clone(),
+                message_id: r.message_ids.get(&k).cloned().unwrap_or_default(),
+            });
+        }
+        for (k, why) in r.failed {
+            let (line, spec) = &jobs[k];
+            rejected.push(Rejected {
+                line: *line,
+                id: spec.id.clone(),
+                code: r.codes.get(&k).cloned().unwrap_or_else(|| "Unconfirmed".into()),
+                message: why,
+            });
+        }
+        error = error.or(r.error);
+    }
+    // Nothing reached SQS because of the queue or the endpoint: one clear line, not a list.
+    if let (true, Some(e)) = (sent.is_empty(), &error) {
+        let line = sqs_storage_error(ctx, e, queue_url, "TRIAGE_QUEUE_URL");
+        if line.kind != ErrorKind::Failed {
+            return Err(line);
+        }
     }
     sent.sort_by_key(|s| s.line);
     rejected.sort_by_key(|r| r.line);
@@ -237,57 +283,6 @@ pub async fn send(
         sent,
         rejected,
     })
-}
-
-async fn send_batch(
-    ctx: &Ctx,
-    queue_url: &str,
-    fifo: bool,
-    batch: &[(usize, JobSpec, String)],
-) -> OpsResult<(Vec<Sent>, Vec<Rejected>)> {
-    let mut req = ctx.sqs.send_message_batch().queue_url(queue_url);
-    for (i, (_, spec, body)) in batch.iter().enumerate() {
-        let mut entry = aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
-            .id(i.to_string())
-            .message_body(body)
-            .set_message_group_id(spec.group.clone());
-        if fifo {
-            entry = entry.message_deduplication_id(dedup_id(spec));
-        } else if let Some(d) = spec.delay {
-            entry = entry.delay_seconds(d as i32);
-        }
-        let entry = entry
-            .build()
-            .map_err(|e| OpsError::usage(format!("cannot build a batch entry: {e}")))?;
-        req = req.entries(entry);
-    }
-    let out = req
-        .send()
-        .await
-        .map_err(|e| ctx.sqs_error("SendMessageBatch", e, Some((queue_url, "TRIAGE_QUEUE_URL"))))?;
-    let at = |id: &str| id.parse::<usize>().ok().and_then(|i| batch.get(i));
-    let mut sent = Vec::new();
-    for s in out.successful {
-        if let Some((line, spec, _)) = at(&s.id) {
-            sent.push(Sent {
-                line: *line,
-                id: spec.id.clone(),
-                message_id: s.message_id,
-            });
-        }
-    }
-    let mut rejected = Vec::new();
-    for f in out.failed {
-        if let Some((line, spec, _)) = at(&f.id) {
-            rejected.push(Rejected {
-                line: *line,
-                id: spec.id.clone(),
-                code: f.code,
-                message: f.message.unwrap_or_default(),
-            });
-        }
-    }
-    Ok((sent, rejected))
 }
 
 #[cfg(test)]

@@ -67,6 +67,9 @@ pub enum Fault {
     /// `InvalidParameterValue`, `ConditionalCheckFailedException`); it goes into `__type`
     /// and, for SQS, into `x-amzn-query-error`.
     Error { status: u16, code: String },
+    /// Answer with this HTTP status and raw JSON body without forwarding the request (e.g.
+    /// `200` and `{}`: a success that lists no entry at all).
+    Body { status: u16, body: String },
 }
 
 impl Fault {
@@ -81,6 +84,7 @@ impl Fault {
             Fault::Reset => "Reset".into(),
             Fault::Delay(_) => "Delay".into(),
             Fault::Error { code, .. } => format!("Error:{code}"),
+            Fault::Body { status, .. } => format!("Body:{status}"),
         }
     }
 }
@@ -153,6 +157,9 @@ struct Shared {
     counters: Mutex<Counters>,
     faults: Mutex<Faults>,
     request_ids: AtomicU64,
+    /// SQS's cap on a SendMessageBatch payload, when enforced (see
+    /// [`FaultProxy::enforce_batch_cap`]).
+    batch_cap: Mutex<Option<usize>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -492,7 +499,11 @@ async fn handle(
             // Never answer; the connection task drops the socket.
             return Ok(std::future::pending::<Response<Full<Bytes>>>().await);
         }
+        Some(Fault::Body { status, body }) => return Ok(raw_response(status, body, &request_id)),
         Some(fault) => return Ok(error_response(service, &fault, &request_id)),
+    }
+    if let Some(resp) = over_batch_cap(&ctx.shared, service, &op, &body, &request_id) {
+        return Ok(resp);
     }
 
     // Forward unchanged: same method, path and query, headers (the signed Host
@@ -617,7 +628,9 @@ fn error_parts(service: Service, fault: &Fault) -> (u16, String, String, String)
                 format!("{code} (injected by fault proxy)"),
             )
         }
-        (_, Fault::Reset | Fault::Delay(_)) => unreachable!("not an error response"),
+        (_, Fault::Reset | Fault::Delay(_) | Fault::Body { .. }) => {
+            unreachable!("not an error response")
+        }
     };
     (status, format!("{ns}{code}"), code, message)
 }
@@ -640,4 +653,79 @@ fn error_response(service: Service, fault: &Fault, request_id: &str) -> Response
         }
     }
     resp
+}
+
+impl FaultProxy {
+    /// Enforces SQS's cap on a batch's payload as real SQS does and moto does not (moto counts
+    /// bodies only): a `SendMessageBatch` whose entries' bodies plus message attributes (name,
+    /// data type and value of each) add up to more than `cap` bytes is answered with SQS's
+    /// `AWS.SimpleQueueService.BatchRequestTooLong` (HTTP 400, sender fault) and not forwarded.
+    /// Counted under [`FaultProxy::faults`] as `BatchRequestTooLong`.
+    pub fn enforce_batch_cap(&self, cap: usize) {
+        *lock(&self.shared.batch_cap) = Some(cap);
+    }
+}
+
+/// The bytes a SendMessageBatch request (JSON protocol) counts toward SQS's batch cap.
+fn batch_payload_bytes(body: &[u8]) -> Option<usize> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let mut total = 0;
+    for e in v.get("Entries")?.as_array()? {
+        total += e.get("MessageBody").and_then(|b| b.as_str()).map_or(0, str::len);
+        if let Some(attrs) = e.get("MessageAttributes").and_then(|a| a.as_object()) {
+            for (name, a) in attrs {
+                total += name.len();
+                total += a.get("DataType").and_then(|t| t.as_str()).map_or(0, str::len);
+                total += a.get("StringValue").and_then(|t| t.as_str()).map_or(0, str::len);
+                // Binary values travel base64-encoded; SQS counts the decoded bytes.
+                total += a
+                    .get("BinaryValue")
+                    .and_then(|t| t.as_str())
+                    .map_or(0, |b| b.len() / 4 * 3);
+            }
+        }
+    }
+    Some(total)
+}
+
+fn over_batch_cap(
+    shared: &Shared,
+    service: Service,
+    op: &str,
+    body: &[u8],
+    request_id: &str,
+) -> Option<Response<Full<Bytes>>> {
+    let cap = (*lock(&shared.batch_cap))?;
+    if service != Service::Sqs || op != "SendMessageBatch" {
+        return None;
+    }
+    let size = batch_payload_bytes(body)?;
+    if size <= cap {
+        return None;
+    }
+    *lock(&shared.counters)
+        .faults
+        .entry("BatchRequestTooLong".into())
+        .or_default() += 1;
+    let code = "AWS.SimpleQueueService.BatchRequestTooLong";
+    let body = serde_json::json!({
+        "__type": "com.amazonaws.sqs#BatchRequestTooLong",
+        "message": format!("Batch requests cannot be longer than {cap} bytes. You have sent {size} bytes."),
+    })
+    .to_string();
+    let mut resp = raw_response(400, body, request_id);
+    resp.headers_mut().insert(
+        HeaderName::from_static("x-amzn-query-error"),
+        HeaderValue::from_str(&format!("{code};Sender")).expect("ascii header"),
+    );
+    Some(resp)
+}
+
+fn raw_response(status: u16, body: String, request_id: &str) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(header::CONTENT_TYPE, "application/x-amz-json-1.0")
+        .header("x-amzn-requestid", request_id)
+        .body(Full::new(Bytes::from(body)))
+        .expect("raw response")
 }
