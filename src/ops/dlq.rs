@@ -781,10 +781,10 @@ impl Pacer {
     }
 }
 
-/// Deletes the attempt ledgers of `job_ids` (batched through the ledger's `forget`), so
-/// replayed jobs start again from attempt 1.
-pub async fn reset_ledgers(ctx: &Ctx, table: &str, job_ids: &[String]) -> OpsResult<usize> {
-    let unique: HashSet<&str> = job_ids.iter().map(String::as_str).collect();
+/// Deletes the attempt ledgers of `jobs` (`(job type, job id)` pairs, batched through the
+/// ledger's `forget`), so replayed jobs start again from attempt 1.
+pub async fn reset_ledgers(ctx: &Ctx, table: &str, jobs: &[(String, String)]) -> OpsResult<usize> {
+    let unique: HashSet<(&str, &str)> = jobs.iter().map(|(t, id)| (t.as_str(), id.as_str())).collect();
     ctx.ledger(table)
         .forget(unique.iter().copied(), None)
         .await
@@ -1038,7 +1038,7 @@ impl ReplayState {
         // Reset before sending: once the job is back on its queue a worker may count a new
         // attempt at any moment, and that count must not be wiped.
         if let Some(table) = table {
-            let ids: Vec<String> = chunk.iter().map(DlqMessage::job_id).collect();
+            let ids: Vec<(String, String)> = chunk.iter().map(|m| (m.job_type(), m.job_id())).collect();
             self.ledgers_reset += reset_ledgers(ctx, table, &ids).await?;
         }
         let fifo = is_fifo(target);

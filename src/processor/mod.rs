@@ -273,10 +273,10 @@ impl Processor {
 
     /// Reads the ledger for redeliveries, in one batched call.
     async fn load_ledger(&self, slots: &mut [Slot], deadline: Option<Instant>, metrics: &mut Metrics) {
-        let ids: Vec<String> = slots
+        let ids: Vec<(String, String)> = slots
             .iter()
             .filter(|s| s.job.is_ok() && s.inc.receive_count > 1)
-            .map(|s| s.job_id.clone())
+            .map(|s| (s.job_type().unwrap_or_default().to_owned(), s.job_id.clone()))
             .collect();
         if ids.is_empty() {
             return;
@@ -294,7 +294,8 @@ impl Processor {
         {
             s.ledger = match &stored {
                 Some(m) => {
-                    let item = m.get(&s.job_id).copied();
+                    let key = (s.job_type().unwrap_or_default().to_owned(), s.job_id.clone());
+                    let item = m.get(&key).copied();
                     s.had_ledger_item = item.is_some();
                     Ledger::Stored(item)
                 }
@@ -487,7 +488,10 @@ impl Processor {
                 Decision::Done { .. } => {
                     settled[i] = true;
                     if slot.had_ledger_item || slot.ledger == Ledger::Unavailable {
-                        forget.push(slot.job_id.clone());
+                        forget.push((
+                            slot.job_type().unwrap_or_default().to_owned(),
+                            slot.job_id.clone(),
+                        ));
                     }
                 }
                 Decision::Retry { visibility: v, .. } | Decision::Defer { visibility: v, .. } => {
@@ -542,7 +546,7 @@ impl Processor {
             settled[i] = true;
             let s = &slots[i];
             if s.had_ledger_item || s.ledger == Ledger::Unavailable {
-                forget.push(s.job_id.clone());
+                forget.push((s.job_type().unwrap_or_default().to_owned(), s.job_id.clone()));
             }
         }
         for (i, _) in &sent.failed {
@@ -567,9 +571,9 @@ impl Processor {
                 receive_count: s.inc.receive_count,
             };
             self.ledger.count(
+                s.job_type().unwrap_or_default(),
                 &s.job_id,
                 delivery,
-                s.job_type().unwrap_or_default(),
                 next,
                 error,
                 deadline,
