@@ -16,6 +16,7 @@ use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageB
 use serde_json::{Value, json};
 use sqs_triage::core::failure::{FAILURE_ATTRIBUTE, FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::dlq_copy;
+use sqs_triage::effects::table::ledger_key;
 
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
 
@@ -174,26 +175,26 @@ async fn seed_dlq(stack: &Stack, jobs: &[(FailureClass, &str, String)]) {
     }
 }
 
-async fn put_ledger(stack: &Stack, job_id: &str) {
+async fn put_ledger(stack: &Stack, job_type: &str, job_id: &str) {
     ddb()
         .await
         .put_item()
         .table_name(&stack.table)
-        .item("pk", AttributeValue::S(format!("job#{job_id}")))
-        .item("sk", AttributeValue::S("ledger".into()))
+        .set_item(Some(ledger_key(job_type, job_id)))
+        .item("job_type", AttributeValue::S(job_type.into()))
+        .item("job_id", AttributeValue::S(job_id.into()))
         .item("attempts", AttributeValue::N("3".into()))
         .send()
         .await
         .unwrap();
 }
 
-async fn has_ledger(stack: &Stack, job_id: &str) -> bool {
+async fn has_ledger(stack: &Stack, job_type: &str, job_id: &str) -> bool {
     ddb()
         .await
         .get_item()
         .table_name(&stack.table)
-        .key("pk", AttributeValue::S(format!("job#{job_id}")))
-        .key("sk", AttributeValue::S("ledger".into()))
+        .set_key(Some(ledger_key(job_type, job_id)))
         .consistent_read(true)
         .send()
         .await
@@ -540,8 +541,8 @@ async fn replay_moves_the_selection_back_unchanged_at_the_given_rate() {
     jobs.extend((0..30).map(|i| (FailureClass::Fatal, "billing.charge", format!("rb-{i}"))));
     jobs.extend((0..5).map(|i| (FailureClass::Fatal, "email.send", format!("re-{i}"))));
     seed_dlq(&stack, &jobs).await;
-    for (_, _, id) in &jobs {
-        put_ledger(&stack, id).await;
+    for (_, t, id) in &jobs {
+        put_ledger(&stack, t, id).await;
     }
 
     let started = Instant::now();
@@ -577,10 +578,13 @@ async fn replay_moves_the_selection_back_unchanged_at_the_given_rate() {
         assert_eq!(attrs.len(), 1, "{attrs:?}");
         assert_eq!(attrs["tenant"].string_value(), Some("acme"));
         assert!(!attrs.contains_key(FAILURE_ATTRIBUTE));
-        assert!(!has_ledger(&stack, id).await, "ledger of {id} not reset");
+        assert!(
+            !has_ledger(&stack, "billing.charge", id).await,
+            "ledger of {id} not reset"
+        );
     }
     assert!(
-        has_ledger(&stack, "re-0").await,
+        has_ledger(&stack, "email.send", "re-0").await,
         "an unselected job's ledger was reset"
     );
     let list = ok_json(&run(Some(&stack), &["dlq", "list", "--json"]));
@@ -728,15 +732,49 @@ async fn breakers_are_read_and_forced_with_confirmation() {
 #[tokio::test]
 async fn attempts_show_reads_the_ledger() {
     let stack = setup("cli-attempts");
-    put_ledger(&stack, "job-7").await;
+    put_ledger(&stack, "email.send", "job-7").await;
     let shown = ok_json(&run(Some(&stack), &["attempts", "show", "job-7", "--json"]));
     assert_eq!(shown["found"], true);
     assert_eq!(shown["attempts"], 3);
+    assert_eq!(shown["job_type"], "email.send", "the one type with a ledger");
+    let typed = ok_json(&run(
+        Some(&stack),
+        &["attempts", "show", "job-7", "--type", "email.send", "--json"],
+    ));
+    assert_eq!(
+        (typed["found"].clone(), typed["attempts"].clone()),
+        (json!(true), json!(3))
+    );
+    let other = ok_json(&run(
+        Some(&stack),
+        &["attempts", "show", "job-7", "--type", "billing.charge", "--json"],
+    ));
+    assert_eq!(other["found"], false, "ledgers are per job type");
     let none = ok_json(&run(Some(&stack), &["attempts", "show", "job-8", "--json"]));
     assert_eq!(none["found"], false);
-    let text =
-        String::from_utf8_lossy(&run(Some(&stack), &["attempts", "show", "job-7"]).stdout).into_owned();
-    assert!(text.contains("attempts") && text.contains('3'), "{text}");
+    // Two job types share the id: without --type the answer would be ambiguous.
+    put_ledger(&stack, "billing.charge", "job-7").await;
+    let o = run(Some(&stack), &["attempts", "show", "job-7"]);
+    assert_one_line_error(&o, 2, "pass --type");
+    assert!(
+        stderr(&o).contains("billing.charge") && stderr(&o).contains("email.send"),
+        "{}",
+        stderr(&o)
+    );
+    let typed = ok_json(&run(
+        Some(&stack),
+        &["attempts", "show", "job-7", "--type", "billing.charge", "--json"],
+    ));
+    assert_eq!(typed["found"], true);
+    let o = run(
+        Some(&stack),
+        &["attempts", "show", "job-7", "--type", "email.send"],
+    );
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        text.contains("attempts") && text.contains('3') && text.contains("email.send"),
+        "{text}"
+    );
     let o = run(None, &["attempts", "show", "job-7"]);
     assert_one_line_error(&o, 2, "TRIAGE_TABLE is not set");
     let o = run(

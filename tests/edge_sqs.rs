@@ -76,12 +76,12 @@ fn replay_opts(table: &str) -> ReplayOptions {
 async fn put_ledger(ctx: &Ctx, table: &str, job_type: &str, job_id: &str) {
     ctx.ledger(table)
         .count(
+            job_type,
             job_id,
             Delivery {
                 message_id: "m-1",
                 receive_count: 1,
             },
-            job_type,
             None,
             "boom",
             None,
@@ -91,7 +91,7 @@ async fn put_ledger(ctx: &Ctx, table: &str, job_type: &str, job_id: &str) {
 }
 
 async fn has_ledger(ctx: &Ctx, table: &str, job_id: &str) -> bool {
-    ctx.ledger(table).show(job_id).await.unwrap().is_some()
+    ctx.ledger(table).show("t", job_id).await.unwrap().is_some()
 }
 
 fn record(job_type: &str, job_id: &str, source_queue: &str) -> FailureRecord {

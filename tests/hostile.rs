@@ -262,7 +262,7 @@ async fn a_body_at_the_limit_gets_a_copy_with_its_record_or_without_when_none_fi
         sqs_triage::effects::storage_retry::StorageRetry::default(),
     );
     let item = ledger
-        .show("at-limit")
+        .show(chaos::CHAOS, "at-limit")
         .await
         .unwrap()
         .expect("the record is kept in the ledger");

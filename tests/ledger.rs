@@ -28,12 +28,12 @@ async fn same_delivery_counted_once_under_32_racers() {
             let l = ledger.clone();
             tokio::spawn(async move {
                 l.count(
+                    "email",
                     "job-a",
                     Delivery {
                         message_id: "m",
                         receive_count: 2,
                     },
-                    "email",
                     Some(123),
                     "timeout",
                     None,
@@ -53,7 +53,7 @@ async fn same_delivery_counted_once_under_32_racers() {
         }
     }
     assert_eq!(new, 1, "exactly one racer counts the delivery");
-    let item = ledger.show("job-a").await.unwrap().expect("item");
+    let item = ledger.show("email", "job-a").await.unwrap().expect("item");
     assert_eq!(item.attempts, 1);
     assert_eq!(item.next_attempt_at_ms, Some(123));
     assert_eq!(item.job_type.as_deref(), Some("email"));
@@ -73,12 +73,12 @@ async fn distinct_deliveries_each_counted_once_in_any_order() {
             let l = ledger.clone();
             tokio::spawn(async move {
                 l.count(
+                    "email",
                     "job-b",
                     Delivery {
                         message_id: "m",
                         receive_count: rc,
                     },
-                    "email",
                     None,
                     "boom",
                     None,
@@ -100,7 +100,7 @@ async fn distinct_deliveries_each_counted_once_in_any_order() {
         (1..=32).collect::<Vec<_>>(),
         "ADD gives each racer its own count"
     );
-    let item = ledger.show("job-b").await.unwrap().unwrap();
+    let item = ledger.show("email", "job-b").await.unwrap().unwrap();
     assert_eq!(item.attempts, 32);
     assert_eq!(item.deliveries.len(), 32);
     assert_eq!(item.next_attempt_at_ms, None);
@@ -108,12 +108,12 @@ async fn distinct_deliveries_each_counted_once_in_any_order() {
     assert_eq!(
         ledger
             .count(
+                "email",
                 "job-b",
                 Delivery {
                     message_id: "m",
                     receive_count: 7
                 },
-                "email",
                 None,
                 "boom",
                 None
@@ -136,12 +136,12 @@ async fn read_many_is_one_batch_get_per_100_ids_and_close_reset_work() {
         if i % 2 == 0 {
             ledger
                 .count(
+                    "t",
                     &format!("j{i}"),
                     Delivery {
                         message_id: "m",
                         receive_count: 2,
                     },
-                    "t",
                     Some(u64::from(i)),
                     "e",
                     None,
@@ -150,18 +150,19 @@ async fn read_many_is_one_batch_get_per_100_ids_and_close_reset_work() {
                 .unwrap();
         }
     }
-    let mut ids: Vec<String> = (0..150).map(|i| format!("j{i}")).collect();
-    ids.extend((0..20).map(|i| format!("j{i}"))); // duplicates are read once
+    let key = |i: u32| ("t".to_owned(), format!("j{i}"));
+    let mut ids: Vec<(String, String)> = (0..150).map(key).collect();
+    ids.extend((0..20).map(key)); // duplicates are read once
     proxy.reset_counts();
     let got = ledger.read_many(&ids, None).await.unwrap();
     assert_eq!(proxy.count("BatchGetItem"), 2, "150 distinct ids: two calls");
     assert_eq!(got.len(), 75);
-    assert_eq!(got["j4"].attempts, 1);
-    assert_eq!(got["j4"].next_attempt_at_ms, Some(4));
-    assert!(!got.contains_key("j5"));
+    assert_eq!(got[&key(4)].attempts, 1);
+    assert_eq!(got[&key(4)].next_attempt_at_ms, Some(4));
+    assert!(!got.contains_key(&key(5)));
 
     proxy.reset_counts();
-    let evens: Vec<String> = (0..150).step_by(2).map(|i| format!("j{i}")).collect();
+    let evens: Vec<(String, String)> = (0..150).step_by(2).map(key).collect();
     ledger.close(&evens[..60], None).await.unwrap();
     assert_eq!(
         proxy.count("BatchWriteItem"),
@@ -172,17 +173,17 @@ async fn read_many_is_one_batch_get_per_100_ids_and_close_reset_work() {
     assert_eq!(got.len(), 15);
 
     // Replay: reset gives the job a fresh ledger, so delivery 2 counts again as attempt 1.
-    ledger.reset("j140").await.unwrap();
-    assert!(ledger.show("j140").await.unwrap().is_none());
+    ledger.reset("t", "j140").await.unwrap();
+    assert!(ledger.show("t", "j140").await.unwrap().is_none());
     assert_eq!(
         ledger
             .count(
+                "t",
                 "j140",
                 Delivery {
                     message_id: "m",
                     receive_count: 2
                 },
-                "t",
                 None,
                 "e",
                 None
@@ -193,7 +194,7 @@ async fn read_many_is_one_batch_get_per_100_ids_and_close_reset_work() {
     );
     assert!(
         ledger
-            .read_many(Vec::<String>::new(), None)
+            .read_many(Vec::<(String, String)>::new(), None)
             .await
             .unwrap()
             .is_empty()

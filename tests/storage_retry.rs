@@ -59,12 +59,12 @@ async fn ledger_is_exact_through_a_share_of_faults_and_retries_stay_in_budget() 
             let l = ledger.clone();
             tokio::spawn(async move {
                 l.count(
+                    "t",
                     "job",
                     Delivery {
                         message_id: "m",
                         receive_count: rc,
                     },
-                    "t",
                     None,
                     "e",
                     None,
@@ -79,13 +79,20 @@ async fn ledger_is_exact_through_a_share_of_faults_and_retries_stay_in_budget() 
         let c = t.await.unwrap().expect("counted despite faults");
         assert!(matches!(c, Counted::New(_) | Counted::AlreadyCounted));
     }
-    let ids: Vec<String> = (0..120)
-        .map(|i| format!("x{i}"))
-        .chain(["job".to_owned()])
+    let ids: Vec<(String, String)> = (0..120)
+        .map(|i| ("t".to_owned(), format!("x{i}")))
+        .chain([("t".to_owned(), "job".to_owned())])
         .collect();
     let got = ledger.read_many(&ids, None).await.expect("read despite faults");
-    assert_eq!(got["job"].attempts, 32, "each delivery counted exactly once");
-    ledger.close(["job"], None).await.expect("close despite faults");
+    assert_eq!(
+        got[&("t".to_owned(), "job".to_owned())].attempts,
+        32,
+        "each delivery counted exactly once"
+    );
+    ledger
+        .close([("t", "job")], None)
+        .await
+        .expect("close despite faults");
 
     let stats = retry.stats();
     assert!(proxy.faults_injected() > 0);
@@ -109,12 +116,12 @@ async fn all_faults_fail_after_bounded_retries_with_a_clear_error() {
         proxy.fail_always("UpdateItem", fault.clone());
         let err = ledger
             .count(
+                "t",
                 "job",
                 Delivery {
                     message_id: "m",
                     receive_count: 1,
                 },
-                "t",
                 None,
                 "e",
                 None,
@@ -135,8 +142,8 @@ async fn all_faults_fail_after_bounded_retries_with_a_clear_error() {
     let ledger = AttemptLedger::new(client.clone(), &table, retry.clone());
     proxy.reset_counts();
     proxy.fail_always("GetItem", Fault::Status503);
-    let e1 = ledger.show("a").await.unwrap_err();
-    let e2 = ledger.show("b").await.unwrap_err();
+    let e1 = ledger.show("t", "a").await.unwrap_err();
+    let e2 = ledger.show("t", "b").await.unwrap_err();
     proxy.clear_faults();
     assert_eq!((e1.stop, e2.stop), (Stop::BudgetEmpty, Stop::BudgetEmpty));
     assert_eq!(proxy.count("GetItem"), 5, "3 retries in all, then one call each");
@@ -152,12 +159,12 @@ async fn missing_table_surfaces_at_once_with_what_to_do() {
     let ledger = AttemptLedger::new(client, "no-such-table", policy(100));
     let err = ledger
         .count(
+            "t",
             "job",
             Delivery {
                 message_id: "m",
                 receive_count: 2,
             },
-            "t",
             None,
             "e",
             None,
@@ -170,7 +177,10 @@ async fn missing_table_surfaces_at_once_with_what_to_do() {
         err.to_string(),
         "DynamoDB table `no-such-table` does not exist (ResourceNotFoundException): run `triage setup` or set TRIAGE_TABLE"
     );
-    let err = ledger.read_many(["a", "b"], None).await.unwrap_err();
+    let err = ledger
+        .read_many([("t", "a"), ("t", "b")], None)
+        .await
+        .unwrap_err();
     assert!(err.is_not_found());
     assert_eq!(proxy.count("BatchGetItem"), 1);
 }

@@ -105,10 +105,14 @@ enum BreakerCommand {
 
 #[derive(Debug, Subcommand)]
 enum AttemptsCommand {
-    /// The attempt ledger of one job.
+    /// The attempt ledger of one job (ledgers are kept per job type and job id).
     Show {
         /// Job id (the envelope `id`, else the SQS message id).
         job_id: String,
+        /// Job type. Without it, the id's ledger under whichever type has one; an error
+        /// naming the types when several job types share the id.
+        #[arg(long = "type", value_name = "TYPE")]
+        job_type: Option<String>,
     },
 }
 
@@ -443,10 +447,10 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             let r = breaker::force(&ctx, table, job_type, what).await?;
             Ok(print(&r, json))
         }
-        Command::Attempts(AttemptsCommand::Show { job_id }) => {
+        Command::Attempts(AttemptsCommand::Show { job_id, job_type }) => {
             let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
             let ctx = Ctx::from_env().await?;
-            let r = breaker::attempts(&ctx, table, job_id).await?;
+            let r = breaker::attempts(&ctx, table, job_type.as_deref(), job_id).await?;
             Ok(print(&r, json))
         }
         Command::Worker => {

@@ -1,11 +1,16 @@
 //! The attempt ledger: exact handler-execution counts per job, in DynamoDB.
 //!
-//! One item per job id (`pk = job#<id>`, `sk = ledger`). An execution is counted with one
-//! conditional `UpdateItem` keyed on the delivery (its receive count): `ADD` makes racing
-//! distinct deliveries each count once, and the condition
+//! One item per job type and job id (`pk = job#<id>`, `sk = ledger#<type>`; a part too long
+//! for DynamoDB's key limits is replaced by its SHA-256, see [`super::table`]). Two job types
+//! that share an id have separate ledgers. An execution is counted with one conditional
+//! `UpdateItem` keyed on the delivery (its receive count): `ADD` makes racing distinct
+//! deliveries each count once, and the condition
 //! `attribute_not_exists(pk) OR NOT contains(deliveries, :delivery)` makes the same delivery
 //! count at most once. First deliveries need no read; redeliveries are read with one
-//! `BatchGetItem` per 100 ids. See `docs/state.md` for why each condition is safe.
+//! `BatchGetItem` per 100 jobs. See `docs/state.md` for why each condition is safe.
+//!
+//! Every operation names its jobs as `(job type, job id)` pairs (anything implementing
+//! [`JobRef`]).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -15,7 +20,10 @@ use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, KeysAndAttributes, 
 use tokio::time::Instant;
 
 use super::storage_retry::{BatchStep, StorageError, StorageRetry};
-use super::table::{LEDGER_SK, PK, TTL_ATTRIBUTE, get_consistent, ledger_key, ledger_pk};
+use super::table::{
+    LEDGER_SK_DIGEST_PREFIX, LEDGER_SK_PREFIX, PK, SK, TTL_ATTRIBUTE, get_consistent, ledger_key, ledger_pk,
+    ledger_sk,
+};
 use crate::core::decision::StoredAttempts;
 
 /// Most keys one `BatchGetItem` accepts.
@@ -36,6 +44,36 @@ pub enum Counted {
     /// This delivery had already been counted (a duplicate report): nothing changed.
     AlreadyCounted,
 }
+
+/// A job as the ledger knows it: its type and its id. Implemented for pairs
+/// `(job_type, job_id)` of anything string-like, and for references to them.
+pub trait JobRef {
+    /// The job type.
+    fn job_type(&self) -> &str;
+    /// The job id.
+    fn job_id(&self) -> &str;
+}
+
+impl<T: AsRef<str>, S: AsRef<str>> JobRef for (T, S) {
+    fn job_type(&self) -> &str {
+        self.0.as_ref()
+    }
+    fn job_id(&self) -> &str {
+        self.1.as_ref()
+    }
+}
+
+impl<J: JobRef + ?Sized> JobRef for &J {
+    fn job_type(&self) -> &str {
+        (**self).job_type()
+    }
+    fn job_id(&self) -> &str {
+        (**self).job_id()
+    }
+}
+
+/// `(job type, job id)`: how [`AttemptLedger::read_many`] keys its answer.
+pub type JobKey = (String, String);
 
 /// A ledger item as the CLI shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -69,15 +107,20 @@ impl LedgerItem {
         }
     }
 
+    /// Reads an item of the current layout; `None` for anything else (another kind of item,
+    /// or a ledger written by an earlier version under `sk = ledger`).
     fn parse(item: &HashMap<String, AttributeValue>) -> Option<Self> {
-        let pk = s(item, PK)?;
+        let sk = s(item, SK)?;
+        if !(sk.starts_with(LEDGER_SK_PREFIX) || sk.starts_with(LEDGER_SK_DIGEST_PREFIX)) {
+            return None;
+        }
         let mut deliveries: Vec<String> = match item.get("deliveries") {
             Some(AttributeValue::Ss(v)) => v.clone(),
             _ => Vec::new(),
         };
         deliveries.sort_unstable();
         Some(Self {
-            job_id: pk.strip_prefix("job#").unwrap_or(pk).to_owned(),
+            job_id: s(item, "job_id").unwrap_or_default().to_owned(),
             attempts: n(item, "attempts").unwrap_or(0) as u32,
             next_attempt_at_ms: n(item, "next_attempt_at"),
             last_error: s(item, "last_error").map(str::to_owned),
@@ -122,18 +165,22 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The ids once each, in first-seen order.
-fn distinct<I, S>(job_ids: I) -> Vec<String>
+/// The jobs once each, in first-seen order.
+fn distinct<I>(jobs: I) -> Vec<JobKey>
 where
-    I: IntoIterator<Item = S>,
-    S: AsRef<str>,
+    I: IntoIterator,
+    I::Item: JobRef,
 {
     let mut seen = HashSet::new();
-    job_ids
-        .into_iter()
-        .map(|s| s.as_ref().to_owned())
-        .filter(|id| seen.insert(id.clone()))
+    jobs.into_iter()
+        .map(|j| (j.job_type().to_owned(), j.job_id().to_owned()))
+        .filter(|k| seen.insert(k.clone()))
         .collect()
+}
+
+/// The `(pk, sk)` strings of an item key, to match answers to requests.
+fn key_strings(key: &HashMap<String, AttributeValue>) -> Option<(String, String)> {
+    Some((s(key, PK)?.to_owned(), s(key, SK)?.to_owned()))
 }
 
 /// One delivery of a message: what makes a handler execution countable exactly once.
@@ -176,19 +223,20 @@ impl AttemptLedger {
         &self.table
     }
 
-    /// Reads the stored attempts of redelivered jobs: one consistent `BatchGetItem` per 100
-    /// distinct ids (chunks in parallel), unprocessed keys sent again. Jobs without an item
-    /// are absent from the map (no counted attempts).
-    pub async fn read_many<I, S>(
+    /// Reads the stored attempts of redelivered jobs, given as `(job type, job id)` pairs:
+    /// one consistent `BatchGetItem` per 100 distinct jobs (chunks in parallel), unprocessed
+    /// keys sent again. The answer is keyed by `(job type, job id)`; jobs without an item are
+    /// absent from it (no counted attempts).
+    pub async fn read_many<I>(
         &self,
-        job_ids: I,
+        jobs: I,
         deadline: Option<Instant>,
-    ) -> Result<HashMap<String, StoredAttempts>, StorageError>
+    ) -> Result<HashMap<JobKey, StoredAttempts>, StorageError>
     where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
+        I: IntoIterator,
+        I::Item: JobRef,
     {
-        let ids = distinct(job_ids);
+        let ids = distinct(jobs);
         let chunks = ids
             .chunks(BATCH_GET_MAX)
             .map(|c| self.read_chunk(c.to_vec(), deadline));
@@ -201,15 +249,22 @@ impl AttemptLedger {
 
     async fn read_chunk(
         &self,
-        ids: Vec<String>,
+        ids: Vec<JobKey>,
         deadline: Option<Instant>,
-    ) -> Result<Vec<(String, StoredAttempts)>, StorageError> {
+    ) -> Result<Vec<(JobKey, StoredAttempts)>, StorageError> {
+        // Answers are matched to jobs by their key, not by the stored attributes: a key may be
+        // a digest, and the key is what was asked for.
+        let by_key: HashMap<(String, String), JobKey> = ids
+            .iter()
+            .map(|(t, id)| ((ledger_pk(id), ledger_sk(t)), (t.clone(), id.clone())))
+            .collect();
+        let by_key = &by_key;
         let result = self
             .retry
             .batch("BatchGetItem", deadline, ids, |pending| async move {
                 let mut keys = KeysAndAttributes::builder().consistent_read(true);
-                for id in &pending {
-                    keys = keys.keys(ledger_key(id));
+                for (t, id) in &pending {
+                    keys = keys.keys(ledger_key(t, id));
                 }
                 let keys = keys.build().expect("keys are set");
                 let resp = self
@@ -225,19 +280,16 @@ impl AttemptLedger {
                 let mut step = BatchStep::default();
                 if let Some(items) = resp.responses().and_then(|r| r.get(&self.table)) {
                     for item in items {
-                        if let Some(parsed) = LedgerItem::parse(item) {
-                            step.succeeded.push((parsed.job_id.clone(), parsed.stored()));
+                        let job = key_strings(item).and_then(|k| by_key.get(&k));
+                        if let (Some(job), Some(parsed)) = (job, LedgerItem::parse(item)) {
+                            step.succeeded.push((job.clone(), parsed.stored()));
                         }
                     }
                 }
                 if let Some(un) = resp.unprocessed_keys().and_then(|u| u.get(&self.table)) {
                     for key in un.keys() {
-                        if let Some(id) = key
-                            .get(PK)
-                            .and_then(|v| v.as_s().ok())
-                            .and_then(|pk| pk.strip_prefix("job#"))
-                        {
-                            step.retry.push(id.to_owned());
+                        if let Some(job) = key_strings(key).and_then(|k| by_key.get(&k)) {
+                            step.retry.push(job.clone());
                         }
                     }
                 }
@@ -250,15 +302,16 @@ impl AttemptLedger {
         }
     }
 
-    /// Counts one handler execution of delivery `receive_count` (its
-    /// `ApproximateReceiveCount`). The same delivery is counted at most once; distinct
-    /// deliveries are each counted once, in any order. Also stores the job type, the
-    /// earliest next attempt and the last error (cut to [`LAST_ERROR_MAX`] bytes).
+    /// Counts one handler execution of job `job_id` of type `job_type`, at delivery
+    /// `receive_count` (its `ApproximateReceiveCount`). The same delivery is counted at most
+    /// once; distinct deliveries are each counted once, in any order. Also stores the job
+    /// type and id in full, the earliest next attempt and the last error (cut to
+    /// [`LAST_ERROR_MAX`] bytes).
     pub async fn count(
         &self,
+        job_type: &str,
         job_id: &str,
         delivery: Delivery<'_>,
-        job_type: &str,
         next_attempt_at_ms: Option<u64>,
         last_error: &str,
         deadline: Option<Instant>,
@@ -268,8 +321,8 @@ impl AttemptLedger {
         // Keyed by message as well as receive count: a producer's re-send of the same job id
         // is a new message whose deliveries count too.
         let delivery = format!("{}#{}", delivery.message_id, delivery.receive_count);
-        let mut set = "SET last_receive_count = :rc, job_type = :jt, last_error = :err, \
-                       updated_at = :now, expires_at = :exp"
+        let mut set = "SET last_receive_count = :rc, job_type = :jt, job_id = :jid, \
+                       last_error = :err, updated_at = :now, expires_at = :exp"
             .to_owned();
         if next_attempt_at_ms.is_some() {
             set.push_str(", next_attempt_at = :next");
@@ -285,7 +338,7 @@ impl AttemptLedger {
                     .client
                     .update_item()
                     .table_name(&self.table)
-                    .set_key(Some(ledger_key(job_id)))
+                    .set_key(Some(ledger_key(job_type, job_id)))
                     .update_expression(&expr)
                     .condition_expression("attribute_not_exists(pk) OR NOT contains(deliveries, :d)")
                     .expression_attribute_values(":one", num(1))
@@ -293,6 +346,7 @@ impl AttemptLedger {
                     .expression_attribute_values(":d", AttributeValue::S(delivery.clone()))
                     .expression_attribute_values(":rc", num(u64::from(receive_count)))
                     .expression_attribute_values(":jt", AttributeValue::S(job_type.to_owned()))
+                    .expression_attribute_values(":jid", AttributeValue::S(job_id.to_owned()))
                     .expression_attribute_values(
                         ":err",
                         AttributeValue::S(truncate(last_error, LAST_ERROR_MAX).to_owned()),
@@ -316,15 +370,15 @@ impl AttemptLedger {
         }
     }
 
-    /// Deletes the ledgers of finished jobs (success of a redelivered job, dead-lettering):
-    /// `BatchWriteItem` with at most 25 deletes per call, unprocessed items sent again.
-    /// Deleting a missing item is not an error.
-    pub async fn close<I, S>(&self, job_ids: I, deadline: Option<Instant>) -> Result<(), StorageError>
+    /// Deletes the ledgers of finished jobs, given as `(job type, job id)` pairs (success of
+    /// a redelivered job, dead-lettering): `BatchWriteItem` with at most 25 deletes per call,
+    /// unprocessed items sent again. Deleting a missing item is not an error.
+    pub async fn close<I>(&self, jobs: I, deadline: Option<Instant>) -> Result<(), StorageError>
     where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
+        I: IntoIterator,
+        I::Item: JobRef,
     {
-        let ids = distinct(job_ids);
+        let ids = distinct(jobs);
         let chunks = ids
             .chunks(BATCH_WRITE_MAX)
             .map(|c| self.close_chunk(c.to_vec(), deadline));
@@ -333,23 +387,28 @@ impl AttemptLedger {
     }
 
     /// Same as [`close`](Self::close): forget jobs that are gone.
-    pub async fn forget<I, S>(&self, job_ids: I, deadline: Option<Instant>) -> Result<(), StorageError>
+    pub async fn forget<I>(&self, jobs: I, deadline: Option<Instant>) -> Result<(), StorageError>
     where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
+        I: IntoIterator,
+        I::Item: JobRef,
     {
-        self.close(job_ids, deadline).await
+        self.close(jobs, deadline).await
     }
 
-    async fn close_chunk(&self, ids: Vec<String>, deadline: Option<Instant>) -> Result<(), StorageError> {
-        let result: super::storage_retry::BatchResult<String, ()> = self
+    async fn close_chunk(&self, ids: Vec<JobKey>, deadline: Option<Instant>) -> Result<(), StorageError> {
+        let by_key: HashMap<(String, String), JobKey> = ids
+            .iter()
+            .map(|(t, id)| ((ledger_pk(id), ledger_sk(t)), (t.clone(), id.clone())))
+            .collect();
+        let by_key = &by_key;
+        let result: super::storage_retry::BatchResult<JobKey, ()> = self
             .retry
             .batch("BatchWriteItem", deadline, ids, |pending| async move {
                 let requests: Vec<WriteRequest> = pending
                     .iter()
-                    .map(|id| {
+                    .map(|(t, id)| {
                         let del = DeleteRequest::builder()
-                            .set_key(Some(ledger_key(id)))
+                            .set_key(Some(ledger_key(t, id)))
                             .build()
                             .expect("key is set");
                         WriteRequest::builder().delete_request(del).build()
@@ -368,13 +427,12 @@ impl AttemptLedger {
                 let mut step = BatchStep::default();
                 if let Some(un) = resp.unprocessed_items().and_then(|u| u.get(&self.table)) {
                     for w in un {
-                        if let Some(id) = w
+                        if let Some(job) = w
                             .delete_request()
-                            .and_then(|d| d.key().get(PK))
-                            .and_then(|v| v.as_s().ok())
-                            .and_then(|pk| pk.strip_prefix("job#"))
+                            .and_then(|d| key_strings(d.key()))
+                            .and_then(|k| by_key.get(&k))
                         {
-                            step.retry.push(id.to_owned());
+                            step.retry.push(job.clone());
                         }
                     }
                 }
@@ -388,13 +446,13 @@ impl AttemptLedger {
     }
 
     /// Removes a job's ledger so a replayed job starts with fresh attempts.
-    pub async fn reset(&self, job_id: &str) -> Result<(), StorageError> {
+    pub async fn reset(&self, job_type: &str, job_id: &str) -> Result<(), StorageError> {
         self.retry
             .call("DeleteItem", None, || {
                 self.client
                     .delete_item()
                     .table_name(&self.table)
-                    .set_key(Some(ledger_key(job_id)))
+                    .set_key(Some(ledger_key(job_type, job_id)))
                     .send()
             })
             .await
@@ -403,20 +461,66 @@ impl AttemptLedger {
     }
 
     /// Reads one job's ledger (consistent read), for the CLI.
-    pub async fn show(&self, job_id: &str) -> Result<Option<LedgerItem>, StorageError> {
-        let item = get_consistent(&self.client, &self.retry, &self.table, ledger_key(job_id), None).await?;
-        Ok(item.as_ref().and_then(LedgerItem::parse))
+    pub async fn show(&self, job_type: &str, job_id: &str) -> Result<Option<LedgerItem>, StorageError> {
+        let item = get_consistent(
+            &self.client,
+            &self.retry,
+            &self.table,
+            ledger_key(job_type, job_id),
+            None,
+        )
+        .await?;
+        Ok(item.as_ref().and_then(LedgerItem::parse).map(|mut i| {
+            // The key is what was asked for: fill in what the item may lack.
+            i.job_id = job_id.to_owned();
+            i.job_type.get_or_insert_with(|| job_type.to_owned());
+            i
+        }))
+    }
+
+    /// Reads the ledgers of job id `job_id` under every job type (one consistent `Query` of
+    /// its partition, pages followed), for the CLI when no type is given. Items of an
+    /// earlier version's layout are left out.
+    pub async fn show_all_types(&self, job_id: &str) -> Result<Vec<LedgerItem>, StorageError> {
+        let pk = ledger_pk(job_id);
+        let mut out = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let page = self
+                .retry
+                .call("Query", None, || {
+                    self.client
+                        .query()
+                        .table_name(&self.table)
+                        .key_condition_expression("pk = :pk AND begins_with(sk, :ledger)")
+                        .expression_attribute_values(":pk", AttributeValue::S(pk.clone()))
+                        .expression_attribute_values(":ledger", AttributeValue::S("ledger".into()))
+                        .consistent_read(true)
+                        .set_exclusive_start_key(start.clone())
+                        .send()
+                })
+                .await
+                .map_err(|e| e.with_resource(&self.table))?;
+            out.extend(page.items().iter().filter_map(LedgerItem::parse).map(|mut i| {
+                i.job_id = job_id.to_owned();
+                i
+            }));
+            match page.last_evaluated_key {
+                Some(k) if !k.is_empty() => start = Some(k),
+                _ => break,
+            }
+        }
+        Ok(out)
     }
 }
 
 /// The item key of a ledger (`pk`, `sk`), for callers that build their own requests.
-pub fn key_of(job_id: &str) -> (String, &'static str) {
-    (ledger_pk(job_id), LEDGER_SK)
+pub fn key_of(job_type: &str, job_id: &str) -> (String, String) {
+    (ledger_pk(job_id), ledger_sk(job_type))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::table::SK;
     use super::*;
 
     #[test]
@@ -432,7 +536,9 @@ mod tests {
     fn parses_items() {
         let item = HashMap::from([
             (PK.to_owned(), AttributeValue::S("job#j1".into())),
-            (SK.to_owned(), AttributeValue::S("ledger".into())),
+            (SK.to_owned(), AttributeValue::S("ledger#t".into())),
+            ("job_id".to_owned(), AttributeValue::S("j1".into())),
+            ("job_type".to_owned(), AttributeValue::S("t".into())),
             ("attempts".to_owned(), num(3)),
             ("next_attempt_at".to_owned(), num(99)),
             (
@@ -442,6 +548,7 @@ mod tests {
         ]);
         let parsed = LedgerItem::parse(&item).unwrap();
         assert_eq!(parsed.job_id, "j1");
+        assert_eq!(parsed.job_type.as_deref(), Some("t"));
         assert_eq!(parsed.deliveries, vec!["m#1", "m#3"]);
         assert_eq!(
             parsed.stored(),
@@ -450,5 +557,23 @@ mod tests {
                 next_attempt_at_ms: Some(99)
             }
         );
+    }
+
+    #[test]
+    fn earlier_layout_is_not_read() {
+        let old = HashMap::from([
+            (PK.to_owned(), AttributeValue::S("job#j1".into())),
+            (SK.to_owned(), AttributeValue::S("ledger".into())),
+            ("attempts".to_owned(), num(3)),
+        ]);
+        assert_eq!(LedgerItem::parse(&old), None);
+    }
+
+    #[test]
+    fn pairs_and_references_name_jobs() {
+        let owned: Vec<JobKey> = vec![("t".into(), "a".into()), ("t".into(), "a".into())];
+        assert_eq!(distinct(&owned), vec![("t".to_owned(), "a".to_owned())]);
+        let borrowed = distinct([("t", "a"), ("u", "a"), ("t", "b")]);
+        assert_eq!(borrowed.len(), 3, "a type and an id are both part of the job");
     }
 }

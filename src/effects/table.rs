@@ -5,8 +5,17 @@
 //!
 //! | item | `pk` | `sk` |
 //! | --- | --- | --- |
-//! | attempt ledger | `job#<job_id>` | `ledger` |
+//! | attempt ledger | `job#<job_id>` | `ledger#<job_type>` |
+//! | attempt ledger, id too long for the key | `job-sha256#<hex of SHA-256(job_id)>` | as above |
+//! | attempt ledger, type too long for the key | as above | `ledger-sha256#<hex of SHA-256(job_type)>` |
 //! | breaker | `breaker#<job_type>` | `state` |
+//!
+//! A ledger is keyed by job type *and* job id: the id goes into the partition key, the type
+//! into the sort key, so no separator has to be escaped and two types sharing an id never
+//! share an item. DynamoDB limits key values in bytes (partition key 2,048, sort key 1,024);
+//! a part that does not fit verbatim with its prefix is replaced by the hex SHA-256 of its
+//! UTF-8 bytes under a prefix no verbatim key can start with, and the full id and type are
+//! stored as the item's `job_id` and `job_type` attributes.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -16,6 +25,7 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
     TableStatus, TimeToLiveSpecification, TimeToLiveStatus,
 };
+use sha2::{Digest, Sha256};
 
 use super::storage_retry::{FailureKind, StorageError, StorageRetry};
 
@@ -25,14 +35,48 @@ pub const PK: &str = "pk";
 pub const SK: &str = "sk";
 /// TTL attribute (epoch seconds) on every item.
 pub const TTL_ATTRIBUTE: &str = "expires_at";
-/// Sort key of a ledger item.
-pub const LEDGER_SK: &str = "ledger";
 /// Sort key of a breaker item.
 pub const BREAKER_SK: &str = "state";
+/// DynamoDB's longest partition key value, in bytes.
+pub const PK_MAX_BYTES: usize = 2048;
+/// DynamoDB's longest sort key value, in bytes.
+pub const SK_MAX_BYTES: usize = 1024;
+/// Partition key prefix of a ledger whose job id is kept verbatim.
+pub const LEDGER_PK_PREFIX: &str = "job#";
+/// Partition key prefix of a ledger whose job id is too long and is kept as a digest.
+pub const LEDGER_PK_DIGEST_PREFIX: &str = "job-sha256#";
+/// Sort key prefix of a ledger whose job type is kept verbatim.
+pub const LEDGER_SK_PREFIX: &str = "ledger#";
+/// Sort key prefix of a ledger whose job type is too long and is kept as a digest.
+pub const LEDGER_SK_DIGEST_PREFIX: &str = "ledger-sha256#";
 
-/// Partition key of a job's attempt ledger.
+/// Partition key of a job id's attempt ledgers (one per job type, told apart by the sort
+/// key): `job#<job_id>`, or `job-sha256#<hex digest>` when that would exceed
+/// [`PK_MAX_BYTES`].
 pub fn ledger_pk(job_id: &str) -> String {
-    format!("job#{job_id}")
+    fitted(LEDGER_PK_PREFIX, LEDGER_PK_DIGEST_PREFIX, job_id, PK_MAX_BYTES)
+}
+
+/// Sort key of a job type's attempt ledger: `ledger#<job_type>`, or
+/// `ledger-sha256#<hex digest>` when that would exceed [`SK_MAX_BYTES`].
+pub fn ledger_sk(job_type: &str) -> String {
+    fitted(LEDGER_SK_PREFIX, LEDGER_SK_DIGEST_PREFIX, job_type, SK_MAX_BYTES)
+}
+
+/// `prefix` + `value` when that fits in `max` bytes, else `digest_prefix` + the hex SHA-256
+/// of `value`. The two prefixes differ before either ends, so a verbatim key never equals a
+/// digest key.
+fn fitted(prefix: &str, digest_prefix: &str, value: &str, max: usize) -> String {
+    if prefix.len() + value.len() <= max {
+        return format!("{prefix}{value}");
+    }
+    let digest = Sha256::digest(value.as_bytes());
+    let mut out = String::with_capacity(digest_prefix.len() + 64);
+    out.push_str(digest_prefix);
+    for b in digest {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
 }
 
 /// Partition key of a job type's breaker.
@@ -40,9 +84,12 @@ pub fn breaker_pk(job_type: &str) -> String {
     format!("breaker#{job_type}")
 }
 
-/// The key of a ledger item.
-pub fn ledger_key(job_id: &str) -> HashMap<String, AttributeValue> {
-    key(ledger_pk(job_id), LEDGER_SK)
+/// The key of the attempt ledger of job `job_id` of type `job_type`.
+pub fn ledger_key(job_type: &str, job_id: &str) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        (PK.to_owned(), AttributeValue::S(ledger_pk(job_id))),
+        (SK.to_owned(), AttributeValue::S(ledger_sk(job_type))),
+    ])
 }
 
 /// The key of a breaker item.
@@ -192,5 +239,56 @@ pub async fn delete_table(client: &Client, name: &str) -> Result<(), StorageErro
         Ok(_) => Ok(()),
         Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(e.with_resource(name)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::envelope::{MAX_JOB_ID_LEN, MAX_JOB_TYPE_LEN};
+
+    #[test]
+    fn ledger_keys_fit_whatever_the_characters() {
+        // Four bytes per character: the most UTF-8 spends.
+        let id = "🦀".repeat(MAX_JOB_ID_LEN);
+        let ty = "🦀".repeat(MAX_JOB_TYPE_LEN);
+        assert!(ledger_pk(&id).len() <= PK_MAX_BYTES);
+        assert!(ledger_sk(&ty).len() <= SK_MAX_BYTES);
+        assert!(ledger_pk(&id).starts_with(LEDGER_PK_DIGEST_PREFIX));
+        assert!(ledger_sk(&ty).starts_with(LEDGER_SK_DIGEST_PREFIX));
+        assert_eq!(ledger_pk(&id).len(), LEDGER_PK_DIGEST_PREFIX.len() + 64);
+        // Short ones stay readable.
+        assert_eq!(ledger_pk("order-42"), "job#order-42");
+        assert_eq!(ledger_sk("billing.charge"), "ledger#billing.charge");
+    }
+
+    #[test]
+    fn verbatim_up_to_the_limit_digest_beyond() {
+        let fits = "x".repeat(PK_MAX_BYTES - LEDGER_PK_PREFIX.len());
+        assert_eq!(ledger_pk(&fits), format!("job#{fits}"));
+        assert_eq!(ledger_pk(&fits).len(), PK_MAX_BYTES);
+        let over = format!("{fits}x");
+        assert!(ledger_pk(&over).starts_with(LEDGER_PK_DIGEST_PREFIX));
+        let fits = "y".repeat(SK_MAX_BYTES - LEDGER_SK_PREFIX.len());
+        assert_eq!(ledger_sk(&fits).len(), SK_MAX_BYTES);
+        assert!(ledger_sk(&format!("{fits}y")).starts_with(LEDGER_SK_DIGEST_PREFIX));
+        // Distinct long values get distinct digests; equal ones the same.
+        assert_ne!(ledger_pk(&format!("{over}a")), ledger_pk(&format!("{over}b")));
+        assert_eq!(ledger_pk(&over), ledger_pk(&over.clone()));
+    }
+
+    #[test]
+    fn a_verbatim_key_never_equals_a_digest_key() {
+        // An id that looks like a digest stays under the verbatim prefix.
+        let long = "z".repeat(3000);
+        let digest = ledger_pk(&long);
+        let hex = digest.strip_prefix(LEDGER_PK_DIGEST_PREFIX).unwrap();
+        assert_ne!(ledger_pk(&format!("sha256#{hex}")), digest);
+        assert_ne!(ledger_pk(&digest), digest);
+        let sk = ledger_sk(&"t".repeat(2000));
+        assert_ne!(ledger_sk(&sk), sk);
+        // The breaker's keys live under another prefix.
+        assert!(!breaker_pk("x").starts_with(LEDGER_PK_PREFIX));
+        assert!(!breaker_pk("x").starts_with(LEDGER_PK_DIGEST_PREFIX));
     }
 }

@@ -218,7 +218,7 @@ pub async fn force(ctx: &Ctx, table: &str, job_type: &str, what: Force) -> OpsRe
     })
 }
 
-/// What `attempts show JOB_ID` prints.
+/// What `attempts show JOB_ID [--type TYPE]` prints.
 #[derive(Debug, Clone, Serialize)]
 pub struct AttemptsReport {
     /// The job id.
@@ -243,8 +243,12 @@ pub struct AttemptsReport {
 impl Report for AttemptsReport {
     fn human(&self) -> String {
         if !self.found {
+            let of_type = match &self.job_type {
+                Some(t) => format!(" of type {t}"),
+                None => " (any job type)".to_owned(),
+            };
             return format!(
-                "job {}: no attempt ledger (no counted failure: it never failed, finished, or was replayed)\n",
+                "job {}{of_type}: no attempt ledger (no counted failure: it never failed, finished, or was replayed)\n",
                 self.job_id
             );
         }
@@ -274,13 +278,41 @@ impl Report for AttemptsReport {
     }
 }
 
-/// `attempts show JOB_ID`: the job's attempt ledger.
-pub async fn attempts(ctx: &Ctx, table: &str, job_id: &str) -> OpsResult<AttemptsReport> {
-    let item = ctx
-        .ledger(table)
-        .show(job_id)
-        .await
-        .map_err(|e| ctx.storage_error(e, table))?;
+/// `attempts show JOB_ID [--type TYPE]`: the job's attempt ledger. Ledgers are kept per job
+/// type and job id; without `job_type` every type's ledger of this id is looked up (one
+/// query), and more than one is a usage error that names the types, so a script never reads
+/// another job's counts.
+pub async fn attempts(
+    ctx: &Ctx,
+    table: &str,
+    job_type: Option<&str>,
+    job_id: &str,
+) -> OpsResult<AttemptsReport> {
+    let ledger = ctx.ledger(table);
+    let item = match job_type {
+        Some(t) => ledger
+            .show(t, job_id)
+            .await
+            .map_err(|e| ctx.storage_error(e, table))?,
+        None => {
+            let mut all = ledger
+                .show_all_types(job_id)
+                .await
+                .map_err(|e| ctx.storage_error(e, table))?;
+            if all.len() > 1 {
+                let types: Vec<String> = all
+                    .iter()
+                    .map(|i| i.job_type.clone().unwrap_or_else(|| "-".into()))
+                    .collect();
+                return Err(OpsError::usage(format!(
+                    "job {job_id} has attempt ledgers under {} job types ({}): pass --type",
+                    types.len(),
+                    types.join(", ")
+                )));
+            }
+            all.pop()
+        }
+    };
     Ok(match item {
         Some(i) => AttemptsReport {
             job_id: job_id.to_owned(),
@@ -289,7 +321,7 @@ pub async fn attempts(ctx: &Ctx, table: &str, job_id: &str) -> OpsResult<Attempt
             deliveries: i.deliveries,
             next_attempt_at_ms: i.next_attempt_at_ms,
             last_error: i.last_error,
-            job_type: i.job_type,
+            job_type: i.job_type.or_else(|| job_type.map(str::to_owned)),
             updated_at_ms: i.updated_at_ms,
         },
         None => AttemptsReport {
@@ -299,7 +331,7 @@ pub async fn attempts(ctx: &Ctx, table: &str, job_id: &str) -> OpsResult<Attempt
             deliveries: Vec::new(),
             next_attempt_at_ms: None,
             last_error: None,
-            job_type: None,
+            job_type: job_type.map(str::to_owned),
             updated_at_ms: None,
         },
     })

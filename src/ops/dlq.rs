@@ -803,10 +803,10 @@ impl Pacer {
     }
 }
 
-/// Deletes the attempt ledgers of `job_ids` (batched through the ledger's `forget`), so
-/// replayed jobs start again from attempt 1.
-pub async fn reset_ledgers(ctx: &Ctx, table: &str, job_ids: &[String]) -> OpsResult<usize> {
-    let unique: HashSet<&str> = job_ids.iter().map(String::as_str).collect();
+/// Deletes the attempt ledgers of `jobs` (`(job type, job id)` pairs, batched through the
+/// ledger's `forget`), so replayed jobs start again from attempt 1.
+pub async fn reset_ledgers(ctx: &Ctx, table: &str, jobs: &[(String, String)]) -> OpsResult<usize> {
+    let unique: HashSet<(&str, &str)> = jobs.iter().map(|(t, id)| (t.as_str(), id.as_str())).collect();
     ctx.ledger(table)
         .forget(unique.iter().copied(), None)
         .await
@@ -1154,8 +1154,7 @@ impl ReplayState {
                 .filter_map(|j| j.id.map(|id| (j.job_type, id)))
                 .collect();
             if !jobs.is_empty() {
-                let ids: Vec<String> = jobs.into_iter().map(|(_job_type, id)| id).collect();
-                self.ledgers_reset += reset_ledgers(ctx, table, &ids).await?;
+                self.ledgers_reset += reset_ledgers(ctx, table, &jobs).await?;
             }
         }
         let sent = sqs.send(target, batch, None).await;

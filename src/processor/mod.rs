@@ -290,10 +290,10 @@ impl Processor {
 
     /// Reads the ledger for redeliveries, in one batched call.
     async fn load_ledger(&self, slots: &mut [Slot], deadline: Option<Instant>, metrics: &mut Metrics) {
-        let ids: Vec<String> = slots
+        let ids: Vec<(String, String)> = slots
             .iter()
             .filter(|s| s.job.is_ok() && s.inc.receive_count > 1)
-            .map(|s| s.job_id.clone())
+            .map(|s| (s.job_type().unwrap_or_default().to_owned(), s.job_id.clone()))
             .collect();
         if ids.is_empty() {
             return;
@@ -311,7 +311,8 @@ impl Processor {
         {
             s.ledger = match &stored {
                 Some(m) => {
-                    let item = m.get(&s.job_id).copied();
+                    let key = (s.job_type().unwrap_or_default().to_owned(), s.job_id.clone());
+                    let item = m.get(&key).copied();
                     s.had_ledger_item = item.is_some();
                     Ledger::Stored(item)
                 }
@@ -592,9 +593,9 @@ impl Processor {
                 receive_count: s.inc.receive_count,
             };
             self.ledger.count(
+                s.job_type().unwrap_or_default(),
                 &s.job_id,
                 delivery,
-                s.job_type().unwrap_or_default(),
                 next,
                 error,
                 deadline,
@@ -700,13 +701,13 @@ impl Processor {
                 counts.push(i);
             }
         }
-        let forget: Vec<String> = slots
+        let forget: Vec<(String, String)> = slots
             .iter()
             .enumerate()
             .filter(|(i, s)| {
                 settled[*i] && !bare[*i] && (s.had_ledger_item || s.ledger == Ledger::Unavailable)
             })
-            .map(|(_, s)| s.job_id.clone())
+            .map(|(_, s)| (s.job_type().unwrap_or_default().to_owned(), s.job_id.clone()))
             .collect();
 
         let breaker_reports = futures::future::join_all(aggregates.iter().map(|(t, a)| async move {

@@ -558,12 +558,13 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report) {
     // The attempt ledger.
     let mut ledger: HashMap<String, u32> = HashMap::new();
     for item in stack.scan(&stack.table).await {
-        let pk = item
-            .get("pk")
+        // Ledger items carry the full job id (their key may be a digest of it).
+        let is_ledger = item
+            .get("sk")
             .and_then(|v| v.as_s().ok())
-            .cloned()
-            .unwrap_or_default();
-        if let Some(id) = pk.strip_prefix("job#") {
+            .is_some_and(|sk| sk.starts_with("ledger"));
+        let id = item.get("job_id").and_then(|v| v.as_s().ok());
+        if let (true, Some(id)) = (is_ledger, id) {
             let n = item
                 .get("attempts")
                 .and_then(|v| v.as_n().ok())
