@@ -167,7 +167,7 @@ struct FilterArgs {
     #[arg(long = "type", value_name = "TYPE")]
     job_type: Vec<String>,
     /// Only this failure class (repeatable).
-    #[arg(long, value_name = "CLASS", value_parser = ["fatal", "exhausted", "invalid", "unrecorded"])]
+    #[arg(long, value_name = "CLASS", value_parser = ["fatal", "exhausted", "invalid", "expiring", "unrecorded"])]
     class: Vec<String>,
     /// Only messages whose error text contains this (case-insensitive).
     #[arg(long, value_name = "TEXT")]

@@ -176,7 +176,7 @@ impl Filter {
     /// Checks the class names.
     pub fn validate(&self) -> OpsResult<()> {
         for c in &self.classes {
-            if !["fatal", "exhausted", "invalid", UNRECORDED].contains(&c.as_str()) {
+            if !["fatal", "exhausted", "invalid", "expiring", UNRECORDED].contains(&c.as_str()) {
                 return Err(OpsError::usage(format!(
                     "unknown failure class `{c}`: use fatal, exhausted, invalid or {UNRECORDED}"
                 )));
