@@ -255,3 +255,243 @@ async fn a_deferral_on_the_last_receive_is_dead_lettered_with_a_record() {
     assert_eq!(r.attempts, 0, "never ran");
     assert_eq!(dlq[0].body(), Some(body.as_str()));
 }
+
+/// Runs `messages` through the processor itself (not the Lambda adapter), with `time_left`.
+async fn process(
+    env: &sqs_triage::runtime::env::Environment,
+    messages: &[aws_sdk_sqs::types::Message],
+    queue_url: &str,
+    time_left: Duration,
+) -> sqs_triage::processor::BatchOutcome {
+    let event = support::pipeline::lambda_event(messages, queue_url);
+    let records = event
+        .records
+        .into_iter()
+        .map(sqs_triage::processor::Incoming::from_lambda)
+        .collect();
+    env.processor
+        .process(records, Some(tokio::time::Instant::now() + time_left))
+        .await
+}
+
+/// Receives until `n` messages are in hand (a few tries).
+async fn take(h: &Harness, n: usize) -> Vec<aws_sdk_sqs::types::Message> {
+    let mut messages = Vec::new();
+    for _ in 0..10 {
+        messages.extend(h.receive(&h.queue_url, Duration::from_secs(1)).await);
+        if messages.len() >= n {
+            break;
+        }
+    }
+    assert_eq!(messages.len(), n);
+    messages
+}
+
+/// Sets the source queue's redrive policy (and so the processor's receive limit, read at
+/// start-up: rebuild the environment after this).
+async fn set_redrive(h: &Harness, max_receive_count: u32) {
+    let dlq_arn = h
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&h.dlq_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap()[&QueueAttributeName::QueueArn]
+        .clone();
+    h.sqs
+        .set_queue_attributes()
+        .queue_url(&h.queue_url)
+        .attributes(
+            QueueAttributeName::RedrivePolicy,
+            json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive_count}).to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
+/// An environment over the harness's resources with the recording job type and `policy`.
+async fn env_for(
+    h: &Harness,
+    policy: sqs_triage::core::policy::RetryPolicy,
+    dlq_url: &str,
+) -> sqs_triage::runtime::env::Environment {
+    let sdk = support::sdk_config().await;
+    let mut config = sqs_triage::config::Config::from_lookup(&|_| None).unwrap();
+    config.queue_url = Some(h.queue_url.clone());
+    config.dlq_url = Some(dlq_url.to_owned());
+    config.table = Some(h.table.clone());
+    let registry = sqs_triage::runtime::chaos::register(
+        sqs_triage::processor::registry::Registry::new(policy.clone(), quiet_breaker()),
+        policy.clone(),
+        quiet_breaker(),
+    );
+    let registry = registry.handle_with(
+        support::pipeline::RECORDED,
+        policy,
+        quiet_breaker(),
+        |p: sqs_triage::runtime::chaos::ChaosPayload, ctx| sqs_triage::runtime::chaos::run(p, ctx),
+    );
+    sqs_triage::runtime::env::build(&config, registry, &sdk)
+        .await
+        .unwrap()
+}
+
+/// Review finding: a count the ledger refuses right after an outage (a receive count inflated
+/// by deferrals) must not dead-letter a job that still has attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_count_after_many_deferrals_does_not_dead_letter_early() {
+    let proxy = FaultProxy::start(&support::ddb_endpoint());
+    let h = Harness::build(Options {
+        prefix: "deferredcount",
+        policy: fast_policy(5),
+        ddb_endpoint: Some(proxy.url()),
+        ..Options::default()
+    })
+    .await;
+    h.send_jobs(&[("patient", json!({"outcome": "transient"}))]).await;
+    // Seven receives that ran nothing (as deferrals would be), then the ledger refuses counts.
+    for _ in 0..7 {
+        let m = take(&h, 1).await;
+        h.sqs
+            .change_message_visibility()
+            .queue_url(&h.queue_url)
+            .receipt_handle(m[0].receipt_handle().unwrap())
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap();
+    }
+    proxy.fail_always("UpdateItem", Fault::Status500);
+    let m = take(&h, 1).await;
+    let outcome = process(&h.env, &m, &h.queue_url, Duration::from_secs(30)).await;
+    assert!(
+        matches!(
+            outcome.records[0].decision,
+            sqs_triage::core::Decision::Retry { attempts: 1, .. }
+        ),
+        "{:?}",
+        outcome.records[0]
+    );
+    assert!(h.dlq_messages().await.is_empty(), "one execution of five: no DLQ");
+}
+
+/// Review finding: in a FIFO group, records held back behind a failing head are not left on
+/// their last receive for SQS's redrive to move without a record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_records_held_back_on_their_last_receive_are_dead_lettered_with_a_record() {
+    let h = Harness::build(Options {
+        prefix: "fifolast",
+        fifo: true,
+        ..Options::default()
+    })
+    .await;
+    set_redrive(&h, 2).await;
+    let env = env_for(&h, fast_policy(5), &h.dlq_url).await;
+    let job =
+        |id: &str, p: serde_json::Value| json!({"type": "test.recorded", "id": id, "payload": p}).to_string();
+    let head = job("head", json!({"outcome": "transient"}));
+    let tail = job("tail", json!({"outcome": "ok"}));
+    h.send_raw(&[(&head, Some("g")), (&tail, Some("g"))]).await;
+    // Two deliveries of the pair, released at once so the next receive gets both again.
+    let mut dlq_copies = 0;
+    for _ in 0..2 {
+        let messages = take(&h, 2).await;
+        let outcome = process(&env, &messages, &h.queue_url, Duration::from_secs(30)).await;
+        for (m, r) in messages.iter().zip(&outcome.records) {
+            if r.settled {
+                dlq_copies += 1;
+                h.sqs
+                    .delete_message()
+                    .queue_url(&h.queue_url)
+                    .receipt_handle(m.receipt_handle().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
+            } else {
+                h.sqs
+                    .change_message_visibility()
+                    .queue_url(&h.queue_url)
+                    .receipt_handle(m.receipt_handle().unwrap())
+                    .visibility_timeout(0)
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    assert_eq!(dlq_copies, 2, "both settled on their last receive");
+    let dlq = h.dlq_messages().await;
+    assert_eq!(dlq.len(), 2);
+    for m in &dlq {
+        assert_eq!(record_of(m).class, FailureClass::Expiring, "{:?}", record_of(m));
+    }
+}
+
+/// Review finding: a stalled DLQ send after the handlers cannot hold the batch response past
+/// the deadline (the whole batch would then time out and run again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_dlq_send_cannot_hold_the_response_past_the_deadline() {
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    let h = Harness::build(Options {
+        prefix: "stalldlq",
+        sqs_endpoint: Some(proxy.url()),
+        ..Options::default()
+    })
+    .await;
+    h.send_jobs(&[
+        ("f", json!({"outcome": "fatal"})),
+        ("o", json!({"outcome": "ok"})),
+    ])
+    .await;
+    let messages = take(&h, 2).await;
+    proxy.fail_always("SendMessageBatch", Fault::Delay(Duration::from_secs(60)));
+    let time_left = Duration::from_secs(4);
+    let response = tokio::time::timeout(time_left, h.invoke_with(&messages, time_left))
+        .await
+        .expect("answered before the deadline")
+        .expect("a batch response");
+    let failed: Vec<&str> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    let fatal_id = messages
+        .iter()
+        .find(|m| m.body().unwrap().contains("\"f\""))
+        .unwrap()
+        .message_id()
+        .unwrap();
+    assert_eq!(
+        failed,
+        [fatal_id],
+        "only the record whose copy is unconfirmed stays"
+    );
+}
+
+/// Review finding: on the last receive, a DLQ that refuses the copy leaves the message to SQS's
+/// redrive without a record; that is counted and logged as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_copy_on_the_last_receive_is_counted() {
+    let h = Harness::build(Options {
+        prefix: "lastrefused",
+        ..Options::default()
+    })
+    .await;
+    set_redrive(&h, 1).await;
+    let env = env_for(&h, fast_policy(5), &format!("{}-missing", h.dlq_url)).await;
+    h.send_jobs(&[("t", json!({"outcome": "transient"}))]).await;
+    let messages = take(&h, 1).await;
+    let outcome = process(&env, &messages, &h.queue_url, Duration::from_secs(30)).await;
+    assert!(!outcome.records[0].settled);
+    let counted = outcome
+        .metrics
+        .by_type
+        .values()
+        .filter_map(|m| m.counts.get("ExpiringUnrecorded"))
+        .sum::<u64>();
+    assert_eq!(counted, 1, "{:?}", outcome.metrics);
+}

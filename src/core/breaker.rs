@@ -505,10 +505,14 @@ impl BreakerState {
                 }
                 let mut next = s;
                 let before = (next.leases.len(), next.probe_successes);
-                for id in &agg.leases {
-                    next.leases.remove(id);
-                }
-                next.probe_successes = next.probe_successes.saturating_add(agg.probe_successes);
+                let held = agg
+                    .leases
+                    .iter()
+                    .filter(|id| next.leases.remove(*id).is_some())
+                    .count() as u32;
+                // Only probes whose leases are still held count: a report applied a second
+                // time (a retried write whose first try landed) finds them gone.
+                next.probe_successes = next.probe_successes.saturating_add(agg.probe_successes.min(held));
                 if next.probe_successes >= config.successes_to_close {
                     return Some(next.closed().bumped());
                 }
@@ -975,5 +979,23 @@ mod tests {
             },
             "capped at one open period"
         );
+    }
+
+    #[test]
+    fn a_success_report_applied_twice_counts_once() {
+        let mut clock = Clock(1_000_000);
+        let config = BreakerConfig::builder().successes_to_close(2).build().unwrap();
+        let s = open_state(&clock);
+        clock.advance(Duration::from_secs(30));
+        let (s1, a) = lease_of(s.acquire("a", clock.now(), None, &config));
+        let ok = Aggregate {
+            probe_successes: 1,
+            leases: vec![a.id.clone()],
+            generation: a.generation,
+            ..Aggregate::default()
+        };
+        let s2 = s1.report(&ok, clock.now(), &config).expect("a write");
+        assert_eq!((s2.phase, s2.probe_successes), (Phase::HalfOpen, 1));
+        assert_eq!(s2.report(&ok, clock.now(), &config), None, "nothing new to count");
     }
 }

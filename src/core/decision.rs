@@ -256,6 +256,14 @@ pub fn decide(inputs: &Inputs<'_>, rng: &mut dyn RngCore) -> Decision {
     last_receive(inputs.record, prior, decision)
 }
 
+/// A record held back without running because an earlier record of its FIFO message group
+/// did not finish: released, so it comes back after that one — or, on its last receive,
+/// dead-lettered (class `expiring`) rather than left for SQS's redrive to move without a
+/// record.
+pub fn held_back(record: RecordFacts, prior: u32) -> Decision {
+    last_receive(record, prior, Decision::Release)
+}
+
 /// True when SQS will not deliver this message again: its next receive moves it to the DLQ.
 pub fn is_last_receive(record: RecordFacts) -> bool {
     record

@@ -187,7 +187,8 @@ impl Sqs {
         &self.retry
     }
 
-    /// Runs one batched action over every chunk, chunks in parallel.
+    /// Runs one batched action over every chunk: in parallel, or one after another when
+    /// `in_order` (sends to a FIFO queue, whose order across calls is the order of the calls).
     async fn batched<E, F, Fut>(
         &self,
         op: &'static str,
@@ -195,13 +196,14 @@ impl Sqs {
         chunks: Vec<Vec<E>>,
         key: fn(&E) -> usize,
         call: F,
+        in_order: bool,
     ) -> EntryResults
     where
         E: Clone,
         F: Fn(Vec<E>) -> Fut + Clone,
         Fut: Future<Output = Result<Answer, StorageError>>,
     {
-        let results = join_all(chunks.into_iter().filter(|c| !c.is_empty()).map(|chunk| {
+        let run = |chunk: Vec<E>| {
             let call = call.clone();
             async move {
                 let codes = Mutex::new(HashMap::new());
@@ -245,8 +247,17 @@ impl Sqs {
                 }
                 out
             }
-        }))
-        .await;
+        };
+        let chunks = chunks.into_iter().filter(|c| !c.is_empty());
+        let results = if in_order {
+            let mut results = Vec::new();
+            for chunk in chunks {
+                results.push(run(chunk).await);
+            }
+            results
+        } else {
+            join_all(chunks.map(run)).await
+        };
         let mut out = EntryResults::default();
         results.into_iter().for_each(|r| out.absorb(r));
         out
@@ -301,6 +312,7 @@ impl Sqs {
             Self::tens(entries),
             |e| e.0,
             call,
+            false,
         )
         .await
     }
@@ -342,11 +354,19 @@ impl Sqs {
                 failed: out.failed().to_vec(),
             })
         };
-        self.batched("DeleteMessageBatch", deadline, Self::tens(entries), |e| e.0, call)
-            .await
+        self.batched(
+            "DeleteMessageBatch",
+            deadline,
+            Self::tens(entries),
+            |e| e.0,
+            call,
+            false,
+        )
+        .await
     }
 
-    /// Sends messages, in batches of at most ten entries and [`BATCH_BYTES`] (see [`batches`]).
+    /// Sends messages, in batches of at most ten entries and [`BATCH_BYTES`] (see [`batches`]),
+    /// in parallel — one after another to a FIFO queue, so the order of `entries` holds.
     /// Keys must be distinct.
     pub async fn send(
         &self,
@@ -394,6 +414,7 @@ impl Sqs {
             batches(entries, BATCH_LIMIT),
             |m| m.key,
             call,
+            queue_url.ends_with(".fifo"),
         )
         .await
     }

@@ -23,7 +23,10 @@ use crate::effects::sqs::{Outgoing, Sqs, batches};
 use crate::effects::storage_retry::sqs_client;
 
 /// Class shown for DLQ messages without a failure record: SQS moved them itself after
-/// `maxReceiveCount` receives, which means the consumer crashed (or timed out) on them.
+/// `maxReceiveCount` receives (a consumer that crashed or timed out on them, a Lambda record
+/// that could not be read, or a last-receive copy the DLQ refused), or the processor's copy
+/// had no room for a record beside a body at the size limit (its error is then in the job's
+/// ledger: `triage attempts show`).
 pub const UNRECORDED: &str = "unrecorded";
 /// Receives in a row that bring back only messages already seen before a sweep stops.
 const STALE_ROUNDS: u32 = 3;
@@ -104,7 +107,7 @@ impl DlqMessage {
         match &self.record {
             Some(r) => r.error.clone(),
             None => {
-                "no failure record: SQS moved it after maxReceiveCount (consumer crash or timeout)".into()
+                "no failure record: moved by SQS after maxReceiveCount, or no record fitted beside the body (see `triage attempts show`)".into()
             }
         }
     }
@@ -178,7 +181,7 @@ impl Filter {
         for c in &self.classes {
             if !["fatal", "exhausted", "invalid", "expiring", UNRECORDED].contains(&c.as_str()) {
                 return Err(OpsError::usage(format!(
-                    "unknown failure class `{c}`: use fatal, exhausted, invalid or {UNRECORDED}"
+                    "unknown failure class `{c}`: use fatal, exhausted, invalid, expiring or {UNRECORDED}"
                 )));
             }
         }

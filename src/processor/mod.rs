@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, info_span, warn};
 
 use crate::core::breaker::{Aggregate, BreakerState, Lease, Phase, gate};
+use crate::core::decision::{StoredAttempts, attempts_before, held_back};
 use crate::core::envelope::{self, EnvelopeLimits, Job};
 use crate::core::error::ErrorKind;
 use crate::core::failure::{FailureClass, FailureRecord};
@@ -44,6 +45,15 @@ fn admission_deadline(deadline: Option<Instant>) -> Option<Instant> {
     deadline.map(|d| d.checked_sub(REPORT_MARGIN).unwrap_or(d))
 }
 
+/// Time kept back from the invocation's deadline for writing the batch response after the
+/// last effect.
+pub const SETTLE_MARGIN: Duration = Duration::from_millis(250);
+
+/// The latest moment an effect after the handlers may end.
+fn settle_deadline(deadline: Option<Instant>) -> Option<Instant> {
+    deadline.map(|d| d.checked_sub(SETTLE_MARGIN).unwrap_or(d))
+}
+
 /// Milliseconds since the epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -65,6 +75,7 @@ pub struct Processor {
     limits: EnvelopeLimits,
     log_payloads: bool,
     receive_limit: Option<u32>,
+    lost_counts: Arc<std::sync::Mutex<LostCounts>>,
     draining: Arc<AtomicBool>,
 }
 
@@ -146,6 +157,54 @@ impl Slot {
     fn job_type(&self) -> Option<&str> {
         self.job.as_ref().ok().map(|j| j.job_type.as_str())
     }
+
+    /// The job's ledger key: job type and job id.
+    fn ledger_key(&self) -> (String, String) {
+        (
+            self.job_type().unwrap_or_default().to_owned(),
+            self.job_id.clone(),
+        )
+    }
+}
+
+/// Counts the ledger refused to write, per job, remembered by one environment (at most
+/// [`LostCounts::CAPACITY`] jobs, the oldest forgotten first). A job whose count was lost
+/// reads a ledger that many executions short; adding them back keeps its attempts exact
+/// when its redelivery reaches the same environment, so a ledger that refuses writes cannot
+/// make a job run past `max_attempts` there. Across environments each adds what it lost.
+#[derive(Debug, Default)]
+struct LostCounts {
+    jobs: HashMap<(String, String), (u32, u64)>,
+    next: u64,
+}
+
+impl LostCounts {
+    const CAPACITY: usize = 10_000;
+
+    fn add(&mut self, key: (String, String)) {
+        if self.jobs.len() >= Self::CAPACITY && !self.jobs.contains_key(&key) {
+            if let Some(oldest) = self
+                .jobs
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| k.clone())
+            {
+                self.jobs.remove(&oldest);
+            }
+        }
+        self.next += 1;
+        let e = self.jobs.entry(key).or_insert((0, 0));
+        e.0 += 1;
+        e.1 = self.next;
+    }
+
+    fn get(&self, key: &(String, String)) -> u32 {
+        self.jobs.get(key).map_or(0, |(n, _)| *n)
+    }
+
+    fn forget(&mut self, key: &(String, String)) {
+        self.jobs.remove(key);
+    }
 }
 
 /// How the handler run went, for effects and the breaker.
@@ -180,6 +239,7 @@ impl Processor {
             limits: config.limits,
             log_payloads: config.log_payloads,
             receive_limit: config.receive_limit,
+            lost_counts: Arc::default(),
             draining: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -261,8 +321,10 @@ impl Processor {
                 for idx in group {
                     let r = if blocked {
                         // FIFO: after a failure in the group, later records must not overtake it.
+                        let s = &slots_ref[idx];
+                        let record = self.facts(s);
                         Ran {
-                            decision: Decision::Release,
+                            decision: held_back(record, attempts_before(record, s.ledger)),
                             executed: false,
                             error_kind: None,
                             lease: None,
@@ -311,10 +373,26 @@ impl Processor {
         {
             s.ledger = match &stored {
                 Some(m) => {
-                    let key = (s.job_type().unwrap_or_default().to_owned(), s.job_id.clone());
+                    let key = s.ledger_key();
                     let item = m.get(&key).copied();
                     s.had_ledger_item = item.is_some();
-                    Ledger::Stored(item)
+                    // Counts this environment could not write are added back.
+                    let lost = self
+                        .lost_counts
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&key);
+                    Ledger::Stored(match (item, lost) {
+                        (item, 0) => item,
+                        (Some(i), n) => Some(StoredAttempts {
+                            attempts: i.attempts.saturating_add(n),
+                            ..i
+                        }),
+                        (None, n) => Some(StoredAttempts {
+                            attempts: n,
+                            next_attempt_at_ms: None,
+                        }),
+                    })
                 }
                 None => {
                     metrics.add(self.dimension(s.job_type()), "LedgerFallback", 1);
@@ -368,6 +446,15 @@ impl Processor {
         order
     }
 
+    /// What SQS says about a record's delivery.
+    fn facts(&self, slot: &Slot) -> RecordFacts {
+        RecordFacts {
+            receive_count: slot.inc.receive_count,
+            received_at_ms: slot.received_at_ms,
+            receive_limit: self.receive_limit,
+        }
+    }
+
     fn dimension<'a>(&self, job_type: Option<&'a str>) -> &'a str {
         match job_type {
             Some(t) if self.registry.route(t).is_some() => t,
@@ -387,11 +474,7 @@ impl Processor {
         let store = slot.job_type().and_then(|t| self.breakers.get(t));
         let state = slot.job_type().and_then(|t| states.get(t));
         let invalid = slot.job.as_ref().err().map(String::as_str);
-        let record = RecordFacts {
-            receive_count: slot.inc.receive_count,
-            received_at_ms: slot.received_at_ms,
-            receive_limit: self.receive_limit,
-        };
+        let record = self.facts(slot);
         let inputs = |gate, execution, now_ms| Inputs {
             record,
             invalid,
@@ -409,7 +492,7 @@ impl Processor {
         let now = now_ms();
         // Failures count in the generation the record was admitted in: a report about a
         // period that has since ended is ignored by the store.
-        let generation = state.map_or(0, |s| s.at(now).generation);
+        let mut generation = state.map_or(0, |s| s.at(now).generation);
         let half_open = state.is_some_and(|s| s.phase_at(now) == Phase::HalfOpen);
         // A half-open breaker is asked for a permit only for a record that would otherwise run.
         let mut g = match (state, store) {
@@ -435,7 +518,10 @@ impl Processor {
                     until_ms: until_ms.min(now.saturating_add(b.config().open_for().as_millis() as u64)),
                 },
                 // The cached view was stale: the breaker closed or opened again meanwhile.
-                Ok(Probe::NotHalfOpen(fresh)) => gate(&fresh, now, false, b.config()),
+                Ok(Probe::NotHalfOpen(fresh)) => {
+                    generation = fresh.at(now).generation;
+                    gate(&fresh, now, false, b.config())
+                }
                 // A probe slot that cannot be asked for fails open, like the state read.
                 Err(e) => {
                     warn!(job_type, error = %e, "probe permit unavailable; running without one");
@@ -568,6 +654,19 @@ impl Processor {
         sent.failed.into_iter().map(|(i, _)| i).collect()
     }
 
+    /// Keeps this environment's memory of counts the ledger refused: a job whose count was
+    /// lost comes back to a ledger that many executions short, so its next read here adds
+    /// them (see [`LostCounts`]). A job that is done with forgets them.
+    fn remember_counts(&self, slots: &[Slot], settled: &[bool], lost: &[usize]) {
+        let mut memory = self.lost_counts.lock().unwrap_or_else(|e| e.into_inner());
+        for &i in lost {
+            memory.add(slots[i].ledger_key());
+        }
+        for (s, _) in slots.iter().zip(settled).filter(|(_, done)| **done) {
+            memory.forget(&s.ledger_key());
+        }
+    }
+
     /// Counts executions in the ledger (one conditional write each, in parallel). Returns
     /// the keys whose count could not be written.
     async fn count(
@@ -612,48 +711,24 @@ impl Processor {
         lost
     }
 
-    /// A retry whose count could not be written would come back to a ledger one execution
-    /// short: it is judged now as the next delivery would judge it without a ledger — by the
-    /// receive count, an upper bound — and dead-lettered as exhausted when that leaves no
-    /// attempt, so a ledger that refuses writes cannot make a job run past its limit.
-    fn recount(&self, slot: &Slot, decision: &Decision) -> Option<Decision> {
-        let Decision::Retry { error, .. } = decision else {
-            return None;
-        };
-        let policy = slot
-            .job_type()
-            .and_then(|t| self.registry.route(t))
-            .map_or(self.registry.default_policy(), |r| &r.policy);
-        let bound = slot.inc.receive_count;
-        (bound >= policy.max_attempts()).then(|| Decision::DeadLetter {
-            class: FailureClass::Exhausted,
-            attempts: bound,
-            error: format!(
-                "{error} (attempt count uncertain: the ledger could not be written; receive {bound} of {} attempts)",
-                policy.max_attempts()
-            ),
-        })
-    }
-
     /// Carries out the decisions, each kind of effect batched: DLQ copies first (their
     /// answer decides which records are settled and which executions must be counted
     /// because they stay), then counts, ledger cleanup, breaker reports and visibility
-    /// changes together; a retry whose count failed is judged again before its visibility
-    /// is set.
+    /// changes together. Everything ends by the settle margin before the deadline, so the
+    /// batch response still goes out in time.
     async fn apply(
         &self,
         slots: &[Slot],
-        mut ran: Vec<Ran>,
+        ran: Vec<Ran>,
         deadline: Option<Instant>,
         mut metrics: Metrics,
     ) -> BatchOutcome {
+        let deadline = settle_deadline(deadline);
         let now = now_ms();
         let mut settled = vec![false; slots.len()];
         let mut outgoing = Vec::new();
         let mut bare = vec![false; slots.len()];
         let mut visibility = Vec::new();
-        let mut retries = Vec::new();
-        let mut retry_secs: HashMap<usize, i32> = HashMap::new();
         let mut counts = Vec::new();
         let mut aggregates: BTreeMap<&str, Aggregate> = BTreeMap::new();
 
@@ -669,13 +744,11 @@ impl Processor {
             }
             match &r.decision {
                 Decision::Done { .. } => settled[i] = true,
-                Decision::Retry { visibility: v, .. } => {
-                    retries.push(i);
-                    retry_secs.insert(i, v.as_secs() as i32);
-                    counts.push(i);
-                }
-                Decision::Defer { visibility: v, .. } => {
+                Decision::Retry { visibility: v, .. } | Decision::Defer { visibility: v, .. } => {
                     visibility.push((i, slot.inc.receipt_handle.clone(), v.as_secs() as i32));
+                    if let Decision::Retry { .. } = r.decision {
+                        counts.push(i);
+                    }
                 }
                 Decision::Release => visibility.push((i, slot.inc.receipt_handle.clone(), 0)),
                 Decision::DeadLetter { .. } => {
@@ -741,29 +814,22 @@ impl Processor {
                 metrics.add(self.dimension(Some(t)), "BreakerOpened", 1);
             }
         }
-
-        // Retries whose count was lost: judged again by the receive count.
-        let mut outgoing = Vec::new();
-        for &i in lost.iter().filter(|i| retries.contains(i)) {
-            if let Some(d) = self.recount(&slots[i], &ran[i].decision) {
-                metrics.add(self.dimension(slots[i].job_type()), "LedgerFallback", 1);
-                if let Some((out, _)) = self.dlq_outgoing(i, &slots[i], &d, now) {
-                    outgoing.push(out);
-                }
-                ran[i].decision = d;
+        self.remember_counts(slots, &settled, &lost);
+        for i in slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !settled[*i])
+            .map(|(i, _)| i)
+        {
+            if let Decision::DeadLetter {
+                class: FailureClass::Expiring,
+                ..
+            } = ran[i].decision
+            {
+                tracing::error!(message_id = %slots[i].inc.message_id, job_id = %slots[i].job_id, "last receive and the DLQ refused the copy: SQS's redrive will move the message without a failure record");
+                metrics.add(self.dimension(slots[i].job_type()), "ExpiringUnrecorded", 1);
             }
         }
-        self.send_to_dlq(slots, outgoing, &mut settled, deadline).await;
-        // A retry stays in the queue for its delay; so does a recounted one whose DLQ copy
-        // was refused (its next delivery decides again).
-        let visibility: Vec<_> = retries
-            .iter()
-            .filter(|&&i| !settled[i])
-            .map(|&i| (i, slots[i].inc.receipt_handle.clone(), retry_secs[&i]))
-            .collect();
-        self.sqs
-            .change_visibility(&self.source_queue, visibility, deadline)
-            .await;
 
         let mut whole_batch_failed = false;
         let records = slots
@@ -873,6 +939,9 @@ pub(crate) fn loggable(s: &str, log_payloads: bool) -> String {
     }
     let mut out = String::with_capacity(s.len());
     let mut open: Option<char> = None;
+    // Inside a span, a backslash escapes the next character: the `{:?}` form of an error
+    // (`Error("invalid type: string \"x\"")`) must not reopen outside its own quotes.
+    let mut escaped = false;
     for c in s.chars() {
         match open {
             None => {
@@ -882,6 +951,8 @@ pub(crate) fn loggable(s: &str, log_payloads: bool) -> String {
                     out.push('…');
                 }
             }
+            Some(_) if escaped => escaped = false,
+            Some(_) if c == '\\' => escaped = true,
             Some(q) if c == q => {
                 out.push(c);
                 open = None;
@@ -940,5 +1011,12 @@ mod log_tests {
         assert!(masked.starts_with("payload does not decode: unknown variant `…`"));
         assert_eq!(loggable(e, true), e);
         assert_eq!(loggable(&"x".repeat(1_000), false).len(), 256);
+        // The Debug form of a decode error escapes its inner quotes.
+        let debug = format!("{:?}", "invalid type: string \"s3cr3t\", expected u32");
+        let masked = loggable(
+            &format!("called `unwrap()` on an `Err` value: Error({debug})"),
+            false,
+        );
+        assert!(!masked.contains("s3cr3t"), "{masked}");
     }
 }
