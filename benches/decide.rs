@@ -58,6 +58,7 @@ fn per_record(c: &mut Criterion) {
                         receive_count: 1,
                         received_at_ms: 1_700_000_000_000,
                         receive_limit: None,
+                        expires_at_ms: None,
                     },
                     invalid,
                     ledger: Ledger::FirstDelivery,

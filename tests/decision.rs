@@ -18,6 +18,7 @@ fn facts(receive_count: u32) -> RecordFacts {
         receive_count,
         received_at_ms: NOW,
         receive_limit: None,
+        expires_at_ms: None,
     }
 }
 
@@ -167,6 +168,7 @@ fn on_the_last_receive_nothing_is_left_for_the_redrive_to_move_unrecorded() {
         receive_count: 8,
         received_at_ms: NOW,
         receive_limit: Some(8),
+        expires_at_ms: None,
     };
     let outage = Inputs {
         record: last,
@@ -214,6 +216,73 @@ fn on_the_last_receive_nothing_is_left_for_the_redrive_to_move_unrecorded() {
         ..inputs(&p, Execution::Ran(&ok))
     };
     assert!(matches!(decide(&done, &mut rng()), Decision::Done { .. }));
+}
+
+#[test]
+fn nothing_waits_past_the_queues_retention() {
+    let p = RetryPolicy::default();
+    let expiring = RecordFacts {
+        receive_count: 3,
+        received_at_ms: NOW,
+        receive_limit: None,
+        expires_at_ms: Some(NOW + 20_000),
+    };
+    // A breaker open for 12 h: deferred only until the retention's end, not past it.
+    let open = Inputs {
+        record: expiring,
+        gate: Gate::Open {
+            until_ms: NOW + 12 * 3_600_000,
+        },
+        ..inputs(&p, Execution::NotRun)
+    };
+    match decide(&open, &mut rng()) {
+        Decision::Defer { visibility, .. } => assert_eq!(visibility, Duration::from_secs(20)),
+        other => panic!("unexpected {other:?}"),
+    }
+    // A retry whose backoff ends after the retention comes back earlier instead.
+    let failed = Err(JobError::retry_after(Duration::from_secs(600), "slow down"));
+    let late_retry = Inputs {
+        record: expiring,
+        ..inputs(&p, Execution::Ran(&failed))
+    };
+    match decide(&late_retry, &mut rng()) {
+        Decision::Retry {
+            visibility,
+            next_attempt_at_ms,
+            ..
+        } => {
+            assert_eq!(visibility, Duration::from_secs(20));
+            assert_eq!(next_attempt_at_ms, NOW + 20_000);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // With less than a second left, it is dead-lettered with a record rather than dropped.
+    let gone = Inputs {
+        record: RecordFacts {
+            expires_at_ms: Some(NOW + 900),
+            ..expiring
+        },
+        ..open
+    };
+    match decide(&gone, &mut rng()) {
+        Decision::DeadLetter {
+            class: FailureClass::Expiring,
+            attempts: 0,
+            error,
+        } => assert!(error.contains("retention"), "{error}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    // A deferral that ends in time is untouched.
+    let soon = Inputs {
+        gate: Gate::Open {
+            until_ms: NOW + 5_000,
+        },
+        ..open
+    };
+    assert!(matches!(
+        decide(&soon, &mut rng()),
+        Decision::Defer { visibility, .. } if visibility >= Duration::from_secs(5) && visibility <= Duration::from_secs(20)
+    ));
 }
 
 #[test]
@@ -453,6 +522,7 @@ fn long_delays_are_applied_in_steps_within_the_12_hour_limit() {
             receive_count: 2,
             received_at_ms: NOW + 12 * 3_600_000,
             receive_limit: None,
+            expires_at_ms: None,
         },
         ledger: stored(1, Some(NOW + 31 * 3_600_000)),
         now_ms: NOW + 12 * 3_600_000,
@@ -554,7 +624,7 @@ proptest! {
         invalid in proptest::option::of("[a-z ]{1,20}"),
         seed in any::<u64>(),
     ) {
-        let record = RecordFacts { receive_count, received_at_ms: NOW - since_receive_ms, receive_limit: None };
+        let record = RecordFacts { receive_count, received_at_ms: NOW - since_receive_ms, receive_limit: None, expires_at_ms: None };
         let execution = match &outcome { None => Execution::NotRun, Some(o) => Execution::Ran(o) };
         let i = Inputs {
             record,

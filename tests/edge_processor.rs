@@ -495,3 +495,75 @@ async fn a_refused_copy_on_the_last_receive_is_counted() {
         .sum::<u64>();
     assert_eq!(counted, 1, "{:?}", outcome.metrics);
 }
+
+/// Issue item: a deferral cannot outlive the queue's retention. With a 60 s retention and the
+/// breaker forced open without `--for` (a deferral of ~12 h), the job ends in the DLQ with a
+/// record, not deleted by SQS with no copy anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_deferred_past_the_queues_retention_is_dead_lettered_with_a_record() {
+    let h = Harness::build(Options {
+        prefix: "retention",
+        ..Options::default()
+    })
+    .await;
+    h.sqs
+        .set_queue_attributes()
+        .queue_url(&h.queue_url)
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "60")
+        .send()
+        .await
+        .unwrap();
+    let policy = sqs_triage::core::policy::RetryPolicy::builder()
+        .max_attempts(2)
+        .backoff(sqs_triage::core::Backoff::exponential(
+            Duration::from_secs(1),
+            2.0,
+            Duration::from_secs(2),
+            Duration::ZERO,
+        ))
+        .max_delay(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let env = env_for(&h, policy, &h.dlq_url).await;
+    let sdk = support::sdk_config().await;
+    let store = sqs_triage::effects::breaker_store::BreakerStore::new(
+        sqs_triage::effects::storage_retry::dynamodb_client(&sdk),
+        &h.table,
+        sqs_triage::effects::storage_retry::StorageRetry::default(),
+    );
+    store
+        .force_open(support::pipeline::RECORDED, None, sqs_triage::processor::now_ms())
+        .await
+        .unwrap();
+    h.send_jobs(&[("short-lived", json!({"outcome": "ok"}))]).await;
+    // Each delivery is deferred until the retention's end (less its margin); the delivery
+    // then is dead-lettered. Bounded: about a minute of the queue's own clock.
+    let start = std::time::Instant::now();
+    let mut dlq = Vec::new();
+    while dlq.is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(120), "never dead-lettered");
+        let messages = h.receive(&h.queue_url, Duration::from_secs(5)).await;
+        if !messages.is_empty() {
+            let outcome = process(&env, &messages, &h.queue_url, Duration::from_secs(30)).await;
+            for (m, r) in messages.iter().zip(&outcome.records) {
+                if r.settled {
+                    h.sqs
+                        .delete_message()
+                        .queue_url(&h.queue_url)
+                        .receipt_handle(m.receipt_handle().unwrap())
+                        .send()
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+        dlq = h.dlq_messages().await;
+    }
+    let r = record_of(&dlq[0]);
+    assert_eq!(r.class, FailureClass::Expiring, "{r:?}");
+    assert!(r.error.contains("retention"), "{r:?}");
+    assert!(
+        h.executions("short-lived").is_empty(),
+        "never ran: the breaker was open"
+    );
+}

@@ -42,6 +42,7 @@ fn decision_for(inc: &Incoming, ledger: Ledger, outcome: &Result<(), JobError>) 
             receive_count: inc.receive_count,
             received_at_ms: now,
             receive_limit: None,
+            expires_at_ms: None,
         },
         invalid: invalid.as_deref(),
         ledger: if inc.receive_count > 1 {
@@ -86,6 +87,7 @@ fn incoming(body: String, job_type: Option<String>, receive_count: u32) -> Incom
         body,
         receive_count,
         first_received_at_ms: None,
+        sent_at_ms: None,
         group_id: None,
         attributes: Default::default(),
         from_fifo: false,

@@ -164,6 +164,7 @@ pub fn process_event(raw: &[u8], policy: &RetryPolicy, now_ms: u64, rng: &mut dy
                 receive_count: inc.receive_count,
                 received_at_ms: now_ms,
                 receive_limit: None,
+                expires_at_ms: None,
             },
             invalid: invalid.as_deref(),
             ledger: Ledger::FirstDelivery,

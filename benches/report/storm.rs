@@ -113,6 +113,7 @@ fn walk(st: &Strategy, jobs: &[Job], seed: u64) -> Walk {
                     receive_count: attempts + 1,
                     received_at_ms: t,
                     receive_limit: None,
+                    expires_at_ms: None,
                 },
                 invalid: None,
                 ledger,

@@ -34,6 +34,10 @@ pub struct RecordFacts {
     /// The source queue's redrive `maxReceiveCount`, when it has one: SQS moves the message
     /// to the DLQ, without a failure record, on the receive after that many.
     pub receive_limit: Option<u32>,
+    /// The latest moment (epoch ms) the message may come back and still be decided: the end
+    /// of the queue's retention period for it (`SentTimestamp` + `MessageRetentionPeriod`)
+    /// less a margin. SQS deletes it, with no copy anywhere, at the end of that period.
+    pub expires_at_ms: Option<u64>,
 }
 
 /// What the attempt ledger says about the job.
@@ -253,7 +257,72 @@ pub fn decide(inputs: &Inputs<'_>, rng: &mut dyn RngCore) -> Decision {
         Execution::NotRun => admit(inputs, prior, rng),
         Execution::Ran(outcome) => settle(inputs, prior, outcome, rng),
     };
+    let decision = within_retention(inputs.record, prior, inputs.now_ms, decision);
     last_receive(inputs.record, prior, decision)
+}
+
+/// The queue's retention period must not end while a message waits: a deferral or retry
+/// that would bring it back after [`RecordFacts::expires_at_ms`] is shortened to come back
+/// by then; with less than a second left, it is dead-lettered (class `expiring`) instead of
+/// being deleted by SQS with no copy anywhere.
+fn within_retention(record: RecordFacts, prior: u32, now_ms: u64, decision: Decision) -> Decision {
+    let Some(expires) = record.expires_at_ms else {
+        return decision;
+    };
+    let room = Duration::from_secs(expires.saturating_sub(now_ms) / 1000);
+    let left = |what: String| {
+        format!(
+            "{what}; the queue's retention period for it ends in {} s",
+            expires.saturating_sub(now_ms) / 1000
+        )
+    };
+    match decision {
+        Decision::Defer { reason, visibility } if visibility > room => {
+            if room.is_zero() {
+                Decision::DeadLetter {
+                    class: FailureClass::Expiring,
+                    attempts: prior,
+                    error: left(format!("deferred ({})", reason.as_str())),
+                }
+            } else {
+                Decision::Defer {
+                    reason,
+                    visibility: room,
+                }
+            }
+        }
+        Decision::Retry {
+            attempts,
+            visibility,
+            error,
+            ..
+        } if visibility > room => {
+            if room.is_zero() {
+                Decision::DeadLetter {
+                    class: FailureClass::Expiring,
+                    attempts,
+                    error: left(format!("retry after: {error}")),
+                }
+            } else {
+                // Earlier than the backoff asked for, rather than never.
+                Decision::Retry {
+                    attempts,
+                    delay: room,
+                    visibility: room,
+                    next_attempt_at_ms: now_ms.saturating_add(room.as_millis() as u64),
+                    error,
+                }
+            }
+        }
+        other => other,
+    }
+}
+
+/// The margin kept before the end of a message's retention period: a tenth of the period, at
+/// most a minute (the message must come back, be received and be decided before SQS deletes
+/// it).
+pub fn retention_margin(retention: Duration) -> Duration {
+    (retention / 10).min(Duration::from_secs(60))
 }
 
 /// A record held back without running because an earlier record of its FIFO message group

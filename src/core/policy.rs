@@ -37,6 +37,19 @@ pub enum PolicyError {
         /// The queue's retention period.
         retention: Duration,
     },
+    /// A job type's breaker stays open longer than a message can wait in the queue.
+    #[error(
+        "breaker of `{job_type}` opens for {open_for:?}, not less than the queue's retention period ({retention:?}); \
+         every job it defers would expire: lower TRIAGE_BREAKER_OPEN_S or raise the retention"
+    )]
+    BreakerOutlivesRetention {
+        /// The job type.
+        job_type: String,
+        /// The breaker's open period.
+        open_for: Duration,
+        /// The queue's retention period.
+        retention: Duration,
+    },
 }
 
 /// A job type's retry policy. Build it with [`RetryPolicy::builder`]; the defaults are the seed's.

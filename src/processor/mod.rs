@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, info_span, warn};
 
 use crate::core::breaker::{Aggregate, BreakerState, Lease, Phase, gate};
-use crate::core::decision::{StoredAttempts, attempts_before, held_back};
+use crate::core::decision::{StoredAttempts, attempts_before, held_back, retention_margin};
 use crate::core::envelope::{self, EnvelopeLimits, Job};
 use crate::core::error::ErrorKind;
 use crate::core::failure::{FailureClass, FailureRecord};
@@ -75,6 +75,7 @@ pub struct Processor {
     limits: EnvelopeLimits,
     log_payloads: bool,
     receive_limit: Option<u32>,
+    retention: Option<Duration>,
     lost_counts: Arc<std::sync::Mutex<LostCounts>>,
     draining: Arc<AtomicBool>,
 }
@@ -96,6 +97,8 @@ pub struct ProcessorConfig {
     pub log_payloads: bool,
     /// The source queue's redrive `maxReceiveCount`, when it has one.
     pub receive_limit: Option<u32>,
+    /// The source queue's `MessageRetentionPeriod`, when known.
+    pub retention: Option<Duration>,
 }
 
 /// What happened to one record.
@@ -239,6 +242,7 @@ impl Processor {
             limits: config.limits,
             log_payloads: config.log_payloads,
             receive_limit: config.receive_limit,
+            retention: config.retention,
             lost_counts: Arc::default(),
             draining: Arc::new(AtomicBool::new(false)),
         }
@@ -452,6 +456,12 @@ impl Processor {
             receive_count: slot.inc.receive_count,
             received_at_ms: slot.received_at_ms,
             receive_limit: self.receive_limit,
+            expires_at_ms: match (slot.inc.sent_at_ms, self.retention) {
+                (Some(sent), Some(r)) => {
+                    Some(sent.saturating_add((r.saturating_sub(retention_margin(r))).as_millis() as u64))
+                }
+                _ => None,
+            },
         }
     }
 

@@ -24,6 +24,8 @@ pub struct Incoming {
     pub receive_count: u32,
     /// `ApproximateFirstReceiveTimestamp` (epoch ms), if SQS sent it.
     pub first_received_at_ms: Option<u64>,
+    /// `SentTimestamp` (epoch ms), if SQS sent it: the queue's retention counts from it.
+    pub sent_at_ms: Option<u64>,
     /// `MessageGroupId` on FIFO queues.
     pub group_id: Option<String>,
     /// The producer's message attributes, kept for the DLQ copy.
@@ -78,6 +80,7 @@ impl Incoming {
                 .attributes
                 .get("ApproximateFirstReceiveTimestamp")
                 .and_then(|v| v.parse().ok()),
+            sent_at_ms: m.attributes.get("SentTimestamp").and_then(|v| v.parse().ok()),
             group_id: m.attributes.get("MessageGroupId").cloned(),
             attributes,
             from_fifo: m
@@ -203,6 +206,7 @@ impl Incoming {
             receive_count: parse_count(get(MessageSystemAttributeName::ApproximateReceiveCount)),
             first_received_at_ms: get(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp)
                 .and_then(|v| v.parse().ok()),
+            sent_at_ms: get(MessageSystemAttributeName::SentTimestamp).and_then(|v| v.parse().ok()),
             group_id: get(MessageSystemAttributeName::MessageGroupId).map(str::to_owned),
             message_id: m.message_id.unwrap_or_default(),
             receipt_handle: m.receipt_handle.unwrap_or_default(),

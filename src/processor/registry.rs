@@ -141,8 +141,16 @@ impl Registry {
     /// Checks every policy against the queue's retention period (start-up validation).
     pub fn check_retention(&self, retention: std::time::Duration) -> Result<(), crate::core::PolicyError> {
         self.default_policy.check_retention(retention)?;
-        self.routes
-            .values()
-            .try_for_each(|r| r.policy.check_retention(retention))
+        self.routes.iter().try_for_each(|(job_type, r)| {
+            r.policy.check_retention(retention)?;
+            if r.breaker.open_for() >= retention {
+                return Err(crate::core::PolicyError::BreakerOutlivesRetention {
+                    job_type: job_type.clone(),
+                    open_for: r.breaker.open_for(),
+                    retention,
+                });
+            }
+            Ok(())
+        })
     }
 }

@@ -95,12 +95,13 @@ pub async fn build_with(
     );
     let source =
         source.map_err(|e| format!("cannot read the source queue {queue_url} (TRIAGE_QUEUE_URL): {e}"))?;
-    if let Some(secs) = source
+    let retention = source
         .get(&QueueAttributeName::MessageRetentionPeriod)
         .and_then(|v| v.parse::<u64>().ok())
-    {
+        .map(Duration::from_secs);
+    if let Some(retention) = retention {
         registry
-            .check_retention(Duration::from_secs(secs))
+            .check_retention(retention)
             .map_err(|e| format!("retry policy rejected for {queue_url}: {e}"))?;
     }
     let receive_limit = source
@@ -142,6 +143,7 @@ pub async fn build_with(
             limits: EnvelopeLimits::default(),
             log_payloads: config.log_payloads,
             receive_limit,
+            retention,
         },
     );
     Ok(Environment {
