@@ -712,3 +712,26 @@ proptest! {
         prop_assert!(p.retry_delay(n, &err, &mut r) <= p.max_delay());
     }
 }
+
+#[test]
+fn a_breaker_open_longer_than_the_retention_is_refused_at_start_up() {
+    use sqs_triage::core::breaker::BreakerConfig;
+    use sqs_triage::processor::registry::{JobContext, Registry};
+    let long = BreakerConfig::builder()
+        .open_for(Duration::from_secs(2 * 3600))
+        .build()
+        .unwrap();
+    let registry = Registry::default().handle_with(
+        "t",
+        RetryPolicy::default(),
+        long,
+        |_: serde_json::Value, _: JobContext| async { Ok(()) },
+    );
+    let refused = registry.check_retention(Duration::from_secs(3600)).unwrap_err();
+    assert!(refused.to_string().contains("TRIAGE_BREAKER_OPEN_S"), "{refused}");
+    assert!(
+        registry
+            .check_retention(Duration::from_secs(4 * 24 * 3600))
+            .is_ok()
+    );
+}
