@@ -134,7 +134,7 @@ async fn longest_type_and_id_in_four_byte_characters_round_trip() {
     let got = ledger.read_many(&jobs, None).await.unwrap();
     assert_eq!(got.len(), 3);
     assert!(!got.contains_key(&jobs[0]));
-    ledger.reset(&sk_over, &pk_over).await.unwrap();
+    ledger.forget([(&sk_over, &pk_over)], None).await.unwrap();
     assert!(ledger.show(&sk_over, &pk_over).await.unwrap().is_none());
     assert!(ledger.show(&sk_exact, &pk_over).await.unwrap().is_some());
     delete_table(&client, &table).await.unwrap();

@@ -172,8 +172,8 @@ async fn read_many_is_one_batch_get_per_100_ids_and_close_reset_work() {
     let got = ledger.read_many(&ids, None).await.unwrap();
     assert_eq!(got.len(), 15);
 
-    // Replay: reset gives the job a fresh ledger, so delivery 2 counts again as attempt 1.
-    ledger.reset("t", "j140").await.unwrap();
+    // Replay: forgetting gives the job a fresh ledger, so delivery 2 counts again as attempt 1.
+    ledger.forget([("t", "j140")], None).await.unwrap();
     assert!(ledger.show("t", "j140").await.unwrap().is_none());
     assert_eq!(
         ledger

@@ -445,21 +445,6 @@ impl AttemptLedger {
         }
     }
 
-    /// Removes a job's ledger so a replayed job starts with fresh attempts.
-    pub async fn reset(&self, job_type: &str, job_id: &str) -> Result<(), StorageError> {
-        self.retry
-            .call("DeleteItem", None, || {
-                self.client
-                    .delete_item()
-                    .table_name(&self.table)
-                    .set_key(Some(ledger_key(job_type, job_id)))
-                    .send()
-            })
-            .await
-            .map_err(|e| e.with_resource(&self.table))?;
-        Ok(())
-    }
-
     /// Reads one job's ledger (consistent read), for the CLI.
     pub async fn show(&self, job_type: &str, job_id: &str) -> Result<Option<LedgerItem>, StorageError> {
         let item = get_consistent(
