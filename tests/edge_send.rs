@@ -121,7 +121,10 @@ fn lines_of(v: &Value, key: &str) -> Vec<u64> {
 }
 
 fn ids_of(bodies: &[Value]) -> Vec<String> {
-    bodies.iter().map(|b| b["id"].as_str().unwrap().to_owned()).collect()
+    bodies
+        .iter()
+        .map(|b| b["id"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// Item 4: one batch call fails as a call (HTTP 500 on every try) while the other batches go
@@ -143,9 +146,14 @@ async fn a_failed_batch_call_is_reported_per_line_and_its_lines_can_be_sent_agai
     let mut raw = Vec::new();
     for i in 1..=30 {
         let line = if i % 4 == 0 {
-            format!("{{ \"type\": \"bulk\",  \"id\": \"b-{i}\", \"payload\": {{\"tag\": \"poison-{i}\"}} }}\r\n")
+            format!(
+                "{{ \"type\": \"bulk\",  \"id\": \"b-{i}\", \"payload\": {{\"tag\": \"poison-{i}\"}} }}\r\n"
+            )
         } else {
-            format!("{}\n", json!({"type": "bulk", "id": format!("b-{i}"), "payload": {"tag": format!("poison-{i}")}}))
+            format!(
+                "{}\n",
+                json!({"type": "bulk", "id": format!("b-{i}"), "payload": {"tag": format!("poison-{i}")}})
+            )
         };
         raw.push(line.clone());
         input.push_str(&line);
@@ -155,14 +163,18 @@ async fn a_failed_batch_call_is_reported_per_line_and_its_lines_can_be_sent_agai
     }
     let file = write_file("edge-send-in", &input);
     let unsent = temp_path("edge-send-unsent");
-    let o = run(triage(&stack.queue_url, Some(&proxy.url()), &[
-        "send",
-        "--file",
-        file.to_str().unwrap(),
-        "--unsent",
-        unsent.to_str().unwrap(),
-        "--json",
-    ]));
+    let o = run(triage(
+        &stack.queue_url,
+        Some(&proxy.url()),
+        &[
+            "send",
+            "--file",
+            file.to_str().unwrap(),
+            "--unsent",
+            unsent.to_str().unwrap(),
+            "--json",
+        ],
+    ));
     assert_eq!(o.status.code(), Some(5), "exit code; stderr: {}", stderr(&o));
     let r = report(&o);
     assert_eq!(r["requested"], 30, "{r}");
@@ -172,7 +184,10 @@ async fn a_failed_batch_call_is_reported_per_line_and_its_lines_can_be_sent_agai
     let expected: Vec<u64> = (11..=20).map(|i| if i > 12 { i + 2 } else { i }).collect();
     assert_eq!(not_sent, expected, "{r}");
     for e in r["rejected"].as_array().unwrap() {
-        assert_eq!(e["status"], "unconfirmed", "a 500 may or may not have stored the batch: {e}");
+        assert_eq!(
+            e["status"], "unconfirmed",
+            "a 500 may or may not have stored the batch: {e}"
+        );
     }
     assert_eq!(r["not_sent"], 10, "{r}");
     let sent: HashSet<u64> = lines_of(&r, "sent").into_iter().collect();
@@ -182,21 +197,33 @@ async fn a_failed_batch_call_is_reported_per_line_and_its_lines_can_be_sent_agai
     assert!(err.contains("10 of 30"), "{err}");
 
     let text = std::fs::read_to_string(&unsent).expect("the unsent file is written");
-    assert_eq!(text, raw[10..20].concat(), "the unsent lines, byte for byte, in order");
+    assert_eq!(
+        text,
+        raw[10..20].concat(),
+        "the unsent lines, byte for byte, in order"
+    );
 
     // Sending the unsent lines again (faults gone) completes the set, with no duplicate.
     let again = temp_path("edge-send-unsent2");
-    let o = run(triage(&stack.queue_url, None, &[
-        "send",
-        "--file",
-        unsent.to_str().unwrap(),
-        "--unsent",
-        again.to_str().unwrap(),
-        "--json",
-    ]));
+    let o = run(triage(
+        &stack.queue_url,
+        None,
+        &[
+            "send",
+            "--file",
+            unsent.to_str().unwrap(),
+            "--unsent",
+            again.to_str().unwrap(),
+            "--json",
+        ],
+    ));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(report(&o)["accepted"], 10);
-    assert_eq!(std::fs::read_to_string(&again).unwrap(), "", "nothing left to send");
+    assert_eq!(
+        std::fs::read_to_string(&again).unwrap(),
+        "",
+        "nothing left to send"
+    );
     let ids = ids_of(&drain(&stack.queue_url).await);
     assert_eq!(ids.len(), 30, "{ids:?}");
     assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 30, "{ids:?}");
@@ -223,20 +250,32 @@ async fn a_throttled_batch_is_reported_rejected_with_its_line_range() {
         .collect();
     let file = write_file("edge-send-thr-in", &raw.concat());
     let unsent = temp_path("edge-send-thr-unsent");
-    let o = run(triage(&stack.queue_url, Some(&proxy.url()), &[
-        "send",
-        "-f",
-        file.to_str().unwrap(),
-        "--unsent",
-        unsent.to_str().unwrap(),
-        "--no-progress",
-    ]));
+    let o = run(triage(
+        &stack.queue_url,
+        Some(&proxy.url()),
+        &[
+            "send",
+            "-f",
+            file.to_str().unwrap(),
+            "--unsent",
+            unsent.to_str().unwrap(),
+            "--no-progress",
+        ],
+    ));
     assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("sent 2 of 12"), "{out}");
     assert!(out.contains("lines 1-10"), "{out}");
     assert!(out.contains("rejected"), "{out}");
-    assert!(stderr(&o).contains("--unsent"), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("10 of 12 job(s) were not sent (lines 1-10)"),
+        "{err}"
+    );
+    assert!(
+        err.contains(unsent.to_str().unwrap()),
+        "the error names the unsent file: {err}"
+    );
     assert_eq!(std::fs::read_to_string(&unsent).unwrap(), raw[..10].concat());
     let _ = std::fs::remove_file(file);
     let _ = std::fs::remove_file(unsent);
@@ -261,12 +300,11 @@ async fn fifo_lines_of_a_group_arrive_in_file_order() {
     let ids: Vec<String> = (0..40).map(|i| format!("o-{i:02}")).collect();
     let text: String = ids.iter().map(|id| fifo_line("g", id)).collect();
     let file = write_file("edge-send-order-in", &text);
-    let o = run(triage(&stack.queue_url, Some(&proxy.url()), &[
-        "send",
-        "-f",
-        file.to_str().unwrap(),
-        "--json",
-    ]));
+    let o = run(triage(
+        &stack.queue_url,
+        Some(&proxy.url()),
+        &["send", "-f", file.to_str().unwrap(), "--json"],
+    ));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(report(&o)["accepted"], 40);
     assert_eq!(proxy.faults().get("Delay"), Some(&1));
@@ -301,14 +339,18 @@ async fn a_failed_fifo_batch_stops_the_rest_of_its_group() {
     }
     let file = write_file("edge-send-stop-in", &raw.concat());
     let unsent = temp_path("edge-send-stop-unsent");
-    let o = run(triage(&stack.queue_url, Some(&proxy.url()), &[
-        "send",
-        "-f",
-        file.to_str().unwrap(),
-        "--unsent",
-        unsent.to_str().unwrap(),
-        "--json",
-    ]));
+    let o = run(triage(
+        &stack.queue_url,
+        Some(&proxy.url()),
+        &[
+            "send",
+            "-f",
+            file.to_str().unwrap(),
+            "--unsent",
+            unsent.to_str().unwrap(),
+            "--json",
+        ],
+    ));
     assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
     let r = report(&o);
     assert_eq!(r["accepted"], 15, "{r}");
@@ -327,7 +369,10 @@ async fn a_failed_fifo_batch_stops_the_rest_of_its_group() {
     for line in 21..=25 {
         assert_eq!(status(line), "skipped", "line {line}: {r}");
     }
-    assert_eq!(lines_of(&r, "sent"), (11..=20).chain(26..=30).collect::<Vec<u64>>());
+    assert_eq!(
+        lines_of(&r, "sent"),
+        (11..=20).chain(26..=30).collect::<Vec<u64>>()
+    );
     let got = ids_of(&drain(&stack.queue_url).await);
     let expected: Vec<String> = (1..=15).map(|i| format!("b-{i:02}")).collect();
     assert_eq!(got, expected, "only group b is on the queue, in order");
@@ -355,12 +400,11 @@ async fn fifo_lines_sqs_deduplicates_are_reported_as_such() {
         fifo_line("g", "j3"),
     ];
     let file = write_file("edge-send-dedup-in", &raw.concat());
-    let o = run(triage(&stack.queue_url, None, &[
-        "send",
-        "-f",
-        file.to_str().unwrap(),
-        "--json",
-    ]));
+    let o = run(triage(
+        &stack.queue_url,
+        None,
+        &["send", "-f", file.to_str().unwrap(), "--json"],
+    ));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let r = report(&o);
     assert_eq!(r["accepted"], 3, "{r}");
@@ -389,7 +433,11 @@ async fn fifo_ids_outside_sqs_rules_refuse_the_file_first() {
         fifo_line("g", "tab\tid"),
     ];
     let file = write_file("edge-send-ids-in", &raw.concat());
-    let o = run(triage(&stack.queue_url, None, &["send", "-f", file.to_str().unwrap()]));
+    let o = run(triage(
+        &stack.queue_url,
+        None,
+        &["send", "-f", file.to_str().unwrap()],
+    ));
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -402,9 +450,11 @@ async fn fifo_ids_outside_sqs_rules_refuse_the_file_first() {
     assert!(drain(&stack.queue_url).await.is_empty(), "nothing was sent");
 
     // One job from flags is checked the same way.
-    let o = run(triage(&stack.queue_url, None, &[
-        "send", "--type", "t", "--group", "a b", "--id", "x",
-    ]));
+    let o = run(triage(
+        &stack.queue_url,
+        None,
+        &["send", "--type", "t", "--group", "a b", "--id", "x"],
+    ));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("group"), "{}", stderr(&o));
     assert!(drain(&stack.queue_url).await.is_empty(), "nothing was sent");
