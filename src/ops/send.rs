@@ -4,11 +4,13 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
+use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio::time::Instant;
 
 use super::output::{Report, progress};
 use super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo};
@@ -501,28 +503,46 @@ fn record(fates: &mut [Fate], r: EntryResults) {
     }
 }
 
+/// SQS's FIFO deduplication interval.
+const DEDUP_WINDOW: Duration = Duration::from_secs(300);
+
+/// One line SQS answered as sent, for [`duplicates`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Answered<'a> {
+    key: usize,
+    dedup_id: Option<&'a str>,
+    message_id: &'a str,
+    /// When its batch call started and ended, from the start of the run.
+    started: Duration,
+    ended: Duration,
+}
+
 /// The lines, among those SQS answered as sent, that a FIFO queue deduplicated against an
-/// earlier line of this run: a repeated deduplication id, or a repeated message id (SQS answers
-/// a deduplicated send with the first message's id). `sent` is `(key, dedup id, message id)` in
-/// send order; returns `(key, key of the earlier line)`.
-pub(crate) fn duplicates(sent: &[(usize, Option<&str>, &str)]) -> Vec<(usize, usize)> {
-    let mut by_dedup: HashMap<&str, usize> = HashMap::new();
+/// earlier line of this run: a repeated message id (SQS answers a deduplicated send with the
+/// first message's id), or a repeated deduplication id surely within SQS's five minutes (the
+/// later call ended less than five minutes after the earlier one started). `sent` is in send
+/// order; returns `(key, key of the earlier line)`.
+pub(crate) fn duplicates(sent: &[Answered<'_>]) -> Vec<(usize, usize)> {
+    let mut by_dedup: HashMap<&str, (usize, Duration)> = HashMap::new();
     let mut by_message: HashMap<&str, usize> = HashMap::new();
     let mut out = Vec::new();
-    for &(k, dedup, message) in sent {
-        let earlier = dedup.and_then(|d| by_dedup.get(d).copied()).or_else(|| {
-            (!message.is_empty())
-                .then(|| by_message.get(message).copied())
-                .flatten()
-        });
-        match earlier {
-            Some(first) => out.push((k, first)),
+    for a in sent {
+        let by_id = a
+            .dedup_id
+            .and_then(|d| by_dedup.get(d))
+            .filter(|(_, started)| a.ended.saturating_sub(*started) < DEDUP_WINDOW)
+            .map(|(k, _)| *k);
+        let by_message_id = (!a.message_id.is_empty())
+            .then(|| by_message.get(a.message_id).copied())
+            .flatten();
+        match by_message_id.or(by_id) {
+            Some(first) => out.push((a.key, first)),
             None => {
-                if let Some(d) = dedup {
-                    by_dedup.insert(d, k);
+                if let Some(d) = a.dedup_id {
+                    by_dedup.insert(d, (a.key, a.started));
                 }
-                if !message.is_empty() {
-                    by_message.insert(message, k);
+                if !a.message_id.is_empty() {
+                    by_message.insert(a.message_id, a.key);
                 }
             }
         }
@@ -595,6 +615,8 @@ pub async fn send_jobs(
     let sqs = Sqs::new(sqs_client(&ctx.sdk), ctx.storage_retry());
     let bar = progress(show_progress, requested as u64, "sending");
     let mut fates = vec![Fate::Pending; requested];
+    let run = Instant::now();
+    let mut times = vec![(Duration::ZERO, Duration::ZERO); requested];
     let mut error: Option<StorageError> = None;
     let mut warnings = Vec::new();
     if fifo {
@@ -632,7 +654,12 @@ pub async fn send_jobs(
                 continue;
             }
             let keys: Vec<usize> = batch.iter().map(|m| m.key).collect();
+            let started = run.elapsed();
             let r = sqs.send(queue_url, batch, None).await;
+            let ended = run.elapsed();
+            for &k in &keys {
+                times[k] = (started, ended);
+            }
             bar.inc(keys.len() as u64);
             error = error.or_else(|| r.error.clone());
             record(&mut fates, r);
@@ -689,11 +716,17 @@ pub async fn send_jobs(
         }
     }
 
-    let answered: Vec<(usize, Option<&str>, &str)> = fates
+    let answered: Vec<Answered<'_>> = fates
         .iter()
         .enumerate()
         .filter_map(|(k, f)| match f {
-            Fate::Sent(m) => Some((k, dedup_ids[k].as_deref(), m.as_str())),
+            Fate::Sent(m) => Some(Answered {
+                key: k,
+                dedup_id: dedup_ids[k].as_deref(),
+                message_id: m.as_str(),
+                started: times[k].0,
+                ended: times[k].1,
+            }),
             _ => None,
         })
         .collect();
@@ -830,14 +863,23 @@ mod tests {
 
     #[test]
     fn repeated_dedup_or_message_ids_are_duplicates_of_the_first() {
+        let at = |key, dedup_id, message_id, minute: u64| Answered {
+            key,
+            dedup_id: Some(dedup_id),
+            message_id,
+            started: Duration::from_secs(minute * 60),
+            ended: Duration::from_secs(minute * 60 + 1),
+        };
         let sent = [
-            (0, Some("a"), "m0"),
-            (1, Some("b"), "m1"),
-            (2, Some("a"), "m2"),
+            at(0, "a", "m0", 0),
+            at(1, "b", "m1", 0),
+            at(2, "a", "m2", 1),
             // AWS answers a deduplicated send with the first message's id.
-            (3, Some("r-1"), "m1"),
-            (4, Some("c"), ""),
-            (5, Some("d"), ""),
+            at(3, "r-1", "m1", 2),
+            at(4, "c", "", 2),
+            at(5, "d", "", 2),
+            // Five minutes after line 0's call started, "a" is a new message again.
+            at(6, "a", "m6", 5),
         ];
         assert_eq!(duplicates(&sent), vec![(2, 0), (3, 1)]);
     }
