@@ -460,3 +460,52 @@ async fn fifo_ids_outside_sqs_rules_refuse_the_file_first() {
     assert!(drain(&stack.queue_url).await.is_empty(), "nothing was sent");
     let _ = std::fs::remove_file(file);
 }
+
+/// Item 4: when nothing can be sent (here the queue does not exist, exit 3), `--unsent` holds
+/// every line, so the file to send again is always the one `--unsent` names; a refused input
+/// (exit 2) leaves it alone.
+#[tokio::test]
+async fn nothing_sent_leaves_every_line_in_the_unsent_file() {
+    let stack = support::fresh_resources("edge-send-none", false).await;
+    let missing = format!("{}-gone", stack.queue_url);
+    let raw = [
+        format!("{}\n", json!({"type": "t", "id": "n-1"})),
+        format!("{}\r\n", json!({"type": "t", "id": "n-2"})),
+    ];
+    let file = write_file("edge-send-none-in", &raw.concat());
+    let unsent = temp_path("edge-send-none-unsent");
+    let o = run(triage(
+        &missing,
+        None,
+        &[
+            "send",
+            "-f",
+            file.to_str().unwrap(),
+            "--unsent",
+            unsent.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(stderr(&o).contains("does not exist"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&unsent).unwrap(), raw.concat());
+
+    std::fs::write(&unsent, "untouched").unwrap();
+    let bad = write_file("edge-send-none-bad", "{\"type\": \"t\"}\n{bad\n");
+    let o = run(triage(
+        &stack.queue_url,
+        None,
+        &[
+            "send",
+            "-f",
+            bad.to_str().unwrap(),
+            "--unsent",
+            unsent.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&unsent).unwrap(), "untouched");
+    assert!(drain(&stack.queue_url).await.is_empty());
+    for p in [file, unsent, bad] {
+        let _ = std::fs::remove_file(p);
+    }
+}
