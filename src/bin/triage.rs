@@ -159,6 +159,11 @@ struct SendArgs {
     /// (`-` for stdin). Without --type or --file, jobs are read from stdin.
     #[arg(long, short = 'f', value_name = "PATH")]
     file: Option<PathBuf>,
+    /// Write the lines that were not sent (rejected, unconfirmed or skipped) to this file,
+    /// byte for byte and in order, to send again with --file; written empty when every line
+    /// was sent. May be the input file itself.
+    #[arg(long, value_name = "PATH")]
+    unsent: Option<PathBuf>,
 }
 
 #[derive(Debug, Args, Clone, Default)]
@@ -398,10 +403,37 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             let queue = require(&cli.queue_url, "TRIAGE_QUEUE_URL", "--queue-url")?;
             let fifo = ops::is_fifo(queue);
             let jobs = read_jobs(a, fifo)?;
-            let ctx = Ctx::from_env().await?;
-            let url = ops::resolve_queue(&ctx, queue, "TRIAGE_QUEUE_URL").await?;
-            let report = send::send(&ctx, &url, jobs, progress).await?;
-            Ok(print(&report, json))
+            let unsent = a.unsent.as_deref();
+            // Once the input is good, `--unsent` always says what is left to send.
+            let all_unsent = |e: OpsError| match unsent {
+                Some(path) => match send::write_unsent(path, &send::all_text(&jobs)) {
+                    Ok(()) => e,
+                    Err(w) => OpsError::new(e.kind, format!("{e}; {w}")),
+                },
+                None => e,
+            };
+            let ctx = Ctx::from_env().await.map_err(all_unsent)?;
+            let url = ops::resolve_queue(&ctx, queue, "TRIAGE_QUEUE_URL")
+                .await
+                .map_err(all_unsent)?;
+            let mut report = send::send_jobs(&ctx, &url, &jobs, progress)
+                .await
+                .map_err(all_unsent)?;
+            let mut write_error = None;
+            if let Some(path) = unsent {
+                match send::write_unsent(path, &send::unsent_text(&jobs, &report)) {
+                    Ok(()) => report.unsent_file = Some(path.display().to_string()),
+                    Err(e) => write_error = Some(e),
+                }
+            }
+            let code = print(&report, json);
+            match write_error {
+                Some(e) => {
+                    eprintln!("error: {e}");
+                    Ok(ExitCode::from(e.exit_code()))
+                }
+                None => Ok(code),
+            }
         }
         Command::Dlq(cmd) => {
             let dlq_arg = require(&cli.dlq_url, "TRIAGE_DLQ_URL", "--dlq-url")?;
@@ -593,7 +625,7 @@ fn confirm(question: &str) -> bool {
     matches!(answer.trim().to_lowercase().as_str(), "y" | "yes")
 }
 
-fn read_jobs(a: &SendArgs, fifo: bool) -> OpsResult<Vec<(usize, send::JobSpec)>> {
+fn read_jobs(a: &SendArgs, fifo: bool) -> OpsResult<Vec<send::Job>> {
     if let Some(job_type) = &a.job_type {
         let payload = match &a.payload {
             None => serde_json::Value::Null,
@@ -611,7 +643,7 @@ fn read_jobs(a: &SendArgs, fifo: bool) -> OpsResult<Vec<(usize, send::JobSpec)>>
             group: a.group.clone(),
         };
         spec.validate(fifo).map_err(OpsError::usage)?;
-        return Ok(vec![(1, spec)]);
+        return Ok(vec![send::Job::from_spec(spec)]);
     }
     let text = match a.file.as_deref() {
         Some(p) if p.as_os_str() != "-" => std::fs::read_to_string(p)
@@ -629,5 +661,5 @@ fn read_jobs(a: &SendArgs, fifo: bool) -> OpsResult<Vec<(usize, send::JobSpec)>>
             s
         }
     };
-    send::parse_ndjson(&text, fifo)
+    send::parse_jobs(&text, fifo)
 }

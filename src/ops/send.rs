@@ -2,16 +2,20 @@
 //! SQS's batch payload cap (split by [`crate::effects::sqs::batches`]).
 
 use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio::time::Instant;
 
 use super::output::{Report, progress};
 use super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo};
 use crate::core::envelope::{self, EnvelopeLimits};
-use crate::effects::sqs::{BATCH_LIMIT, Outgoing, Sqs, batches};
+use crate::effects::sqs::{BATCH_BYTES, BATCH_LIMIT, EntryResults, Outgoing, Sqs, batches};
 use crate::effects::storage_retry::{StorageError, sqs_client};
 
 /// Batches in flight at once.
@@ -29,7 +33,8 @@ pub struct JobSpec {
     /// Handler input (any JSON; absent means null).
     #[serde(default)]
     pub payload: Value,
-    /// Job id (also the FIFO deduplication id).
+    /// Job id (also the FIFO deduplication id, so on a FIFO queue it must be 1-128 characters
+    /// of letters, digits and ASCII punctuation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Delivery delay in seconds (0-900, standard queues only).
@@ -66,27 +71,96 @@ impl JobSpec {
         if fifo && self.group.as_deref().is_none_or(str::is_empty) {
             return Err("FIFO queues need a message group: pass --group (or \"group\" in NDJSON)".into());
         }
+        if let Some(group) = &self.group {
+            check_sqs_id(group).map_err(|e| {
+                format!(
+                    "group {} {e}: not a valid message group id ({SQS_ID_RULE})",
+                    shown(group)
+                )
+            })?;
+        }
+        if let (true, Some(id)) = (fifo, &self.id) {
+            check_sqs_id(id).map_err(|e| {
+                format!(
+                    "id {} {e}: on a FIFO queue the job id is the deduplication id ({SQS_ID_RULE})",
+                    shown(id)
+                )
+            })?;
+        }
         Ok(())
     }
 }
 
-/// Reads NDJSON jobs (blank lines skipped). Any bad line fails the whole input, naming the
-/// line, so nothing is half-sent.
-pub fn parse_ndjson(text: &str, fifo: bool) -> OpsResult<Vec<(usize, JobSpec)>> {
+/// One line of input: its number, the job it holds, and its text as read (terminator included),
+/// so the lines not sent can be written back byte for byte.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    /// Input line (1-based; 1 for a single job from flags).
+    pub line: usize,
+    /// The job.
+    pub spec: JobSpec,
+    /// The line as read, with its `\n` or `\r\n` (a job from flags: its NDJSON form and `\n`).
+    pub raw: String,
+}
+
+impl Job {
+    /// A job from flags, as line 1, written back as its NDJSON form.
+    pub fn from_spec(spec: JobSpec) -> Self {
+        let raw = serde_json::to_string(&spec).unwrap_or_default() + "\n";
+        Self { line: 1, spec, raw }
+    }
+}
+
+/// Bad lines listed in one refusal, at most.
+const MAX_LISTED: usize = 10;
+
+/// One usage error for every bad line of the input: nothing is sent.
+fn refuse(errors: Vec<String>) -> OpsError {
+    if errors.len() == 1 {
+        return OpsError::usage(errors.into_iter().next().unwrap_or_default());
+    }
+    let n = errors.len();
+    let mut listed: Vec<String> = errors.into_iter().take(MAX_LISTED).collect();
+    if n > MAX_LISTED {
+        listed.push(format!("and {} more", n - MAX_LISTED));
+    }
+    OpsError::usage(format!("{n} bad lines, nothing sent: {}", listed.join("; ")))
+}
+
+/// Reads NDJSON jobs (blank lines skipped), keeping each line's text. Every line is checked
+/// (envelope, delay, FIFO group and deduplication ids); any bad line refuses the whole input,
+/// naming every bad line, so nothing is half-sent.
+pub fn parse_jobs(text: &str, fifo: bool) -> OpsResult<Vec<Job>> {
     let mut jobs = Vec::new();
-    for (i, line) in text.lines().enumerate() {
+    let mut errors = Vec::new();
+    for (i, raw) in text.split_inclusive('\n').enumerate() {
         let n = i + 1;
+        let line = raw.strip_suffix('\n').unwrap_or(raw);
+        let line = line.strip_suffix('\r').unwrap_or(line);
         if line.trim().is_empty() {
             continue;
         }
-        let spec: JobSpec = serde_json::from_str(line).map_err(|e| {
-            OpsError::usage(format!(
-                "line {n}: not a job: {e} (expected {{\"type\": \"...\", \"payload\": ..., \"id\": \"...\"}})"
-            ))
-        })?;
-        spec.validate(fifo)
-            .map_err(|e| OpsError::usage(format!("line {n}: {e}")))?;
-        jobs.push((n, spec));
+        let spec: JobSpec = match serde_json::from_str(line) {
+            Ok(spec) => spec,
+            Err(e) => {
+                errors.push(format!(
+                    "line {n}: not a job: {e} (expected {{\"type\": \"...\", \"payload\": ..., \"id\": \"...\"}})"
+                ));
+                continue;
+            }
+        };
+        if let Err(e) = spec.validate(fifo) {
+            errors.push(format!("line {n}: {e}"));
+            continue;
+        }
+        jobs.push(Job {
+            line: n,
+            spec,
+            raw: raw.to_owned(),
+        });
+    }
+    if !errors.is_empty() {
+        return Err(refuse(errors));
     }
     if jobs.is_empty() {
         return Err(OpsError::usage(
@@ -94,6 +168,14 @@ pub fn parse_ndjson(text: &str, fifo: bool) -> OpsResult<Vec<(usize, JobSpec)>> 
         ));
     }
     Ok(jobs)
+}
+
+/// Reads NDJSON jobs as [`parse_jobs`] does, without the lines' text.
+pub fn parse_ndjson(text: &str, fifo: bool) -> OpsResult<Vec<(usize, JobSpec)>> {
+    Ok(parse_jobs(text, fifo)?
+        .into_iter()
+        .map(|j| (j.line, j.spec))
+        .collect())
 }
 
 /// A job SQS accepted.
@@ -107,16 +189,57 @@ pub struct Sent {
     pub message_id: String,
 }
 
-/// A job SQS rejected.
+/// A job SQS answered as sent but did not store: a FIFO queue deduplicated it against an
+/// earlier line of this run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Duplicate {
+    /// Input line.
+    pub line: usize,
+    /// Job id, if given (the deduplication id).
+    pub id: Option<String>,
+    /// The message id SQS answered with.
+    pub message_id: String,
+    /// The earlier line whose message SQS kept.
+    pub duplicate_of: usize,
+}
+
+/// Why a job was not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NotSent {
+    /// SQS refused it (the entry, or the whole call with a 4xx answer, throttling included):
+    /// it is not on the queue.
+    Rejected,
+    /// No answer says what became of it (a 5xx, a timeout, a dropped connection, an answer that
+    /// left it out): it may or may not be on the queue.
+    Unconfirmed,
+    /// Not attempted: an earlier line of its FIFO message group was not sent, and sending this
+    /// one would have put it ahead of that line.
+    Skipped,
+}
+
+impl NotSent {
+    fn as_str(self) -> &'static str {
+        match self {
+            NotSent::Rejected => "rejected",
+            NotSent::Unconfirmed => "unconfirmed",
+            NotSent::Skipped => "skipped",
+        }
+    }
+}
+
+/// A job that was not sent.
 #[derive(Debug, Clone, Serialize)]
 pub struct Rejected {
     /// Input line.
     pub line: usize,
     /// Job id, if given.
     pub id: Option<String>,
-    /// SQS error code.
+    /// Refused, unconfirmed or skipped.
+    pub status: NotSent,
+    /// SQS error code (`Unconfirmed` when there is none, `GroupStopped` for a skipped line).
     pub code: String,
-    /// SQS error message.
+    /// Why.
     pub message: String,
 }
 
@@ -127,12 +250,57 @@ pub struct SendReport {
     pub queue_url: String,
     /// Jobs in the input.
     pub requested: usize,
-    /// Jobs SQS accepted.
+    /// Jobs SQS accepted and stored (deduplicated ones not counted).
     pub accepted: usize,
+    /// Jobs a FIFO queue deduplicated against an earlier line of this run.
+    pub deduplicated: usize,
+    /// Jobs not sent (rejected, unconfirmed or skipped).
+    pub not_sent: usize,
     /// Accepted jobs and their message ids, in input order.
     pub sent: Vec<Sent>,
-    /// Rejected jobs.
+    /// Deduplicated jobs, in input order.
+    pub duplicates: Vec<Duplicate>,
+    /// Jobs not sent, in input order.
     pub rejected: Vec<Rejected>,
+    /// Things the operator should know that are not a line's fate (e.g. a FIFO group whose
+    /// order SQS broke inside one batch).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    /// Where the lines not sent were written (`--unsent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsent_file: Option<String>,
+}
+
+/// `lines 3-7`, `line 9`, or `lines 3-9 (5 jobs)` when lines in between were blank.
+fn line_span(first: usize, last: usize, count: usize) -> String {
+    if count == 1 {
+        format!("line {first}")
+    } else if last - first + 1 == count {
+        format!("lines {first}-{last}")
+    } else {
+        format!("lines {first}-{last} ({count} jobs)")
+    }
+}
+
+/// Line numbers as short ranges of consecutive entries: `1-10, 14, 20-22`.
+fn line_ranges(lines: &[usize], max: usize) -> String {
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    for &l in lines {
+        match spans.last_mut() {
+            Some((_, last)) if *last + 1 == l => *last = l,
+            _ => spans.push((l, l)),
+        }
+    }
+    let n = spans.len();
+    let mut out: Vec<String> = spans
+        .into_iter()
+        .take(max)
+        .map(|(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+        .collect();
+    if n > max {
+        out.push("…".into());
+    }
+    out.join(", ")
 }
 
 impl Report for SendReport {
@@ -146,33 +314,138 @@ impl Report for SendReport {
                 out.push_str(&format!("message id {}\n", s.message_id));
             }
         }
-        for r in &self.rejected {
+        for d in &self.duplicates {
             out.push_str(&format!(
-                "rejected line {}{}: {}: {}\n",
-                r.line,
-                r.id.as_deref().map(|i| format!(" (id {i})")).unwrap_or_default(),
+                "deduplicated line {}{}: SQS kept line {}'s message, not a new one\n",
+                d.line,
+                d.id.as_deref().map(|i| format!(" (id {i})")).unwrap_or_default(),
+                d.duplicate_of
+            ));
+        }
+        // Runs of adjacent entries with one fate print as one line.
+        let mut i = 0;
+        while i < self.rejected.len() {
+            let r = &self.rejected[i];
+            let mut j = i + 1;
+            while j < self.rejected.len()
+                && self.rejected[j].status == r.status
+                && self.rejected[j].code == r.code
+                && self.rejected[j].message == r.message
+            {
+                j += 1;
+            }
+            let span = if j - i == 1 {
+                format!(
+                    "line {}{}",
+                    r.line,
+                    r.id.as_deref()
+                        .map(|id| format!(" (id {id})"))
+                        .unwrap_or_default()
+                )
+            } else {
+                line_span(r.line, self.rejected[j - 1].line, j - i)
+            };
+            out.push_str(&format!(
+                "not sent {span}: {}: {}: {}\n",
+                r.status.as_str(),
                 r.code,
                 r.message
             ));
+            i = j;
+        }
+        for w in &self.warnings {
+            out.push_str(&format!("warning: {w}\n"));
+        }
+        if let Some(f) = &self.unsent_file {
+            out.push_str(&format!("{} unsent line(s) written to {f}\n", self.not_sent));
         }
         out
     }
 
     fn problem(&self) -> Option<String> {
-        (self.accepted < self.requested).then(|| {
+        (self.not_sent > 0).then(|| {
+            let lines: Vec<usize> = self.rejected.iter().map(|r| r.line).collect();
+            let next = match &self.unsent_file {
+                Some(f) => format!("they are in {f}: send that file again (--file {f})"),
+                None => "pass --unsent FILE to get them as a file to send again".into(),
+            };
             format!(
-                "{} of {} job(s) were not accepted (see above)",
-                self.requested - self.accepted,
-                self.requested
+                "{} of {} job(s) were not sent (lines {}); {next}",
+                self.not_sent,
+                self.requested,
+                line_ranges(&lines, 8)
             )
         })
     }
 }
 
+/// The lines not sent, as read, in input order: the content of the `--unsent` file.
+pub fn unsent_text(jobs: &[Job], report: &SendReport) -> String {
+    let lines: std::collections::HashSet<usize> = report.rejected.iter().map(|r| r.line).collect();
+    jobs.iter()
+        .filter(|j| lines.contains(&j.line))
+        .map(|j| j.raw.as_str())
+        .collect()
+}
+
+/// Every job's line, as read: the `--unsent` file when nothing could be sent.
+pub fn all_text(jobs: &[Job]) -> String {
+    jobs.iter().map(|j| j.raw.as_str()).collect()
+}
+
+/// Writes `text` to `path` whole or not at all (a temporary file beside it, then a rename), so
+/// the unsent file may be the input file itself.
+pub fn write_unsent(path: &Path, text: &str) -> OpsResult<()> {
+    let fail = |e: std::io::Error| {
+        OpsError::new(
+            ErrorKind::Failed,
+            format!("cannot write the unsent lines to {}: {e}", path.display()),
+        )
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "unsent".into());
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(text.as_bytes())?;
+        f.sync_all()
+    });
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(fail(e));
+    }
+    Ok(())
+}
+
+/// SQS's rule for message group and deduplication ids: 1 to 128 characters, each a letter, a
+/// digit or ASCII punctuation.
+pub fn check_sqs_id(value: &str) -> Result<(), String> {
+    let n = value.chars().count();
+    if n == 0 || n > 128 {
+        return Err(format!("is {n} characters long"));
+    }
+    if let Some(c) = value.chars().find(|c| !c.is_ascii_graphic()) {
+        return Err(format!("contains {c:?}"));
+    }
+    Ok(())
+}
+
+/// A value as shown in a message: quoted, long ones cut.
+fn shown(value: &str) -> String {
+    if value.chars().count() > 40 {
+        format!("{:?}…", value.chars().take(40).collect::<String>())
+    } else {
+        format!("{value:?}")
+    }
+}
+
+const SQS_ID_RULE: &str = "SQS takes 1-128 characters of letters, digits and ASCII punctuation (no spaces)";
+
 fn dedup_id(spec: &JobSpec) -> String {
     match &spec.id {
-        Some(id) if id.len() <= 128 => id.clone(),
-        _ => format!("{:032x}", rand::rng().random::<u128>()),
+        Some(id) => id.clone(),
+        None => format!("{:032x}", rand::rng().random::<u128>()),
     }
 }
 
@@ -200,88 +473,313 @@ pub(crate) fn sqs_storage_error(ctx: &Ctx, e: &StorageError, queue: &str, var: &
     OpsError::new(ErrorKind::Failed, e.to_string())
 }
 
-/// Sends the jobs to `queue_url` (several batches in flight). A job counts as sent only when
-/// SQS lists it as successful; the others are reported rejected.
+/// What became of one job.
+#[derive(Debug, Clone)]
+enum Fate {
+    Pending,
+    Sent(String),
+    NotSent(NotSent, String, String),
+}
+
+/// Records one batch's answer in `fates`. An entry listed under `Successful` is sent. An entry
+/// that failed with the whole call is refused when SQS answered the call with a 4xx (it
+/// stored nothing), unconfirmed otherwise; one SQS named as failed is refused.
+fn record(fates: &mut [Fate], r: EntryResults) {
+    let whole = r.error.as_ref().map(|e| (e.to_string(), e.status));
+    for k in r.accepted {
+        fates[k] = Fate::Sent(r.message_ids.get(&k).cloned().unwrap_or_default());
+    }
+    for (k, why) in r.failed {
+        let code = r.codes.get(&k).cloned();
+        let status = match &whole {
+            Some((text, status)) if *text == why => match status {
+                Some(s) if (400..500).contains(s) => NotSent::Rejected,
+                _ => NotSent::Unconfirmed,
+            },
+            _ if code.is_some() => NotSent::Rejected,
+            _ => NotSent::Unconfirmed,
+        };
+        fates[k] = Fate::NotSent(status, code.unwrap_or_else(|| "Unconfirmed".into()), why);
+    }
+}
+
+/// SQS's FIFO deduplication interval.
+const DEDUP_WINDOW: Duration = Duration::from_secs(300);
+
+/// One line SQS answered as sent, for [`duplicates`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Answered<'a> {
+    key: usize,
+    dedup_id: Option<&'a str>,
+    message_id: &'a str,
+    /// When its batch call started and ended, from the start of the run.
+    started: Duration,
+    ended: Duration,
+}
+
+/// The lines, among those SQS answered as sent, that a FIFO queue deduplicated against an
+/// earlier line of this run: a repeated message id (SQS answers a deduplicated send with the
+/// first message's id), or a repeated deduplication id surely within SQS's five minutes (the
+/// later call ended less than five minutes after the earlier one started). `sent` is in send
+/// order; returns `(key, key of the earlier line)`.
+pub(crate) fn duplicates(sent: &[Answered<'_>]) -> Vec<(usize, usize)> {
+    let mut by_dedup: HashMap<&str, (usize, Duration)> = HashMap::new();
+    let mut by_message: HashMap<&str, usize> = HashMap::new();
+    let mut out = Vec::new();
+    for a in sent {
+        let by_id = a
+            .dedup_id
+            .and_then(|d| by_dedup.get(d))
+            .filter(|(_, started)| a.ended.saturating_sub(*started) < DEDUP_WINDOW)
+            .map(|(k, _)| *k);
+        let by_message_id = (!a.message_id.is_empty())
+            .then(|| by_message.get(a.message_id).copied())
+            .flatten();
+        match by_message_id.or(by_id) {
+            Some(first) => out.push((a.key, first)),
+            None => {
+                if let Some(d) = a.dedup_id {
+                    by_dedup.insert(d, (a.key, a.started));
+                }
+                if !a.message_id.is_empty() {
+                    by_message.insert(a.message_id, a.key);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Sends the jobs to `queue_url`, as [`send_jobs`] does.
 pub async fn send(
     ctx: &Ctx,
     queue_url: &str,
     jobs: Vec<(usize, JobSpec)>,
     show_progress: bool,
 ) -> OpsResult<SendReport> {
+    let jobs: Vec<Job> = jobs
+        .into_iter()
+        .map(|(line, spec)| Job {
+            line,
+            ..Job::from_spec(spec)
+        })
+        .collect();
+    send_jobs(ctx, queue_url, &jobs, show_progress).await
+}
+
+/// Sends the jobs to `queue_url` and says what became of each line. A job counts as sent only
+/// when SQS lists it as successful.
+///
+/// To a standard queue, several batches are in flight at once. To a FIFO queue, batches go one
+/// after another in input order, and once a line of a message group is not sent, the later
+/// lines of that group are not sent either (reported `skipped`), so a group never reaches the
+/// queue out of order; lines SQS deduplicates are reported as duplicates, not as sent.
+pub async fn send_jobs(
+    ctx: &Ctx,
+    queue_url: &str,
+    jobs: &[Job],
+    show_progress: bool,
+) -> OpsResult<SendReport> {
     let fifo = is_fifo(queue_url);
-    for (line, spec) in &jobs {
-        spec.validate(fifo)
-            .map_err(|e| OpsError::usage(format!("line {line}: {e}")))?;
+    let errors: Vec<String> = jobs
+        .iter()
+        .filter_map(|j| {
+            j.spec
+                .validate(fifo)
+                .err()
+                .map(|e| format!("line {}: {e}", j.line))
+        })
+        .collect();
+    if !errors.is_empty() {
+        return Err(refuse(errors));
     }
     let requested = jobs.len();
     let outgoing: Vec<Outgoing> = jobs
         .iter()
         .enumerate()
-        .map(|(key, (_, spec))| Outgoing {
+        .map(|(key, job)| Outgoing {
             key,
-            body: spec.body(),
+            body: job.spec.body(),
             attributes: HashMap::new(),
-            group_id: spec.group.clone(),
-            dedup_id: fifo.then(|| dedup_id(spec)),
-            delay_seconds: if fifo { None } else { spec.delay.map(|d| d as i32) },
+            group_id: job.spec.group.clone(),
+            dedup_id: fifo.then(|| dedup_id(&job.spec)),
+            delay_seconds: if fifo {
+                None
+            } else {
+                job.spec.delay.map(|d| d as i32)
+            },
         })
         .collect();
+    let dedup_ids: Vec<Option<String>> = outgoing.iter().map(|m| m.dedup_id.clone()).collect();
 
     let sqs = Sqs::new(sqs_client(&ctx.sdk), ctx.storage_retry());
     let bar = progress(show_progress, requested as u64, "sending");
-    let results = stream::iter(batches(outgoing, BATCH_LIMIT))
-        .map(|batch| {
-            let (bar, sqs) = (bar.clone(), &sqs);
-            async move {
-                let n = batch.len() as u64;
-                let r = sqs.send(queue_url, batch, None).await;
-                bar.inc(n);
-                r
+    let mut fates = vec![Fate::Pending; requested];
+    let run = Instant::now();
+    let mut times = vec![(Duration::ZERO, Duration::ZERO); requested];
+    let mut error: Option<StorageError> = None;
+    let mut warnings = Vec::new();
+    if fifo {
+        // One batch at a time, in order; a group with a line not sent sends nothing more.
+        let mut stopped: HashMap<String, usize> = HashMap::new();
+        let mut next = 0;
+        while next < outgoing.len() {
+            let mut batch = Vec::new();
+            let mut bytes = 0;
+            while next < outgoing.len() && batch.len() < BATCH_LIMIT {
+                let m = &outgoing[next];
+                let group = m.group_id.clone().unwrap_or_default();
+                if let Some(&first) = stopped.get(&group) {
+                    fates[next] = Fate::NotSent(
+                        NotSent::Skipped,
+                        "GroupStopped".into(),
+                        format!(
+                            "not attempted: line {first} of message group {} was not sent, and this line must not overtake it",
+                            shown(&group)
+                        ),
+                    );
+                    bar.inc(1);
+                    next += 1;
+                    continue;
+                }
+                let n = m.payload_bytes();
+                if !batch.is_empty() && bytes + n > BATCH_BYTES {
+                    break;
+                }
+                bytes += n;
+                batch.push(m.clone());
+                next += 1;
             }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .collect::<Vec<_>>()
-        .await;
+            if batch.is_empty() {
+                continue;
+            }
+            let keys: Vec<usize> = batch.iter().map(|m| m.key).collect();
+            let started = run.elapsed();
+            let r = sqs.send(queue_url, batch, None).await;
+            let ended = run.elapsed();
+            for &k in &keys {
+                times[k] = (started, ended);
+            }
+            bar.inc(keys.len() as u64);
+            error = error.or_else(|| r.error.clone());
+            record(&mut fates, r);
+            // Stop each group with a line not sent; say so if SQS took a later line of the
+            // group from the same batch (its order on the queue is then broken there).
+            let mut failed_in_batch: HashMap<String, usize> = HashMap::new();
+            for &k in &keys {
+                let group = outgoing[k].group_id.clone().unwrap_or_default();
+                match &fates[k] {
+                    Fate::Sent(_) => {
+                        if let Some(&first) = failed_in_batch.get(&group) {
+                            warnings.push(format!(
+                                "line {} of message group {} was accepted in the same batch as line {}, which was not: on the queue it is ahead of that line",
+                                jobs[k].line,
+                                shown(&group),
+                                jobs[first].line
+                            ));
+                        }
+                    }
+                    _ => {
+                        failed_in_batch.entry(group.clone()).or_insert(k);
+                        stopped.entry(group).or_insert(jobs[k].line);
+                    }
+                }
+            }
+        }
+    } else {
+        let results = stream::iter(batches(outgoing, BATCH_LIMIT))
+            .map(|batch| {
+                let (bar, sqs) = (bar.clone(), &sqs);
+                async move {
+                    let n = batch.len() as u64;
+                    let r = sqs.send(queue_url, batch, None).await;
+                    bar.inc(n);
+                    r
+                }
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await;
+        for r in results {
+            error = error.or_else(|| r.error.clone());
+            record(&mut fates, r);
+        }
+    }
     bar.finish_and_clear();
 
-    let mut sent = Vec::new();
-    let mut rejected = Vec::new();
-    let mut error = None;
-    for r in results {
-        for k in r.accepted {
-            let (line, spec) = &jobs[k];
-            sent.push(Sent {
-                line: *line,
-                id: spec.id.clone(),
-                message_id: r.message_ids.get(&k).cloned().unwrap_or_default(),
-            });
-        }
-        for (k, why) in r.failed {
-            let (line, spec) = &jobs[k];
-            rejected.push(Rejected {
-                line: *line,
-                id: spec.id.clone(),
-                code: r.codes.get(&k).cloned().unwrap_or_else(|| "Unconfirmed".into()),
-                message: why,
-            });
-        }
-        error = error.or(r.error);
-    }
+    let any_sent = fates.iter().any(|f| matches!(f, Fate::Sent(_)));
     // Nothing reached SQS because of the queue or the endpoint: one clear line, not a list.
-    if let (true, Some(e)) = (sent.is_empty(), &error) {
+    if let (false, Some(e)) = (any_sent, &error) {
         let line = sqs_storage_error(ctx, e, queue_url, "TRIAGE_QUEUE_URL");
         if line.kind != ErrorKind::Failed {
             return Err(line);
         }
     }
-    sent.sort_by_key(|s| s.line);
-    rejected.sort_by_key(|r| r.line);
+
+    let answered: Vec<Answered<'_>> = fates
+        .iter()
+        .enumerate()
+        .filter_map(|(k, f)| match f {
+            Fate::Sent(m) => Some(Answered {
+                key: k,
+                dedup_id: dedup_ids[k].as_deref(),
+                message_id: m.as_str(),
+                started: times[k].0,
+                ended: times[k].1,
+            }),
+            _ => None,
+        })
+        .collect();
+    let dups: HashMap<usize, usize> = if fifo {
+        duplicates(&answered).into_iter().collect()
+    } else {
+        HashMap::new()
+    };
+
+    let (mut sent, mut duplicates_out, mut rejected) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, fate) in fates.into_iter().enumerate() {
+        let job = &jobs[k];
+        match fate {
+            Fate::Sent(message_id) => match dups.get(&k) {
+                Some(&first) => duplicates_out.push(Duplicate {
+                    line: job.line,
+                    id: job.spec.id.clone(),
+                    message_id,
+                    duplicate_of: jobs[first].line,
+                }),
+                None => sent.push(Sent {
+                    line: job.line,
+                    id: job.spec.id.clone(),
+                    message_id,
+                }),
+            },
+            Fate::NotSent(status, code, message) => rejected.push(Rejected {
+                line: job.line,
+                id: job.spec.id.clone(),
+                status,
+                code,
+                message,
+            }),
+            Fate::Pending => rejected.push(Rejected {
+                line: job.line,
+                id: job.spec.id.clone(),
+                status: NotSent::Unconfirmed,
+                code: "Unconfirmed".into(),
+                message: "no answer named this job".into(),
+            }),
+        }
+    }
     Ok(SendReport {
         queue_url: queue_url.to_owned(),
         requested,
         accepted: sent.len(),
+        deduplicated: duplicates_out.len(),
+        not_sent: rejected.len(),
         sent,
+        duplicates: duplicates_out,
         rejected,
+        warnings,
+        unsent_file: None,
     })
 }
 
@@ -301,6 +799,144 @@ mod tests {
         assert_eq!(jobs[1].0, 3);
         assert_eq!(jobs[1].1.payload, Value::Null);
         assert_eq!(jobs[0].1.body(), r#"{"id":"j1","payload":{"x":1},"type":"a"}"#);
+    }
+
+    #[test]
+    fn lines_keep_their_text_and_every_bad_line_is_named() {
+        let text = "{\"type\":\"a\"}\r\n\n {\"type\":\"b\"}\n{\"type\":\"c\"}";
+        let jobs = parse_jobs(text, false).unwrap();
+        let raw: Vec<&str> = jobs.iter().map(|j| j.raw.as_str()).collect();
+        assert_eq!(
+            raw,
+            ["{\"type\":\"a\"}\r\n", " {\"type\":\"b\"}\n", "{\"type\":\"c\"}"]
+        );
+        assert_eq!(jobs.iter().map(|j| j.line).collect::<Vec<_>>(), [1, 3, 4]);
+        assert_eq!(all_text(&jobs), text.replace("\n\n", "\n"));
+
+        let e = parse_jobs(
+            "{\"type\":\"a\",\"group\":\"g\"}\n{bad\n{\"type\":\"a\",\"group\":\"a b\"}\n{\"type\":\"a\",\"group\":\"g\",\"id\":\"é\"}\n",
+            true,
+        )
+        .unwrap_err();
+        assert!(
+            e.message
+                .starts_with("3 bad lines, nothing sent: line 2: not a job"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains("line 3: group \"a b\" contains ' '"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains("line 4: id \"é\" contains 'é'"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn sqs_ids_are_one_to_128_printable_ascii_characters() {
+        assert!(check_sqs_id("a-Z_0.9!\"#$%&'()*+,/:;<=>?@[\\]^`{|}~").is_ok());
+        assert!(check_sqs_id(&"x".repeat(128)).is_ok());
+        assert!(check_sqs_id(&"x".repeat(129)).is_err());
+        assert!(check_sqs_id("").is_err());
+        for bad in ["a b", "tab\t", "é", "new\nline"] {
+            assert!(check_sqs_id(bad).is_err(), "{bad:?}");
+        }
+        // On a standard queue the id is no deduplication id: any envelope id goes.
+        let spec = JobSpec {
+            job_type: "t".into(),
+            payload: Value::Null,
+            id: Some("with space".into()),
+            delay: None,
+            group: None,
+        };
+        assert!(spec.validate(false).is_ok());
+        let fifo = JobSpec {
+            group: Some("g".into()),
+            ..spec
+        };
+        assert!(fifo.validate(true).unwrap_err().contains("deduplication id"));
+    }
+
+    #[test]
+    fn repeated_dedup_or_message_ids_are_duplicates_of_the_first() {
+        let at = |key, dedup_id, message_id, minute: u64| Answered {
+            key,
+            dedup_id: Some(dedup_id),
+            message_id,
+            started: Duration::from_secs(minute * 60),
+            ended: Duration::from_secs(minute * 60 + 1),
+        };
+        let sent = [
+            at(0, "a", "m0", 0),
+            at(1, "b", "m1", 0),
+            at(2, "a", "m2", 1),
+            // AWS answers a deduplicated send with the first message's id.
+            at(3, "r-1", "m1", 2),
+            at(4, "c", "", 2),
+            at(5, "d", "", 2),
+            // Five minutes after line 0's call started, "a" is a new message again.
+            at(6, "a", "m6", 5),
+        ];
+        assert_eq!(duplicates(&sent), vec![(2, 0), (3, 1)]);
+    }
+
+    #[test]
+    fn the_report_names_lines_not_sent_as_ranges() {
+        assert_eq!(line_ranges(&[1, 2, 3, 5, 7, 8], 8), "1-3, 5, 7-8");
+        assert_eq!(line_ranges(&[1, 3, 5], 2), "1, 3, …");
+        let not_sent = |line, status| Rejected {
+            line,
+            id: None,
+            status,
+            code: "InternalFailure".into(),
+            message: "m".into(),
+        };
+        let report = SendReport {
+            queue_url: "q".into(),
+            requested: 6,
+            accepted: 2,
+            deduplicated: 0,
+            not_sent: 4,
+            sent: Vec::new(),
+            duplicates: Vec::new(),
+            rejected: vec![
+                not_sent(1, NotSent::Unconfirmed),
+                not_sent(2, NotSent::Unconfirmed),
+                not_sent(4, NotSent::Unconfirmed),
+                not_sent(5, NotSent::Skipped),
+            ],
+            warnings: Vec::new(),
+            unsent_file: None,
+        };
+        let text = report.human();
+        assert!(
+            text.contains("not sent lines 1-4 (3 jobs): unconfirmed: InternalFailure: m\n"),
+            "{text}"
+        );
+        assert!(text.contains("not sent line 5: skipped"), "{text}");
+        let problem = report.problem().unwrap();
+        assert!(
+            problem.starts_with("4 of 6 job(s) were not sent (lines 1-2, 4-5); pass --unsent FILE"),
+            "{problem}"
+        );
+        let jobs: Vec<Job> = (1..=6)
+            .map(|line| Job {
+                line,
+                spec: JobSpec {
+                    job_type: "t".into(),
+                    payload: Value::Null,
+                    id: None,
+                    delay: None,
+                    group: None,
+                },
+                raw: format!("{line}\n"),
+            })
+            .collect();
+        assert_eq!(unsent_text(&jobs, &report), "1\n2\n4\n5\n");
     }
 
     #[test]
