@@ -80,12 +80,21 @@ rm -rf "$OUT/cdk.out"
   -c skipBundling=true --output "$OUT/cdk.out")
 echo "cdk synth: ok ($(ls "$OUT"/cdk.out/*.template.json | xargs -n1 basename))"
 
+step "cdk synth (no bundling) with other settings (infra/parity-settings.json)"
+mapfile -t OTHER < <("$VENV/bin/python" infra/check_templates.py cdk-context infra/parity-settings.json)
+rm -rf "$OUT/cdk-other.out"
+(cd "$CDK_DIR" && npx --no-install cdk synth --quiet --no-notices --no-version-reporting \
+  -c skipBundling=true "${OTHER[@]}" --output "$OUT/cdk-other.out")
+echo "cdk synth: ok (${#OTHER[@]} arguments)"
+
 # ---------------------------------------------------------------- facts
 step "facts"
 "$VENV/bin/python" infra/check_templates.py check \
   --sam infra/template.yaml \
   --sam-cfn "$OUT/sam-template.json" \
   --cdk-out "$OUT/cdk.out" \
+  --cdk-other-out "$OUT/cdk-other.out" \
+  --other-settings infra/parity-settings.json \
   --events events \
   --schema schema/envelope.schema.json \
   --limits "$OUT/config-limits.json"

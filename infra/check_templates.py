@@ -1013,17 +1013,17 @@ def differences(a, b, path: str = "") -> list[tuple[str, object, object]]:
     return [] if same else [(path, a, b)]
 
 
-def parity_facts(sam: Template, cdk: Template, report: Report) -> None:
+def parity_facts(sam: Template, cdk: Template, report: Report, tag: str = "sam=cdk") -> None:
     """SAM and CDK make the same resources with the same settings, resource by resource."""
     rs, rc = Roles("sam", sam), Roles("cdk", cdk)
-    report.fact("[sam=cdk] every resource of either template has a counterpart role (queues, queue policies, table, "
+    report.fact(f"[{tag}] every resource of either template has a counterpart role (queues, queue policies, table, "
                 "log group, role, function, mapping, alarms)", not rs.unclaimed and not rc.unclaimed,
                 f"SAM {sorted(rs.unclaimed)}, CDK {sorted(rc.unclaimed)}")
     a, b = rs.records(), rc.records()
     used = set()
     for key in sorted(set(a) | set(b)):
         if key not in a or key not in b:
-            report.fact(f"[sam=cdk] {key}: in both templates", False, "SAM only" if key in a else "CDK only")
+            report.fact(f"[{tag}] {key}: in both templates", False, "SAM only" if key in a else "CDK only")
             continue
         kind = a[key][0]
         bad, allowed = [], []
@@ -1036,9 +1036,30 @@ def parity_facts(sam: Template, cdk: Template, report: Report) -> None:
             else:
                 bad.append(f"{path}: SAM {json.dumps(x)} / CDK {json.dumps(y)}")
         note = f" (allowed: {', '.join(sorted(set(allowed)))})" if allowed else ""
-        report.fact(f"[sam=cdk] {key}: same settings{note}", not bad, "; ".join(bad))
-    report.fact("[sam=cdk] every allowed difference still occurs (no stale allow-list entry)",
+        report.fact(f"[{tag}] {key}: same settings{note}", not bad, "; ".join(bad))
+    report.fact(f"[{tag}] every allowed difference still occurs (no stale allow-list entry)",
                 used == set(PARITY_ALLOWED), f"unused: {sorted(set(PARITY_ALLOWED) - used)}")
+
+
+def parity_settings(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["settings"]
+
+
+def other_settings_facts(sam_raw: dict, sam_cfn: dict, cdk_alt_out: Path, settings_path: Path, report: Report) -> None:
+    """The same comparison with every setting away from its default, on both sides."""
+    settings = parity_settings(settings_path)
+    params = Params(sam_raw)
+    listed = {s["sam"] for s in settings}
+    report.fact(f"[sam=cdk other settings] {settings_path.name} lists every SAM parameter, each with a value it "
+                "accepts and that is not its default",
+                listed == set(params.decl) and len(listed) == len(settings)
+                and all(params.accepts(s["sam"], s["value"]) and str(params.decl[s["sam"]].get("Default")) != s["value"]
+                        for s in settings)
+                and params.rules_pass({s["sam"]: s["value"] for s in settings}),
+                f"missing {sorted(set(params.decl) - listed)}, unknown {sorted(listed - set(params.decl))}")
+    sam = Template(copy.deepcopy(sam_cfn), {s["sam"]: s["value"] for s in settings})
+    cdk = Template(json.loads(find_cdk_template(cdk_alt_out).read_text()))
+    parity_facts(sam, cdk, report, "sam=cdk other settings")
 
 
 def find_cdk_template(cdk_out: Path) -> Path:
@@ -1058,12 +1079,16 @@ def main() -> int:
     sr = sub.add_parser("sam-rules", help="rewrite the SAM template's generated Rules section")
     sr.add_argument("sam")
     sub.add_parser("lambda-calls", help="print the SDK calls derived from triage-lambda's source")
+    pc = sub.add_parser("cdk-context", help="print `-c key=value` arguments for the CDK app, one a line")
+    pc.add_argument("settings")
     ck = sub.add_parser("check")
     ck.add_argument("--sam", required=True)
     ck.add_argument("--sam-cfn", required=True)
     ck.add_argument("--cdk-out", required=True)
     ck.add_argument("--events", help="folder of sample SqsEvent files")
     ck.add_argument("--schema", help="envelope JSON Schema")
+    ck.add_argument("--cdk-other-out", help="the CDK app synthesized with the values of --other-settings")
+    ck.add_argument("--other-settings", help="infra/parity-settings.json")
     ck.add_argument("--limits", required=True,
                     help="src/config.rs's limits as JSON (`cargo run --example config_limits`)")
     args = ap.parse_args()
@@ -1073,6 +1098,11 @@ def main() -> int:
         return 0
     if args.cmd == "sam-rules":
         write_sam_rules(Path(args.sam), rust_factor(ROOT))
+        return 0
+    if args.cmd == "cdk-context":
+        for s in parity_settings(Path(args.settings)):
+            print("-c")
+            print(f"{s['cdk']}={s['value']}")
         return 0
     if args.cmd == "lambda-calls":
         d = Derived(ROOT)
@@ -1101,6 +1131,8 @@ def main() -> int:
     Facts("cdk", Template(copy.deepcopy(cdk_cfn)), report, derived, factor, limits).run()
     cdk_only_facts(cdk_out, cdk_cfn, report)
     parity_facts(Template(copy.deepcopy(sam_cfn)), Template(copy.deepcopy(cdk_cfn)), report)
+    if args.cdk_other_out and args.other_settings:
+        other_settings_facts(sam_raw, sam_cfn, Path(args.cdk_other_out), Path(args.other_settings), report)
     if args.events and args.schema:
         events_facts(Path(args.events), Path(args.schema), report)
 
