@@ -315,7 +315,8 @@ def generated_facts(limits: dict, report: Report) -> None:
                 f"parameters {sorted(params)}, not deployed {sorted(ranges.NOT_DEPLOYED)}, config {sorted(rs)}")
     want = {
         ranges.SAM: ranges.generate_sam(sam_text, rs),
-        ranges.CDK: ranges.generate_cdk(ranges.CDK.read_text(), ranges.generate_cdk_block(deployed, rs, limits)),
+        ranges.CDK: ranges.generate_cdk(ranges.CDK.read_text(), ranges.generate_cdk_block(
+            deployed, rs, limits, ranges.stack_settings(ranges.load_sam(sam_text)))),
         ranges.CDK_JSON: ranges.generate_cdk_json(ranges.CDK_JSON.read_text(), deployed, rs),
     }
     for path, text in want.items():
@@ -323,7 +324,7 @@ def generated_facts(limits: dict, report: Report) -> None:
         diff = [ln for ln in difflib.unified_diff(have.splitlines(), text.splitlines(), lineterm="", n=0)
                 if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
         report.fact(f"[ranges] {path.relative_to(ROOT)}: policy ranges and defaults are the ones generated from "
-                    "src/config.rs (`python3 infra/ranges.py --write`)", have == text, " | ".join(diff[:12]))
+                    "src/config.rs (`infra/ranges.py --write` rewrites them)", have == text, " | ".join(diff[:12]))
 
 
 # --------------------------------------------------------------------------- translation

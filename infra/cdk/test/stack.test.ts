@@ -3,7 +3,11 @@ import { test } from 'node:test';
 import * as assert from 'node:assert/strict';
 import { App } from 'aws-cdk-lib';
 import { Template } from 'aws-cdk-lib/assertions';
-import { TRIAGE_POLICY_DEFAULTS, TRIAGE_POLICY_RANGES, TriageStack, TriageStackProps } from '../lib/triage-stack';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import {
+  STACK_SETTING_RANGES, TRIAGE_POLICY_DEFAULTS, TRIAGE_POLICY_RANGES, TriageStack, TriageStackProps,
+} from '../lib/triage-stack';
 
 const BASE: Omit<TriageStackProps, 'policy'> = {
   stackName: 'sqs-triage',
@@ -76,4 +80,31 @@ test('an alarm on the function errors (AWS/Lambda Errors >= 1)', () => {
     Threshold: 1,
     ComparisonOperator: 'GreaterThanOrEqualToThreshold',
   });
+});
+
+for (const [key, r] of Object.entries(STACK_SETTING_RANGES)) {
+  test(`${key}: a whole number from ${r.min} to ${r.max}, as the SAM parameter`, () => {
+    const policy = { TRIAGE_MAX_ATTEMPTS: '1' }; // leaves maxReceiveCount free down to 4
+    for (const bad of [r.min - 1, r.max + 1, r.min + 0.5, Number.NaN]) {
+      assert.throws(() => stack(policy, { [key]: bad }), (e: Error) => e.message.startsWith(`${key} (`),
+        `${key}=${bad} was accepted`);
+    }
+    for (const ok of [r.min, r.max]) {
+      stack(policy, { [key]: ok });
+    }
+  });
+}
+
+test('the other settings of infra/parity-settings.json synthesize', () => {
+  const file = path.join(__dirname, '..', '..', 'parity-settings.json');
+  const settings: { cdk: string; value: string }[] = JSON.parse(fs.readFileSync(file, 'utf8')).settings;
+  const props: Record<string, unknown> = {};
+  const policy: Record<string, string> = {};
+  for (const s of settings) {
+    if (s.cdk in TRIAGE_POLICY_RANGES) policy[s.cdk] = s.value;
+    else if (s.cdk === 'pointInTimeRecovery') props[s.cdk] = s.value === 'true';
+    else if (s.cdk === 'alarmTopicArn') props[s.cdk] = s.value;
+    else props[s.cdk] = Number(s.value);
+  }
+  stack(policy, props as Partial<TriageStackProps>);
 });
