@@ -2,12 +2,16 @@
 # Offline checks of the deployment templates (no AWS credentials, no network but the package
 # registries for the first install). Idempotent: installs its tools when they are missing.
 #
+#   0. src/config.rs's limits as JSON (`cargo run --example config_limits`): the one source of
+#      both templates' policy parameter ranges (infra/ranges.py generates them)
 #   1. cfn-lint on infra/template.yaml (SAM)
 #   2. aws-sam-translator: SAM -> plain CloudFormation JSON
-#   3. tsc --noEmit, then `cdk synth` of infra/cdk without compiling the crate, with cdk-nag
-#      (AwsSolutions); an unacknowledged cdk-nag error fails the synth
-#   4. infra/check_templates.py: the facts that matter, on both templates; the envelope schema
-#      and the sample events in events/
+#   3. tsc --noEmit, the CDK stack's tests (infra/cdk/test), then `cdk synth` of infra/cdk
+#      without compiling the crate, with cdk-nag (AwsSolutions); an unacknowledged cdk-nag error
+#      fails the synth
+#   4. infra/check_templates.py: the generated ranges are up to date; the facts that matter, on
+#      both templates; SAM and CDK compared resource by resource, setting by setting; the
+#      envelope schema and the sample events in events/
 #
 # Tools go to .local/venv-infra (Python) and infra/cdk/node_modules (npm ci); outputs to
 # .local/infra-check/. Ends with the line `N passed, M failed`; exits non-zero on any failure.
@@ -49,6 +53,11 @@ fi
 
 mkdir -p "$OUT"
 
+# ---------------------------------------------------------------- the configuration's limits
+step "config limits (cargo run --example config_limits)"
+cargo run --quiet --example config_limits > "$OUT/config-limits.json"
+echo "config limits: $(grep -c '"var"' "$OUT/config-limits.json") variables"
+
 # ---------------------------------------------------------------- SAM
 step "cfn-lint infra/template.yaml"
 "$VENV/bin/cfn-lint" infra/template.yaml
@@ -62,11 +71,21 @@ step "tsc --noEmit (infra/cdk)"
 (cd "$CDK_DIR" && npx --no-install tsc --noEmit -p tsconfig.json)
 echo "tsc: no errors"
 
+step "CDK stack tests (infra/cdk/test)"
+(cd "$CDK_DIR" && npx --no-install tsx --test test/*.test.ts)
+
 step "cdk synth (no bundling) with cdk-nag AwsSolutions"
 rm -rf "$OUT/cdk.out"
 (cd "$CDK_DIR" && npx --no-install cdk synth --quiet --no-notices --no-version-reporting \
   -c skipBundling=true --output "$OUT/cdk.out")
 echo "cdk synth: ok ($(ls "$OUT"/cdk.out/*.template.json | xargs -n1 basename))"
+
+step "cdk synth (no bundling) with other settings (infra/parity-settings.json)"
+mapfile -t OTHER < <("$VENV/bin/python" infra/check_templates.py cdk-context infra/parity-settings.json)
+rm -rf "$OUT/cdk-other.out"
+(cd "$CDK_DIR" && npx --no-install cdk synth --quiet --no-notices --no-version-reporting \
+  -c skipBundling=true "${OTHER[@]}" --output "$OUT/cdk-other.out")
+echo "cdk synth: ok (${#OTHER[@]} arguments)"
 
 # ---------------------------------------------------------------- facts
 step "facts"
@@ -74,5 +93,8 @@ step "facts"
   --sam infra/template.yaml \
   --sam-cfn "$OUT/sam-template.json" \
   --cdk-out "$OUT/cdk.out" \
+  --cdk-other-out "$OUT/cdk-other.out" \
+  --other-settings infra/parity-settings.json \
   --events events \
-  --schema schema/envelope.schema.json
+  --schema schema/envelope.schema.json \
+  --limits "$OUT/config-limits.json"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import json
 import os
 import re
@@ -41,17 +42,12 @@ ACCOUNT = "000000000000"
 STACK = "sqs-triage"
 NOVALUE = object()
 
-EXPECTED_POLICY_ENV = {
-    "TRIAGE_MAX_ATTEMPTS": "5",
-    "TRIAGE_BASE_DELAY_MS": "3000",
-    "TRIAGE_BACKOFF_MULTIPLIER": "2",
-    "TRIAGE_MAX_DELAY_MS": "3600000",
-    "TRIAGE_JITTER_MAX_MS": "1000",
-    "TRIAGE_BREAKER_THRESHOLD": "5",
-    "TRIAGE_BREAKER_WINDOW_S": "60",
-    "TRIAGE_BREAKER_OPEN_S": "30",
-    "TRIAGE_BREAKER_PROBES": "1",
-}
+# The policy variables both stacks pass to the function (their defaults are src/config.rs's).
+POLICY_VARS = [
+    "TRIAGE_MAX_ATTEMPTS", "TRIAGE_BASE_DELAY_MS", "TRIAGE_BACKOFF_MULTIPLIER", "TRIAGE_MAX_DELAY_MS",
+    "TRIAGE_JITTER_MAX_MS", "TRIAGE_BREAKER_THRESHOLD", "TRIAGE_BREAKER_WINDOW_S", "TRIAGE_BREAKER_OPEN_S",
+    "TRIAGE_BREAKER_PROBES",
+]
 # What the role must allow that triage-lambda's own code does not call: the SQS event source
 # mapping polls, deletes and reads the source queue with the function's role, and Lambda
 # writes the function's logs with it.
@@ -244,17 +240,12 @@ def write_sam_rules(sam_path: Path, factor: int) -> None:
     print(f"wrote {len(rules)} rules to {sam_path}")
 
 
-def config_ranges(root: Path) -> dict[str, tuple[str, str]]:
-    """TRIAGE_* variable -> (min, max) as src/config.rs parses them."""
-    text = (root / "src/config.rs").read_text()
-    out = {}
-    num_re = r"(-?[\d_]+(?:\.[\d_]+)?)(?:u64|u32|usize|f64)?"
-    for m in re.finditer(r'parse\(\s*lookup,\s*"(TRIAGE_[A-Z_]+)",\s*[^,]+,\s*%s,\s*%s,?\s*\)' % (num_re, num_re), text):
-        out[m.group(1)] = (m.group(2).replace("_", ""), m.group(3).replace("_", ""))
-    return out
+def config_ranges(limits: dict) -> dict[str, tuple[str, str, bool]]:
+    """TRIAGE_* variable -> (min, max, whole) as src/config.rs parses them (its limits JSON)."""
+    return {v["var"]: (v["min"], v["max"], bool(v["whole"])) for v in limits["variables"]}
 
 
-def rule_facts(root: Path, sam_raw: dict, report: Report) -> int | None:
+def rule_facts(root: Path, sam_raw: dict, limits: dict, report: Report) -> int | None:
     """The one receive rule: setup, CDK, SAM and the docs agree. Returns the factor."""
     rf, cf, df = rust_factor(root), cdk_factor(root), doc_factor(root)
     report.fact(f"[rule] one factor for maxReceiveCount >= F x max attempts: {RUST_RULE} RECEIVES_PER_ATTEMPT, "
@@ -280,7 +271,7 @@ def rule_facts(root: Path, sam_raw: dict, report: Report) -> int | None:
     report.check(f"[sam] Rules accept exactly MaxReceiveCount >= {factor} x MaxAttempts, over every allowed pair", sam_rule)
 
     def ranges():
-        cfg = config_ranges(root)
+        cfg = config_ranges(limits)
         fn = next(r for r in sam_raw["Resources"].values() if r["Type"] == "AWS::Serverless::Function")
         env = fn["Properties"]["Environment"]["Variables"]
         bad, seen = [], 0
@@ -288,38 +279,52 @@ def rule_facts(root: Path, sam_raw: dict, report: Report) -> int | None:
             if not (isinstance(v, dict) and "Ref" in v and v["Ref"] in params.decl and var in cfg):
                 continue
             seen += 1
-            name, (lo, hi) = v["Ref"], cfg[var]
-            is_float = "." in lo or "." in hi
-            conv = float if is_float else int
+            name, (lo, hi, whole) = v["Ref"], cfg[var]
+            conv = int if whole else float
             lo, hi = conv(lo), conv(hi)
             if var == "TRIAGE_MAX_ATTEMPTS":
                 hi = min(hi, SQS_MAX_RECEIVE_COUNT // factor)  # the receive rule's cap
-            step = 0.01 if is_float else 1
-            for value, want in ((lo, True), (hi, True), (lo - step, False), (hi + step, False)):
-                value = round(value, 2) if is_float else value
+            step = 1 if whole else 0.01
+            probes = [(lo, True), (hi, True), (round(lo - step, 2), False), (round(hi + step, 2), False),
+                      ("abc", False), ("", False)]
+            if whole:  # what the function's integer parser refuses
+                probes += [(f"{lo}.5", False), (f"{hi}.0", False), ("1e1", False), ("0x10", False)]
+            else:
+                probes += [((lo + hi) / 2, True)]
+            for value, want in probes:
                 if params.accepts(name, value) != want:
-                    bad.append(f"{name} ({var} {lo}..{hi}) {'refuses' if want else 'accepts'} {value}")
+                    bad.append(f"{name} ({var} {lo}..{hi}) {'refuses' if want else 'accepts'} {value!r}")
         return not bad and seen >= 9, "; ".join(bad) or f"{seen} parameters"
 
-    report.check("[sam] policy parameters accept exactly the ranges src/config.rs accepts "
-                 f"(MaxAttempts up to {SQS_MAX_RECEIVE_COUNT} / {factor})", ranges)
-
-    def cdk_ranges():
-        text = (root / CDK_RULE).read_text()
-        table = {v: (lo, hi) for v, lo, hi in re.findall(r"(TRIAGE_[A-Z_]+): \[(-?[\d_.]+), (-?[\d_.]+)\]", text)}
-        cfg = config_ranges(root)
-        bad = []
-        for var in EXPECTED_POLICY_ENV:
-            lo, hi = cfg[var]
-            if var == "TRIAGE_MAX_ATTEMPTS":
-                hi = str(min(int(hi), SQS_MAX_RECEIVE_COUNT // factor))
-            got = tuple(x.replace("_", "") for x in table[var]) if var in table else None
-            if got is None or tuple(float(x) for x in got) != (float(lo), float(hi)):
-                bad.append(f"{var}: CDK {got}, config {lo}..{hi}")
-        return not bad, "; ".join(bad)
-
-    report.check("[cdk] TRIAGE_POLICY_RANGES in the stack are the ranges src/config.rs accepts", cdk_ranges)
+    report.check("[sam] policy parameters accept exactly what src/config.rs accepts: its ranges, whole numbers "
+                 f"where it wants them (MaxAttempts up to {SQS_MAX_RECEIVE_COUNT} / {factor})", ranges)
     return factor
+
+
+def generated_facts(limits: dict, report: Report) -> None:
+    """The templates' policy ranges are what infra/ranges.py generates from src/config.rs."""
+    import ranges
+
+    rs = ranges.ranges_of(limits)
+    sam_text = ranges.SAM.read_text()
+    params = ranges.sam_env_params(sam_text)
+    deployed = [v for v in rs if v in params]
+    report.fact("[ranges] every numeric variable of src/config.rs is a SAM parameter or listed in "
+                "infra/ranges.py NOT_DEPLOYED", (set(rs) - set(params)) == set(ranges.NOT_DEPLOYED)
+                and set(params) <= set(rs),
+                f"parameters {sorted(params)}, not deployed {sorted(ranges.NOT_DEPLOYED)}, config {sorted(rs)}")
+    want = {
+        ranges.SAM: ranges.generate_sam(sam_text, rs),
+        ranges.CDK: ranges.generate_cdk(ranges.CDK.read_text(), ranges.generate_cdk_block(
+            deployed, rs, limits, ranges.stack_settings(ranges.load_sam(sam_text)))),
+        ranges.CDK_JSON: ranges.generate_cdk_json(ranges.CDK_JSON.read_text(), deployed, rs),
+    }
+    for path, text in want.items():
+        have = path.read_text()
+        diff = [ln for ln in difflib.unified_diff(have.splitlines(), text.splitlines(), lineterm="", n=0)
+                if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
+        report.fact(f"[ranges] {path.relative_to(ROOT)}: policy ranges and defaults are the ones generated from "
+                    "src/config.rs (`infra/ranges.py --write` rewrites them)", have == text, " | ".join(diff[:12]))
 
 
 # --------------------------------------------------------------------------- translation
@@ -530,8 +535,9 @@ class Facts:
     """The shared facts, asserted on one evaluated template."""
 
     def __init__(self, tag: str, tpl: Template, report: Report, derived: "Derived | None" = None,
-                 factor: int | None = None):
+                 factor: int | None = None, limits: dict | None = None):
         self.tag = tag
+        self.limits = limits or {"variables": []}
         self.t = tpl
         self.r = report
         self.derived = derived
@@ -623,9 +629,10 @@ class Facts:
             and self.env.get("TRIAGE_DLQ_URL") == t.ref(self.dlq)
             and self.env.get("TRIAGE_TABLE") == t.ref(self.table),
             json.dumps({k: self.env.get(k) for k in ("TRIAGE_QUEUE_URL", "TRIAGE_DLQ_URL", "TRIAGE_TABLE")})))
-        self.c("policy variables TRIAGE_* are set with the documented defaults", lambda: (
-            {k: str(self.env.get(k)) for k in EXPECTED_POLICY_ENV} == EXPECTED_POLICY_ENV,
-            json.dumps({k: self.env.get(k) for k in EXPECTED_POLICY_ENV})))
+        defaults = {v["var"]: v["default"] for v in self.limits["variables"]}
+        self.c("policy variables TRIAGE_* are set with src/config.rs's defaults", lambda: (
+            {k: str(self.env.get(k)) for k in POLICY_VARS} == {k: defaults[k] for k in POLICY_VARS},
+            json.dumps({k: [self.env.get(k), defaults.get(k)] for k in POLICY_VARS})))
 
         self.iam_facts(src_arn, dlq_arn, table_arn)
         self.alarm_facts()
@@ -749,7 +756,19 @@ class Facts:
                     return True, ""
             return False, json.dumps(alarms)
 
+        def errors_alarm():
+            fn_name = t.ref(self.fn)
+            for a in alarms:
+                if (a.get("Namespace") == "AWS/Lambda" and a.get("MetricName") == "Errors"
+                        and a.get("Dimensions") == [{"Name": "FunctionName", "Value": fn_name}]
+                        and a.get("Statistic") == "Sum" and num(a["Threshold"]) == 1
+                        and a["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"):
+                    return True, ""
+            return False, json.dumps(alarms)
+
         self.c("alarm on DLQ depth (ApproximateNumberOfMessagesVisible >= 1)", dlq_alarm)
+        self.c("alarm on the function's errors (AWS/Lambda Errors Sum >= 1: failed invocations, "
+               "and a start-up refused on bad configuration)", errors_alarm)
         self.c("alarm on breaker openings (SqsTriage BreakerOpened Sum >= 1, all job types)", breaker_alarm)
 
 
@@ -778,6 +797,18 @@ def sam_only_facts(sam_path: Path, sam_raw: dict, sam_cfn: dict, report: Report)
         return not bad, ", ".join(bad) or f"{len(allowed)} allowed values"
 
     report.check("[sam] visibility timeout >= 6 x function timeout for every allowed FunctionTimeout", every_timeout)
+
+    def alarm_topic():
+        topic = f"arn:aws:sns:{REGION}:{ACCOUNT}:ops"
+        bad = []
+        for value, want in ((topic, [topic]), ("", None)):
+            tpl = Template(copy.deepcopy(sam_cfn), {"AlarmTopicArn": value})
+            for a in tpl.of_type("AWS::CloudWatch::Alarm"):
+                if tpl.props(a).get("AlarmActions") != want:
+                    bad.append(f"{a} with AlarmTopicArn={value!r}: {tpl.props(a).get('AlarmActions')}")
+        return not bad, "; ".join(bad)
+
+    report.check("[sam] every alarm notifies AlarmTopicArn when it is set, none when it is empty", alarm_topic)
 
 
 def cdk_only_facts(cdk_out: Path, cdk_cfn: dict, report: Report) -> None:
@@ -867,6 +898,171 @@ def events_facts(events_dir: Path, schema_path: Path, report: Report) -> None:
         report.check(f"[events] {path.name}: Lambda SqsEvent shape, bodies match the envelope schema", shape)
 
 
+# --------------------------------------------------------------------------- SAM = CDK
+
+# The settings in which the SAM template (after the SAM translator) and the synthesized CDK
+# template may differ, each with the reason. Key: (resource kind, setting path; list positions
+# left out). Any other difference, in any setting of any resource, fails the check.
+PARITY_ALLOWED = {
+    ("function", "Code"): "where the binary comes from: SAM's is what `sam build` makes of CodeUri (offline: a "
+                          "placeholder), CDK's the cargo-lambda-cdk asset; both are triage-lambda of this crate "
+                          "(checked by the [sam] built-by and [cdk] function-code facts)",
+    ("function", "Tags"): "SAM tags every function it makes with lambda:createdBy=SAM",
+    ("queue TLS policy", "Statement.Sid"): "a statement id is a label: the SAM template names its statement, "
+                                           "CDK's enforceSSL does not",
+}
+
+
+class Roles:
+    """Each template's resources by what they are for, so the two can be compared one by one."""
+
+    def __init__(self, tag: str, t: Template):
+        f = Facts(tag, t, Report())
+        self.t = t
+        self.by_key: dict[str, tuple[str, str]] = {}  # key -> (kind, logical id)
+        self.unclaimed = set(t.resources)
+        self.claim("source queue", "queue", f.src)
+        self.claim("dead-letter queue", "queue", f.dlq)
+        self.claim("state table", "table", f.table)
+        self.claim("function", "function", f.fn)
+        self.claim("event source mapping", "event source mapping", f.esm)
+        self.claim("function role", "role", f.role_of_function())
+        for lg in t.of_type("AWS::Logs::LogGroup"):
+            self.claim("function log group" if len(t.of_type("AWS::Logs::LogGroup")) == 1 else lg, "log group", lg)
+        for a in t.of_type("AWS::CloudWatch::Alarm"):
+            p = t.props(a)
+            self.claim(f"alarm {p.get('Namespace')}/{p.get('MetricName')}", "alarm", a)
+        # Queue policies: one per queue or one for both, compared per queue.
+        self.policies = t.of_type("AWS::SQS::QueuePolicy")
+        self.unclaimed -= set(self.policies)
+        self.tokens: dict[str, str] = {}
+        for key, (_, rid) in self.by_key.items():
+            self.tokens.setdefault(str(t.ref(rid)), f"<{key}>")
+            for attr in ("Arn", "QueueName", "QueueUrl"):
+                v = str(t.getatt(rid, attr))
+                if not v.startswith("getatt:"):
+                    self.tokens.setdefault(v, f"<{key}.{attr}>")
+
+    def claim(self, key: str, kind: str, rid: str) -> None:
+        if key in self.by_key:
+            key = f"{key} ({rid})"
+        self.by_key[key] = (kind, rid)
+        self.unclaimed.discard(rid)
+
+    def norm(self, x, key: str = ""):
+        """Concrete values with resource names, ARNs and URLs as <role> tokens; numbers as numbers."""
+        if isinstance(x, dict):
+            return {k: (sorted(self.norm(as_list(v))) if k in ("Action", "NotAction", "Resource") else self.norm(v, k))
+                    for k, v in x.items()}
+        if isinstance(x, list):
+            return [self.norm(i) for i in x]
+        if isinstance(x, str):
+            if x in self.tokens:
+                return self.tokens[x]
+            if re.fullmatch(r"-?\d+(\.\d+)?", x):
+                return num(x) if "." in x else int(x)
+            if x in ("true", "false"):
+                return x == "true"
+            return x
+        if isinstance(x, float) and x.is_integer():
+            return int(x)
+        return x
+
+    def records(self) -> dict[str, tuple[str, dict]]:
+        t, out = self.t, {}
+        for key, (kind, rid) in self.by_key.items():
+            res = t.resources[rid]
+            out[key] = (kind, {
+                "Properties": self.norm(t.props(rid)),
+                # CloudFormation deletes these resource types with their stack unless told otherwise.
+                "DeletionPolicy": res.get("DeletionPolicy", "Delete"),
+                "UpdateReplacePolicy": res.get("UpdateReplacePolicy", "Delete"),
+            })
+        per_queue: dict[str, dict] = {}
+        for pid in self.policies:
+            doc = t.props(pid)["PolicyDocument"]
+            for st in as_list(doc["Statement"]):
+                for r in as_list(st.get("Resource")):
+                    q = self.norm(r)
+                    entry = per_queue.setdefault(f"queue TLS policy of {q}", {"Version": doc.get("Version"), "Statement": []})
+                    entry["Statement"].append(self.norm({**st, "Resource": r}))
+        for key, rec in per_queue.items():
+            rec["Statement"].sort(key=lambda st: json.dumps({k: v for k, v in st.items() if k != "Sid"}, sort_keys=True))
+            out[key] = ("queue TLS policy", rec)
+        out["outputs"] = ("outputs", {k: {"Value": self.norm(t.ev(v["Value"])), "Description": v.get("Description")}
+                                      for k, v in t.raw.get("Outputs", {}).items()})
+        return out
+
+
+def differences(a, b, path: str = "") -> list[tuple[str, object, object]]:
+    """(path, SAM value, CDK value) of every setting that differs."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            sub = f"{path}.{k}" if path else k
+            if k not in a or k not in b:
+                out.append((sub, a.get(k, "(unset)"), b.get(k, "(unset)")))
+            else:
+                out += differences(a[k], b[k], sub)
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        out = []
+        for i, (x, y) in enumerate(zip(a, b)):
+            out += differences(x, y, f"{path}[{i}]")
+        return out
+    same = json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    return [] if same else [(path, a, b)]
+
+
+def parity_facts(sam: Template, cdk: Template, report: Report, tag: str = "sam=cdk") -> None:
+    """SAM and CDK make the same resources with the same settings, resource by resource."""
+    rs, rc = Roles("sam", sam), Roles("cdk", cdk)
+    report.fact(f"[{tag}] every resource of either template has a counterpart role (queues, queue policies, table, "
+                "log group, role, function, mapping, alarms)", not rs.unclaimed and not rc.unclaimed,
+                f"SAM {sorted(rs.unclaimed)}, CDK {sorted(rc.unclaimed)}")
+    a, b = rs.records(), rc.records()
+    used = set()
+    for key in sorted(set(a) | set(b)):
+        if key not in a or key not in b:
+            report.fact(f"[{tag}] {key}: in both templates", False, "SAM only" if key in a else "CDK only")
+            continue
+        kind = a[key][0]
+        bad, allowed = [], []
+        for path, x, y in differences(a[key][1], b[key][1]):
+            setting = re.sub(r"\[\d+\]", "", path.removeprefix("Properties."))
+            rule = next(((k, a) for k, a in PARITY_ALLOWED if k == kind and (setting == a or setting.startswith(a + "."))), None)
+            if rule:
+                used.add(rule)
+                allowed.append(rule[1])
+            else:
+                bad.append(f"{path}: SAM {json.dumps(x)} / CDK {json.dumps(y)}")
+        note = f" (allowed: {', '.join(sorted(set(allowed)))})" if allowed else ""
+        report.fact(f"[{tag}] {key}: same settings{note}", not bad, "; ".join(bad))
+    report.fact(f"[{tag}] every allowed difference still occurs (no stale allow-list entry)",
+                used == set(PARITY_ALLOWED), f"unused: {sorted(set(PARITY_ALLOWED) - used)}")
+
+
+def parity_settings(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["settings"]
+
+
+def other_settings_facts(sam_raw: dict, sam_cfn: dict, cdk_alt_out: Path, settings_path: Path, report: Report) -> None:
+    """The same comparison with every setting away from its default, on both sides."""
+    settings = parity_settings(settings_path)
+    params = Params(sam_raw)
+    listed = {s["sam"] for s in settings}
+    report.fact(f"[sam=cdk other settings] {settings_path.name} lists every SAM parameter, each with a value it "
+                "accepts and that is not its default",
+                listed == set(params.decl) and len(listed) == len(settings)
+                and all(params.accepts(s["sam"], s["value"]) and str(params.decl[s["sam"]].get("Default")) != s["value"]
+                        for s in settings)
+                and params.rules_pass({s["sam"]: s["value"] for s in settings}),
+                f"missing {sorted(set(params.decl) - listed)}, unknown {sorted(listed - set(params.decl))}")
+    sam = Template(copy.deepcopy(sam_cfn), {s["sam"]: s["value"] for s in settings})
+    cdk = Template(json.loads(find_cdk_template(cdk_alt_out).read_text()))
+    parity_facts(sam, cdk, report, "sam=cdk other settings")
+
+
 def find_cdk_template(cdk_out: Path) -> Path:
     manifest = json.loads((cdk_out / "manifest.json").read_text())
     for art in manifest["artifacts"].values():
@@ -884,12 +1080,18 @@ def main() -> int:
     sr = sub.add_parser("sam-rules", help="rewrite the SAM template's generated Rules section")
     sr.add_argument("sam")
     sub.add_parser("lambda-calls", help="print the SDK calls derived from triage-lambda's source")
+    pc = sub.add_parser("cdk-context", help="print `-c key=value` arguments for the CDK app, one a line")
+    pc.add_argument("settings")
     ck = sub.add_parser("check")
     ck.add_argument("--sam", required=True)
     ck.add_argument("--sam-cfn", required=True)
     ck.add_argument("--cdk-out", required=True)
     ck.add_argument("--events", help="folder of sample SqsEvent files")
     ck.add_argument("--schema", help="envelope JSON Schema")
+    ck.add_argument("--cdk-other-out", help="the CDK app synthesized with the values of --other-settings")
+    ck.add_argument("--other-settings", help="infra/parity-settings.json")
+    ck.add_argument("--limits", required=True,
+                    help="src/config.rs's limits as JSON (`cargo run --example config_limits`)")
     args = ap.parse_args()
 
     if args.cmd == "translate":
@@ -897,6 +1099,11 @@ def main() -> int:
         return 0
     if args.cmd == "sam-rules":
         write_sam_rules(Path(args.sam), rust_factor(ROOT))
+        return 0
+    if args.cmd == "cdk-context":
+        for s in parity_settings(Path(args.settings)):
+            print("-c")
+            print(f"{s['cdk']}={s['value']}")
         return 0
     if args.cmd == "lambda-calls":
         d = Derived(ROOT)
@@ -917,11 +1124,16 @@ def main() -> int:
     derived = Derived(ROOT)
     report.fact("[source] SDK calls triage-lambda can make, from src/bin/triage-lambda.rs down: " + derived.summary(),
                 bool(derived.calls) and not derived.problems, "; ".join(derived.problems))
-    factor = rule_facts(ROOT, sam_raw, report)
-    Facts("sam", Template(copy.deepcopy(sam_cfn)), report, derived, factor).run()
+    limits = json.loads(Path(args.limits).read_text())
+    generated_facts(limits, report)
+    factor = rule_facts(ROOT, sam_raw, limits, report)
+    Facts("sam", Template(copy.deepcopy(sam_cfn)), report, derived, factor, limits).run()
     sam_only_facts(sam_path, sam_raw, sam_cfn, report)
-    Facts("cdk", Template(copy.deepcopy(cdk_cfn)), report, derived, factor).run()
+    Facts("cdk", Template(copy.deepcopy(cdk_cfn)), report, derived, factor, limits).run()
     cdk_only_facts(cdk_out, cdk_cfn, report)
+    parity_facts(Template(copy.deepcopy(sam_cfn)), Template(copy.deepcopy(cdk_cfn)), report)
+    if args.cdk_other_out and args.other_settings:
+        other_settings_facts(sam_raw, sam_cfn, Path(args.cdk_other_out), Path(args.other_settings), report)
     if args.events and args.schema:
         events_facts(Path(args.events), Path(args.schema), report)
 

@@ -41,7 +41,172 @@ pub struct Config {
     pub log_payloads: bool,
 }
 
-fn parse<T: FromStr + PartialOrd + Copy + std::fmt::Display>(
+/// A number type a variable is read as: whole numbers (`u32`, `u64`, `usize`) or any number
+/// (`f64`).
+pub trait Value: FromStr + PartialOrd + Copy + std::fmt::Display {
+    /// Whether only whole numbers are accepted (Rust's integer syntax: digits only, no fraction,
+    /// no exponent).
+    const WHOLE: bool;
+}
+
+impl Value for u32 {
+    const WHOLE: bool = true;
+}
+impl Value for u64 {
+    const WHOLE: bool = true;
+}
+impl Value for usize {
+    const WHOLE: bool = true;
+}
+impl Value for f64 {
+    const WHOLE: bool = false;
+}
+
+/// One numeric `TRIAGE_*` variable: its name, its default and the range the parser accepts.
+/// [`Config::from_lookup`] reads every variable through its `Var` in [`vars`], and [`limits`]
+/// lists the same `Var`s, so the published ranges are the parser's own.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Var<T> {
+    /// The variable's name.
+    pub name: &'static str,
+    /// The value used when the variable is unset or blank.
+    pub default: T,
+    /// The smallest accepted value.
+    pub min: T,
+    /// The largest accepted value.
+    pub max: T,
+}
+
+impl<T: Value> Var<T> {
+    fn read(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Result<T, ConfigError> {
+        parse(lookup, self.name, self.default, self.min, self.max)
+    }
+
+    /// The variable's range in a form any tool can read (see [`limits`]).
+    pub fn limit(&self) -> Limit {
+        Limit {
+            var: self.name,
+            whole: T::WHOLE,
+            default: self.default.to_string(),
+            min: self.min.to_string(),
+            max: self.max.to_string(),
+        }
+    }
+}
+
+/// The accepted range of one numeric variable, as text (the numbers as the error message
+/// writes them). `examples/config_limits.rs` prints them all as JSON; the deployment templates'
+/// parameter ranges are generated from that (`infra/ranges.py`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Limit {
+    /// The variable's name.
+    pub var: &'static str,
+    /// Only whole numbers are accepted.
+    pub whole: bool,
+    /// The value used when the variable is unset or blank.
+    pub default: String,
+    /// The smallest accepted value.
+    pub min: String,
+    /// The largest accepted value.
+    pub max: String,
+}
+
+/// Every numeric variable the configuration reads, with its default and accepted range.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Vars {
+    /// `TRIAGE_MAX_ATTEMPTS`
+    pub max_attempts: Var<u32>,
+    /// `TRIAGE_BASE_DELAY_MS`
+    pub base_delay_ms: Var<u64>,
+    /// `TRIAGE_BACKOFF_MULTIPLIER`
+    pub backoff_multiplier: Var<f64>,
+    /// `TRIAGE_MAX_DELAY_MS`
+    pub max_delay_ms: Var<u64>,
+    /// `TRIAGE_JITTER_MAX_MS`
+    pub jitter_max_ms: Var<u64>,
+    /// `TRIAGE_BREAKER_THRESHOLD`
+    pub breaker_threshold: Var<u32>,
+    /// `TRIAGE_BREAKER_WINDOW_S`
+    pub breaker_window_s: Var<u64>,
+    /// `TRIAGE_BREAKER_OPEN_S`
+    pub breaker_open_s: Var<u64>,
+    /// `TRIAGE_BREAKER_PROBES`
+    pub breaker_probes: Var<u32>,
+    /// `TRIAGE_BREAKER_SUCCESSES`
+    pub breaker_successes: Var<u32>,
+    /// `TRIAGE_BREAKER_CACHE_MS`
+    pub breaker_cache_ms: Var<u64>,
+    /// `TRIAGE_CONCURRENCY`
+    pub concurrency: Var<usize>,
+}
+
+/// The numeric variables, their defaults and accepted ranges: the table the parser reads with.
+pub fn vars() -> Vars {
+    let d = BreakerConfig::default();
+    Vars {
+        max_attempts: var("TRIAGE_MAX_ATTEMPTS", 5, 1, 1000),
+        base_delay_ms: var("TRIAGE_BASE_DELAY_MS", 3_000, 0, 43_200_000),
+        backoff_multiplier: var("TRIAGE_BACKOFF_MULTIPLIER", 2.0, 1.0, 100.0),
+        max_delay_ms: var("TRIAGE_MAX_DELAY_MS", 3_600_000, 1_000, 1_209_600_000),
+        jitter_max_ms: var("TRIAGE_JITTER_MAX_MS", 1_000, 0, 3_600_000),
+        breaker_threshold: var("TRIAGE_BREAKER_THRESHOLD", d.threshold(), 1, 100_000),
+        breaker_window_s: var("TRIAGE_BREAKER_WINDOW_S", d.window().as_secs(), 1, 86_400),
+        breaker_open_s: var("TRIAGE_BREAKER_OPEN_S", d.open_for().as_secs(), 1, 43_200),
+        breaker_probes: var("TRIAGE_BREAKER_PROBES", d.probes(), 1, 100),
+        breaker_successes: var("TRIAGE_BREAKER_SUCCESSES", d.successes_to_close(), 1, 100),
+        breaker_cache_ms: var(
+            "TRIAGE_BREAKER_CACHE_MS",
+            d.cache_ttl().as_millis() as u64,
+            0,
+            300_000,
+        ),
+        concurrency: var("TRIAGE_CONCURRENCY", 10, 1, 1000),
+    }
+}
+
+const fn var<T>(name: &'static str, default: T, min: T, max: T) -> Var<T> {
+    Var {
+        name,
+        default,
+        min,
+        max,
+    }
+}
+
+/// The accepted range of every numeric variable, in the order of [`Vars`].
+pub fn limits() -> Vec<Limit> {
+    // Destructured without `..`: a variable added to `Vars` must be listed here too.
+    let Vars {
+        max_attempts,
+        base_delay_ms,
+        backoff_multiplier,
+        max_delay_ms,
+        jitter_max_ms,
+        breaker_threshold,
+        breaker_window_s,
+        breaker_open_s,
+        breaker_probes,
+        breaker_successes,
+        breaker_cache_ms,
+        concurrency,
+    } = vars();
+    vec![
+        max_attempts.limit(),
+        base_delay_ms.limit(),
+        backoff_multiplier.limit(),
+        max_delay_ms.limit(),
+        jitter_max_ms.limit(),
+        breaker_threshold.limit(),
+        breaker_window_s.limit(),
+        breaker_open_s.limit(),
+        breaker_probes.limit(),
+        breaker_successes.limit(),
+        breaker_cache_ms.limit(),
+        concurrency.limit(),
+    ]
+}
+
+fn parse<T: Value>(
     lookup: &dyn Fn(&str) -> Option<String>,
     var: &'static str,
     default: T,
@@ -78,11 +243,12 @@ impl Config {
     /// Reads configuration through `lookup` (tests pass a map).
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let text = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
-        let max_attempts = parse(lookup, "TRIAGE_MAX_ATTEMPTS", 5u32, 1, 1000)?;
-        let base = parse(lookup, "TRIAGE_BASE_DELAY_MS", 3_000u64, 0, 43_200_000)?;
-        let mult = parse(lookup, "TRIAGE_BACKOFF_MULTIPLIER", 2.0f64, 1.0, 100.0)?;
-        let max = parse(lookup, "TRIAGE_MAX_DELAY_MS", 3_600_000u64, 1_000, 1_209_600_000)?;
-        let jitter = parse(lookup, "TRIAGE_JITTER_MAX_MS", 1_000u64, 0, 3_600_000)?;
+        let v = vars();
+        let max_attempts = v.max_attempts.read(lookup)?;
+        let base = v.base_delay_ms.read(lookup)?;
+        let mult = v.backoff_multiplier.read(lookup)?;
+        let max = v.max_delay_ms.read(lookup)?;
+        let jitter = v.jitter_max_ms.read(lookup)?;
         let backoff = Backoff::exponential(
             Duration::from_millis(base),
             mult,
@@ -94,45 +260,14 @@ impl Config {
             .backoff(backoff)
             .max_delay(Duration::from_millis(max))
             .build()
-            .map_err(|e| invalid("TRIAGE_MAX_DELAY_MS", max, e))?;
-        let d = BreakerConfig::default();
+            .map_err(|e| invalid(v.max_delay_ms.name, max, e))?;
         let breaker = BreakerConfig::builder()
-            .threshold(parse(
-                lookup,
-                "TRIAGE_BREAKER_THRESHOLD",
-                d.threshold(),
-                1,
-                100_000,
-            )?)
-            .window(Duration::from_secs(parse(
-                lookup,
-                "TRIAGE_BREAKER_WINDOW_S",
-                d.window().as_secs(),
-                1,
-                86_400,
-            )?))
-            .open_for(Duration::from_secs(parse(
-                lookup,
-                "TRIAGE_BREAKER_OPEN_S",
-                d.open_for().as_secs(),
-                1,
-                43_200,
-            )?))
-            .probes(parse(lookup, "TRIAGE_BREAKER_PROBES", d.probes(), 1, 100)?)
-            .successes_to_close(parse(
-                lookup,
-                "TRIAGE_BREAKER_SUCCESSES",
-                d.successes_to_close(),
-                1,
-                100,
-            )?)
-            .cache_ttl(Duration::from_millis(parse(
-                lookup,
-                "TRIAGE_BREAKER_CACHE_MS",
-                d.cache_ttl().as_millis() as u64,
-                0,
-                300_000,
-            )?))
+            .threshold(v.breaker_threshold.read(lookup)?)
+            .window(Duration::from_secs(v.breaker_window_s.read(lookup)?))
+            .open_for(Duration::from_secs(v.breaker_open_s.read(lookup)?))
+            .probes(v.breaker_probes.read(lookup)?)
+            .successes_to_close(v.breaker_successes.read(lookup)?)
+            .cache_ttl(Duration::from_millis(v.breaker_cache_ms.read(lookup)?))
             .build()
             .map_err(|e| {
                 use crate::core::breaker::BreakerConfigError as E;
@@ -157,7 +292,7 @@ impl Config {
             table: text("TRIAGE_TABLE"),
             policy,
             breaker,
-            concurrency: parse(lookup, "TRIAGE_CONCURRENCY", 10usize, 1, 1000)?,
+            concurrency: v.concurrency.read(lookup)?,
             log_payloads,
         })
     }
@@ -206,5 +341,68 @@ mod tests {
         assert_eq!(e.var, "TRIAGE_BREAKER_THRESHOLD");
         let e = with(&[("TRIAGE_BACKOFF_MULTIPLIER", "fast")]).unwrap_err();
         assert_eq!(e.var, "TRIAGE_BACKOFF_MULTIPLIER");
+    }
+
+    #[test]
+    fn limits_are_the_ranges_the_parser_enforces() {
+        let all = limits();
+        // Every variable the parser reads as a number is in the table, and nothing else.
+        let asked = std::cell::RefCell::new(Vec::new());
+        Config::from_lookup(&|k| {
+            asked.borrow_mut().push(k.to_string());
+            None
+        })
+        .unwrap();
+        let mut numeric: Vec<String> = asked
+            .into_inner()
+            .into_iter()
+            .filter(|k| {
+                !matches!(
+                    k.as_str(),
+                    "TRIAGE_QUEUE_URL" | "TRIAGE_DLQ_URL" | "TRIAGE_TABLE" | "TRIAGE_LOG_PAYLOADS"
+                )
+            })
+            .collect();
+        numeric.sort();
+        numeric.dedup();
+        let mut listed: Vec<String> = all.iter().map(|l| l.var.to_string()).collect();
+        listed.sort();
+        assert_eq!(numeric, listed);
+
+        for l in &all {
+            let ok = |v: &str| with(&[(l.var, v)]).map(|_| ()).map_err(|e| e.to_string());
+            for v in [&l.min, &l.max, &l.default] {
+                assert_eq!(ok(v), Ok(()), "{} accepts {v}", l.var);
+            }
+            let expected = format!("expected a number from {} to {}", l.min, l.max);
+            let below = if l.whole {
+                l.min
+                    .parse::<i64>()
+                    .unwrap()
+                    .checked_sub(1)
+                    .map(|x| x.to_string())
+            } else {
+                Some((l.min.parse::<f64>().unwrap() - 0.01).to_string())
+            };
+            let above = if l.whole {
+                (l.max.parse::<u64>().unwrap() + 1).to_string()
+            } else {
+                (l.max.parse::<f64>().unwrap() + 0.01).to_string()
+            };
+            let mut refused = vec![above, "abc".to_string(), "0x10".to_string()];
+            refused.extend(below);
+            if l.whole {
+                refused.push(format!("{}.5", l.min));
+                refused.push(format!("{}.0", l.min));
+                refused.push("1e1".to_string());
+            }
+            for v in refused {
+                let e = ok(&v).unwrap_err();
+                assert!(e.starts_with(l.var) && e.ends_with(&expected), "{v}: {e}");
+            }
+        }
+        // The whole-number ones are exactly the integer-typed fields.
+        let whole: Vec<&str> = all.iter().filter(|l| !l.whole).map(|l| l.var).collect();
+        assert_eq!(whole, ["TRIAGE_BACKOFF_MULTIPLIER"]);
     }
 }

@@ -1,0 +1,110 @@
+// The CDK stack's own checks: run by `bash infra/check.sh` (`npx tsx --test test/*.test.ts`).
+import { test } from 'node:test';
+import * as assert from 'node:assert/strict';
+import { App } from 'aws-cdk-lib';
+import { Template } from 'aws-cdk-lib/assertions';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import {
+  STACK_SETTING_RANGES, TRIAGE_POLICY_DEFAULTS, TRIAGE_POLICY_RANGES, TriageStack, TriageStackProps,
+} from '../lib/triage-stack';
+
+const BASE: Omit<TriageStackProps, 'policy'> = {
+  stackName: 'sqs-triage',
+  functionTimeoutSeconds: 30,
+  functionMemoryMb: 256,
+  batchSize: 10,
+  maxBatchingWindowSeconds: 0,
+  maxConcurrency: 5,
+  maxReceiveCount: 1000,
+  sourceRetentionSeconds: 345600,
+  pointInTimeRecovery: true,
+  alarmTopicArn: '',
+};
+
+let n = 0;
+function stack(policy: Record<string, string> = {}, props: Partial<TriageStackProps> = {}): TriageStack {
+  // No bundling: the tests synthesize without compiling the crate.
+  const app = new App({ context: { 'aws:cdk:bundling-stacks': [] } });
+  return new TriageStack(app, `S${n++}`, { ...BASE, ...props, policy: { ...TRIAGE_POLICY_DEFAULTS, ...policy } });
+}
+
+// Values src/config.rs refuses (Rust's `str::parse` of u32/u64/f64, then the range): the stack
+// must refuse them at synthesis rather than deploy a function that cannot start.
+const NOT_WHOLE = ['abc', '', ' ', 'NaN', 'Infinity', '2.5', '5.0', '1e1', '0x10', '0b1', '-0', '1_000', '5 5'];
+const NOT_NUMBER = ['abc', '', 'NaN', 'Infinity', '-Infinity', '0x10', '2,5', '1_0'];
+
+for (const [name, r] of Object.entries(TRIAGE_POLICY_RANGES)) {
+  test(`${name}: refuses what the function refuses`, () => {
+    for (const bad of r.whole ? NOT_WHOLE : NOT_NUMBER) {
+      assert.throws(() => stack({ [name]: bad }), (e: Error) => e.message.startsWith(`${name}=`),
+        `${name}=${JSON.stringify(bad)} was accepted`);
+    }
+    for (const outside of [r.min - (r.whole ? 1 : 0.01), r.max + (r.whole ? 1 : 0.01)]) {
+      assert.throws(() => stack({ [name]: String(outside) }), (e: Error) => e.message.startsWith(`${name}=`),
+        `${name}=${outside} was accepted`);
+    }
+  });
+  test(`${name}: accepts its range's ends`, () => {
+    for (const ok of [r.min, r.max]) {
+      stack({ [name]: String(ok) });
+    }
+    if (!r.whole) {
+      stack({ [name]: String(r.min + 0.5) });
+    }
+  });
+}
+
+test('every alarm notifies the SNS topic when one is given, none without', () => {
+  const topic = 'arn:aws:sns:us-east-1:000000000000:ops';
+  const withTopic = Template.fromStack(stack({}, { alarmTopicArn: topic })).findResources('AWS::CloudWatch::Alarm');
+  assert.ok(Object.keys(withTopic).length >= 3, `alarms: ${Object.keys(withTopic)}`);
+  for (const [id, a] of Object.entries(withTopic)) {
+    assert.deepEqual(a.Properties.AlarmActions, [topic], `${id} actions`);
+  }
+  const without = Template.fromStack(stack()).findResources('AWS::CloudWatch::Alarm');
+  for (const [id, a] of Object.entries(without)) {
+    assert.equal(a.Properties.AlarmActions, undefined, `${id} actions`);
+  }
+});
+
+test('an alarm on the function errors (AWS/Lambda Errors >= 1)', () => {
+  const t = Template.fromStack(stack());
+  const fns = Object.keys(t.findResources('AWS::Lambda::Function'));
+  assert.equal(fns.length, 1);
+  t.hasResourceProperties('AWS::CloudWatch::Alarm', {
+    Namespace: 'AWS/Lambda',
+    MetricName: 'Errors',
+    Dimensions: [{ Name: 'FunctionName', Value: { Ref: fns[0] } }],
+    Statistic: 'Sum',
+    Threshold: 1,
+    ComparisonOperator: 'GreaterThanOrEqualToThreshold',
+  });
+});
+
+for (const [key, r] of Object.entries(STACK_SETTING_RANGES)) {
+  test(`${key}: a whole number from ${r.min} to ${r.max}, as the SAM parameter`, () => {
+    const policy = { TRIAGE_MAX_ATTEMPTS: '1' }; // leaves maxReceiveCount free down to 4
+    for (const bad of [r.min - 1, r.max + 1, r.min + 0.5, Number.NaN]) {
+      assert.throws(() => stack(policy, { [key]: bad }), (e: Error) => e.message.startsWith(`${key} (`),
+        `${key}=${bad} was accepted`);
+    }
+    for (const ok of [r.min, r.max]) {
+      stack(policy, { [key]: ok });
+    }
+  });
+}
+
+test('the other settings of infra/parity-settings.json synthesize', () => {
+  const file = path.join(__dirname, '..', '..', 'parity-settings.json');
+  const settings: { cdk: string; value: string }[] = JSON.parse(fs.readFileSync(file, 'utf8')).settings;
+  const props: Record<string, unknown> = {};
+  const policy: Record<string, string> = {};
+  for (const s of settings) {
+    if (s.cdk in TRIAGE_POLICY_RANGES) policy[s.cdk] = s.value;
+    else if (s.cdk === 'pointInTimeRecovery') props[s.cdk] = s.value === 'true';
+    else if (s.cdk === 'alarmTopicArn') props[s.cdk] = s.value;
+    else props[s.cdk] = Number(s.value);
+  }
+  stack(policy, props as Partial<TriageStackProps>);
+});
