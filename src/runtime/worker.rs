@@ -32,8 +32,9 @@ use crate::effects::storage_retry::{FailureKind, StorageError, classify};
 use crate::processor::registry::Registry;
 use crate::processor::{BatchOutcome, Incoming, now_ms};
 
-/// The shortest source-queue visibility timeout the worker runs with: below it a batch has
-/// no time left to start a handler after the margins it keeps.
+/// The shortest visibility timeout the worker receives with: a batch needs that long to
+/// start, run and settle a handler within the margins it keeps. A source queue with a
+/// shorter one is received from with this one instead (a warning at start-up).
 pub const MIN_VISIBILITY: Duration = Duration::from_secs(5);
 
 /// Time kept between a batch's deadline and the end of its messages' visibility timeout,
@@ -87,8 +88,7 @@ pub struct WorkerError {
 /// The kinds of [`WorkerError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkerErrorKind {
-    /// The source queue's settings do not allow running (e.g. its visibility timeout is too
-    /// short).
+    /// The worker's configuration does not allow running.
     Config,
     /// The source queue does not exist.
     NotFound,
@@ -193,10 +193,10 @@ impl Worker {
         &self.env
     }
 
-    /// The source queue's visibility timeout, read with `GetQueueAttributes` on first use
-    /// and kept: every receive asks for it explicitly, so a later change of the queue's
-    /// setting does not shorten a batch under the worker. Fails when the queue cannot be
-    /// read or its timeout is below [`MIN_VISIBILITY`].
+    /// The visibility timeout the worker receives with: the source queue's, read with
+    /// `GetQueueAttributes` on first use and kept, but at least [`MIN_VISIBILITY`]. Every
+    /// receive asks for it explicitly, so a later change of the queue's setting does not
+    /// shorten a batch under the worker. Fails when the queue cannot be read.
     pub async fn visibility_timeout(&self) -> Result<Duration, WorkerError> {
         self.visibility
             .get_or_try_init(|| self.read_visibility())
@@ -234,13 +234,13 @@ impl Worker {
             })?;
         let v = Duration::from_secs(secs);
         if v < MIN_VISIBILITY {
-            return Err(WorkerError {
-                kind: WorkerErrorKind::Config,
-                message: format!(
-                    "the source queue {url} has a visibility timeout of {secs} s: the worker needs at least {} s (a batch must start, run and settle its handlers within it); raise the queue's VisibilityTimeout",
-                    MIN_VISIBILITY.as_secs()
-                ),
-            });
+            tracing::warn!(
+                queue = %url,
+                visibility_s = secs,
+                "the source queue's visibility timeout is too short for a batch to start, run and settle a handler: the worker receives with {} s instead",
+                MIN_VISIBILITY.as_secs()
+            );
+            return Ok(MIN_VISIBILITY);
         }
         Ok(v)
     }
@@ -349,8 +349,7 @@ impl Worker {
 
     /// Polls until `shutdown` resolves, calling `on_batch` after each batch.
     ///
-    /// Reads the source queue's visibility timeout first (an error if it cannot be read or
-    /// is too short). Keeps up to [`with_batches`](Self::with_batches) batches in flight.
+    /// Reads the source queue's visibility timeout first (an error if it cannot be read). Keeps up to [`with_batches`](Self::with_batches) batches in flight.
     /// A shutdown during a receive stops it at once (messages SQS handed to that receive
     /// come back after their visibility timeout); during a batch, the records not started
     /// are released and the running ones finish or are stopped at the batch's deadline, so
