@@ -383,7 +383,7 @@ async fn worker_output_for_a_panic(log_payloads: bool) -> String {
         .await
         .unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
-    cmd.arg("worker")
+    cmd.args(["worker", "--demo-handlers"])
         .env("TRIAGE_QUEUE_URL", &created.queue_url)
         .env("TRIAGE_DLQ_URL", &created.dlq_url)
         .env("TRIAGE_TABLE", &created.table)

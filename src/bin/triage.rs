@@ -56,9 +56,11 @@ enum Command {
     /// Show attempt ledgers.
     #[command(subcommand)]
     Attempts(AttemptsCommand),
-    /// Run the long-polling worker (TRIAGE_QUEUE_URL, TRIAGE_DLQ_URL, TRIAGE_TABLE from the
-    /// environment) until Ctrl-C.
-    Worker,
+    /// Run the long-polling worker with the built-in demo job type `triage.chaos` only (needs
+    /// --demo-handlers); TRIAGE_QUEUE_URL, TRIAGE_DLQ_URL, TRIAGE_TABLE from the environment;
+    /// until Ctrl-C or SIGTERM. Your own job types run in your own binary: see
+    /// examples/worker.rs.
+    Worker(WorkerArgs),
     /// Run the chaos demo against the queue, DLQ and table the environment names.
     Demo {
         /// Jobs of each kind to send.
@@ -66,6 +68,26 @@ enum Command {
         jobs: usize,
     },
 }
+
+#[derive(Debug, Args)]
+struct WorkerArgs {
+    /// Serve the built-in demo job type `triage.chaos`, the only handler this binary has (any
+    /// other job type is dead-lettered as `invalid`): for demos and smoke tests.
+    #[arg(long)]
+    demo_handlers: bool,
+    /// Batches in flight at once, each received, processed and deleted on its own (up to
+    /// TRIAGE_CONCURRENCY records of each run at once).
+    #[arg(long, default_value_t = 2, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=100))]
+    batches: u16,
+    /// Exit (code 3 for a missing queue, else 1) once receives have failed with a permanent
+    /// error, such as a deleted queue or access denied, for this long. Throttling and server
+    /// errors are retried without limit.
+    #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = ops::parse_duration)]
+    give_up_after: Duration,
+}
+
+/// Why `triage worker` needs --demo-handlers, and what to run instead.
+const WORKER_NEEDS_DEMO_HANDLERS: &str = "`triage worker` has a handler only for the built-in demo job type `triage.chaos`: on a real queue it would dead-letter every other job as `invalid` (no handler for job type). Pass --demo-handlers to run it for demos and smoke tests. To serve your own job types, build a worker binary with your own `Registry` and `sqs_triage::runtime::worker::run(registry)` (or `sqs_triage::runtime::worker::Worker`): see examples/worker.rs";
 
 #[derive(Debug, Subcommand)]
 enum BreakerCommand {
@@ -290,7 +312,7 @@ fn main() -> ExitCode {
     // Operator commands never panic by design; if one does, say so in one line. The worker
     // runs handlers whose panics the processor catches per record: it installs the runtime's
     // hook (`runtime::env::install_panic_hook`, masked messages through tracing) when it starts.
-    if !matches!(cli.command, Command::Worker | Command::Demo { .. }) {
+    if !matches!(cli.command, Command::Worker(_) | Command::Demo { .. }) {
         set_panic_hook();
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -485,8 +507,15 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             let r = breaker::attempts(&ctx, table, job_type.as_deref(), job_id).await?;
             Ok(print(&r, json))
         }
-        Command::Worker => {
-            sqs_triage::runtime::worker::main_from_env()
+        Command::Worker(a) => {
+            if !a.demo_handlers {
+                return Err(OpsError::usage(WORKER_NEEDS_DEMO_HANDLERS));
+            }
+            let opts = sqs_triage::runtime::worker::RunOptions {
+                batches: usize::from(a.batches),
+                give_up_after: a.give_up_after,
+            };
+            sqs_triage::runtime::worker::run_demo_handlers(opts)
                 .await
                 .map_err(runtime_error)?;
             Ok(ExitCode::SUCCESS)
@@ -566,13 +595,19 @@ async fn run_dlq(
     }
 }
 
-/// A runtime's error as one line: configuration problems exit 2, the rest 1.
+/// A runtime's error as one line: configuration problems exit 2, a missing source queue
+/// (the worker's) 3, the rest 1.
 fn runtime_error(e: sqs_triage::runtime::RuntimeError) -> OpsError {
+    use sqs_triage::runtime::worker::{WorkerError, WorkerErrorKind};
     if e.downcast_ref::<sqs_triage::config::ConfigError>().is_some() {
-        OpsError::usage(e.to_string())
-    } else {
-        OpsError::new(ops::ErrorKind::Failed, e.to_string())
+        return OpsError::usage(e.to_string());
     }
+    let kind = match e.downcast_ref::<WorkerError>().map(|w| w.kind) {
+        Some(WorkerErrorKind::Config) => ops::ErrorKind::Usage,
+        Some(WorkerErrorKind::NotFound) => ops::ErrorKind::NotFound,
+        _ => ops::ErrorKind::Failed,
+    };
+    OpsError::new(kind, e.to_string())
 }
 
 /// Operator forces are logged to stderr (target `triage::audit`; `RUST_LOG` can widen it).

@@ -1,18 +1,59 @@
 //! The long-polling worker: the same pipeline as the Lambda adapter, for local development
-//! and for hosts outside Lambda. It deletes what is settled, leaves the rest (their
-//! visibility already set by the processor), and on SIGINT/SIGTERM finishes the records in
-//! flight and releases the ones not started.
+//! and for hosts outside Lambda.
+//!
+//! Each batch has a deadline tied to the source queue's visibility timeout (read once, at
+//! start-up, and passed on every receive): the processor stops a handler still running at
+//! its report margin before that deadline (a transient failure, counted), settles the batch
+//! and the worker deletes what is settled, all before the messages could be handed to
+//! another consumer. On SIGINT/SIGTERM it stops receiving, releases the records not started
+//! and waits for the running batches at most until their deadline. Receives that fail are
+//! retried with capped exponential backoff; a permanent failure (queue deleted, access
+//! denied) that lasts longer than [`Worker::with_give_up_after`] ends the worker with an
+//! error.
+//!
+//! `triage worker --demo-handlers` runs it with the built-in `triage.chaos` job type only; a
+//! team runs its own job types with [`run`] (or [`Worker`]) and its own [`Registry`], as in
+//! `examples/worker.rs`.
 
+use std::fmt;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_sdk_sqs::types::MessageSystemAttributeName;
+use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+use rand::Rng;
+use tokio::sync::{OnceCell, mpsc, watch};
+use tokio::time::Instant;
 
 use super::RuntimeError;
 use super::env::{Environment, build, init_tracing, install_panic_hook, sdk_config};
 use crate::config::Config;
+use crate::effects::storage_retry::{FailureKind, StorageError, classify};
 use crate::processor::registry::Registry;
 use crate::processor::{BatchOutcome, Incoming, now_ms};
+
+/// The shortest visibility timeout the worker receives with: a batch needs that long to
+/// start, run and settle a handler within the margins it keeps. A source queue with a
+/// shorter one is received from with this one instead (a warning at start-up).
+pub const MIN_VISIBILITY: Duration = Duration::from_secs(5);
+
+/// Time kept between a batch's deadline and the end of its messages' visibility timeout,
+/// for deleting the settled ones.
+pub const DELETE_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long before its answer arrives SQS may have started a received message's visibility
+/// timeout (the answer's way back): the batch's clock starts that much before the answer,
+/// never before the request was sent.
+pub const RECEIVE_LATENCY: Duration = Duration::from_secs(2);
+
+/// First wait after a failed receive; it doubles on each further failure.
+pub const RECEIVE_BACKOFF_BASE: Duration = Duration::from_secs(1);
+
+/// Longest wait between failed receives.
+pub const RECEIVE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// How long receives may fail with a permanent error before the worker exits, by default.
+pub const DEFAULT_GIVE_UP_AFTER: Duration = Duration::from_secs(300);
 
 /// How the worker polls.
 #[derive(Debug, Clone, Copy)]
@@ -35,17 +76,116 @@ impl Default for WorkerOptions {
     }
 }
 
-/// A worker over one environment.
+/// Why a worker stopped with an error, with the kind the CLI maps to its exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerError {
+    /// What kind of failure.
+    pub kind: WorkerErrorKind,
+    /// One line for the operator.
+    pub message: String,
+}
+
+/// The kinds of [`WorkerError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerErrorKind {
+    /// The worker's configuration does not allow running.
+    Config,
+    /// The source queue does not exist.
+    NotFound,
+    /// Any other failure (access denied, an answer the worker cannot use).
+    Failed,
+}
+
+impl fmt::Display for WorkerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for WorkerError {}
+
+impl WorkerError {
+    fn from_storage(e: &StorageError, context: &str) -> Self {
+        Self {
+            kind: if e.is_not_found() {
+                WorkerErrorKind::NotFound
+            } else {
+                WorkerErrorKind::Failed
+            },
+            message: format!("{context}: {e}"),
+        }
+    }
+}
+
+/// A worker over one environment. Clones share the environment, the visibility timeout read
+/// at start-up and the drain flag.
 #[derive(Debug, Clone)]
 pub struct Worker {
     env: Environment,
     opts: WorkerOptions,
+    batches: usize,
+    give_up_after: Duration,
+    visibility: Arc<OnceCell<Duration>>,
+}
+
+/// One receive's messages and when their visibility timeout ends.
+struct Received {
+    records: Vec<Incoming>,
+    visible_until: Instant,
+}
+
+/// The `ReceiveRequestAttemptId` of a FIFO receive: kept for that receive's retries after a
+/// lost answer (SQS then hands out the same messages again instead of hiding their groups
+/// for a visibility timeout), replaced after a success or an answer SQS will not repeat
+/// (throttling, a client error).
+#[derive(Debug, Default)]
+struct AttemptId(Option<String>);
+
+impl AttemptId {
+    fn current(&mut self) -> String {
+        self.0
+            .get_or_insert_with(|| format!("{:032x}", rand::rng().random::<u128>()))
+            .clone()
+    }
+}
+
+/// Permanent receive failures seen by the pollers of one `run`.
+#[derive(Debug, Default)]
+struct Health {
+    /// Failed receives since the last success.
+    failures: u32,
+    /// The first permanent failure since the last success.
+    failing_since: Option<Instant>,
 }
 
 impl Worker {
-    /// A worker polling `env`'s source queue.
+    /// A worker polling `env`'s source queue, one batch in flight per [`run`](Self::run),
+    /// giving up after [`DEFAULT_GIVE_UP_AFTER`] of permanent receive failures.
     pub fn new(env: Environment, opts: WorkerOptions) -> Self {
-        Self { env, opts }
+        Self {
+            env,
+            opts,
+            batches: 1,
+            give_up_after: DEFAULT_GIVE_UP_AFTER,
+            visibility: Arc::new(OnceCell::new()),
+        }
+    }
+
+    /// Keeps up to `n` batches in flight in [`run`](Self::run) (at least 1): each is
+    /// received, processed and deleted on its own, so a slow record holds back the deletes
+    /// of its own batch only, and not the next receive. Each batch runs up to the
+    /// environment's concurrency records at once.
+    pub fn with_batches(mut self, n: usize) -> Self {
+        self.batches = n.max(1);
+        self
+    }
+
+    /// Ends [`run`](Self::run) with an error once receives have failed with a permanent
+    /// error (queue deleted, access denied) for this long without a success between.
+    /// Throttling, server errors and timeouts are retried without limit.
+    pub fn with_give_up_after(mut self, d: Duration) -> Self {
+        self.give_up_after = d;
+        self
     }
 
     /// The environment (processor, queue, call counter).
@@ -53,42 +193,139 @@ impl Worker {
         &self.env
     }
 
-    /// Receives one batch (long poll), processes it, deletes what is settled.
-    pub async fn poll_once(&self) -> Result<Option<BatchOutcome>, RuntimeError> {
-        let records = self.receive().await?;
-        if records.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(self.process(records).await))
+    /// The visibility timeout the worker receives with: the source queue's, read with
+    /// `GetQueueAttributes` on first use and kept, but at least [`MIN_VISIBILITY`]. Every
+    /// receive asks for it explicitly, so a later change of the queue's setting does not
+    /// shorten a batch under the worker. Fails when the queue cannot be read.
+    pub async fn visibility_timeout(&self) -> Result<Duration, WorkerError> {
+        self.visibility
+            .get_or_try_init(|| self.read_visibility())
+            .await
+            .copied()
     }
 
-    async fn receive(&self) -> Result<Vec<Incoming>, RuntimeError> {
+    async fn read_visibility(&self) -> Result<Duration, WorkerError> {
         let sqs = self.env.processor.sqs();
+        let url = &self.env.queue_url;
+        let attrs = sqs
+            .retry()
+            .call("GetQueueAttributes", None, || {
+                sqs.client()
+                    .get_queue_attributes()
+                    .queue_url(url)
+                    .attribute_names(QueueAttributeName::VisibilityTimeout)
+                    .send()
+            })
+            .await
+            .map_err(|e| {
+                WorkerError::from_storage(
+                    &e.with_resource(url),
+                    "cannot read the source queue's visibility timeout",
+                )
+            })?
+            .attributes
+            .unwrap_or_default();
+        let secs = attrs
+            .get(&QueueAttributeName::VisibilityTimeout)
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| WorkerError {
+                kind: WorkerErrorKind::Failed,
+                message: format!("the source queue {url} did not report its visibility timeout"),
+            })?;
+        let v = Duration::from_secs(secs);
+        if v < MIN_VISIBILITY {
+            tracing::warn!(
+                queue = %url,
+                visibility_s = secs,
+                "the source queue's visibility timeout is too short for a batch to start, run and settle a handler: the worker receives with {} s instead",
+                MIN_VISIBILITY.as_secs()
+            );
+            return Ok(MIN_VISIBILITY);
+        }
+        Ok(v)
+    }
+
+    /// Receives one batch (long poll), processes it, deletes what is settled.
+    pub async fn poll_once(&self) -> Result<Option<BatchOutcome>, RuntimeError> {
+        let visibility = self.visibility_timeout().await?;
+        let received = self.receive(visibility, &mut AttemptId::default()).await?;
+        if received.records.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.process(received).await))
+    }
+
+    async fn receive(&self, visibility: Duration, attempt: &mut AttemptId) -> Result<Received, StorageError> {
+        let sqs = self.env.processor.sqs();
+        let fifo = self.env.processor.is_fifo();
+        let id = Mutex::new(fifo.then(|| attempt.current()));
+        let sent = Mutex::new(Instant::now());
+        let visibility_s = visibility.as_secs().min(43_200) as i32;
         let out = sqs
             .retry()
             .call("ReceiveMessage", None, || {
-                sqs.client()
+                *sent.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                let call = sqs
+                    .client()
                     .receive_message()
                     .queue_url(&self.env.queue_url)
                     .max_number_of_messages(self.opts.max_messages.clamp(1, 10))
                     .wait_time_seconds(self.opts.wait.as_secs().min(20) as i32)
+                    .visibility_timeout(visibility_s)
+                    .set_receive_request_attempt_id(id.lock().unwrap_or_else(|e| e.into_inner()).clone())
                     .message_system_attribute_names(MessageSystemAttributeName::All)
                     .message_attribute_names("All")
-                    .send()
+                    .send();
+                let id = &id;
+                async move {
+                    let answer = call.await;
+                    if let (true, Err(e)) = (fifo, &answer) {
+                        // Only a lost answer may be asked for again with the same id.
+                        if classify(e) != FailureKind::Transient {
+                            *id.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some(AttemptId::default().current());
+                        }
+                    }
+                    answer
+                }
             })
-            .await?;
-        Ok(out
-            .messages
-            .unwrap_or_default()
-            .into_iter()
-            .map(Incoming::from_sdk)
-            .collect())
+            .await;
+        let arrived = Instant::now();
+        let sent = *sent.lock().unwrap_or_else(|e| e.into_inner());
+        let out = match out {
+            Ok(out) => {
+                attempt.0 = None;
+                out
+            }
+            Err(e) => {
+                attempt.0 = id.into_inner().unwrap_or_else(|e| e.into_inner());
+                return Err(e.with_resource(&self.env.queue_url));
+            }
+        };
+        let started = arrived.checked_sub(RECEIVE_LATENCY).map_or(sent, |t| t.max(sent));
+        Ok(Received {
+            records: out
+                .messages
+                .unwrap_or_default()
+                .into_iter()
+                .map(Incoming::from_sdk)
+                .collect(),
+            visible_until: started + visibility,
+        })
     }
 
-    async fn process(&self, records: Vec<Incoming>) -> BatchOutcome {
+    async fn process(&self, received: Received) -> BatchOutcome {
         let sqs = self.env.processor.sqs();
-        let receipts: Vec<String> = records.iter().map(|r| r.receipt_handle.clone()).collect();
-        let outcome = self.env.processor.process(records, None).await;
+        let receipts: Vec<String> = received
+            .records
+            .iter()
+            .map(|r| r.receipt_handle.clone())
+            .collect();
+        let deadline = received
+            .visible_until
+            .checked_sub(DELETE_MARGIN)
+            .unwrap_or(received.visible_until);
+        let outcome = self.env.processor.process(received.records, Some(deadline)).await;
         let settled: Vec<(usize, String)> = outcome
             .records
             .iter()
@@ -96,7 +333,9 @@ impl Worker {
             .filter(|(_, r)| r.settled)
             .map(|(i, _)| (i, receipts[i].clone()))
             .collect();
-        let deleted = sqs.delete(&self.env.queue_url, settled, None).await;
+        let deleted = sqs
+            .delete(&self.env.queue_url, settled, Some(received.visible_until))
+            .await;
         for (i, why) in deleted.failed {
             tracing::warn!(message_id = %outcome.records[i].message_id, error = %why, "delete failed; the message will be seen again");
         }
@@ -108,10 +347,16 @@ impl Worker {
         outcome
     }
 
-    /// Polls until `shutdown` resolves, calling `on_batch` after each batch. A shutdown during
-    /// a receive stops at once (messages SQS handed to that receive come back after their
-    /// visibility timeout); during a batch, the running records finish and the rest are
-    /// released.
+    /// Polls until `shutdown` resolves, calling `on_batch` after each batch.
+    ///
+    /// Reads the source queue's visibility timeout first (an error if it cannot be read). Keeps up to [`with_batches`](Self::with_batches) batches in flight.
+    /// A shutdown during a receive stops it at once (messages SQS handed to that receive
+    /// come back after their visibility timeout); during a batch, the records not started
+    /// are released and the running ones finish or are stopped at the batch's deadline, so
+    /// `run` returns within the visibility timeout. Returns an error when receives have
+    /// failed with a permanent error for longer than
+    /// [`with_give_up_after`](Self::with_give_up_after) (after finishing the batches in
+    /// flight the same way).
     pub async fn run<F>(
         &self,
         shutdown: F,
@@ -121,37 +366,146 @@ impl Worker {
         F: Future<Output = ()>,
     {
         tokio::pin!(shutdown);
+        let visibility = tokio::select! {
+            v = self.visibility_timeout() => v?,
+            () = &mut shutdown => return Ok(()),
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel();
+        let health = Mutex::new(Health::default());
+        let pollers = futures::future::join_all((0..self.batches).map(|_| {
+            let (stop, out) = (stop_rx.clone(), out_tx.clone());
+            let (health, stop_tx) = (&health, &stop_tx);
+            async move {
+                let r = self.poll_loop(visibility, stop, health, out).await;
+                if r.is_err() {
+                    let _ = stop_tx.send(true);
+                }
+                r
+            }
+        }));
+        drop(out_tx);
+        let consume = async {
+            let mut stopping = false;
+            loop {
+                tokio::select! {
+                    () = &mut shutdown, if !stopping => {
+                        stopping = true;
+                        tracing::info!("stopping: releasing records not started, finishing the batches in flight");
+                        let _ = stop_tx.send(true);
+                    }
+                    o = out_rx.recv() => match o {
+                        Some(o) => on_batch(&o),
+                        None => break,
+                    },
+                }
+            }
+        };
+        let (results, ()) = tokio::join!(pollers, consume);
+        match results.into_iter().find_map(Result::err) {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// One receive–process–delete loop of `run`.
+    async fn poll_loop(
+        &self,
+        visibility: Duration,
+        mut stop: watch::Receiver<bool>,
+        health: &Mutex<Health>,
+        out: mpsc::UnboundedSender<BatchOutcome>,
+    ) -> Result<(), WorkerError> {
+        let mut attempt = AttemptId::default();
         loop {
+            if *stop.borrow() {
+                return Ok(());
+            }
             let received = tokio::select! {
-                r = self.receive() => r,
-                () = &mut shutdown => return Ok(()),
+                r = self.receive(visibility, &mut attempt) => r,
+                () = stopped(&mut stop) => return Ok(()),
             };
-            let records = match received {
-                Ok(r) if r.is_empty() => continue,
-                Ok(r) => r,
+            let received = match received {
+                Ok(r) => {
+                    *health.lock().unwrap_or_else(|e| e.into_inner()) = Health::default();
+                    r
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "receive failed; polling again");
+                    let (wait, last) = self.after_failure(&e, health)?;
+                    let retry_in_ms = wait.as_millis() as u64;
+                    if last {
+                        tracing::warn!(error = %e, retry_in_ms, "receive failed; trying once more before giving up");
+                    } else {
+                        tracing::warn!(error = %e, retry_in_ms, "receive failed; retrying");
+                    }
                     tokio::select! {
-                        () = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                        () = &mut shutdown => return Ok(()),
+                        () = tokio::time::sleep(wait) => continue,
+                        () = stopped(&mut stop) => return Ok(()),
                     }
                 }
             };
-            let batch = self.process(records);
+            if received.records.is_empty() {
+                continue;
+            }
+            let batch = self.process(received);
             tokio::pin!(batch);
-            let (outcome, stopping) = tokio::select! {
-                o = &mut batch => (o, false),
-                () = &mut shutdown => {
+            let outcome = tokio::select! {
+                o = &mut batch => o,
+                () = stopped(&mut stop) => {
                     self.env.processor.drain();
-                    (batch.await, true)
+                    batch.await
                 }
             };
-            on_batch(&outcome);
-            if stopping {
-                return Ok(());
-            }
+            let _ = out.send(outcome);
         }
     }
+
+    /// The wait before the next receive after a failed one (and whether it is the last try
+    /// before giving up), or the error that ends the worker: a permanent failure that has
+    /// lasted the give-up time. The backoff grows with the failures of all the pollers of a
+    /// `run`, so more batches in flight do not mean more requests to a failing queue.
+    fn after_failure(
+        &self,
+        e: &StorageError,
+        health: &Mutex<Health>,
+    ) -> Result<(Duration, bool), WorkerError> {
+        let now = Instant::now();
+        let mut h = health.lock().unwrap_or_else(|e| e.into_inner());
+        h.failures = h.failures.saturating_add(1);
+        let wait = receive_backoff(h.failures, &mut rand::rng());
+        if e.kind != FailureKind::Permanent {
+            return Ok((wait, false));
+        }
+        let failing = now - *h.failing_since.get_or_insert(now);
+        if failing >= self.give_up_after {
+            return Err(WorkerError::from_storage(
+                e,
+                &format!(
+                    "giving up: receives from the source queue have failed for {} s",
+                    failing.as_secs()
+                ),
+            ));
+        }
+        // Try once more when the give-up time ends, so the worker exits on time.
+        let left = self.give_up_after - failing;
+        Ok(if wait >= left { (left, true) } else { (wait, false) })
+    }
+}
+
+/// Resolves when the stop flag is set (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// The wait after receive failure number `n` (1 for the first): capped exponential from
+/// [`RECEIVE_BACKOFF_BASE`] to [`RECEIVE_BACKOFF_MAX`], with equal jitter (uniform in the
+/// upper half), so workers that failed together do not come back together.
+pub fn receive_backoff(n: u32, rng: &mut impl Rng) -> Duration {
+    let step = RECEIVE_BACKOFF_BASE
+        .saturating_mul(1u32 << n.saturating_sub(1).min(16))
+        .min(RECEIVE_BACKOFF_MAX);
+    let ms = step.as_millis() as u64;
+    Duration::from_millis(ms / 2 + rng.random_range(0..=ms / 2))
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -177,8 +531,43 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Runs the worker with configuration from the environment until SIGINT/SIGTERM.
-pub async fn main_from_env() -> Result<(), RuntimeError> {
+/// How a worker process runs (the `triage worker` flags).
+#[derive(Debug, Clone, Copy)]
+pub struct RunOptions {
+    /// Batches in flight at once (see [`Worker::with_batches`]); default 2.
+    pub batches: usize,
+    /// See [`Worker::with_give_up_after`]; default [`DEFAULT_GIVE_UP_AFTER`].
+    pub give_up_after: Duration,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            batches: 2,
+            give_up_after: DEFAULT_GIVE_UP_AFTER,
+        }
+    }
+}
+
+/// Runs `registry` as a worker process: configuration from the environment (the same
+/// `TRIAGE_*` variables as the Lambda adapter; `TRIAGE_EMF=true` prints EMF metric lines),
+/// until SIGINT/SIGTERM. The worker counterpart of [`crate::runtime::lambda::run`].
+pub async fn run(registry: Registry) -> Result<(), RuntimeError> {
+    run_with(registry, RunOptions::default()).await
+}
+
+/// Like [`run`], with options.
+pub async fn run_with(registry: Registry, opts: RunOptions) -> Result<(), RuntimeError> {
+    init_tracing();
+    let config = Config::from_env()?;
+    install_panic_hook(config.log_payloads);
+    let sdk = sdk_config().await;
+    serve(&config, registry, &sdk, opts).await
+}
+
+/// Runs the built-in demo job type `triage.chaos` only (`triage worker --demo-handlers`),
+/// recording executions when `TRIAGE_CHAOS_RECORD_TABLE` is set.
+pub async fn run_demo_handlers(opts: RunOptions) -> Result<(), RuntimeError> {
     init_tracing();
     let config = Config::from_env()?;
     install_panic_hook(config.log_payloads);
@@ -189,7 +578,16 @@ pub async fn main_from_env() -> Result<(), RuntimeError> {
         config.breaker,
         super::chaos::Recorder::from_env(&sdk),
     );
-    let env = build(&config, registry, &sdk).await?;
+    serve(&config, registry, &sdk, opts).await
+}
+
+async fn serve(
+    config: &Config,
+    registry: Registry,
+    sdk: &aws_config::SdkConfig,
+    opts: RunOptions,
+) -> Result<(), RuntimeError> {
+    let env = build(config, registry, sdk).await?;
     let emf = std::env::var("TRIAGE_EMF").is_ok_and(|v| v == "1" || v == "true");
     let worker = Worker::new(
         env,
@@ -197,9 +595,48 @@ pub async fn main_from_env() -> Result<(), RuntimeError> {
             emf,
             ..WorkerOptions::default()
         },
+    )
+    .with_batches(opts.batches)
+    .with_give_up_after(opts.give_up_after);
+    let visibility = worker.visibility_timeout().await?;
+    tracing::info!(
+        queue = %worker.env.queue_url,
+        visibility_s = visibility.as_secs(),
+        batches = worker.batches,
+        "worker started"
     );
-    tracing::info!(queue = %worker.env.queue_url, "worker started");
     worker.run(shutdown_signal(), |_| {}).await?;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+    use rand::rngs::SmallRng;
+
+    use super::*;
+
+    #[test]
+    fn receive_backoff_doubles_with_jitter_up_to_its_cap() {
+        let mut rng = SmallRng::seed_from_u64(7);
+        for n in 1..40 {
+            let step = (RECEIVE_BACKOFF_BASE * 2u32.pow(n.min(16) - 1)).min(RECEIVE_BACKOFF_MAX);
+            let d = receive_backoff(n, &mut rng);
+            assert!(
+                d >= step / 2 && d <= step,
+                "n={n}: {d:?} not in the upper half of {step:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn attempt_ids_are_kept_until_replaced() {
+        let mut a = AttemptId::default();
+        let first = a.current();
+        assert_eq!(first.len(), 32);
+        assert_eq!(a.current(), first);
+        a.0 = None;
+        assert_ne!(a.current(), first);
+    }
 }

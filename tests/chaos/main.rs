@@ -430,7 +430,7 @@ impl Drop for WorkerProcess {
 fn spawn_worker_process(stack: &Stack, endpoint: &str, log: &str) -> WorkerProcess {
     let stderr = std::fs::File::create(log).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
-    cmd.arg("worker")
+    cmd.args(["worker", "--demo-handlers"])
         .env("TRIAGE_QUEUE_URL", &stack.queue_url)
         .env("TRIAGE_DLQ_URL", &stack.dlq_url)
         .env("TRIAGE_TABLE", &stack.table)
