@@ -4,7 +4,12 @@
 //! outcome on attempts 1..=N and succeed from N+1; absent: every attempt), `retry_after_ms`
 //! (for throttle), `sleep_ms` (work time before the outcome), `panic_message` (for panic: a
 //! value the panic message carries, quoted the way `panic!("{value:?}")` quotes it, as a
-//! handler that panics with its payload would).
+//! handler that panics with its payload would), `down_windows_ms` (a dependency shared by
+//! every process, down by the clock: a list of `[start, end]` pairs of epoch milliseconds;
+//! an attempt whose outcome falls at or after a `start` and before its `end` fails
+//! transiently with an error saying the dependency is down, whatever `outcome` says, and
+//! spends its attempt like any other; outside every window the job behaves per `outcome` and
+//! `fail_times`. Processes on one host share the clock, so their jobs see the same outages).
 //!
 //! With `TRIAGE_CHAOS_RECORD_TABLE` set (or a [`Recorder`] given to [`register_recording`]),
 //! every execution is also written to that side table *before* the handler returns: one item
@@ -64,6 +69,20 @@ pub struct ChaosPayload {
     pub sleep_ms: Option<u64>,
     /// A value the panic message carries (`panic` only), `{:?}`-quoted.
     pub panic_message: Option<String>,
+    /// `[start, end]` windows (epoch ms) in which the job's dependency is down: an attempt
+    /// inside one fails transiently (recorded as `down`); outside, `outcome` applies.
+    pub down_windows_ms: Option<Vec<[u64; 2]>>,
+}
+
+impl ChaosPayload {
+    /// The down window `now_ms` falls in (`start <= now_ms < end`), if any.
+    pub fn down_at(&self, now_ms: u64) -> Option<[u64; 2]> {
+        self.down_windows_ms
+            .iter()
+            .flatten()
+            .find(|[start, end]| (*start..*end).contains(&now_ms))
+            .copied()
+    }
 }
 
 /// The variable naming the side table of [`Recorder::from_env`].
@@ -139,7 +158,6 @@ pub async fn run_recorded(
     ctx: JobContext,
     recorder: Option<&Recorder>,
 ) -> Result<(), JobError> {
-    let succeeds = p.outcome == ChaosOutcome::Ok || p.fail_times.is_some_and(|n| ctx.attempt > n);
     let key = Recorder::execution_key();
     if let Some(ms) = p.sleep_ms {
         // A slow execution is also recorded when it starts, so one stopped at a deadline or
@@ -151,8 +169,16 @@ pub async fn run_recorded(
         }
         tokio::time::sleep(Duration::from_millis(ms.min(900_000))).await;
     }
+    // The dependency's state is read when the work is done, after any `sleep_ms`.
+    let down = p.down_at(crate::processor::now_ms());
+    let succeeds =
+        down.is_none() && (p.outcome == ChaosOutcome::Ok || p.fail_times.is_some_and(|n| ctx.attempt > n));
     if let Some(r) = recorder {
-        let result = if succeeds { "ok" } else { p.outcome.name() };
+        let result = match down {
+            Some(_) => "down",
+            None if succeeds => "ok",
+            None => p.outcome.name(),
+        };
         if let Err(e) = r.record(&ctx, &key, result).await {
             if succeeds {
                 return Err(JobError::transient(format!("chaos: success not recorded: {e}")));
@@ -162,6 +188,12 @@ pub async fn run_recorded(
     }
     if succeeds {
         return Ok(());
+    }
+    if let Some([start, end]) = down {
+        return Err(JobError::transient(format!(
+            "chaos: dependency down (from {start} to {end} epoch ms) on attempt {}",
+            ctx.attempt
+        )));
     }
     match p.outcome {
         ChaosOutcome::Ok => Ok(()),
@@ -217,4 +249,52 @@ pub fn register_recording(
         let recorder = recorder.clone();
         async move { run_recorded(p, ctx, Some(&recorder)).await }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::ErrorKind;
+
+    fn ctx(attempt: u32) -> JobContext {
+        JobContext {
+            job_id: "j".into(),
+            job_type: CHAOS.into(),
+            message_id: "m".into(),
+            attempt,
+            max_attempts: 5,
+        }
+    }
+
+    fn payload(v: serde_json::Value) -> ChaosPayload {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_down_window_fails_transiently_and_outside_it_the_outcome_applies() {
+        let now = crate::processor::now_ms();
+        let inside = payload(serde_json::json!({
+            "outcome": "ok",
+            "down_windows_ms": [[now - 60_000, now - 30_000], [now - 1_000, now + 60_000]],
+        }));
+        let err = run(inside, ctx(1)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Transient);
+        assert!(err.message().contains("dependency down"), "{}", err.message());
+
+        let past = serde_json::json!([[now - 60_000, now - 30_000]]);
+        let ok = payload(serde_json::json!({"outcome": "ok", "down_windows_ms": past}));
+        assert!(run(ok, ctx(1)).await.is_ok());
+        let fatal = payload(serde_json::json!({"outcome": "fatal", "down_windows_ms": past}));
+        assert_eq!(run(fatal, ctx(1)).await.unwrap_err().kind(), ErrorKind::Fatal);
+        let flaky = payload(serde_json::json!({
+            "outcome": "transient", "fail_times": 1, "down_windows_ms": past,
+        }));
+        assert!(run(flaky, ctx(2)).await.is_ok());
+        // The end is exclusive; an empty or inverted window is never down.
+        let edge = payload(serde_json::json!({
+            "outcome": "ok", "down_windows_ms": [[now - 10, now - 10], [now + 5, now - 5]],
+        }));
+        assert_eq!(edge.down_at(now), None);
+        assert_eq!(edge.down_at(now - 10), None);
+    }
 }

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use super::support::lambda_event::lambda_event_json;
 use super::support::runtime_api::{Outcome, RuntimeApi};
-use super::{Stack, WorkerProcess, policy_vars, report_note};
+use super::{Stack, WorkerProcess, report_note};
 
 /// How long an environment may take to start, or to pick up an event queued behind another.
 const START_WITHIN: Duration = Duration::from_secs(120);
@@ -86,7 +86,7 @@ impl Fleet {
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).expect("stdout file"))
             .stderr(std::fs::File::create(format!("{base}.log")).expect("log file"));
-        for (k, v) in policy_vars() {
+        for (k, v) in &s.vars {
             cmd.env(k, v);
         }
         self.stdout_files.lock().unwrap().push(stdout);
@@ -135,6 +135,23 @@ impl Fleet {
         }
         sums
     }
+
+    /// Sums metric `name` over every EMF line of job type `job_type` the environments printed.
+    pub fn metric_sum(&self, name: &str, job_type: &str) -> u64 {
+        let mut sum = 0;
+        for path in self.stdout_files.lock().unwrap().iter() {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            for line in text.lines() {
+                let Ok(v) = serde_json::from_str::<Value>(line) else {
+                    continue;
+                };
+                if v["JobType"] == job_type {
+                    sum += v[name].as_u64().unwrap_or(0);
+                }
+            }
+        }
+        sum
+    }
 }
 
 #[derive(Default)]
@@ -144,6 +161,8 @@ pub struct EsmStats {
     pub duplicated_batches: AtomicU64,
     pub error_responses: AtomicU64,
     pub timeouts: AtomicU64,
+    /// The most body bytes in one received batch.
+    pub max_batch_bytes: AtomicU64,
 }
 
 impl EsmStats {
@@ -219,6 +238,8 @@ pub async fn esm_loop(
         if messages.is_empty() {
             continue;
         }
+        let bytes: usize = messages.iter().map(|m| m.body().map_or(0, str::len)).sum();
+        stats.max_batch_bytes.fetch_max(bytes as u64, Ordering::Relaxed);
         let n = stats.invocations.fetch_add(1, Ordering::Relaxed) + 1;
         let time_left = if n % short_every == 0 {
             stats.short_deadlines.fetch_add(1, Ordering::Relaxed);

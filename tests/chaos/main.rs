@@ -2,6 +2,10 @@
 //! other scenarios, through `triage-lambda` processes fed by a loop that behaves like the SQS
 //! event source mapping) while storage calls fail, the DLQ refuses sends, a worker process is
 //! killed with SIGKILL, Lambda deadlines cut batches short and messages are delivered twice.
+//! `breaker-cycle` takes a shared dependency down twice under three `triage-lambda` processes
+//! and checks from the breaker item that the breaker opened, closed, reopened and closed;
+//! `large-fatal` dead-letters batches of ten 110 KB fatal jobs, over SQS's 1 MiB batch cap
+//! (which the fault proxy enforces on every scenario).
 //!
 //! At the end every job is accounted for from the emulators' own state — the chaos handler's
 //! side table of executions, the DLQ's failure records, the messages left in the source
@@ -10,8 +14,9 @@
 //! Needs the local stack (`bash infra/local/stack.sh start`, then
 //! `eval "$(bash infra/local/stack.sh env)"`). Bounded for CI: `CHAOS_JOBS` (default 1000) jobs
 //! in the all-faults worker scenario, `CHAOS_SMALL_JOBS` (default 200) in each single-fault
-//! one and twice that in the all-faults Lambda one (`CHAOS_JOBS`, when set, sizes both
-//! all-faults scenarios). The full-size proof is `CHAOS_JOBS=5000`; `CHAOS_SCENARIOS`
+//! one (`breaker-cycle` included; half of it plus 20 large jobs in `large-fatal`) and twice
+//! that in the all-faults Lambda one (`CHAOS_JOBS`, when set, sizes both all-faults
+//! scenarios). The full-size proof is `CHAOS_JOBS=5000`; `CHAOS_SCENARIOS`
 //! (comma-separated names) runs a subset, `CHAOS_MAX_DEPTH` bounds the source queue (300),
 //! `CHAOS_LIMIT_S` overrides the time limit per scenario. Run with
 //! `cargo test --test chaos -- --nocapture` to see the table.
@@ -32,8 +37,11 @@ use aws_sdk_sqs::types::{Message, QueueAttributeName, SendMessageBatchRequestEnt
 use router::Router;
 use serde_json::{Value, json};
 use sqs_triage::config::Config;
+use sqs_triage::core::breaker::Phase;
 use sqs_triage::core::failure::FailureClass;
+use sqs_triage::effects::breaker_store::BreakerStore;
 use sqs_triage::effects::dlq::failure_record;
+use sqs_triage::effects::storage_retry::StorageRetry;
 use sqs_triage::ops::Ctx;
 use sqs_triage::processor::registry::Registry;
 use sqs_triage::runtime::chaos::{self, Recorder};
@@ -61,6 +69,33 @@ fn policy_vars() -> Vec<(&'static str, String)> {
     ]
 }
 
+/// Attempts of the breaker scenario: far more than two outages can spend (one failure per
+/// job in the closed phase before the breaker trips, plus one per failed probe), so the
+/// breaker's deferrals, not failures, carry the jobs through.
+const BREAKER_MAX_ATTEMPTS: u32 = 20;
+
+/// The policy of the breaker scenario: a breaker that opens after 5 transient failures
+/// within 5 s and stays open 3 s, one probe at a time, states cached 1 s.
+fn breaker_vars() -> Vec<(&'static str, String)> {
+    let mut vars = policy_vars();
+    vars.retain(|(k, _)| !matches!(*k, "TRIAGE_MAX_ATTEMPTS" | "TRIAGE_BREAKER_THRESHOLD"));
+    vars.extend([
+        ("TRIAGE_MAX_ATTEMPTS", BREAKER_MAX_ATTEMPTS.to_string()),
+        ("TRIAGE_BREAKER_THRESHOLD", "5".into()),
+        ("TRIAGE_BREAKER_WINDOW_S", "5".into()),
+        ("TRIAGE_BREAKER_OPEN_S", "3".into()),
+        ("TRIAGE_BREAKER_PROBES", "1".into()),
+        ("TRIAGE_BREAKER_CACHE_MS", "1000".into()),
+    ]);
+    vars
+}
+
+/// SQS's cap on one batch call's payload (bodies and attributes), enforced by the fault proxy
+/// on every product call (moto counts bodies only).
+const BATCH_CAP: usize = 1_048_576;
+/// Body size of the large fatal jobs: ten of them (one receive batch) are over [`BATCH_CAP`].
+const LARGE_BODY: usize = 110_000;
+
 // ---------------------------------------------------------------- the workload
 
 /// Where a job must end.
@@ -83,6 +118,9 @@ struct Job {
     alt: Option<Place>,
     /// False for payloads that do not decode: the handler never starts, so it records nothing.
     decodes: bool,
+    /// The exact body sent (instead of the envelope built from `payload`); its DLQ copy must
+    /// carry it byte for byte, after exactly one execution.
+    exact_body: Option<Arc<String>>,
 }
 
 /// A deterministic mix: half plain successes, successes after transient failures or a
@@ -123,6 +161,7 @@ fn workload(prefix: &str, n: usize, parked: bool) -> Vec<Job> {
                 payload,
                 expect,
                 ok,
+                exact_body: None,
             }
         })
         .collect();
@@ -136,9 +175,58 @@ fn workload(prefix: &str, n: usize, parked: bool) -> Vec<Job> {
             ok: false,
             alt: Some(Place::Dlq),
             decodes: true,
+            exact_body: None,
         }));
     }
     jobs
+}
+
+/// The breaker scenario's workload: every job depends on one dependency that is down during
+/// `windows` (epoch ms). Nine in ten succeed once it is up, one in ten then fails fatally.
+/// With [`BREAKER_MAX_ATTEMPTS`] no job can run out of attempts during the outages, so every
+/// "ok" job must succeed and every fatal one must be dead-lettered as `fatal`.
+fn breaker_workload(prefix: &str, n: usize, windows: &[[u64; 2]]) -> Vec<Job> {
+    (0..n)
+        .map(|i| {
+            let fatal = i % 10 == 9;
+            let outcome = if fatal { "fatal" } else { "ok" };
+            Job {
+                id: format!("{prefix}-{i:05}"),
+                payload: json!({"outcome": outcome, "down_windows_ms": windows}),
+                expect: if fatal { Place::Dlq } else { Place::Succeeded },
+                ok: !fatal,
+                alt: None,
+                decodes: true,
+                exact_body: None,
+            }
+        })
+        .collect()
+}
+
+/// Fatal jobs whose bodies are [`LARGE_BODY`] bytes (padded outside the payload): ten make
+/// one receive batch whose DLQ copies are over SQS's batch cap.
+fn large_fatal_jobs(prefix: &str, n: usize) -> Vec<Job> {
+    (0..n)
+        .map(|i| {
+            let id = format!("{prefix}-large-{i:03}");
+            let payload = json!({"outcome": "fatal"});
+            let envelope = |pad: &str| {
+                json!({"type": chaos::CHAOS, "id": id, "payload": payload, "pad": pad}).to_string()
+            };
+            let pad = "p".repeat(LARGE_BODY.saturating_sub(envelope("").len()));
+            let body = envelope(&pad);
+            assert_eq!(body.len(), LARGE_BODY);
+            Job {
+                id: id.clone(),
+                payload,
+                expect: Place::Dlq,
+                ok: false,
+                alt: None,
+                decodes: true,
+                exact_body: Some(Arc::new(body)),
+            }
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------- resources
@@ -152,10 +240,12 @@ struct Stack {
     dlq_name: String,
     table: String,
     record_table: String,
+    /// The policy and breaker variables every consumer of this scenario gets.
+    vars: Vec<(&'static str, String)>,
 }
 
 impl Stack {
-    async fn new(prefix: &str) -> Stack {
+    async fn new(prefix: &str, vars: Vec<(&'static str, String)>) -> Stack {
         let sdk = support::sdk_config().await;
         let ctx = Ctx::from_config(&sdk).unwrap();
         let created = support::fresh_resources(prefix, false).await;
@@ -183,11 +273,17 @@ impl Stack {
             dlq_name: format!("{name}-dlq"),
             table: created.table,
             record_table,
+            vars,
         }
     }
 
+    /// The scenario's attempt limit.
+    fn max_attempts(&self) -> u32 {
+        self.config().policy.max_attempts()
+    }
+
     fn config(&self) -> Config {
-        let vars: HashMap<&str, String> = policy_vars().into_iter().collect();
+        let vars: HashMap<&str, String> = self.vars.iter().cloned().collect();
         let mut c = Config::from_lookup(&|k| vars.get(k).cloned()).unwrap();
         c.queue_url = Some(self.queue_url.clone());
         c.dlq_url = Some(self.dlq_url.clone());
@@ -213,22 +309,31 @@ impl Stack {
     }
 
     async fn send(&self, jobs: &[Job]) {
-        let chunks: Vec<Vec<SendMessageBatchRequestEntry>> = jobs
-            .chunks(10)
-            .map(|c| {
-                c.iter()
-                    .enumerate()
-                    .map(|(i, j)| {
-                        let body = json!({"type": chaos::CHAOS, "id": j.id, "payload": j.payload});
-                        SendMessageBatchRequestEntry::builder()
-                            .id(format!("e{i}"))
-                            .message_body(body.to_string())
-                            .build()
-                            .unwrap()
-                    })
-                    .collect()
-            })
-            .collect();
+        // Batches of at most 10 entries and at most SQS's 1 MiB of bodies.
+        let mut chunks: Vec<Vec<SendMessageBatchRequestEntry>> = Vec::new();
+        let mut bytes = 0;
+        for j in jobs {
+            let body = match &j.exact_body {
+                Some(b) => b.as_str().to_owned(),
+                None => json!({"type": chaos::CHAOS, "id": j.id, "payload": j.payload}).to_string(),
+            };
+            let full = chunks
+                .last()
+                .is_none_or(|c| c.len() == 10 || bytes + body.len() > BATCH_CAP);
+            if full {
+                chunks.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += body.len();
+            let chunk = chunks.last_mut().unwrap();
+            chunk.push(
+                SendMessageBatchRequestEntry::builder()
+                    .id(format!("e{}", chunk.len()))
+                    .message_body(body)
+                    .build()
+                    .unwrap(),
+            );
+        }
         futures::stream::iter(chunks)
             .for_each_concurrent(8, |entries| async move {
                 let out = self
@@ -310,6 +415,8 @@ impl Faults {
         let sqs = FaultProxy::start(&support::sqs_endpoint());
         let ddb = FaultProxy::start(&support::ddb_endpoint());
         let router = Router::start(&sqs.url(), &ddb.url());
+        // SQS's whole rule on a batch's bytes, which moto does not check.
+        sqs.enforce_batch_cap(BATCH_CAP);
         Faults { sqs, ddb, router }
     }
 
@@ -442,7 +549,7 @@ fn spawn_worker_process(stack: &Stack, endpoint: &str, log: &str) -> WorkerProce
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr);
-    for (k, v) in policy_vars() {
+    for (k, v) in &stack.vars {
         cmd.env(k, v);
     }
     WorkerProcess(cmd.spawn().expect("spawn triage worker"))
@@ -504,10 +611,41 @@ struct Report {
     record_mismatch: usize,
     /// Jobs whose count is above the highest attempt number seen (a count that landed late).
     counted_late: usize,
+    /// Jobs sent with an exact body ([`large_fatal_jobs`]) that are not in the DLQ exactly
+    /// once, with a `fatal` record of 1 attempt and their body byte for byte, after exactly one
+    /// execution.
+    exact_mismatch: usize,
+    /// The breaker scenario's observations ([`BreakerCheck`]).
+    breaker: Option<BreakerCheck>,
+    /// The largest receive batch the event source mapping handed to an environment (bytes of
+    /// bodies).
+    max_batch_bytes: u64,
     notes: Vec<String>,
 }
 
+/// What the breaker scenario saw of the breaker item and the environments' metrics.
+#[derive(Debug, Default, Clone)]
+struct BreakerCheck {
+    /// Periods in which the item was open or half-open, each begun from a stored `closed`
+    /// phase (the initial missing item counts as closed) and ended by one.
+    cycles: usize,
+    /// Open periods that began after a `closed` phase the poller saw stored after an earlier
+    /// open period: a reopening across a real close.
+    reopened_after_close: usize,
+    /// The phase as stored at the end.
+    closed_at_end: bool,
+    /// Sum of the `BreakerOpened` EMF metric of `triage.chaos` over every environment.
+    emf_opened: u64,
+}
+
 async fn account(stack: &Stack, jobs: &[Job], report: &mut Report) {
+    let max_attempts = stack.max_attempts();
+    let exact: HashMap<&str, &str> = jobs
+        .iter()
+        .filter_map(|j| Some((j.id.as_str(), j.exact_body.as_deref()?.as_str())))
+        .collect();
+    // Exact-body jobs whose DLQ copy carried their body byte for byte.
+    let mut exact_ok: HashSet<String> = HashSet::new();
     // The DLQ: every copy, with its failure record.
     let mut dlq: HashMap<String, Vec<(FailureClass, u32)>> = HashMap::new();
     for m in stack.read_all(&stack.dlq_url).await {
@@ -521,6 +659,18 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report) {
             Some(rec.job_id.as_str()),
             "the body travels unchanged"
         );
+        if let Some(sent) = exact.get(rec.job_id.as_str()) {
+            if m.body() == Some(*sent) {
+                exact_ok.insert(rec.job_id.clone());
+            } else {
+                report.notes.push(format!(
+                    "DLQ copy of {} has a body of {} bytes, not the {} sent",
+                    rec.job_id,
+                    m.body().map_or(0, str::len),
+                    sent.len()
+                ));
+            }
+        }
         dlq.entry(rec.job_id.clone())
             .or_default()
             .push((rec.class, rec.attempts));
@@ -653,7 +803,7 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report) {
         // next delivery read a stale count and show a number again; the count of executions
         // stays exact, so the following attempt skips ahead.
         let gaps = (max_attempt as usize).saturating_sub(distinct.len());
-        if max_attempt > MAX_ATTEMPTS || gaps > repeated {
+        if max_attempt > max_attempts || gaps > repeated {
             report.over_limit += 1;
             report.notes.push(format!("attempts of {}: {runs:?}", job.id));
         }
@@ -688,6 +838,20 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report) {
             }
         }
         // (A payload that never decodes is dead-lettered before the handler can record it.)
+        if job.exact_body.is_some() {
+            let once = in_dlq.is_some_and(|c| c.as_slice() == [(FailureClass::Fatal, 1)])
+                && exact_ok.contains(&job.id)
+                && runs.len() == 1
+                && in_queue == 0;
+            if !once {
+                report.exact_mismatch += 1;
+                report.notes.push(format!(
+                    "large {}: dlq={in_dlq:?} body ok={} executions {runs:?}",
+                    job.id,
+                    exact_ok.contains(&job.id)
+                ));
+            }
+        }
         report.counted_late += usize::from(
             job.decodes
                 && (in_dlq.is_some_and(|c| c.iter().any(|(_, a)| *a > max_attempt))
@@ -716,14 +880,51 @@ struct Scenario {
     dup_every: u64,
     /// Include parked jobs (still in the queue at the end).
     parked: bool,
+    /// The breaker cycle: a breaker that opens after a few failures, and a workload whose
+    /// dependency goes down twice ([`breaker_workload`], [`BREAKER_WINDOWS`]), fed at a
+    /// steady pace over [`BREAKER_SPAN`] instead of the usual mix.
+    breaker_cycle: bool,
+    /// Fatal jobs with [`LARGE_BODY`]-byte bodies, in the queue before the consumers start
+    /// (so ten make one receive batch), besides `jobs` of the usual mix.
+    large_fatal: usize,
 }
+
+/// The breaker scenario's outages, in seconds after the first job is sent: down, up, down, up.
+const BREAKER_WINDOWS: [[u64; 2]; 2] = [[6, 18], [30, 42]];
+/// How long the breaker scenario's producer takes to send its jobs, evenly spread.
+const BREAKER_SPAN: Duration = Duration::from_secs(48);
 
 /// The producer: sends the jobs in order, keeping at most `max_depth` messages in the source
 /// queue (visible, in flight or delayed), as a steady producer does. moto's cost per call
 /// grows with the messages a queue holds, so a queue filled with the whole workload up front
 /// would measure the emulator, not the product. Returns when every job is sent.
-async fn feed(stack: Arc<Stack>, jobs: Arc<Vec<Job>>, max_depth: u64, sent: Arc<AtomicU64>) {
-    let mut next = 0;
+/// With `pace`, it instead sends the jobs evenly spread over that time. Jobs before `from`
+/// were sent already.
+async fn feed(
+    stack: Arc<Stack>,
+    jobs: Arc<Vec<Job>>,
+    from: usize,
+    max_depth: u64,
+    pace: Option<Duration>,
+    sent: Arc<AtomicU64>,
+) {
+    let mut next = from;
+    sent.store(next as u64, Ordering::Relaxed);
+    let started = Instant::now();
+    if let Some(span) = pace {
+        while next < jobs.len() {
+            let share = started.elapsed().as_secs_f64() / span.as_secs_f64();
+            let due = from + ((jobs.len() - from) as f64 * share).ceil() as usize;
+            let due = due.min(jobs.len());
+            if due > next {
+                stack.send(&jobs[next..due]).await;
+                next = due;
+                sent.store(next as u64, Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        return;
+    }
     while next < jobs.len() {
         let (visible, in_flight) = stack.depth(&stack.queue_url).await;
         let room = max_depth.saturating_sub(visible + in_flight) as usize;
@@ -751,13 +952,73 @@ fn time_limit(jobs: usize) -> Duration {
         .unwrap_or(default)
 }
 
+/// Reads the breaker item of `triage.chaos` every 200 ms until `stop`, straight from
+/// DynamoDB Local: each change of stored (phase, generation), with when it was seen.
+async fn watch_breaker(
+    stack: Arc<Stack>,
+    started: Instant,
+    mut stop: watch::Receiver<bool>,
+) -> Vec<(Duration, Phase, u64)> {
+    let store = BreakerStore::new(stack.ddb.clone(), &stack.table, StorageRetry::default());
+    let mut seen: Vec<(Duration, Phase, u64)> = vec![(Duration::ZERO, Phase::Closed, 0)];
+    loop {
+        let done = *stop.borrow();
+        let state = store.read(chaos::CHAOS).await.expect("the breaker item reads");
+        if seen.last().map(|(_, p, g)| (*p, *g)) != Some((state.phase, state.generation)) {
+            seen.push((started.elapsed(), state.phase, state.generation));
+        }
+        if done {
+            return seen;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// The breaker's open periods in `seen` (phase changes as stored): (periods ended by a stored
+/// `closed` phase, periods that began from a `closed` phase stored after an earlier open
+/// period, closed at the end), and the periods as text.
+fn breaker_cycles(seen: &[(Duration, Phase, u64)]) -> (usize, usize, bool, String) {
+    let (mut closes, mut reopened) = (0, 0);
+    let mut periods = Vec::new();
+    let mut open_since: Option<Duration> = None;
+    let mut was_opened = false;
+    for (at, phase, _) in seen {
+        match (open_since, *phase == Phase::Closed) {
+            (None, false) => {
+                open_since = Some(*at);
+                reopened += usize::from(was_opened);
+                was_opened = true;
+            }
+            (Some(from), true) => {
+                closes += 1;
+                periods.push(format!("{:.1}–{:.1} s", from.as_secs_f64(), at.as_secs_f64()));
+                open_since = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(from) = open_since {
+        periods.push(format!("{:.1} s–end", from.as_secs_f64()));
+    }
+    (closes, reopened, open_since.is_none(), periods.join(", "))
+}
+
 async fn run(s: Scenario) -> Report {
     let started = Instant::now();
-    let stack = Arc::new(Stack::new(&format!("chaos-{}", s.name)).await);
+    let vars = if s.breaker_cycle {
+        breaker_vars()
+    } else {
+        policy_vars()
+    };
+    let stack = Arc::new(Stack::new(&format!("chaos-{}", s.name), vars).await);
     let faults = Faults::start();
     let endpoint = faults.router.url();
-    let jobs = Arc::new(workload(s.name, s.jobs, s.parked));
-    let parked = jobs.iter().filter(|j| j.expect == Place::Queue).count() as u64;
+    // The large jobs wait in the queue before anyone polls it, so they come out ten at a time.
+    let large = large_fatal_jobs(s.name, s.large_fatal);
+    stack.send(&large).await;
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let mut envs: Vec<Environment> = Vec::new();
@@ -798,8 +1059,33 @@ async fn run(s: Scenario) -> Report {
         faults.reject_dlq(&stack.dlq_name);
     }
     let started = Instant::now();
+    // The breaker scenario's outages are set by the clock, from the first job sent.
+    let t0 = sqs_triage::processor::now_ms();
+    let windows: Vec<[u64; 2]> = BREAKER_WINDOWS
+        .iter()
+        .map(|[a, b]| [t0 + a * 1000, t0 + b * 1000])
+        .collect();
+    let mut all = large;
+    let from = all.len();
+    all.extend(if s.breaker_cycle {
+        breaker_workload(s.name, s.jobs, &windows)
+    } else {
+        workload(s.name, s.jobs, s.parked)
+    });
+    let jobs = Arc::new(all);
+    let parked = jobs.iter().filter(|j| j.expect == Place::Queue).count() as u64;
+    let breaker_watch = s
+        .breaker_cycle
+        .then(|| tokio::spawn(watch_breaker(stack.clone(), started, stop_rx.clone())));
     let sent = Arc::new(AtomicU64::new(0));
-    let producer = tokio::spawn(feed(stack.clone(), jobs.clone(), max_depth(), sent.clone()));
+    let producer = tokio::spawn(feed(
+        stack.clone(),
+        jobs.clone(),
+        from,
+        max_depth(),
+        s.breaker_cycle.then_some(BREAKER_SPAN),
+        sent.clone(),
+    ));
 
     let mut killed = false;
     let mut dlq_open = s.dlq_reject.is_none();
@@ -867,6 +1153,10 @@ async fn run(s: Scenario) -> Report {
     for t in tasks {
         t.await.unwrap();
     }
+    let breaker_seen = match breaker_watch {
+        Some(w) => w.await.unwrap(),
+        None => Vec::new(),
+    };
     if let Some(c) = child.as_mut() {
         sigterm(c);
     }
@@ -880,6 +1170,35 @@ async fn run(s: Scenario) -> Report {
     if let Some(f) = &fleet {
         report.notes.push(esm.summary(f));
         (report.storage_retries, report.storage_failures) = f.storage_counters();
+        report.max_batch_bytes = esm.max_batch_bytes.load(Ordering::Relaxed);
+    }
+    if s.breaker_cycle {
+        let (cycles, reopened_after_close, closed_at_end, periods) = breaker_cycles(&breaker_seen);
+        let emf_opened = fleet
+            .as_ref()
+            .map_or(0, |f| f.metric_sum("BreakerOpened", chaos::CHAOS));
+        report.notes.push(format!(
+            "breaker open or half-open {periods} (dependency down {}); {} phase changes seen, \
+             {emf_opened} BreakerOpened",
+            BREAKER_WINDOWS
+                .iter()
+                .map(|[a, b]| format!("{a}–{b} s"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            breaker_seen.len() - 1,
+        ));
+        report.breaker = Some(BreakerCheck {
+            cycles,
+            reopened_after_close,
+            closed_at_end,
+            emf_opened,
+        });
+    }
+    if s.large_fatal > 0 {
+        report.notes.push(format!(
+            "{} fatal jobs of {LARGE_BODY} bytes; largest receive batch {} bytes of bodies",
+            s.large_fatal, report.max_batch_bytes
+        ));
     }
     for env in &envs {
         let st = env.processor.sqs().retry().stats();
@@ -1009,6 +1328,20 @@ fn scenarios() -> Vec<Scenario> {
             ..Scenario::default()
         },
         Scenario {
+            name: "breaker-cycle",
+            jobs: small,
+            lambda: true,
+            breaker_cycle: true,
+            ..Scenario::default()
+        },
+        Scenario {
+            name: "large-fatal",
+            jobs: small / 2,
+            lambda: true,
+            large_fatal: 20,
+            ..Scenario::default()
+        },
+        Scenario {
             name: "all-workers",
             jobs: big,
             storage_faults: 0.08,
@@ -1078,6 +1411,32 @@ async fn every_job_ends_in_exactly_one_place() {
             r.record_mismatch, 0,
             "{}: DLQ records disagree with executions",
             r.name
+        );
+        assert_eq!(
+            r.exact_mismatch, 0,
+            "{}: large fatal jobs not dead-lettered once, byte for byte, after one execution",
+            r.name
+        );
+        if let Some(b) = &r.breaker {
+            assert!(
+                b.cycles >= 2 && b.reopened_after_close >= 1 && b.closed_at_end,
+                "{}: the breaker did not open, close, reopen and close again: {b:?}",
+                r.name
+            );
+            assert!(
+                b.emf_opened >= 2,
+                "{}: the environments reported BreakerOpened {} times",
+                r.name,
+                b.emf_opened
+            );
+        }
+    }
+    for r in reports.iter().filter(|r| r.name == "large-fatal") {
+        assert!(
+            r.max_batch_bytes > BATCH_CAP as u64,
+            "{}: no receive batch was over SQS's batch cap ({} bytes at most)",
+            r.name,
+            r.max_batch_bytes
         );
     }
 }
