@@ -553,3 +553,44 @@ async fn a_purge_confirmed_after_its_hold_expired_receives_again_and_deletes() {
     assert_eq!(report.failed, 0);
     assert_eq!(support::queue_depth(&ctx.sqs, &r.dlq_url).await.total(), 0);
 }
+
+/// To a FIFO queue, a message group stops at its first entry that was not sent: later
+/// entries of that group (in later batches) are not sent ahead of it; other groups go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_group_stops_at_its_first_entry_not_sent() {
+    use sqs_triage::effects::sqs::{Outgoing, Sqs};
+    use sqs_triage::effects::storage_retry::StorageRetry;
+    let created = support::fresh_resources("fifostop", true).await;
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    // The first batch call is refused as a whole (a sender fault: not retried).
+    proxy.fail_next(
+        1,
+        Fault::Error {
+            status: 400,
+            code: "InvalidParameterValue".into(),
+        },
+        Some(vec!["SendMessageBatch".into()]),
+    );
+    let sqs = Sqs::new(
+        support::sqs_client_via(&proxy.url()).await,
+        StorageRetry::default(),
+    );
+    let entry = |key: usize, group: &str| Outgoing {
+        key,
+        body: format!("m{key}"),
+        attributes: HashMap::new(),
+        group_id: Some(group.to_owned()),
+        dedup_id: Some(format!("d{key}")),
+        delay_seconds: None,
+    };
+    // Ten of group a fill the first batch; then one more of a and one of b.
+    let mut entries: Vec<Outgoing> = (0..10).map(|k| entry(k, "a")).collect();
+    entries.push(entry(10, "a"));
+    entries.push(entry(11, "b"));
+    let sent = sqs.send(&created.queue_url, entries, None).await;
+    let mut failed: Vec<usize> = sent.failed.iter().map(|(k, _)| *k).collect();
+    failed.sort_unstable();
+    assert_eq!(failed, (0..=10).collect::<Vec<_>>(), "{:?}", sent.failed);
+    assert_eq!(sent.codes.get(&10).map(String::as_str), Some("GroupStopped"));
+    assert_eq!(sent.accepted, vec![11], "group b goes on");
+}

@@ -366,13 +366,50 @@ impl Sqs {
     }
 
     /// Sends messages, in batches of at most ten entries and [`BATCH_BYTES`] (see [`batches`]),
-    /// in parallel — one after another to a FIFO queue, so the order of `entries` holds.
-    /// Keys must be distinct.
+    /// in parallel — one after another to a FIFO queue, so the order of `entries` holds, and
+    /// once an entry of a message group is not sent, no later entry of that group is (it is
+    /// reported failed with code `GroupStopped`). Keys must be distinct.
     pub async fn send(
         &self,
         queue_url: &str,
         entries: Vec<Outgoing>,
         deadline: Option<Instant>,
+    ) -> EntryResults {
+        if !queue_url.ends_with(".fifo") {
+            return self
+                .send_batches(queue_url, batches(entries, BATCH_LIMIT), deadline, false)
+                .await;
+        }
+        let mut out = EntryResults::default();
+        let mut stopped: HashSet<String> = HashSet::new();
+        for batch in batches(entries, BATCH_LIMIT) {
+            let (held, go): (Vec<Outgoing>, Vec<Outgoing>) = batch
+                .into_iter()
+                .partition(|m| m.group_id.as_ref().is_some_and(|g| stopped.contains(g)));
+            for m in held {
+                out.failed.push((
+                    m.key,
+                    "GroupStopped: an earlier message of its group was not sent".into(),
+                ));
+                out.codes.insert(m.key, "GroupStopped".into());
+            }
+            let groups: HashMap<usize, String> = go
+                .iter()
+                .filter_map(|m| m.group_id.clone().map(|g| (m.key, g)))
+                .collect();
+            let sent = self.send_batches(queue_url, vec![go], deadline, true).await;
+            stopped.extend(sent.failed.iter().filter_map(|(k, _)| groups.get(k).cloned()));
+            out.absorb(sent);
+        }
+        out
+    }
+
+    async fn send_batches(
+        &self,
+        queue_url: &str,
+        chunks: Vec<Vec<Outgoing>>,
+        deadline: Option<Instant>,
+        in_order: bool,
     ) -> EntryResults {
         let call = |pending: Vec<Outgoing>| async move {
             let batch: Vec<_> = pending
@@ -408,15 +445,8 @@ impl Sqs {
                 failed: out.failed().to_vec(),
             })
         };
-        self.batched(
-            "SendMessageBatch",
-            deadline,
-            batches(entries, BATCH_LIMIT),
-            |m| m.key,
-            call,
-            queue_url.ends_with(".fifo"),
-        )
-        .await
+        self.batched("SendMessageBatch", deadline, chunks, |m| m.key, call, in_order)
+            .await
     }
 }
 

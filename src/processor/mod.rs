@@ -997,7 +997,7 @@ async fn run_handler(
             Err(_) => {
                 task.abort();
                 return Err(JobError::transient(
-                    "handler still running at the invocation deadline",
+                    "handler still running at the batch's deadline",
                 ));
             }
         },

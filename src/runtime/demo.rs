@@ -154,6 +154,12 @@ pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
         )
         .into());
     }
+    // The worker reads its queue's visibility timeout once; read it before counting calls,
+    // so the table shows the calls the jobs cost.
+    worker
+        .visibility_timeout()
+        .await
+        .map_err(|e| format!("cannot read the demo queue's visibility timeout: {e}"))?;
     worker.env().calls.reset();
     println!(
         "sent {total} jobs ({} of each kind); running the worker until every job settles...\n",
