@@ -534,9 +534,14 @@ async fn run_dlq(
     }
 }
 
-/// A runtime's error as one line: configuration problems exit 2, the rest 1.
+/// A runtime's error as one line: configuration problems (a bad variable, or a start-up
+/// check that found a queue or table missing, unreadable or the wrong shape) exit 2, the
+/// rest 1.
 fn runtime_error(e: sqs_triage::runtime::RuntimeError) -> OpsError {
-    if e.downcast_ref::<sqs_triage::config::ConfigError>().is_some() {
+    let misconfigured = e
+        .downcast_ref::<sqs_triage::runtime::env::StartupError>()
+        .is_some_and(|s| s.misconfigured);
+    if misconfigured || e.downcast_ref::<sqs_triage::config::ConfigError>().is_some() {
         OpsError::usage(e.to_string())
     } else {
         OpsError::new(ops::ErrorKind::Failed, e.to_string())
