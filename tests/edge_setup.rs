@@ -444,16 +444,21 @@ fn dlq_attributes(dlq_name: &str, allow: Value) -> String {
     .to_string()
 }
 
+/// What identifies a request about the DLQ: the end of its URL (moto builds queue URLs
+/// from the host it is called on, the proxy's here) and the closing quote, so the source
+/// queue (whose name the DLQ's starts with) does not match.
 fn dlq_url_of(dlq_name: &str) -> String {
-    format!(
-        "{}/{ACCOUNT}/{dlq_name}",
-        support::sqs_endpoint().trim_end_matches('/')
-    )
+    format!("/{ACCOUNT}/{dlq_name}\"")
 }
 
-/// A proxy reporting `allow` as the DLQ's redrive-allow policy (every read), and counting the
-/// writes of a redrive-allow policy (`Delay` faults of zero), or refusing them.
+/// A proxy reporting `allow` as the DLQ's redrive-allow policy (every read, or the first
+/// `reads`), and counting the writes of a redrive-allow policy (`Delay` faults of zero), or
+/// refusing them.
 fn allow_proxy(dlq_name: &str, allow: Value, refuse_writes: bool) -> FaultProxy {
+    allow_proxy_for(dlq_name, allow, refuse_writes, None)
+}
+
+fn allow_proxy_for(dlq_name: &str, allow: Value, refuse_writes: bool, reads: Option<u64>) -> FaultProxy {
     let proxy = FaultProxy::start(&support::sqs_endpoint());
     proxy.add_rule(FaultRule {
         ops: Some(vec!["SetQueueAttributes".into()]),
@@ -475,7 +480,7 @@ fn allow_proxy(dlq_name: &str, allow: Value, refuse_writes: bool) -> FaultProxy 
             status: 200,
             body: dlq_attributes(dlq_name, allow),
         },
-        times: None,
+        times: reads,
     });
     proxy
 }
@@ -508,7 +513,8 @@ async fn setup_refuses_a_deny_all_dlq_unless_told() {
         "{line}"
     );
 
-    let proxy = allow_proxy(&dlq, json!({"redrivePermission": "denyAll"}), false);
+    // After the rewrite, reads go to moto, which does not report the attribute.
+    let proxy = allow_proxy_for(&dlq, json!({"redrivePermission": "denyAll"}), false, Some(1));
     let o = run(
         &setup_args(&q, &dlq, &table, &["--replace-deny-all"]),
         &[("AWS_ENDPOINT_URL_SQS", &proxy.url())],

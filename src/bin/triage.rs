@@ -136,6 +136,15 @@ struct SetupArgs {
     /// --max-receive-count against [default: TRIAGE_MAX_ATTEMPTS, else 5]
     #[arg(long, value_name = "N")]
     max_attempts: Option<u32>,
+    /// The source queue's visibility timeout (0-43200). Lambda: at least 6 x the function
+    /// timeout; worker: above the longest handler timeout [default: keep the queue's own;
+    /// 30 for a new queue]
+    #[arg(long, value_name = "SECONDS")]
+    visibility_timeout: Option<u32>,
+    /// When the DLQ's redrive-allow policy is denyAll, replace it with byQueue listing this
+    /// queue (without it setup refuses such a DLQ)
+    #[arg(long)]
+    replace_deny_all: bool,
 }
 
 #[derive(Debug, Args)]
@@ -381,7 +390,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                 .unwrap_or_else(|| setup::default_max_receive_count(attempts));
             setup::check_max_receive_count(max_receive_count, attempts, from)?;
             let ctx = Ctx::from_env().await?;
-            let report = setup::setup(
+            let report = setup::setup_with(
                 &ctx,
                 &setup::SetupOptions {
                     queue: a.queue.clone(),
@@ -389,6 +398,10 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                     table: table.to_owned(),
                     fifo: a.fifo,
                     max_receive_count,
+                },
+                &setup::SetupFlags {
+                    visibility_timeout: a.visibility_timeout,
+                    replace_deny_all: a.replace_deny_all,
                 },
             )
             .await?;
