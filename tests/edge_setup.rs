@@ -685,6 +685,15 @@ async fn a_queue_arn_in_another_region_is_honoured() {
     // The DLQ commands too.
     let o = run(&["dlq", "list", "--json"], &[("TRIAGE_DLQ_URL", &arn)]);
     ok_json(&o);
+    // A queue of another region within the same command is refused, not looked up in the
+    // wrong region.
+    let r = support::fresh_resources("su-west-to", false).await;
+    let o = run(
+        &["dlq", "replay", "--to", &arn, "--dry-run", "--json"],
+        &[("TRIAGE_DLQ_URL", &r.dlq_url)],
+    );
+    let line = error_line(&o, 2);
+    assert!(line.contains("us-west-2") && line.contains("--to"), "{line}");
     // A malformed region is refused.
     let o = run(
         &["send", "--type", "t", "--json"],

@@ -411,7 +411,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             let queue = require(&cli.queue_url, "TRIAGE_QUEUE_URL", "--queue-url")?;
             let fifo = ops::is_fifo(queue);
             let jobs = read_jobs(a, fifo)?;
-            let ctx = Ctx::from_env().await?;
+            let ctx = Ctx::from_env().await?.for_queue(queue, "TRIAGE_QUEUE_URL")?;
             let url = ops::resolve_queue(&ctx, queue, "TRIAGE_QUEUE_URL").await?;
             let report = send::send(&ctx, &url, jobs, progress).await?;
             Ok(print(&report, json))
@@ -425,7 +425,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                 }) => can_confirm(*yes, "redrive")?,
                 _ => {}
             }
-            let ctx = Ctx::from_env().await?;
+            let ctx = Ctx::from_env().await?.for_queue(dlq_arg, "TRIAGE_DLQ_URL")?;
             let dlq_url = ops::resolve_queue(&ctx, dlq_arg, "TRIAGE_DLQ_URL").await?;
             run_dlq(&cli, cmd, &ctx, &dlq_url, json, progress).await
         }
