@@ -56,19 +56,22 @@ async fn a_ledger_that_refuses_counts_cannot_make_a_job_run_past_its_limit() {
 /// confirmed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fifo_group_waits_for_its_dead_lettered_record_to_reach_the_dlq() {
+    let gone = support::queue_to_delete("fifodlq-gone", true).await;
+    let dlq = gone.clone();
     let h = Harness::build(Options {
         prefix: "fifodlq",
         fifo: true,
         policy: fast_policy(5),
         breaker: quiet_breaker(),
-        tweak: Box::new(|mut c| {
-            // A DLQ that does not exist: every send is refused.
-            c.dlq_url = c.dlq_url.map(|u| format!("{u}-missing"));
+        tweak: Box::new(move |mut c| {
+            c.dlq_url = Some(dlq);
             c
         }),
         ..Options::default()
     })
     .await;
+    // A DLQ deleted after start-up: every send is refused.
+    support::delete_queue(&gone).await;
     let job =
         |id: &str, p: serde_json::Value| json!({"type": "test.recorded", "id": id, "payload": p}).to_string();
     let first = job("f1", json!({"outcome": "fatal"}));
@@ -482,7 +485,10 @@ async fn a_refused_copy_on_the_last_receive_is_counted() {
     })
     .await;
     set_redrive(&h, 1).await;
-    let env = env_for(&h, fast_policy(5), &format!("{}-missing", h.dlq_url)).await;
+    // A DLQ deleted after start-up: every send is refused.
+    let gone = support::queue_to_delete("lastrefused-gone", false).await;
+    let env = env_for(&h, fast_policy(5), &gone).await;
+    support::delete_queue(&gone).await;
     h.send_jobs(&[("t", json!({"outcome": "transient"}))]).await;
     let messages = take(&h, 1).await;
     let outcome = process(&env, &messages, &h.queue_url, Duration::from_secs(30)).await;

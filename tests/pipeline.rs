@@ -161,12 +161,15 @@ async fn malformed_bodies_and_unknown_types_are_invalid_and_never_run() {
 
 #[tokio::test]
 async fn a_dlq_that_rejects_sends_loses_nothing() {
-    let h = Harness::with("nodlq", false, fast_policy(5), quiet_breaker(), |mut c| {
-        // A DLQ that does not exist: every send is refused.
-        c.dlq_url = c.dlq_url.map(|u| format!("{u}-missing"));
+    let gone = support::queue_to_delete("nodlq-gone", false).await;
+    let dlq = gone.clone();
+    let h = Harness::with("nodlq", false, fast_policy(5), quiet_breaker(), move |mut c| {
+        c.dlq_url = Some(dlq);
         c
     })
     .await;
+    // A DLQ deleted after start-up: every send is refused.
+    support::delete_queue(&gone).await;
     h.sqs
         .set_queue_attributes()
         .queue_url(&h.queue_url)

@@ -158,6 +158,15 @@ struct SetupArgs {
     /// --max-receive-count against [default: TRIAGE_MAX_ATTEMPTS, else 5]
     #[arg(long, value_name = "N")]
     max_attempts: Option<u32>,
+    /// The source queue's visibility timeout (0-43200). Lambda: at least 6 x the function
+    /// timeout; worker: above the longest handler timeout [default: keep the queue's own;
+    /// 30 for a new queue]
+    #[arg(long, value_name = "SECONDS")]
+    visibility_timeout: Option<u32>,
+    /// When the DLQ's redrive-allow policy is denyAll, replace it with byQueue listing this
+    /// queue (without it setup refuses such a DLQ)
+    #[arg(long)]
+    replace_deny_all: bool,
 }
 
 #[derive(Debug, Args)]
@@ -408,7 +417,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                 .unwrap_or_else(|| setup::default_max_receive_count(attempts));
             setup::check_max_receive_count(max_receive_count, attempts, from)?;
             let ctx = Ctx::from_env().await?;
-            let report = setup::setup(
+            let report = setup::setup_with(
                 &ctx,
                 &setup::SetupOptions {
                     queue: a.queue.clone(),
@@ -416,6 +425,10 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                     table: table.to_owned(),
                     fifo: a.fifo,
                     max_receive_count,
+                },
+                &setup::SetupFlags {
+                    visibility_timeout: a.visibility_timeout,
+                    replace_deny_all: a.replace_deny_all,
                 },
             )
             .await?;
@@ -434,7 +447,10 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                 },
                 None => e,
             };
-            let ctx = Ctx::from_env().await.map_err(all_unsent)?;
+            let ctx = Ctx::from_env()
+                .await
+                .and_then(|c| c.for_queue(queue, "TRIAGE_QUEUE_URL"))
+                .map_err(all_unsent)?;
             let url = ops::resolve_queue(&ctx, queue, "TRIAGE_QUEUE_URL")
                 .await
                 .map_err(all_unsent)?;
@@ -466,7 +482,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                 }) => can_confirm(*yes, "redrive")?,
                 _ => {}
             }
-            let ctx = Ctx::from_env().await?;
+            let ctx = Ctx::from_env().await?.for_queue(dlq_arg, "TRIAGE_DLQ_URL")?;
             let dlq_url = ops::resolve_queue(&ctx, dlq_arg, "TRIAGE_DLQ_URL").await?;
             run_dlq(&cli, cmd, &ctx, &dlq_url, json, progress).await
         }
@@ -595,11 +611,15 @@ async fn run_dlq(
     }
 }
 
-/// A runtime's error as one line: configuration problems exit 2, a missing source queue
-/// (the worker's) 3, the rest 1.
+/// A runtime's error as one line: configuration problems (a bad variable, or a start-up
+/// check that found a queue or table missing, unreadable or the wrong shape) exit 2, a
+/// missing source queue (the worker's) 3, the rest 1.
 fn runtime_error(e: sqs_triage::runtime::RuntimeError) -> OpsError {
     use sqs_triage::runtime::worker::{WorkerError, WorkerErrorKind};
-    if e.downcast_ref::<sqs_triage::config::ConfigError>().is_some() {
+    let misconfigured = e
+        .downcast_ref::<sqs_triage::runtime::env::StartupError>()
+        .is_some_and(|s| s.misconfigured);
+    if misconfigured || e.downcast_ref::<sqs_triage::config::ConfigError>().is_some() {
         return OpsError::usage(e.to_string());
     }
     let kind = match e.downcast_ref::<WorkerError>().map(|w| w.kind) {

@@ -154,6 +154,31 @@ impl Ctx {
         })
     }
 
+    /// The region SQS calls go to.
+    pub fn sqs_region(&self) -> Option<String> {
+        self.sqs.config().region().map(|r| r.as_ref().to_owned())
+    }
+
+    /// This context for the region `queue` (an ARN or an AWS queue URL) names, when that is
+    /// not `AWS_REGION`: a queue in another region is honoured for the whole command, SQS
+    /// and DynamoDB alike (a deployment's queue, DLQ and table live in one region; a table
+    /// name carries none). A name, or a URL without a region (a local endpoint), keeps the
+    /// context as it is.
+    pub fn for_queue(&self, queue: &str, var: &str) -> OpsResult<Self> {
+        let Some(region) = queue_region(queue, var)? else {
+            return Ok(self.clone());
+        };
+        if self.sqs_region().as_deref() == Some(region.as_str()) {
+            return Ok(self.clone());
+        }
+        let sdk = self
+            .sdk
+            .to_builder()
+            .region(aws_config::Region::new(region))
+            .build();
+        Self::from_config(&sdk)
+    }
+
     /// The storage retry policy of operator calls: the product's policy with fewer tries,
     /// because an operator is waiting.
     pub fn storage_retry(&self) -> StorageRetry {
@@ -291,8 +316,62 @@ where
     }
 }
 
-/// A queue URL from a URL, an ARN or a bare name (resolved with GetQueueUrl).
+/// The region an SQS queue ARN (`arn:aws:sqs:REGION:ACCOUNT:NAME`) or AWS queue URL
+/// (`https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`, or the legacy
+/// `https://REGION.queue.amazonaws.com/...`) names; `None` for a bare name or another URL (a
+/// local endpoint). A region that is not one (`us-west-2`-like) is a usage error naming `var`.
+pub fn queue_region(input: &str, var: &str) -> OpsResult<Option<String>> {
+    let region = if let Some(rest) = input.strip_prefix("arn:") {
+        match rest.split(':').collect::<Vec<_>>().as_slice() {
+            [_, "sqs", region, _, _] => Some(*region),
+            _ => None,
+        }
+    } else {
+        let host = input
+            .strip_prefix("https://")
+            .or_else(|| input.strip_prefix("http://"))
+            .and_then(|r| r.split('/').next())
+            .unwrap_or_default();
+        let labels: Vec<&str> = host.split('.').collect();
+        match labels.as_slice() {
+            ["sqs", region, "amazonaws", ..] => Some(*region),
+            [region, "queue", "amazonaws", ..] => Some(*region),
+            _ => None,
+        }
+    };
+    let Some(region) = region else {
+        return Ok(None);
+    };
+    let valid = !region.is_empty()
+        && region.len() <= 32
+        && region
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && region.contains('-');
+    if !valid {
+        return Err(OpsError::usage(format!(
+            "{input} names the region `{region}`, which is not an AWS region: check {var}"
+        )));
+    }
+    Ok(Some(region.to_owned()))
+}
+
+/// A queue URL from a URL, an ARN or a bare name (resolved with GetQueueUrl). An ARN's
+/// account is passed to GetQueueUrl. An ARN or URL in another region than `ctx`'s SQS
+/// client is refused with a usage error: [`Ctx::for_queue`] makes a context for that region
+/// (the CLI does so for `TRIAGE_QUEUE_URL` and `TRIAGE_DLQ_URL`), and a queue elsewhere in
+/// the same command (`--to`) must be in that region.
 pub async fn resolve_queue(ctx: &Ctx, input: &str, var: &str) -> OpsResult<String> {
+    if let Some(region) = queue_region(input, var)? {
+        let ours = ctx.sqs_region();
+        if ours.as_deref() != Some(region.as_str()) {
+            return Err(OpsError::usage(format!(
+                "{input} is in region {region}, but this command's SQS calls go to {}: \
+                 pass a queue in that region in {var}, or run the command with AWS_REGION={region}",
+                ours.as_deref().unwrap_or("no region")
+            )));
+        }
+    }
     if input.starts_with("http://") || input.starts_with("https://") {
         return Ok(input.to_owned());
     }
@@ -383,6 +462,31 @@ mod tests {
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("m").is_err());
         assert!(parse_duration("5m3").is_err());
+    }
+
+    #[test]
+    fn queue_regions_come_from_arns_and_aws_urls() {
+        let r = |s: &str| queue_region(s, "V").unwrap();
+        assert_eq!(r("arn:aws:sqs:us-west-2:123:jobs").as_deref(), Some("us-west-2"));
+        assert_eq!(
+            r("arn:aws-cn:sqs:cn-north-1:123:jobs").as_deref(),
+            Some("cn-north-1")
+        );
+        assert_eq!(
+            r("https://sqs.eu-west-1.amazonaws.com/123/jobs").as_deref(),
+            Some("eu-west-1")
+        );
+        assert_eq!(
+            r("https://ap-south-1.queue.amazonaws.com/123/jobs").as_deref(),
+            Some("ap-south-1")
+        );
+        assert_eq!(r("http://127.0.0.1:45660/123/jobs"), None);
+        assert_eq!(r("jobs"), None);
+        assert_eq!(r("arn:aws:sns:us-west-2:123:topic"), None);
+        let e = queue_region("arn:aws:sqs:not a region:123:jobs", "TRIAGE_QUEUE_URL").unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.message.contains("TRIAGE_QUEUE_URL"), "{e}");
+        assert!(queue_region("arn:aws:sqs::123:jobs", "V").is_err());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use serde::Serialize;
 
 use super::output::Report;
-use super::{Ctx, ErrorKind, OpsError, OpsResult, queue_arn};
+use super::{Ctx, ErrorKind, OpsError, OpsResult};
 use crate::effects::storage_retry::dynamodb_client;
 
 /// Messages are kept in the DLQ for the longest SQS allows (14 days), so an incident can be
@@ -135,6 +135,31 @@ pub struct SetupOptions {
     pub max_receive_count: u32,
 }
 
+/// What `triage setup` may change beyond creating what is missing.
+#[derive(Debug, Clone, Default)]
+pub struct SetupFlags {
+    /// `--visibility-timeout`: the source queue's visibility timeout in seconds (0 to
+    /// 43,200). `None` keeps the queue's own (SQS's default of 30 s for a new queue).
+    pub visibility_timeout: Option<u32>,
+    /// `--replace-deny-all`: when the DLQ's redrive-allow policy is `denyAll`, replace it with
+    /// `byQueue` listing this source. Without it setup refuses such a DLQ.
+    pub replace_deny_all: bool,
+}
+
+/// SQS's longest visibility timeout (12 hours).
+pub const MAX_VISIBILITY_TIMEOUT_S: u32 = 43_200;
+
+/// SQS's most source queues in a `byQueue` redrive-allow policy.
+pub const MAX_REDRIVE_SOURCES: usize = 10;
+
+/// How long setup waits after writing the DLQ's redrive-allow policy before reading it back
+/// once more, so a concurrent setup's write (read before this one's, written after) shows.
+const ALLOW_SETTLE: Duration = Duration::from_secs(1);
+
+/// Writes of the redrive-allow policy setup makes before giving up on a DLQ whose policy
+/// keeps changing under it.
+const ALLOW_ROUNDS: u32 = 5;
+
 /// What exists after setup.
 #[derive(Debug, Clone, Serialize)]
 pub struct SetupReport {
@@ -152,13 +177,21 @@ pub struct SetupReport {
     pub fifo: bool,
     /// The safety-net `maxReceiveCount`.
     pub max_receive_count: u32,
+    /// The source queue's visibility timeout, in seconds, as set or found.
+    pub visibility_timeout_s: u32,
 }
 
 impl Report for SetupReport {
     fn human(&self) -> String {
         format!(
-            "queue  {}\ndlq    {}\ntable  {}\n\nexport TRIAGE_QUEUE_URL={}\nexport TRIAGE_DLQ_URL={}\nexport TRIAGE_TABLE={}\n",
-            self.queue_url, self.dlq_url, self.table, self.queue_url, self.dlq_url, self.table
+            "queue  {} (visibility timeout {} s)\ndlq    {}\ntable  {}\n\nexport TRIAGE_QUEUE_URL={}\nexport TRIAGE_DLQ_URL={}\nexport TRIAGE_TABLE={}\n",
+            self.queue_url,
+            self.visibility_timeout_s,
+            self.dlq_url,
+            self.table,
+            self.queue_url,
+            self.dlq_url,
+            self.table
         )
     }
 }
@@ -194,8 +227,18 @@ fn check_table_name(name: &str) -> OpsResult<()> {
 }
 
 /// Creates (or finds) the DLQ, the source queue with its redrive policy, the DLQ's
-/// redrive-allow policy and the state table.
+/// redrive-allow policy and the state table, with the default [`SetupFlags`].
 pub async fn setup(ctx: &Ctx, opts: &SetupOptions) -> OpsResult<SetupReport> {
+    setup_with(ctx, opts, &SetupFlags::default()).await
+}
+
+/// [`setup`] with `flags`. Whatever exists is verified, never silently accepted or
+/// overwritten: a table with another key schema or with TTL on another attribute, a DLQ
+/// whose redrive-allow policy is `denyAll` (unless [`SetupFlags::replace_deny_all`]) or
+/// already lists [`MAX_REDRIVE_SOURCES`] other sources are refused with a usage error (exit
+/// 2), and nothing is changed then. The table is checked first, and the DLQ's policy before
+/// the source queue is created. Two setups at once (same table and DLQ) both succeed.
+pub async fn setup_with(ctx: &Ctx, opts: &SetupOptions, flags: &SetupFlags) -> OpsResult<SetupReport> {
     let fifo = opts.fifo || opts.queue.ends_with(".fifo") || opts.dlq.ends_with(".fifo");
     let with_suffix = |n: &str| {
         if fifo && !n.ends_with(".fifo") {
@@ -218,9 +261,27 @@ pub async fn setup(ctx: &Ctx, opts: &SetupOptions) -> OpsResult<SetupReport> {
             opts.max_receive_count
         )));
     }
+    if let Some(v) = flags.visibility_timeout.filter(|v| *v > MAX_VISIBILITY_TIMEOUT_S) {
+        return Err(OpsError::usage(format!(
+            "--visibility-timeout {v} is not valid: expected 0 to {MAX_VISIBILITY_TIMEOUT_S} seconds (12 hours)"
+        )));
+    }
+
+    create_table(ctx, &opts.table).await?;
 
     let dlq_url = create_queue(ctx, &dlq, fifo).await?;
-    let dlq_arn = queue_arn(ctx, &dlq_url, "--dlq").await?;
+    let mut dlq_attrs = queue_attributes(ctx, &dlq_url, &[QueueAttributeName::All], "--dlq").await?;
+    let dlq_arn = dlq_attrs.remove(&QueueAttributeName::QueueArn).ok_or_else(|| {
+        OpsError::new(
+            ErrorKind::Failed,
+            format!("queue {dlq_url} has no QueueArn attribute"),
+        )
+    })?;
+    let allow = dlq_attrs.remove(&QueueAttributeName::RedriveAllowPolicy);
+    // Setup creates the source next to the DLQ (same account and region): its ARN is known
+    // before it exists, so a DLQ that would refuse it is reported before anything is created.
+    let planned_arn = sibling_arn(&dlq_arn, &queue);
+    plan_allow(allow.as_deref(), &planned_arn, &dlq, flags.replace_deny_all)?;
     set_attributes(
         ctx,
         &dlq_url,
@@ -230,22 +291,43 @@ pub async fn setup(ctx: &Ctx, opts: &SetupOptions) -> OpsResult<SetupReport> {
         )],
     )
     .await?;
+
     let queue_url = create_queue(ctx, &queue, fifo).await?;
-    let queue_arn = queue_arn(ctx, &queue_url, "--queue").await?;
+    let mut queue_attrs = queue_attributes(
+        ctx,
+        &queue_url,
+        &[
+            QueueAttributeName::QueueArn,
+            QueueAttributeName::VisibilityTimeout,
+        ],
+        "--queue",
+    )
+    .await?;
+    let queue_arn = queue_attrs.remove(&QueueAttributeName::QueueArn).ok_or_else(|| {
+        OpsError::new(
+            ErrorKind::Failed,
+            format!("queue {queue_url} has no QueueArn attribute"),
+        )
+    })?;
+    // SQS accepts a RedrivePolicy only to a DLQ that allows the source: the DLQ's policy first.
+    allow_source(ctx, &dlq_url, &dlq, allow, &queue_arn, flags.replace_deny_all).await?;
+
     let redrive = serde_json::json!({
         "deadLetterTargetArn": dlq_arn,
         "maxReceiveCount": opts.max_receive_count.to_string(),
     });
-    set_attributes(
-        ctx,
-        &queue_url,
-        [(QueueAttributeName::RedrivePolicy, redrive.to_string())],
-    )
-    .await?;
-    let allow = redrive_allow_policy(ctx, &dlq_url, &queue_arn).await?;
-    set_attributes(ctx, &dlq_url, [(QueueAttributeName::RedriveAllowPolicy, allow)]).await?;
-
-    create_table(ctx, &opts.table).await?;
+    let mut source = vec![(QueueAttributeName::RedrivePolicy, redrive.to_string())];
+    if let Some(v) = flags.visibility_timeout {
+        source.push((QueueAttributeName::VisibilityTimeout, v.to_string()));
+    }
+    set_attributes(ctx, &queue_url, source).await?;
+    let visibility_timeout_s = match flags.visibility_timeout {
+        Some(v) => v,
+        None => queue_attrs
+            .remove(&QueueAttributeName::VisibilityTimeout)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(30),
+    };
 
     Ok(SetupReport {
         queue_url,
@@ -255,6 +337,7 @@ pub async fn setup(ctx: &Ctx, opts: &SetupOptions) -> OpsResult<SetupReport> {
         table: opts.table.clone(),
         fifo,
         max_receive_count: opts.max_receive_count,
+        visibility_timeout_s,
     })
 }
 
@@ -282,6 +365,23 @@ async fn create_queue(ctx: &Ctx, name: &str, fifo: bool) -> OpsResult<String> {
     })
 }
 
+async fn queue_attributes(
+    ctx: &Ctx,
+    url: &str,
+    names: &[QueueAttributeName],
+    var: &str,
+) -> OpsResult<HashMap<QueueAttributeName, String>> {
+    let out = ctx
+        .sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .set_attribute_names(Some(names.to_vec()))
+        .send()
+        .await
+        .map_err(|e| ctx.sqs_error("GetQueueAttributes", e, Some((url, var))))?;
+    Ok(out.attributes.unwrap_or_default())
+}
+
 async fn set_attributes(
     ctx: &Ctx,
     url: &str,
@@ -298,43 +398,296 @@ async fn set_attributes(
     Ok(())
 }
 
-/// The DLQ's redrive-allow policy with `source_arn` added, keeping sources other setups added.
-async fn redrive_allow_policy(ctx: &Ctx, dlq_url: &str, source_arn: &str) -> OpsResult<String> {
-    let out = ctx
-        .sqs
-        .get_queue_attributes()
-        .queue_url(dlq_url)
-        // `All` rather than the one name: moto rejects RedriveAllowPolicy as a name.
-        .attribute_names(QueueAttributeName::All)
-        .send()
-        .await
-        .map_err(|e| ctx.sqs_error("GetQueueAttributes", e, Some((dlq_url, "--dlq"))))?;
-    let existing = out
-        .attributes
-        .and_then(|mut a| a.remove(&QueueAttributeName::RedriveAllowPolicy))
-        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
-    let mut sources: Vec<String> = existing
-        .as_ref()
-        .filter(|p| p["redrivePermission"] == "byQueue")
-        .and_then(|p| p["sourceQueueArns"].as_array())
-        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
-        .unwrap_or_default();
-    if !sources.iter().any(|s| s == source_arn) {
-        sources.push(source_arn.to_owned());
+/// The ARN of queue `name` in the account and region of the queue whose ARN is `arn`.
+fn sibling_arn(arn: &str, name: &str) -> String {
+    match arn.rsplit_once(':') {
+        Some((prefix, _)) => format!("{prefix}:{name}"),
+        None => name.to_owned(),
     }
-    // SQS allows at most 10 source ARNs in a byQueue policy; keep the newest.
-    let skip = sources.len().saturating_sub(10);
-    let sources: Vec<String> = sources.into_iter().skip(skip).collect();
-    Ok(serde_json::json!({"redrivePermission": "byQueue", "sourceQueueArns": sources}).to_string())
+}
+
+/// The redrive-allow policy the DLQ needs so that `source_arn` may use it: `None` when the
+/// policy `current` already allows it (`allowAll`, or `byQueue` listing it), else the policy
+/// to write (the sources listed so far plus this one). Refuses (usage error) a `denyAll`
+/// policy unless `replace_deny_all`, a `byQueue` policy that already lists
+/// [`MAX_REDRIVE_SOURCES`] other sources (evicting one would break its queue's redrive),
+/// and a permission it does not know.
+pub fn plan_allow(
+    current: Option<&str>,
+    source_arn: &str,
+    dlq: &str,
+    replace_deny_all: bool,
+) -> OpsResult<Option<String>> {
+    let by_queue = |sources: Vec<String>| {
+        Some(serde_json::json!({"redrivePermission": "byQueue", "sourceQueueArns": sources}).to_string())
+    };
+    let Some(policy) = current
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+    else {
+        return Ok(by_queue(vec![source_arn.to_owned()]));
+    };
+    match policy["redrivePermission"].as_str() {
+        None => Ok(by_queue(vec![source_arn.to_owned()])),
+        Some("allowAll") => Ok(None),
+        Some("denyAll") if replace_deny_all => Ok(by_queue(vec![source_arn.to_owned()])),
+        Some("denyAll") => Err(OpsError::usage(format!(
+            "DLQ {dlq} refuses every source queue (its redrive-allow policy is denyAll): pass \
+             --replace-deny-all to allow this source (byQueue), or pick another --dlq"
+        ))),
+        Some("byQueue") => {
+            let mut sources: Vec<String> = policy["sourceQueueArns"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                .unwrap_or_default();
+            if sources.iter().any(|s| s == source_arn) {
+                return Ok(None);
+            }
+            if sources.len() >= MAX_REDRIVE_SOURCES {
+                return Err(OpsError::usage(format!(
+                    "DLQ {dlq} already allows {} source queues (byQueue), SQS's limit of {MAX_REDRIVE_SOURCES}: \
+                     setup will not remove one; set its redrive-allow policy to allowAll, remove a source \
+                     that no longer uses it, or pick another --dlq",
+                    sources.len()
+                )));
+            }
+            sources.push(source_arn.to_owned());
+            Ok(by_queue(sources))
+        }
+        Some(other) => Err(OpsError::usage(format!(
+            "DLQ {dlq} has a redrive-allow policy setup does not know (redrivePermission {other:?}): \
+             set it to allowAll or byQueue, or pick another --dlq"
+        ))),
+    }
+}
+
+/// Makes the DLQ's redrive-allow policy allow `source_arn`, starting from `current`, and
+/// checks it held: SQS has no conditional write, so a concurrent setup that read the policy
+/// before this one wrote it can write it back without this source. After each write the
+/// policy is read back, and once more after [`ALLOW_SETTLE`]; a read without this source
+/// adds it again (keeping whatever else is listed), up to [`ALLOW_ROUNDS`] writes. An
+/// endpoint that never reports the attribute (moto) cannot be checked: one write then.
+async fn allow_source(
+    ctx: &Ctx,
+    dlq_url: &str,
+    dlq: &str,
+    mut current: Option<String>,
+    source_arn: &str,
+    replace_deny_all: bool,
+) -> OpsResult<()> {
+    let mut writes = 0;
+    let mut settled = true;
+    loop {
+        match plan_allow(current.as_deref(), source_arn, dlq, replace_deny_all)? {
+            None if settled => return Ok(()),
+            None => {
+                tokio::time::sleep(ALLOW_SETTLE).await;
+                settled = true;
+            }
+            Some(policy) => {
+                if writes == ALLOW_ROUNDS {
+                    return Err(OpsError::new(
+                        ErrorKind::Failed,
+                        format!(
+                            "the redrive-allow policy of DLQ {dlq} kept changing under this setup \
+                             ({ALLOW_ROUNDS} writes): run setup again once other setups are done"
+                        ),
+                    ));
+                }
+                set_attributes(ctx, dlq_url, [(QueueAttributeName::RedriveAllowPolicy, policy)]).await?;
+                writes += 1;
+                settled = false;
+            }
+        }
+        // `All`, not the one name: moto rejects RedriveAllowPolicy as a name.
+        current = queue_attributes(ctx, dlq_url, &[QueueAttributeName::All], "--dlq")
+            .await?
+            .remove(&QueueAttributeName::RedriveAllowPolicy);
+        if current.is_none() {
+            // Written, yet not reported: the endpoint does not return the attribute.
+            tracing::debug!(
+                dlq,
+                "the endpoint does not report RedriveAllowPolicy; not verified"
+            );
+            return Ok(());
+        }
+    }
 }
 
 /// Creates the state table (string `pk`/`sk`, on-demand, TTL on `expires_at`) unless it
-/// exists, and waits until it is active.
+/// exists, waits until it is active, and verifies what it finds: another key schema, or TTL
+/// on another attribute (or being disabled), is refused. TTL enabled meanwhile by a
+/// concurrent setup ("already enabled") is success.
 pub async fn create_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
+    use crate::effects::table::{PK, SK, TTL_ATTRIBUTE};
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
+        TimeToLiveSpecification, TimeToLiveStatus,
+    };
     let client = dynamodb_client(&ctx.sdk);
-    crate::effects::table::create_table_with(&client, &ctx.storage_retry(), table, Duration::from_secs(120))
-        .await
-        .map_err(|e| ctx.storage_error(e, table))
+    let retry = ctx.storage_retry();
+    let err = |e| ctx.storage_error(e, table);
+    let attr = |n: &str| {
+        AttributeDefinition::builder()
+            .attribute_name(n)
+            .attribute_type(ScalarAttributeType::S)
+            .build()
+            .expect("name and type are set")
+    };
+    let key = |n: &str, t: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(n)
+            .key_type(t)
+            .build()
+            .expect("name and type are set")
+    };
+    let created = retry
+        .call("CreateTable", None, || {
+            client
+                .create_table()
+                .table_name(table)
+                .attribute_definitions(attr(PK))
+                .attribute_definitions(attr(SK))
+                .key_schema(key(PK, KeyType::Hash))
+                .key_schema(key(SK, KeyType::Range))
+                .billing_mode(BillingMode::PayPerRequest)
+                .send()
+        })
+        .await;
+    match created {
+        Ok(_) => {}
+        // Already there (or being created by a concurrent setup): verified below.
+        Err(e) if e.code() == Some("ResourceInUseException") => {}
+        Err(e) => return Err(err(e)),
+    }
+
+    let wait = Duration::from_secs(120);
+    let started = tokio::time::Instant::now();
+    let description = loop {
+        let d = retry
+            .call("DescribeTable", None, || {
+                client.describe_table().table_name(table).send()
+            })
+            .await
+            .map_err(err)?;
+        let Some(t) = d.table else {
+            return Err(OpsError::new(
+                ErrorKind::Failed,
+                format!("DescribeTable returned nothing for {table}"),
+            ));
+        };
+        if t.table_status() == Some(&TableStatus::Active) {
+            break t;
+        }
+        if started.elapsed() > wait {
+            return Err(OpsError::new(
+                ErrorKind::Failed,
+                format!(
+                    "table {table} did not become ACTIVE within {} s: run setup again",
+                    wait.as_secs()
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let schema: Vec<(String, String)> = description
+        .key_schema()
+        .iter()
+        .map(|k| (k.attribute_name().to_owned(), k.key_type().as_str().to_owned()))
+        .collect();
+    let type_of = |name: &str| {
+        description
+            .attribute_definitions()
+            .iter()
+            .find(|a| a.attribute_name() == name)
+            .map(|a| a.attribute_type().as_str().to_owned())
+    };
+    let expected = [
+        (PK.to_owned(), "HASH".to_owned()),
+        (SK.to_owned(), "RANGE".to_owned()),
+    ];
+    let typed = type_of(PK).as_deref() == Some("S") && type_of(SK).as_deref() == Some("S");
+    if schema != expected || !typed {
+        let found: Vec<String> = schema
+            .iter()
+            .map(|(n, t)| format!("{n} {t} {}", type_of(n).unwrap_or_default()))
+            .collect();
+        return Err(OpsError::usage(format!(
+            "table {table} exists with another key schema ({}): the state table needs a string `{PK}` \
+             partition key and a string `{SK}` sort key; pick another --table",
+            found.join(", ")
+        )));
+    }
+
+    let ttl = |client: &aws_sdk_dynamodb::Client| {
+        let client = client.clone();
+        let retry = retry.clone();
+        async move {
+            retry
+                .call("DescribeTimeToLive", None, || {
+                    client.describe_time_to_live().table_name(table).send()
+                })
+                .await
+                .map(|o| {
+                    let d = o.time_to_live_description;
+                    (
+                        d.as_ref().and_then(|d| d.time_to_live_status().cloned()),
+                        d.and_then(|d| d.attribute_name),
+                    )
+                })
+        }
+    };
+    let judge = |status: Option<TimeToLiveStatus>, attribute: Option<String>| -> OpsResult<bool> {
+        match status {
+            Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling) => match attribute.as_deref() {
+                Some(TTL_ATTRIBUTE) | None => Ok(true),
+                Some(other) => Err(OpsError::usage(format!(
+                    "table {table} has TTL on `{other}`, not `{TTL_ATTRIBUTE}`: its ledgers and breakers \
+                         would never expire; pick another --table (a table has one TTL attribute)"
+                ))),
+            },
+            Some(TimeToLiveStatus::Disabling) => Err(OpsError::new(
+                ErrorKind::Failed,
+                format!(
+                    "TTL of table {table} is being disabled; DynamoDB allows enabling it again only \
+                     once that is done (up to an hour): run setup again later"
+                ),
+            )),
+            _ => Ok(false),
+        }
+    };
+    let (status, attribute) = ttl(&client).await.map_err(err)?;
+    if judge(status, attribute)? {
+        return Ok(());
+    }
+    let spec = TimeToLiveSpecification::builder()
+        .attribute_name(TTL_ATTRIBUTE)
+        .enabled(true)
+        .build()
+        .expect("name and flag are set");
+    let updated = retry
+        .call("UpdateTimeToLive", None, || {
+            client
+                .update_time_to_live()
+                .table_name(table)
+                .time_to_live_specification(spec.clone())
+                .send()
+        })
+        .await;
+    match updated {
+        Ok(_) => Ok(()),
+        // A concurrent setup (or someone) enabled TTL since the describe: read what it is.
+        Err(e) if e.code() == Some("ValidationException") => {
+            let (status, attribute) = ttl(&client).await.map_err(err)?;
+            if judge(status, attribute)? {
+                Ok(())
+            } else {
+                Err(err(e))
+            }
+        }
+        Err(e) => Err(err(e)),
+    }
 }
 
 #[cfg(test)]
@@ -362,6 +715,63 @@ mod tests {
         assert!(check_max_receive_count(1001, 1, AttemptsSource::Flag).is_err());
         assert!(check_max_receive_count(0, 1, AttemptsSource::Flag).is_err());
         assert!(check_max_receive_count(100, 0, AttemptsSource::Flag).is_err());
+    }
+
+    #[test]
+    fn the_redrive_allow_policy_is_verified_not_overwritten() {
+        let ours = "arn:aws:sqs:us-east-1:1:q";
+        let sources = |p: &str| -> Vec<String> {
+            let v: serde_json::Value = serde_json::from_str(p).unwrap();
+            assert_eq!(v["redrivePermission"], "byQueue");
+            serde_json::from_value(v["sourceQueueArns"].clone()).unwrap()
+        };
+        // Absent or unreadable: this source alone.
+        assert_eq!(
+            sources(&plan_allow(None, ours, "d", false).unwrap().unwrap()),
+            [ours]
+        );
+        assert_eq!(
+            sources(&plan_allow(Some("{"), ours, "d", false).unwrap().unwrap()),
+            [ours]
+        );
+        // allowAll already allows it; byQueue listing it too.
+        assert_eq!(
+            plan_allow(Some(r#"{"redrivePermission":"allowAll"}"#), ours, "d", false).unwrap(),
+            None
+        );
+        let listed = format!(r#"{{"redrivePermission":"byQueue","sourceQueueArns":["a","{ours}"]}}"#);
+        assert_eq!(plan_allow(Some(&listed), ours, "d", false).unwrap(), None);
+        // Others are kept.
+        let others = r#"{"redrivePermission":"byQueue","sourceQueueArns":["a","b"]}"#;
+        assert_eq!(
+            sources(&plan_allow(Some(others), ours, "d", false).unwrap().unwrap()),
+            ["a", "b", ours]
+        );
+        // denyAll only with the flag.
+        let deny = r#"{"redrivePermission":"denyAll"}"#;
+        let e = plan_allow(Some(deny), ours, "d", false).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.message.contains("--replace-deny-all"), "{e}");
+        assert_eq!(
+            sources(&plan_allow(Some(deny), ours, "d", true).unwrap().unwrap()),
+            [ours]
+        );
+        // Ten others: no eviction.
+        let ten: Vec<String> = (0..10).map(|i| format!("s{i}")).collect();
+        let full = serde_json::json!({"redrivePermission": "byQueue", "sourceQueueArns": ten}).to_string();
+        let e = plan_allow(Some(&full), ours, "d", false).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        let nine =
+            serde_json::json!({"redrivePermission": "byQueue", "sourceQueueArns": &ten[..9]}).to_string();
+        assert_eq!(
+            sources(&plan_allow(Some(&nine), ours, "d", false).unwrap().unwrap()).len(),
+            10
+        );
+        assert!(plan_allow(Some(r#"{"redrivePermission":"maybe"}"#), ours, "d", false).is_err());
+        assert_eq!(
+            sibling_arn("arn:aws:sqs:eu-west-1:1:dlq", "jobs"),
+            "arn:aws:sqs:eu-west-1:1:jobs"
+        );
     }
 
     #[test]

@@ -14,7 +14,8 @@ use crate::effects::breaker_store::BreakerStore;
 use crate::effects::calls::CallCounter;
 use crate::effects::ledger::AttemptLedger;
 use crate::effects::sqs::Sqs;
-use crate::effects::storage_retry::{StorageRetry, dynamodb_config, sqs_config};
+use crate::effects::storage_retry::{StorageError, StorageRetry, dynamodb_config, sqs_config};
+use crate::effects::table::{PK, SK};
 use crate::processor::registry::Registry;
 use crate::processor::{Processor, ProcessorConfig};
 
@@ -37,6 +38,23 @@ pub struct Environment {
     pub calls: CallCounter,
     /// The storage retry policy every call of this environment goes through.
     pub retry: StorageRetry,
+    /// Start-up checks that could not be made or found something odd, one line each (also
+    /// logged as warnings): the runtime runs, degraded or as configured.
+    pub startup_warnings: Vec<String>,
+}
+
+/// A start-up check failed: the configuration cannot work. The Lambda function fails its
+/// init; `triage worker` exits 2 when [`misconfigured`](Self::misconfigured), else 1.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct StartupError {
+    /// The variable at fault (`TRIAGE_QUEUE_URL`, `TRIAGE_DLQ_URL` or `TRIAGE_TABLE`).
+    pub var: &'static str,
+    /// One line naming the variable and what to do.
+    pub message: String,
+    /// True when the configuration is wrong (missing resource, no access, wrong shape);
+    /// false when the check failed for a reason that may pass (the service unreachable).
+    pub misconfigured: bool,
 }
 
 /// Builds the processor for `registry` from `config`: SDK clients with the SDK's own retries
@@ -68,6 +86,9 @@ pub async fn build_with(
     let retry = StorageRetry::default();
     let sqs = Sqs::new(sqs_client.clone(), retry.clone());
 
+    if same_url(&queue_url, &dlq_url) {
+        return Err(source_as_dlq(&queue_url).into());
+    }
     let attrs = |url: String, names: Vec<QueueAttributeName>| {
         let c = sqs_client.clone();
         let retry = retry.clone();
@@ -83,18 +104,28 @@ pub async fn build_with(
                 .map(|o| o.attributes.unwrap_or_default())
         }
     };
-    let (source, dlq) = tokio::join!(
+    // The three reads at once, so a cold start waits for the slowest alone.
+    let (source, dlq, table_probe) = tokio::join!(
         attrs(
             queue_url.clone(),
             vec![
                 QueueAttributeName::MessageRetentionPeriod,
-                QueueAttributeName::RedrivePolicy
+                QueueAttributeName::RedrivePolicy,
+                QueueAttributeName::QueueArn,
             ]
         ),
-        attrs(dlq_url.clone(), vec![QueueAttributeName::MaximumMessageSize]),
+        attrs(
+            dlq_url.clone(),
+            vec![
+                QueueAttributeName::MaximumMessageSize,
+                QueueAttributeName::QueueArn
+            ]
+        ),
+        probe_table(&ddb_client, &retry, &table),
     );
-    let source =
-        source.map_err(|e| format!("cannot read the source queue {queue_url} (TRIAGE_QUEUE_URL): {e}"))?;
+    let mut warnings = Vec::new();
+    let mut skipped = 0u64;
+    let source = source.map_err(|e| queue_error(e, "TRIAGE_QUEUE_URL", "the source queue", &queue_url))?;
     let retention = source
         .get(&QueueAttributeName::MessageRetentionPeriod)
         .and_then(|v| v.parse::<u64>().ok())
@@ -104,19 +135,55 @@ pub async fn build_with(
             .check_retention(retention)
             .map_err(|e| format!("retry policy rejected for {queue_url}: {e}"))?;
     }
-    let receive_limit = source
-        .get(&QueueAttributeName::RedrivePolicy)
-        .and_then(|p| max_receive_count(p));
+    let redrive_policy = source.get(&QueueAttributeName::RedrivePolicy);
+    let receive_limit = redrive_policy.and_then(|p| max_receive_count(p));
     let dlq_max_bytes = match dlq {
-        Ok(a) => a
-            .get(&QueueAttributeName::MaximumMessageSize)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(FALLBACK_MAX_MESSAGE_BYTES),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the DLQ's size limit; assuming {FALLBACK_MAX_MESSAGE_BYTES} bytes");
+        Ok(a) => {
+            let source_arn = source.get(&QueueAttributeName::QueueArn);
+            let dlq_arn = a.get(&QueueAttributeName::QueueArn);
+            if let (Some(s), Some(d)) = (source_arn, dlq_arn) {
+                if s == d {
+                    return Err(source_as_dlq(&queue_url).into());
+                }
+                let target = redrive_policy.and_then(|p| dead_letter_target(p));
+                if let Some(target) = target.filter(|t| t != d) {
+                    warnings.push(format!(
+                        "the source queue's RedrivePolicy sends to {target}, not to TRIAGE_DLQ_URL ({d}): \
+                         jobs SQS moves after maxReceiveCount land there without a failure record, \
+                         apart from the ones dead-lettered here; point both at one queue (`triage setup` does)"
+                    ));
+                }
+            }
+            a.get(&QueueAttributeName::MaximumMessageSize)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(FALLBACK_MAX_MESSAGE_BYTES)
+        }
+        Err(e) if e.is_unavailable() => {
+            skipped += 1;
+            warnings.push(format!(
+                "cannot check the DLQ {dlq_url} (TRIAGE_DLQ_URL) at start-up ({e}): running without \
+                 the check, assuming a {FALLBACK_MAX_MESSAGE_BYTES}-byte message limit"
+            ));
             FALLBACK_MAX_MESSAGE_BYTES
         }
+        Err(e) => return Err(queue_error(e, "TRIAGE_DLQ_URL", "the DLQ", &dlq_url).into()),
     };
+    match table_probe {
+        Ok(()) => {}
+        Err(e) if e.is_unavailable() => {
+            skipped += 1;
+            warnings.push(format!(
+                "cannot check the table {table} (TRIAGE_TABLE) at start-up ({e}): running without the check"
+            ));
+        }
+        Err(e) => return Err(table_error(e, &table).into()),
+    }
+    for w in &warnings {
+        tracing::warn!(startup_check = "degraded", "{w}");
+    }
+    if skipped > 0 {
+        emit_startup_metric(skipped);
+    }
 
     let ledger = AttemptLedger::new(ddb_client.clone(), &table, retry.clone());
     // One store per job type, each with that type's breaker settings and its own cache.
@@ -151,7 +218,123 @@ pub async fn build_with(
         queue_url,
         calls,
         retry,
+        startup_warnings: warnings,
     })
+}
+
+/// True when two queue URLs are the same text but for case and a trailing `/`.
+fn same_url(a: &str, b: &str) -> bool {
+    let norm = |u: &str| u.trim().trim_end_matches('/').to_ascii_lowercase();
+    norm(a) == norm(b)
+}
+
+fn source_as_dlq(queue_url: &str) -> StartupError {
+    StartupError {
+        var: "TRIAGE_DLQ_URL",
+        message: format!(
+            "TRIAGE_DLQ_URL names the source queue {queue_url} (TRIAGE_QUEUE_URL): a dead-lettered job would \
+             come back as a new delivery forever; set TRIAGE_DLQ_URL to the DLQ `triage setup` printed"
+        ),
+        misconfigured: true,
+    }
+}
+
+/// A failed read of a queue at start-up, as a [`StartupError`] naming `var`.
+fn queue_error(e: StorageError, var: &'static str, what: &str, url: &str) -> StartupError {
+    let message = if e.is_not_found() {
+        format!("{var}: {what} {url} does not exist: check {var} (`triage setup` prints it)")
+    } else if e.is_unavailable() {
+        format!("{var}: cannot reach {what} {url} at start-up: {e}")
+    } else {
+        format!(
+            "{var}: cannot read {what} {url} ({e}): check {var} and that this role may call \
+             sqs:GetQueueAttributes on it"
+        )
+    };
+    StartupError {
+        var,
+        message,
+        misconfigured: !e.is_unavailable(),
+    }
+}
+
+/// A failed table probe at start-up (a permanent failure), as a [`StartupError`].
+fn table_error(e: StorageError, table: &str) -> StartupError {
+    let message = if e.is_not_found() {
+        format!("TRIAGE_TABLE: table {table} does not exist: run `triage setup` or check TRIAGE_TABLE")
+    } else if e.code() == Some("ValidationException") {
+        format!(
+            "TRIAGE_TABLE: table {table} is not a state table: its key schema is not a string `pk` \
+             partition key and a string `sk` sort key ({}); create one with `triage setup`",
+            e.message
+        )
+    } else {
+        format!(
+            "TRIAGE_TABLE: cannot read table {table} ({e}): check TRIAGE_TABLE and that this role may \
+             call dynamodb:GetItem on it"
+        )
+    };
+    StartupError {
+        var: "TRIAGE_TABLE",
+        message,
+        misconfigured: true,
+    }
+}
+
+/// Checks that `table` exists with the state table's key: one `GetItem` of a key no item
+/// has (an eventually consistent read of half a capacity unit, an action the runtimes' role
+/// already has). A missing table answers `ResourceNotFoundException`, another key schema
+/// `ValidationException`.
+async fn probe_table(
+    client: &aws_sdk_dynamodb::Client,
+    retry: &StorageRetry,
+    table: &str,
+) -> Result<(), StorageError> {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let key = std::collections::HashMap::from([
+        (PK.to_owned(), AttributeValue::S("triage#startup-probe".into())),
+        (SK.to_owned(), AttributeValue::S("probe".into())),
+    ]);
+    retry
+        .call("GetItem", None, || {
+            client
+                .get_item()
+                .table_name(table)
+                .set_key(Some(key.clone()))
+                .projection_expression("#pk")
+                .expression_attribute_names("#pk", PK)
+                .send()
+        })
+        .await
+        .map(|_| ())
+}
+
+/// Prints one EMF line counting the start-up checks that could not be made, in the Lambda
+/// runtime (whose stdout CloudWatch reads) and in a worker with `TRIAGE_EMF` on.
+fn emit_startup_metric(skipped: u64) {
+    let lambda = std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some();
+    let emf = std::env::var("TRIAGE_EMF").is_ok_and(|v| v == "1" || v == "true");
+    if !(lambda || emf) {
+        return;
+    }
+    let line = serde_json::json!({
+        "StartupChecksSkipped": skipped,
+        "_aws": {
+            "Timestamp": crate::processor::now_ms(),
+            "CloudWatchMetrics": [{
+                "Namespace": crate::effects::metrics::NAMESPACE,
+                "Dimensions": [[]],
+                "Metrics": [{"Name": "StartupChecksSkipped", "Unit": "Count"}],
+            }],
+        },
+    });
+    println!("{line}");
+}
+
+/// The `deadLetterTargetArn` of a queue's `RedrivePolicy`.
+fn dead_letter_target(policy: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(policy).ok()?;
+    v.get("deadLetterTargetArn")?.as_str().map(str::to_owned)
 }
 
 /// The `maxReceiveCount` of a queue's `RedrivePolicy` (SQS writes it as a number or a

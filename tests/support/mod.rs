@@ -195,3 +195,34 @@ pub async fn read_all(
         out.extend(got);
     }
 }
+
+/// A queue that exists now, for a runtime to start with as its DLQ (start-up refuses a DLQ
+/// that does not exist), and that the test deletes afterwards with [`delete_queue`] so every
+/// send to it is refused (`NonExistentQueue`).
+pub async fn queue_to_delete(prefix: &str, fifo: bool) -> String {
+    let name = unique_name(prefix);
+    let mut req = sqs_client().await.create_queue();
+    if fifo {
+        req = req
+            .queue_name(format!("{name}.fifo"))
+            .attributes(aws_sdk_sqs::types::QueueAttributeName::FifoQueue, "true");
+    } else {
+        req = req.queue_name(name);
+    }
+    req.send()
+        .await
+        .expect("create queue")
+        .queue_url
+        .expect("queue url")
+}
+
+/// Deletes a queue (see [`queue_to_delete`]).
+pub async fn delete_queue(url: &str) {
+    sqs_client()
+        .await
+        .delete_queue()
+        .queue_url(url)
+        .send()
+        .await
+        .expect("delete queue");
+}
