@@ -256,6 +256,38 @@ fn nothing_waits_past_the_queues_retention() {
         }
         other => panic!("unexpected {other:?}"),
     }
+    // A retry longer than SQS's 12-hour visibility limit: its visibility is already cut, but
+    // its stored time must also come before the retention's end, or its early arrival would
+    // be deferred past it.
+    let long = RetryPolicy::builder()
+        .max_delay(Duration::from_secs(20 * 3600))
+        .backoff(Backoff::exponential(
+            Duration::from_secs(20 * 3600),
+            2.0,
+            Duration::from_secs(20 * 3600),
+            Duration::ZERO,
+        ))
+        .build()
+        .unwrap();
+    let transient = Err(JobError::transient("down"));
+    let in_a_day = Inputs {
+        record: RecordFacts {
+            expires_at_ms: Some(NOW + 19 * 3_600_000),
+            ..expiring
+        },
+        ..inputs(&long, Execution::Ran(&transient))
+    };
+    match decide(&in_a_day, &mut rng()) {
+        Decision::Retry {
+            next_attempt_at_ms,
+            visibility,
+            ..
+        } => {
+            assert!(next_attempt_at_ms <= NOW + 19 * 3_600_000, "{next_attempt_at_ms}");
+            assert!(visibility <= Duration::from_secs(12 * 3600));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
     // With less than a second left, it is dead-lettered with a record rather than dropped.
     let gone = Inputs {
         record: RecordFacts {

@@ -509,3 +509,23 @@ async fn nothing_sent_leaves_every_line_in_the_unsent_file() {
         let _ = std::fs::remove_file(p);
     }
 }
+
+/// The unsent file holds payloads: it keeps the permissions of the file it replaces (here the
+/// input itself, readable by its owner only), and a new one is readable by its owner only.
+#[test]
+fn the_unsent_file_keeps_its_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("unsent-perm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let existing = dir.join("jobs.ndjson");
+    std::fs::write(&existing, "{}\n").unwrap();
+    std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o600)).unwrap();
+    sqs_triage::ops::send::write_unsent(&existing, "{\"type\":\"t\"}\n").unwrap();
+    let mode = std::fs::metadata(&existing).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let fresh = dir.join("fresh.ndjson");
+    sqs_triage::ops::send::write_unsent(&fresh, "x\n").unwrap();
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -552,3 +552,40 @@ async fn triage_worker_without_demo_handlers_refuses_to_start() {
     assert_eq!((depth.visible, depth.in_flight), (1, 0), "{depth:?}");
     assert_eq!(support::queue_depth(&sqs, &created.dlq_url).await.total(), 0);
 }
+
+/// A message that arrives in the middle of a long poll on a queue with a short visibility
+/// timeout (raised to the worker's floor) still runs: its batch's clock leaves room for the
+/// start margin, so it is not released again and again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_arriving_during_a_long_poll_runs_on_a_short_visibility_queue() {
+    let sdk = support::sdk_config().await;
+    let created = support::fresh_resources("ew-midpoll", false).await;
+    set_visibility(&created.queue_url, 5).await;
+    let config = config(&created);
+    let env = build(&config, chaos_registry(&config), &sdk).await.unwrap();
+    let worker = Worker::new(
+        env,
+        WorkerOptions {
+            wait: Duration::from_secs(20),
+            max_messages: 10,
+            emf: false,
+        },
+    );
+    // The worker reads the queue's visibility timeout before its first receive.
+    worker.visibility_timeout().await.unwrap();
+    let poll = tokio::spawn(async move { worker.poll_once().await });
+    // Sent while the poll is waiting (a receive is at most 20 s; this lands within it).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    send(
+        &created.queue_url,
+        json!({"type": chaos::CHAOS, "id": "mid", "payload": {"outcome": "ok"}}),
+    )
+    .await;
+    let outcome = poll.await.unwrap().unwrap().expect("a batch");
+    assert_eq!(outcome.records.len(), 1);
+    assert!(
+        matches!(outcome.records[0].decision, Decision::Done { attempts: 1 }),
+        "{:?}",
+        outcome.records[0].decision
+    );
+}

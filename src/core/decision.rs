@@ -291,12 +291,15 @@ fn within_retention(record: RecordFacts, prior: u32, now_ms: u64, decision: Deci
                 }
             }
         }
+        // The retry's own time (not only the visibility, which SQS cuts at 12 h) must come
+        // before the end of the retention, or its early arrivals are deferred past it.
         Decision::Retry {
             attempts,
+            delay,
             visibility,
+            next_attempt_at_ms,
             error,
-            ..
-        } if visibility > room => {
+        } if visibility > room || next_attempt_at_ms > expires => {
             if room.is_zero() {
                 Decision::DeadLetter {
                     class: FailureClass::Expiring,
@@ -307,9 +310,10 @@ fn within_retention(record: RecordFacts, prior: u32, now_ms: u64, decision: Deci
                 // Earlier than the backoff asked for, rather than never.
                 Decision::Retry {
                     attempts,
-                    delay: room,
-                    visibility: room,
-                    next_attempt_at_ms: now_ms.saturating_add(room.as_millis() as u64),
+                    delay: delay.min(room),
+                    visibility: visibility.min(room),
+                    next_attempt_at_ms: next_attempt_at_ms
+                        .min(now_ms.saturating_add(room.as_millis() as u64)),
                     error,
                 }
             }

@@ -127,6 +127,9 @@ pub struct StorageError {
     pub attempts: u32,
     /// The table or queue the call was about, for the message.
     pub resource: Option<String>,
+    /// True when some try ended without a definite answer (a timeout, a reset connection, a
+    /// 5xx): the call may have taken effect although it is reported failed.
+    pub uncertain: bool,
 }
 
 impl StorageError {
@@ -141,6 +144,7 @@ impl StorageError {
             stop: Stop::Permanent,
             attempts: 1,
             resource: None,
+            uncertain: false,
         }
     }
 
@@ -166,6 +170,7 @@ impl StorageError {
             stop: Stop::Permanent,
             attempts,
             resource: None,
+            uncertain: false,
         }
     }
 
@@ -502,6 +507,8 @@ impl StorageRetry {
         E: ProvideErrorMetadata + std::error::Error + 'static,
     {
         let mut attempts = 1;
+        // Whether an earlier try ended without a definite answer.
+        let mut uncertain = false;
         loop {
             let answer = match deadline {
                 None => f().await,
@@ -517,6 +524,7 @@ impl StorageRetry {
                         );
                         err.stop = Stop::Deadline;
                         err.attempts = attempts;
+                        err.uncertain = true;
                         return Err(err);
                     }
                 },
@@ -528,6 +536,7 @@ impl StorageRetry {
                 }
                 Err(e) => {
                     let kind = classify(&e);
+                    uncertain |= kind == FailureKind::Transient;
                     match self.next_delay(kind, attempts, deadline) {
                         Ok(delay) => {
                             tracing::debug!(
@@ -545,6 +554,7 @@ impl StorageRetry {
                             self.inner.failures.fetch_add(1, Ordering::Relaxed);
                             let mut err = StorageError::from_sdk(op, &e, kind, attempts);
                             err.stop = stop;
+                            err.uncertain = uncertain;
                             return Err(err);
                         }
                     }

@@ -407,7 +407,24 @@ pub fn write_unsent(path: &Path, text: &str) -> OpsResult<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "unsent".into());
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+    // The lines hold payloads: the file keeps the permissions of the one it replaces, and a
+    // new one is readable by its owner only.
+    let mode = std::fs::metadata(path).map_or(0o600, |m| {
+        use std::os::unix::fs::PermissionsExt;
+        m.permissions().mode()
+    });
+    let written = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)
+    }
+    .and_then(|mut f| {
+        use std::os::unix::fs::PermissionsExt;
+        // The process's umask applies to `mode` on creation: set it exactly.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.write_all(text.as_bytes())?;
         f.sync_all()
     });
@@ -485,7 +502,12 @@ enum Fate {
 /// that failed with the whole call is refused when SQS answered the call with a 4xx (it
 /// stored nothing), unconfirmed otherwise; one SQS named as failed is refused.
 fn record(fates: &mut [Fate], r: EntryResults) {
-    let whole = r.error.as_ref().map(|e| (e.to_string(), e.status));
+    // A call that got a 4xx at the end but had a try without a definite answer before (a
+    // timeout, a reset, a 5xx) may have stored the batch: unconfirmed, not refused.
+    let whole = r
+        .error
+        .as_ref()
+        .map(|e| (e.to_string(), e.status.filter(|_| !e.uncertain)));
     for k in r.accepted {
         fates[k] = Fate::Sent(r.message_ids.get(&k).cloned().unwrap_or_default());
     }

@@ -168,45 +168,90 @@ impl Slot {
             self.job_id.clone(),
         )
     }
+
+    /// The key of this message's lost counts: job type, job id and message id.
+    fn lost_key(&self) -> LostKey {
+        let (t, id) = self.ledger_key();
+        (t, id, self.inc.message_id.clone())
+    }
 }
 
-/// Counts the ledger refused to write, per job, remembered by one environment (at most
-/// [`LostCounts::CAPACITY`] jobs, the oldest forgotten first). A job whose count was lost
-/// reads a ledger that many executions short; adding them back keeps its attempts exact
+/// Counts the ledger refused to write, per job and message, remembered by one environment (at
+/// most [`LostCounts::CAPACITY`] entries, the oldest forgotten first). A job whose count was
+/// lost reads a ledger that many executions short; adding them back keeps its attempts exact
 /// when its redelivery reaches the same environment, so a ledger that refuses writes cannot
 /// make a job run past `max_attempts` there. Across environments each adds what it lost.
+/// Entries are per message: a replay or a producer's re-send of the job is a new message and
+/// starts clean.
 #[derive(Debug, Default)]
 struct LostCounts {
-    jobs: HashMap<(String, String), (u32, u64)>,
+    jobs: HashMap<LostKey, (u32, u64)>,
+    /// Entries by when they were last added to, for eviction.
+    order: BTreeMap<u64, LostKey>,
     next: u64,
 }
+
+/// Job type, job id and message id.
+type LostKey = (String, String, String);
 
 impl LostCounts {
     const CAPACITY: usize = 10_000;
 
-    fn add(&mut self, key: (String, String)) {
-        if self.jobs.len() >= Self::CAPACITY && !self.jobs.contains_key(&key) {
-            if let Some(oldest) = self
-                .jobs
-                .iter()
-                .min_by_key(|(_, (_, at))| *at)
-                .map(|(k, _)| k.clone())
-            {
+    fn add(&mut self, key: LostKey) {
+        self.next += 1;
+        let seq = self.next;
+        let n = match self.jobs.remove(&key) {
+            Some((n, old)) => {
+                self.order.remove(&old);
+                n + 1
+            }
+            None => 1,
+        };
+        if self.jobs.len() >= Self::CAPACITY {
+            if let Some((_, oldest)) = self.order.pop_first() {
                 self.jobs.remove(&oldest);
             }
         }
-        self.next += 1;
-        let e = self.jobs.entry(key).or_insert((0, 0));
-        e.0 += 1;
-        e.1 = self.next;
+        self.order.insert(seq, key.clone());
+        self.jobs.insert(key, (n, seq));
     }
 
-    fn get(&self, key: &(String, String)) -> u32 {
+    fn get(&self, key: &LostKey) -> u32 {
         self.jobs.get(key).map_or(0, |(n, _)| *n)
     }
 
-    fn forget(&mut self, key: &(String, String)) {
-        self.jobs.remove(key);
+    fn forget(&mut self, key: &LostKey) {
+        if let Some((_, seq)) = self.jobs.remove(key) {
+            self.order.remove(&seq);
+        }
+    }
+}
+
+#[cfg(test)]
+mod lost_counts_tests {
+    use super::LostCounts;
+
+    fn key(i: usize) -> (String, String, String) {
+        ("t".into(), format!("j{i}"), format!("m{i}"))
+    }
+
+    #[test]
+    fn counts_add_up_per_message_and_the_oldest_go_first() {
+        let mut lost = LostCounts::default();
+        lost.add(key(0));
+        lost.add(key(0));
+        assert_eq!(lost.get(&key(0)), 2);
+        let other_message = ("t".to_owned(), "j0".to_owned(), "m-replayed".to_owned());
+        assert_eq!(lost.get(&other_message), 0, "a new message starts clean");
+        for i in 1..=LostCounts::CAPACITY {
+            lost.add(key(i));
+        }
+        assert_eq!(lost.jobs.len(), LostCounts::CAPACITY);
+        assert_eq!(lost.order.len(), LostCounts::CAPACITY);
+        assert_eq!(lost.get(&key(0)), 0, "the oldest was forgotten");
+        lost.forget(&key(5));
+        assert_eq!(lost.get(&key(5)), 0);
+        assert_eq!(lost.order.len(), LostCounts::CAPACITY - 1);
     }
 }
 
@@ -385,7 +430,7 @@ impl Processor {
                         .lost_counts
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .get(&key);
+                        .get(&s.lost_key());
                     Ledger::Stored(match (item, lost) {
                         (item, 0) => item,
                         (Some(i), n) => Some(StoredAttempts {
@@ -670,10 +715,10 @@ impl Processor {
     fn remember_counts(&self, slots: &[Slot], settled: &[bool], lost: &[usize]) {
         let mut memory = self.lost_counts.lock().unwrap_or_else(|e| e.into_inner());
         for &i in lost {
-            memory.add(slots[i].ledger_key());
+            memory.add(slots[i].lost_key());
         }
         for (s, _) in slots.iter().zip(settled).filter(|(_, done)| **done) {
-            memory.forget(&s.ledger_key());
+            memory.forget(&s.lost_key());
         }
     }
 

@@ -33,9 +33,12 @@ use crate::processor::registry::Registry;
 use crate::processor::{BatchOutcome, Incoming, now_ms};
 
 /// The shortest visibility timeout the worker receives with: a batch needs that long to
-/// start, run and settle a handler within the margins it keeps. A source queue with a
-/// shorter one is received from with this one instead (a warning at start-up).
-pub const MIN_VISIBILITY: Duration = Duration::from_secs(5);
+/// start, run and settle a handler within the margins it keeps — a message that arrives
+/// during a long poll starts its batch's clock up to [`RECEIVE_LATENCY`] early, then the
+/// default start margin (2 s), the report margin (1.5 s) and [`DELETE_MARGIN`] come off,
+/// and a handler still needs time to run. A source queue with a shorter one is received
+/// from with this one instead (a warning at start-up).
+pub const MIN_VISIBILITY: Duration = Duration::from_secs(10);
 
 /// Time kept between a batch's deadline and the end of its messages' visibility timeout,
 /// for deleting the settled ones.
