@@ -100,7 +100,9 @@ fn worker_exit(queue: &str, dlq: &str, table: &str, extra: &[(&str, &str)]) -> O
         ("RUST_LOG", "warn"),
     ];
     env.extend_from_slice(extra);
-    let child = triage(&["worker"], &env).spawn().expect("spawn worker");
+    let child = triage(&["worker", "--demo-handlers"], &env)
+        .spawn()
+        .expect("spawn worker");
     exit_within(child, Duration::from_secs(60), "triage worker")
 }
 

@@ -502,8 +502,11 @@ impl Processor {
             received_at_ms: slot.received_at_ms,
             receive_limit: self.receive_limit,
             expires_at_ms: match (slot.inc.sent_at_ms, self.retention) {
-                (Some(sent), Some(r)) => {
-                    Some(sent.saturating_add((r.saturating_sub(retention_margin(r))).as_millis() as u64))
+                // A message whose retention ended before it was received cannot exist: the
+                // timestamp or a clock is off (a sample event, a replayed fixture), and no
+                // retention rule is applied to it.
+                (Some(sent), Some(r)) if sent.saturating_add(r.as_millis() as u64) > slot.received_at_ms => {
+                    Some(sent.saturating_add(r.saturating_sub(retention_margin(r)).as_millis() as u64))
                 }
                 _ => None,
             },
