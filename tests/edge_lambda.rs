@@ -463,6 +463,8 @@ async fn a_panic_message_reaches_the_lambda_logs_masked() {
             BTreeSet::new(),
             "dead-lettered, not failed: {v}\n{out}"
         );
+        // Logs go to CloudWatch, not a terminal: no colour codes.
+        assert!(!out.contains('\u{1b}'), "ANSI escape codes in the logs:\n{out}");
         if log_payloads {
             assert!(panic_line(&out).contains(SECRET), "{out}");
         } else {

@@ -348,14 +348,17 @@ fn max_receive_count(policy: &str) -> Option<u32> {
     }
 }
 
-/// Sets up `tracing`: JSON lines when `AWS_LAMBDA_LOG_FORMAT=JSON`, text otherwise; the
-/// level from `RUST_LOG` (default `info`).
+/// Sets up `tracing`: JSON lines when `AWS_LAMBDA_LOG_FORMAT=JSON`, text otherwise (colour
+/// codes only when stderr is a terminal); the level from `RUST_LOG` (default `info`).
 pub fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("AWS_LAMBDA_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
+    // Colour codes only on a terminal: CloudWatch (and any file or pipe) shows them as
+    // garbage.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = if json {
         builder

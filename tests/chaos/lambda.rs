@@ -82,7 +82,10 @@ impl Fleet {
             .env("AWS_ENDPOINT_URL", &self.endpoint)
             .env_remove("AWS_ENDPOINT_URL_SQS")
             .env_remove("AWS_ENDPOINT_URL_DYNAMODB")
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("CHAOS_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).expect("stdout file"))
             .stderr(std::fs::File::create(format!("{base}.log")).expect("log file"));
