@@ -17,7 +17,7 @@ use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb
 use sqs_triage::processor::now_ms;
 use sqs_triage::processor::registry::{JobContext, Registry};
 use sqs_triage::runtime::env::{Environment, build_with};
-use support::pipeline::{Harness, Options, fast_policy, lambda_event};
+use support::pipeline::{Harness, Options, fast_policy};
 
 const DEP: &str = "test.dependency";
 
@@ -92,29 +92,7 @@ async fn poll(h: &Harness, env: &Environment) -> usize {
     if messages.is_empty() {
         return 0;
     }
-    let event = lambda_event(&messages, &h.queue_url);
-    let mut context = lambda_runtime::Context::default();
-    context.deadline = now_ms() + 60_000;
-    let response =
-        sqs_triage::runtime::lambda::handle(&env.processor, lambda_runtime::LambdaEvent::new(event, context))
-            .await
-            .unwrap();
-    let failed: Vec<&str> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.as_str())
-        .collect();
-    for m in &messages {
-        if !failed.contains(&m.message_id().unwrap()) {
-            h.sqs
-                .delete_message()
-                .queue_url(&h.queue_url)
-                .receipt_handle(m.receipt_handle().unwrap())
-                .send()
-                .await
-                .unwrap();
-        }
-    }
+    h.invoke_env(env, &messages, Duration::from_secs(60)).await;
     messages.len()
 }
 
@@ -208,7 +186,6 @@ async fn an_operators_close_on_a_fresh_type_leaves_the_breaker_working() {
 /// the probe runs), and none may reach the DLQ without a failure record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_dependency_costs_each_message_few_receives_per_cycle() {
-    use aws_sdk_sqs::types::QueueAttributeName;
     use tokio::time::Instant;
 
     let hang = Duration::from_secs(8);
@@ -224,27 +201,7 @@ async fn a_hanging_dependency_costs_each_message_few_receives_per_cycle() {
         ..Options::default()
     })
     .await;
-    let dlq_arn = h
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&h.dlq_url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap()[&QueueAttributeName::QueueArn]
-        .clone();
-    h.sqs
-        .set_queue_attributes()
-        .queue_url(&h.queue_url)
-        .attributes(
-            QueueAttributeName::RedrivePolicy,
-            json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 8}).to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
+    h.set_redrive(8).await;
     let sdk = support::sdk_config().await;
     let mut envs = Vec::new();
     for _ in 0..2 {
@@ -341,31 +298,6 @@ async fn hang_poller(
             let e = r.entry(m.message_id().unwrap().to_owned()).or_default();
             *e = (*e).max(n);
         }
-        let event = lambda_event(&messages, &h.queue_url);
-        let mut context = lambda_runtime::Context::default();
-        context.deadline = now_ms() + 20_000;
-        let response = sqs_triage::runtime::lambda::handle(
-            &env.processor,
-            lambda_runtime::LambdaEvent::new(event, context),
-        )
-        .await
-        .unwrap();
-        let failed: Vec<&str> = response
-            .batch_item_failures
-            .iter()
-            .map(|f| f.item_identifier.as_str())
-            .collect();
-        for m in messages
-            .iter()
-            .filter(|m| !failed.contains(&m.message_id().unwrap()))
-        {
-            h.sqs
-                .delete_message()
-                .queue_url(&h.queue_url)
-                .receipt_handle(m.receipt_handle().unwrap())
-                .send()
-                .await
-                .unwrap();
-        }
+        h.invoke_env(env, &messages, Duration::from_secs(20)).await;
     }
 }

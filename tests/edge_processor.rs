@@ -149,42 +149,17 @@ async fn a_deferral_on_the_last_receive_is_dead_lettered_with_a_record() {
         ..Options::default()
     })
     .await;
-    let dlq_arn = h
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&h.dlq_url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap()[&QueueAttributeName::QueueArn]
-        .clone();
+    h.set_redrive(2).await;
     h.sqs
         .set_queue_attributes()
         .queue_url(&h.queue_url)
-        .attributes(
-            QueueAttributeName::RedrivePolicy,
-            json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 2}).to_string(),
-        )
         .attributes(QueueAttributeName::VisibilityTimeout, "1")
         .send()
         .await
         .unwrap();
     // Rebuild the processor so it reads the new redrive policy at start-up.
+    let env = env_for(&h, fast_policy(5), &h.dlq_url).await;
     let sdk = support::sdk_config().await;
-    let mut config = sqs_triage::config::Config::from_lookup(&|_| None).unwrap();
-    config.queue_url = Some(h.queue_url.clone());
-    config.dlq_url = Some(h.dlq_url.clone());
-    config.table = Some(h.table.clone());
-    let registry = sqs_triage::runtime::chaos::register(
-        sqs_triage::processor::registry::Registry::new(fast_policy(5), quiet_breaker()),
-        fast_policy(5),
-        quiet_breaker(),
-    );
-    let env = sqs_triage::runtime::env::build(&config, registry, &sdk)
-        .await
-        .unwrap();
     let store = sqs_triage::effects::breaker_store::BreakerStore::new(
         sqs_triage::effects::storage_retry::dynamodb_client(&sdk),
         &h.table,
@@ -210,31 +185,12 @@ async fn a_deferral_on_the_last_receive_is_dead_lettered_with_a_record() {
             continue;
         }
         deliveries += messages.len();
-        let event = support::pipeline::lambda_event(&messages, &h.queue_url);
-        let mut context = lambda_runtime::Context::default();
-        context.deadline = sqs_triage::processor::now_ms() + 30_000;
-        let response = sqs_triage::runtime::lambda::handle(
-            &env.processor,
-            lambda_runtime::LambdaEvent::new(event, context),
-        )
-        .await
-        .unwrap();
+        let response = h.invoke_env(&env, &messages, Duration::from_secs(30)).await;
         let failed: Vec<&str> = response
             .batch_item_failures
             .iter()
             .map(|f| f.item_identifier.as_str())
             .collect();
-        for m in &messages {
-            if !failed.contains(&m.message_id().unwrap()) {
-                h.sqs
-                    .delete_message()
-                    .queue_url(&h.queue_url)
-                    .receipt_handle(m.receipt_handle().unwrap())
-                    .send()
-                    .await
-                    .unwrap();
-            }
-        }
         // A forced-open breaker defers for ~12 h: make it visible again to go on.
         for m in messages
             .iter()
@@ -288,32 +244,6 @@ async fn take(h: &Harness, n: usize) -> Vec<aws_sdk_sqs::types::Message> {
     }
     assert_eq!(messages.len(), n);
     messages
-}
-
-/// Sets the source queue's redrive policy (and so the processor's receive limit, read at
-/// start-up: rebuild the environment after this).
-async fn set_redrive(h: &Harness, max_receive_count: u32) {
-    let dlq_arn = h
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&h.dlq_url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap()[&QueueAttributeName::QueueArn]
-        .clone();
-    h.sqs
-        .set_queue_attributes()
-        .queue_url(&h.queue_url)
-        .attributes(
-            QueueAttributeName::RedrivePolicy,
-            json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive_count}).to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
 }
 
 /// An environment over the harness's resources with the recording job type and `policy`.
@@ -392,7 +322,7 @@ async fn fifo_records_held_back_on_their_last_receive_are_dead_lettered_with_a_r
         ..Options::default()
     })
     .await;
-    set_redrive(&h, 2).await;
+    h.set_redrive(2).await;
     let env = env_for(&h, fast_policy(5), &h.dlq_url).await;
     let job =
         |id: &str, p: serde_json::Value| json!({"type": "test.recorded", "id": id, "payload": p}).to_string();
@@ -484,7 +414,7 @@ async fn a_refused_copy_on_the_last_receive_is_counted() {
         ..Options::default()
     })
     .await;
-    set_redrive(&h, 1).await;
+    h.set_redrive(1).await;
     // A DLQ deleted after start-up: every send is refused.
     let gone = support::queue_to_delete("lastrefused-gone", false).await;
     let env = env_for(&h, fast_policy(5), &gone).await;

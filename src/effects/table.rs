@@ -27,7 +27,7 @@ use aws_sdk_dynamodb::types::{
 };
 use sha2::{Digest, Sha256};
 
-use super::storage_retry::{FailureKind, StorageError, StorageRetry};
+use super::storage_retry::{StorageError, StorageRetry};
 
 /// Partition key attribute.
 pub const PK: &str = "pk";
@@ -127,9 +127,25 @@ pub async fn get_consistent(
 }
 
 /// Creates the table if it does not exist, waits until it is ACTIVE and enables TTL on
-/// `expires_at`. Idempotent: running it on an existing table only checks and fixes TTL.
-pub async fn create_table(client: &Client, name: &str) -> Result<(), StorageError> {
+/// `expires_at`. Idempotent: an existing table is verified (key schema, TTL attribute) and
+/// its TTL enabled if it is off; TTL enabled meanwhile by a concurrent caller is success.
+pub async fn create_table(client: &Client, name: &str) -> Result<(), TableError> {
     create_table_with(client, &StorageRetry::default(), name, Duration::from_secs(120)).await
+}
+
+/// Why [`create_table`] could not leave a usable table.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    /// A DynamoDB call failed after the storage retries.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The table exists in a shape the product cannot use: another key schema, or TTL on
+    /// another attribute. Nothing was changed.
+    #[error("{0}")]
+    Misconfigured(String),
+    /// DynamoDB is not done with the table yet (not ACTIVE in time, TTL being disabled).
+    #[error("{0}")]
+    NotReady(String),
 }
 
 /// [`create_table`] with a given retry policy and the longest wait for ACTIVE.
@@ -138,7 +154,7 @@ pub async fn create_table_with(
     retry: &StorageRetry,
     name: &str,
     wait: Duration,
-) -> Result<(), StorageError> {
+) -> Result<(), TableError> {
     let attr = |n: &str| {
         AttributeDefinition::builder()
             .attribute_name(n)
@@ -168,64 +184,120 @@ pub async fn create_table_with(
         .await;
     match created {
         Ok(_) => tracing::info!(table = name, "table created"),
-        // Already there (or being created by a concurrent setup): fine, wait for it.
+        // Already there (or being created by a concurrent caller): verified below.
         Err(e) if e.code() == Some("ResourceInUseException") => {}
-        Err(e) => return Err(e.with_resource(name)),
+        Err(e) => return Err(e.with_resource(name).into()),
     }
 
     let started = tokio::time::Instant::now();
-    loop {
+    let description = loop {
         let d = retry
             .call("DescribeTable", None, || {
                 client.describe_table().table_name(name).send()
             })
             .await
             .map_err(|e| e.with_resource(name))?;
-        if d.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
-            break;
+        if let Some(t) = d.table.filter(|t| t.table_status() == Some(&TableStatus::Active)) {
+            break t;
         }
         if started.elapsed() > wait {
-            return Err(StorageError::new(
-                "DescribeTable",
-                None,
-                format!("table did not become ACTIVE within {wait:?}"),
-                FailureKind::Transient,
-            )
-            .with_resource(name));
+            return Err(TableError::NotReady(format!(
+                "table {name} did not become ACTIVE within {} s",
+                wait.as_secs()
+            )));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let keys: Vec<(String, String)> = description
+        .key_schema()
+        .iter()
+        .map(|k| (k.attribute_name().to_owned(), k.key_type().as_str().to_owned()))
+        .collect();
+    let type_of = |n: &str| {
+        description
+            .attribute_definitions()
+            .iter()
+            .find(|a| a.attribute_name() == n)
+            .map(|a| a.attribute_type().as_str().to_owned())
+    };
+    let expected = [
+        (PK.to_owned(), "HASH".to_owned()),
+        (SK.to_owned(), "RANGE".to_owned()),
+    ];
+    let typed = type_of(PK).as_deref() == Some("S") && type_of(SK).as_deref() == Some("S");
+    if keys != expected || !typed {
+        let found: Vec<String> = keys
+            .iter()
+            .map(|(n, t)| format!("{n} {t} {}", type_of(n).unwrap_or_default()))
+            .collect();
+        return Err(TableError::Misconfigured(format!(
+            "table {name} exists with another key schema ({}): the state table needs a string `{PK}` \
+             partition key and a string `{SK}` sort key",
+            found.join(", ")
+        )));
     }
 
-    let ttl = retry
-        .call("DescribeTimeToLive", None, || {
-            client.describe_time_to_live().table_name(name).send()
-        })
-        .await
-        .map_err(|e| e.with_resource(name))?;
-    let status = ttl
-        .time_to_live_description()
-        .and_then(|t| t.time_to_live_status());
-    if !matches!(
-        status,
-        Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling)
-    ) {
-        let spec = TimeToLiveSpecification::builder()
-            .attribute_name(TTL_ATTRIBUTE)
-            .enabled(true)
-            .build()
-            .expect("name and flag are set");
+    let ttl = || async {
         retry
-            .call("UpdateTimeToLive", None, || {
-                client
-                    .update_time_to_live()
-                    .table_name(name)
-                    .time_to_live_specification(spec.clone())
-                    .send()
+            .call("DescribeTimeToLive", None, || {
+                client.describe_time_to_live().table_name(name).send()
             })
             .await
-            .map_err(|e| e.with_resource(name))?;
+            .map_err(|e| e.with_resource(name))
+            .map(|o| {
+                let d = o.time_to_live_description;
+                (
+                    d.as_ref().and_then(|d| d.time_to_live_status().cloned()),
+                    d.and_then(|d| d.attribute_name),
+                )
+            })
+    };
+    // `Ok(true)`: TTL is (being) enabled on our attribute.
+    let judge = |status: Option<TimeToLiveStatus>, attribute: Option<String>| match status {
+        Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling) => match attribute.as_deref() {
+            Some(TTL_ATTRIBUTE) | None => Ok(true),
+            Some(other) => Err(TableError::Misconfigured(format!(
+                "table {name} has TTL on `{other}`, not `{TTL_ATTRIBUTE}`: its ledgers and breakers \
+                 would never expire (a table has one TTL attribute)"
+            ))),
+        },
+        Some(TimeToLiveStatus::Disabling) => Err(TableError::NotReady(format!(
+            "TTL of table {name} is being disabled; DynamoDB allows enabling it again only once \
+             that is done (up to an hour)"
+        ))),
+        _ => Ok(false),
+    };
+    let (status, attribute) = ttl().await?;
+    if judge(status, attribute)? {
+        return Ok(());
     }
-    Ok(())
+    let spec = TimeToLiveSpecification::builder()
+        .attribute_name(TTL_ATTRIBUTE)
+        .enabled(true)
+        .build()
+        .expect("name and flag are set");
+    let updated = retry
+        .call("UpdateTimeToLive", None, || {
+            client
+                .update_time_to_live()
+                .table_name(name)
+                .time_to_live_specification(spec.clone())
+                .send()
+        })
+        .await;
+    match updated {
+        Ok(_) => Ok(()),
+        // A concurrent caller enabled TTL since the describe: read what it is now.
+        Err(e) if e.code() == Some("ValidationException") => {
+            let (status, attribute) = ttl().await?;
+            if judge(status, attribute)? {
+                Ok(())
+            } else {
+                Err(e.with_resource(name).into())
+            }
+        }
+        Err(e) => Err(e.with_resource(name).into()),
+    }
 }
 
 /// Deletes the table (tests and teardown). A missing table is fine.

@@ -228,23 +228,76 @@ impl Harness {
             .invoke_with(&messages, Duration::from_secs(60))
             .await
             .expect("handler answered");
+        self.delete_settled(&messages, &response).await;
+        Some((messages, response))
+    }
+
+    /// Deletes the messages a batch response did not report failed, as the event source
+    /// mapping does. Returns the ids it reported failed.
+    pub async fn delete_settled<'a>(
+        &self,
+        messages: &[Message],
+        response: &'a SqsBatchResponse,
+    ) -> Vec<&'a str> {
         let failed: Vec<&str> = response
             .batch_item_failures
             .iter()
             .map(|f| f.item_identifier.as_str())
             .collect();
-        for m in &messages {
-            if !failed.contains(&m.message_id().unwrap()) {
-                self.sqs
-                    .delete_message()
-                    .queue_url(&self.queue_url)
-                    .receipt_handle(m.receipt_handle().unwrap())
-                    .send()
-                    .await
-                    .unwrap();
-            }
+        for m in messages
+            .iter()
+            .filter(|m| !failed.contains(&m.message_id().unwrap()))
+        {
+            self.sqs
+                .delete_message()
+                .queue_url(&self.queue_url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
         }
-        Some((messages, response))
+        failed
+    }
+
+    /// One event source mapping poll through another environment over the same resources:
+    /// the messages given, `time_left` before the deadline, settled ones deleted.
+    pub async fn invoke_env(
+        &self,
+        env: &Environment,
+        messages: &[Message],
+        time_left: Duration,
+    ) -> SqsBatchResponse {
+        let response = invoke(env, messages, &self.queue_url, time_left)
+            .await
+            .expect("handler answered");
+        self.delete_settled(messages, &response).await;
+        response
+    }
+
+    /// Sets the source queue's redrive policy to its DLQ with `max_receive_count` (an
+    /// environment reads it at start-up: build one after this).
+    pub async fn set_redrive(&self, max_receive_count: u32) {
+        let dlq_arn = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&self.dlq_url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
+            .clone();
+        self.sqs
+            .set_queue_attributes()
+            .queue_url(&self.queue_url)
+            .attributes(
+                aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy,
+                json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive_count}).to_string(),
+            )
+            .send()
+            .await
+            .unwrap();
     }
 
     /// Invokes the Lambda handler with these messages and `time_left` before the deadline.
@@ -253,12 +306,7 @@ impl Harness {
         messages: &[Message],
         time_left: Duration,
     ) -> Result<SqsBatchResponse, String> {
-        let event = lambda_event(messages, &self.queue_url);
-        let mut context = Context::default();
-        context.deadline = now_ms() + time_left.as_millis() as u64;
-        lambda::handle(&self.env.processor, LambdaEvent::new(event, context))
-            .await
-            .map_err(|e| e.to_string())
+        invoke(&self.env, messages, &self.queue_url, time_left).await
     }
 
     /// Approximate visible + in-flight + delayed messages in a queue.
@@ -291,6 +339,21 @@ impl Harness {
 }
 
 pub use super::lambda_event::lambda_event;
+
+/// Invokes the Lambda handler of `env` with these messages and `time_left` before the deadline.
+pub async fn invoke(
+    env: &Environment,
+    messages: &[Message],
+    queue_url: &str,
+    time_left: Duration,
+) -> Result<SqsBatchResponse, String> {
+    let event = lambda_event(messages, queue_url);
+    let mut context = Context::default();
+    context.deadline = now_ms() + time_left.as_millis() as u64;
+    lambda::handle(&env.processor, LambdaEvent::new(event, context))
+        .await
+        .map_err(|e| e.to_string())
+}
 
 /// A handler error for tests that need one.
 pub fn transient(msg: &str) -> JobError {
