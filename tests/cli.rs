@@ -136,7 +136,7 @@ fn record(class: FailureClass, job_type: &str, job_id: &str, source: &str, error
         source_queue: source.into(),
         original_message_id: format!("orig-{job_id}"),
         first_received_at: 1,
-        failed_at: sqs_triage::ops::now_ms() - 5_000,
+        failed_at: sqs_triage::clock::now_ms() - 5_000,
     }
 }
 
@@ -709,7 +709,7 @@ async fn breakers_are_read_and_forced_with_confirmation() {
         &["breaker", "open", "email.send", "--for", "10m", "-y", "--json"],
     ));
     assert_eq!(timed["breakers"][0]["forced"], false);
-    assert!(timed["breakers"][0]["open_until_ms"].as_u64().unwrap() > sqs_triage::ops::now_ms());
+    assert!(timed["breakers"][0]["open_until_ms"].as_u64().unwrap() > sqs_triage::clock::now_ms());
 
     let closed = ok_json(&run(
         Some(&stack),

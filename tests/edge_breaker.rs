@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::Message;
 use serde_json::json;
+use sqs_triage::clock::now_ms;
 use sqs_triage::core::JobError;
 use sqs_triage::core::breaker::{BreakerConfig, Phase};
 use sqs_triage::effects::breaker_store::BreakerStore;
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb_config, sqs_config};
-use sqs_triage::processor::now_ms;
 use sqs_triage::processor::registry::{JobContext, Registry};
 use sqs_triage::runtime::env::{Environment, build_with};
 use support::pipeline::{Harness, Options, fast_policy};

@@ -169,7 +169,7 @@ async fn a_deferral_on_the_last_receive_is_dead_lettered_with_a_record() {
         .force_open(
             sqs_triage::runtime::chaos::CHAOS,
             None,
-            sqs_triage::processor::now_ms(),
+            sqs_triage::clock::now_ms(),
         )
         .await
         .unwrap();
@@ -468,7 +468,7 @@ async fn a_job_deferred_past_the_queues_retention_is_dead_lettered_with_a_record
         sqs_triage::effects::storage_retry::StorageRetry::default(),
     );
     store
-        .force_open(support::pipeline::RECORDED, None, sqs_triage::processor::now_ms())
+        .force_open(support::pipeline::RECORDED, None, sqs_triage::clock::now_ms())
         .await
         .unwrap();
     h.send_jobs(&[("short-lived", json!({"outcome": "ok"}))]).await;

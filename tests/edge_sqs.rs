@@ -104,7 +104,7 @@ fn record(job_type: &str, job_id: &str, source_queue: &str) -> FailureRecord {
         source_queue: source_queue.into(),
         original_message_id: format!("orig-{job_id}"),
         first_received_at: 1,
-        failed_at: sqs_triage::ops::now_ms(),
+        failed_at: sqs_triage::clock::now_ms(),
     }
 }
 

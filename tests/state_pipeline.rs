@@ -237,7 +237,7 @@ async fn an_open_breaker_defers_the_job_type_without_spending_attempts() {
 
     // While open, the jobs come back after their 1 s backoff and are deferred, unexecuted.
     let mut returned = 0;
-    while returned < 10 && sqs_triage::processor::now_ms() < state.open_until_ms {
+    while returned < 10 && sqs_triage::clock::now_ms() < state.open_until_ms {
         returned += h
             .invoke_once(Duration::from_secs(2))
             .await
@@ -245,7 +245,7 @@ async fn an_open_breaker_defers_the_job_type_without_spending_attempts() {
     }
     // Only a half-open breaker admits a probe, and it cannot be half-open before the end of
     // the open period: if that has not come yet, nothing can have run.
-    let still_open = sqs_triage::processor::now_ms() < state.open_until_ms;
+    let still_open = sqs_triage::clock::now_ms() < state.open_until_ms;
     if still_open {
         assert_eq!(returned, 10, "every job came back and was deferred");
         assert_eq!(

@@ -10,9 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use sqs_triage::clock::now_ms;
 use sqs_triage::ops::Ctx;
 use sqs_triage::ops::setup::{SetupOptions, setup};
-use sqs_triage::processor::now_ms;
 use sqs_triage::runtime::chaos::CHAOS;
 use sqs_triage::runtime::env::sdk_config;
 

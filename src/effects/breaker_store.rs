@@ -328,7 +328,7 @@ impl BreakerStore {
         inc: &Increment,
         deadline: Option<Instant>,
     ) -> Result<Option<BreakerState>, StorageError> {
-        let now_s = crate::processor::now_ms() / 1000;
+        let now_s = crate::clock::now_ms() / 1000;
         let token = format!("{:016x}", rand::rng().random::<u64>());
         let result = self
             .retry
@@ -461,7 +461,7 @@ impl BreakerStore {
         token: &str,
         deadline: Option<Instant>,
     ) -> Result<(), StorageError> {
-        let now_s = crate::processor::now_ms() / 1000;
+        let now_s = crate::clock::now_ms() / 1000;
         let mut item = to_item(job_type, next, now_s);
         item.insert("writer".to_owned(), AttributeValue::S(token.to_owned()));
         self.retry

@@ -13,7 +13,9 @@
 //! [`JobRef`]).
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use crate::clock::now_ms;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, KeysAndAttributes, ReturnValue, WriteRequest};
@@ -157,12 +159,6 @@ pub fn truncate(text: &str, max: usize) -> &str {
         end -= 1;
     }
     &text[..end]
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The jobs once each, in first-seen order.

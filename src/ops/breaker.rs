@@ -9,7 +9,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use serde::Serialize;
 
 use super::output::{Report, Table, age_ms};
-use super::{Ctx, OpsError, OpsResult, now_ms};
+use super::{Ctx, OpsError, OpsResult};
+use crate::clock::now_ms;
 use crate::core::breaker::{BreakerState, Phase};
 use crate::effects::table::{BREAKER_SK, PK, SK};
 

@@ -15,7 +15,8 @@ use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, Queu
 use serde::Serialize;
 
 use super::output::{Report, Table, progress};
-use super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, now_ms, queue_arn, resolve_queue};
+use super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, queue_arn, resolve_queue};
+use crate::clock::now_ms;
 use crate::core::envelope::{self, EnvelopeLimits, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE, Job};
 use crate::core::failure::FailureRecord;
 use crate::effects::dlq::{failure_record, original_attributes};

@@ -11,7 +11,7 @@ pub mod send;
 pub mod setup;
 
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use aws_config::retry::RetryConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
@@ -429,14 +429,6 @@ pub async fn queue_arn(ctx: &Ctx, url: &str, var: &str) -> OpsResult<String> {
 /// True for a FIFO queue URL, name or ARN.
 pub fn is_fifo(queue: &str) -> bool {
     queue.ends_with(".fifo")
-}
-
-/// Wall-clock milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Parses a duration such as `90s`, `15m`, `2h`, `3d`, `1h30m`, `250ms` or a bare number of

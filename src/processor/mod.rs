@@ -13,13 +13,14 @@ pub mod registry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream;
 use tokio::time::Instant;
 use tracing::{Instrument, info_span, warn};
 
+use crate::clock::now_ms;
 use crate::core::breaker::{Aggregate, BreakerState, Lease, Phase, gate};
 use crate::core::decision::{StoredAttempts, attempts_before, held_back, retention_margin};
 use crate::core::envelope::{self, EnvelopeLimits, Job};
@@ -52,13 +53,6 @@ pub const SETTLE_MARGIN: Duration = Duration::from_millis(250);
 /// The latest moment an effect after the handlers may end.
 fn settle_deadline(deadline: Option<Instant>) -> Option<Instant> {
     deadline.map(|d| d.checked_sub(SETTLE_MARGIN).unwrap_or(d))
-}
-
-/// Milliseconds since the epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Where a processor sends things and what it reads from.

@@ -122,7 +122,7 @@ impl Recorder {
         format!(
             "{}-{}-{}",
             std::process::id(),
-            crate::processor::now_ms(),
+            crate::clock::now_ms(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         )
     }
@@ -170,7 +170,7 @@ pub async fn run_recorded(
         tokio::time::sleep(Duration::from_millis(ms.min(900_000))).await;
     }
     // The dependency's state is read when the work is done, after any `sleep_ms`.
-    let down = p.down_at(crate::processor::now_ms());
+    let down = p.down_at(crate::clock::now_ms());
     let succeeds =
         down.is_none() && (p.outcome == ChaosOutcome::Ok || p.fail_times.is_some_and(|n| ctx.attempt > n));
     if let Some(r) = recorder {
@@ -272,7 +272,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_down_window_fails_transiently_and_outside_it_the_outcome_applies() {
-        let now = crate::processor::now_ms();
+        let now = crate::clock::now_ms();
         let inside = payload(serde_json::json!({
             "outcome": "ok",
             "down_windows_ms": [[now - 60_000, now - 30_000], [now - 1_000, now + 60_000]],

@@ -76,7 +76,7 @@ pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
     init_tracing();
     let sdk = sdk_config().await;
     let ctx = Ctx::from_config(&sdk)?;
-    let stamp = crate::processor::now_ms() % 1_000_000_000;
+    let stamp = crate::clock::now_ms() % 1_000_000_000;
     let created = setup(
         &ctx,
         &SetupOptions {

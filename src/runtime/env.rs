@@ -320,7 +320,7 @@ fn emit_startup_metric(skipped: u64) {
     let line = serde_json::json!({
         "StartupChecksSkipped": skipped,
         "_aws": {
-            "Timestamp": crate::processor::now_ms(),
+            "Timestamp": crate::clock::now_ms(),
             "CloudWatchMetrics": [{
                 "Namespace": crate::effects::metrics::NAMESPACE,
                 "Dimensions": [[]],

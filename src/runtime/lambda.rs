@@ -9,10 +9,11 @@ use tokio::time::Instant;
 
 use super::RuntimeError;
 use super::env::{Environment, build, init_tracing, install_panic_hook, sdk_config};
+use crate::clock::now_ms;
 use crate::config::Config;
 use crate::effects::metrics::UNREGISTERED;
 use crate::processor::registry::Registry;
-use crate::processor::{Incoming, Processor, now_ms};
+use crate::processor::{Incoming, Processor};
 
 /// Runs `registry` as a Lambda function: reads configuration from the environment, builds the
 /// SDK clients once for the container, and serves SQS events until the runtime stops.

@@ -27,10 +27,11 @@ use tokio::time::Instant;
 
 use super::RuntimeError;
 use super::env::{Environment, build, init_tracing, install_panic_hook, sdk_config};
+use crate::clock::now_ms;
 use crate::config::Config;
 use crate::effects::storage_retry::{FailureKind, StorageError, classify};
 use crate::processor::registry::Registry;
-use crate::processor::{BatchOutcome, Incoming, now_ms};
+use crate::processor::{BatchOutcome, Incoming};
 
 /// The shortest visibility timeout the worker receives with: a batch needs that long to
 /// start, run and settle a handler within the margins it keeps — a message that arrives

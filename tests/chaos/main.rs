@@ -1075,7 +1075,7 @@ async fn run(s: Scenario) -> Report {
     }
     let started = Instant::now();
     // The breaker scenario's outages are set by the clock, from the first job sent.
-    let t0 = sqs_triage::processor::now_ms();
+    let t0 = sqs_triage::clock::now_ms();
     let windows: Vec<[u64; 2]> = BREAKER_WINDOWS
         .iter()
         .map(|[a, b]| [t0 + a * 1000, t0 + b * 1000])
