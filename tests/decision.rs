@@ -405,7 +405,10 @@ fn a_job_types_rules_can_make_an_error_fatal() {
         .rules(sqs_triage::Rules::new().fatal_code("CardDeclined"))
         .build()
         .unwrap();
-    let out = Err(JobError::from_aws_code(Some("CardDeclined"), "declined"));
+    let out = Err(sqs_triage::effects::from_aws_code(
+        Some("CardDeclined"),
+        "declined",
+    ));
     assert!(matches!(
         decide(&inputs(&p, Execution::Ran(&out)), &mut rng()),
         Decision::DeadLetter {

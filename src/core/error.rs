@@ -82,14 +82,10 @@ impl JobError {
         Self::with_kind(ErrorKind::Transient, message, false)
     }
 
-    /// Classifies an error that carries an AWS error code (the SDK's `code()`), the way the
-    /// storage layer and job handlers both need: throttling and server faults are transient,
-    /// client faults that no retry can fix are fatal, unknown codes are transient.
-    pub fn from_aws_code(code: Option<&str>, message: impl Into<String>) -> Self {
-        let kind = code.map_or(ErrorKind::Transient, aws_code_kind);
-        let mut e = Self::with_kind(kind, message.into(), false);
-        e.code = code.map(str::to_owned);
-        e
+    /// An error whose kind was inferred rather than stated (e.g. from an error code by
+    /// `effects::from_aws_code`): a job type's rules may still re-classify it.
+    pub fn inferred(kind: ErrorKind, err: impl fmt::Display) -> Self {
+        Self::with_kind(kind, err.to_string(), false)
     }
 
     /// Attaches an error code that job type rules can match on.
@@ -173,74 +169,6 @@ pub fn render_chain(err: &(dyn StdError + 'static)) -> String {
         cur = e.source();
     }
     out
-}
-
-/// AWS error codes that mean "slow down": retried, never fatal. The SDK's own throttling list
-/// plus the service-specific codes DynamoDB and SQS return.
-pub const THROTTLING_CODES: &[&str] = &[
-    "Throttling",
-    "ThrottlingException",
-    "ThrottledException",
-    "RequestThrottledException",
-    "TooManyRequestsException",
-    "ProvisionedThroughputExceededException",
-    "TransactionInProgressException",
-    "RequestLimitExceeded",
-    "BandwidthLimitExceeded",
-    "LimitExceededException",
-    "RequestThrottled",
-    "SlowDown",
-    "PriorRequestNotComplete",
-    "EC2ThrottledException",
-    "TransactionConflictException",
-    "KMSThrottlingException",
-    "AWS.SimpleQueueService.RequestThrottled",
-];
-
-/// AWS error codes of transient server-side faults.
-pub const TRANSIENT_CODES: &[&str] = &[
-    "RequestTimeout",
-    "RequestTimeoutException",
-    "InternalError",
-    "InternalFailure",
-    "InternalServerError",
-    "ServiceUnavailable",
-    "ServiceUnavailableException",
-    "KMS.InternalException",
-];
-
-/// AWS error codes no retry can fix: the request itself is wrong or not allowed.
-pub const FATAL_CODES: &[&str] = &[
-    "ValidationException",
-    "ValidationError",
-    "InvalidParameterValue",
-    "InvalidParameterValueException",
-    "InvalidParameterCombination",
-    "MissingParameter",
-    "AccessDenied",
-    "AccessDeniedException",
-    "UnauthorizedOperation",
-    "ResourceNotFoundException",
-    "NotFoundException",
-    "AWS.SimpleQueueService.NonExistentQueue",
-    "QueueDoesNotExist",
-    "InvalidMessageContents",
-    "SerializationException",
-    "ConditionalCheckFailedException",
-];
-
-/// The kind an AWS error code implies. Unknown codes are transient (conservative).
-pub fn aws_code_kind(code: &str) -> ErrorKind {
-    if FATAL_CODES.contains(&code) {
-        ErrorKind::Fatal
-    } else {
-        ErrorKind::Transient
-    }
-}
-
-/// True when the code is a throttling code.
-pub fn is_throttling_code(code: &str) -> bool {
-    THROTTLING_CODES.contains(&code)
 }
 
 /// What a job type's rule matches on.
@@ -366,35 +294,6 @@ mod tests {
     }
 
     #[test]
-    fn aws_codes_classify() {
-        for code in [
-            "ThrottlingException",
-            "ProvisionedThroughputExceededException",
-            "InternalError",
-            "Weird",
-        ] {
-            assert_eq!(
-                JobError::from_aws_code(Some(code), "x").kind(),
-                ErrorKind::Transient,
-                "{code}"
-            );
-        }
-        for code in [
-            "ValidationException",
-            "AccessDeniedException",
-            "ResourceNotFoundException",
-        ] {
-            assert_eq!(
-                JobError::from_aws_code(Some(code), "x").kind(),
-                ErrorKind::Fatal,
-                "{code}"
-            );
-        }
-        assert!(is_throttling_code("ProvisionedThroughputExceededException"));
-        assert!(!is_throttling_code("ValidationException"));
-    }
-
-    #[test]
     fn rules_reclassify_inferred_errors_only() {
         let rules = Rules::new()
             .fatal_code("CardDeclined")
@@ -404,14 +303,14 @@ mod tests {
         assert_eq!(inferred.reclassified(&rules).kind(), ErrorKind::Fatal);
         let explicit = JobError::transient("explicit").with_code("CardDeclined");
         assert_eq!(explicit.reclassified(&rules).kind(), ErrorKind::Transient);
-        let slow = JobError::from_aws_code(Some("SlowDown"), "x");
+        let slow = JobError::inferred(ErrorKind::Transient, "x").with_code("SlowDown");
         assert_eq!(
             slow.reclassified(&rules).kind(),
             ErrorKind::RetryAfter(Duration::from_secs(7))
         );
         let by_text = JobError::classify(&Opaque);
         assert_eq!(by_text.clone().reclassified(&rules).kind(), ErrorKind::Transient);
-        let v1 = JobError::from_aws_code(None, "rejected: schema v1 payload");
+        let v1 = JobError::inferred(ErrorKind::Transient, "rejected: schema v1 payload");
         assert_eq!(v1.reclassified(&rules).kind(), ErrorKind::Fatal);
     }
 }

@@ -1,5 +1,6 @@
 //! Effects: the AWS calls that carry out decisions, all through one storage retry policy.
 
+pub mod aws_errors;
 pub mod breaker_store;
 pub mod calls;
 pub mod dlq;
@@ -8,3 +9,5 @@ pub mod metrics;
 pub mod sqs;
 pub mod storage_retry;
 pub mod table;
+
+pub use aws_errors::{from_aws_code, from_aws_error};

@@ -20,9 +20,9 @@ use aws_sdk_sqs::types::{
 };
 use futures::future::join_all;
 
+use super::aws_errors::{CodeClass, code_class};
 use super::dlq::attribute_size;
 use super::storage_retry::{BatchStep, StorageError, StorageRetry};
-use crate::core::error::is_throttling_code;
 
 /// SQS's limit of entries per batch call.
 pub const BATCH_LIMIT: usize = 10;
@@ -126,9 +126,15 @@ fn entry_id(key: usize) -> String {
     format!("e{key}")
 }
 
-/// Worth sending again: throttled or not the sender's fault.
+/// Worth sending again: by the code table when it knows the code (throttling and server
+/// faults are, refusals and conflicts are not), else when SQS says it was not the sender's
+/// fault.
 fn retryable(e: &BatchResultErrorEntry) -> bool {
-    is_throttling_code(e.code()) || !e.sender_fault()
+    match code_class(e.code()) {
+        Some(CodeClass::Throttling | CodeClass::ServerFault) => true,
+        Some(CodeClass::Refused | CodeClass::Conflict) => false,
+        None => !e.sender_fault(),
+    }
 }
 
 /// One batch call's answer: the ids listed under `Successful` (with the message id, for sends)
@@ -520,6 +526,22 @@ mod tests {
             .unwrap()
     }
 
+    /// The code table decides before SQS's `SenderFault` flag: an entry refused with a code no
+    /// retry can fix is not sent again even when the flag says "not your fault", and a server
+    /// fault is sent again even when the flag blames the sender (the storage policy already
+    /// read the same codes this way for whole calls).
+    #[test]
+    fn entry_codes_in_the_table_decide_before_the_sender_fault_flag() {
+        assert!(!retryable(&error("e", "AccessDenied", false)));
+        assert!(!retryable(&error(
+            "e",
+            "AWS.SimpleQueueService.NonExistentQueue",
+            false
+        )));
+        assert!(retryable(&error("e", "InternalError", true)));
+        assert!(retryable(&error("e", "ServiceUnavailable", true)));
+    }
+
     #[test]
     fn only_entries_listed_as_successful_are_accepted() {
         let codes = Mutex::new(HashMap::new());
@@ -532,6 +554,9 @@ mod tests {
         };
         let step = sort(vec![0usize, 1, 2, 3], |k| *k, &answer, &codes);
         assert_eq!(step.succeeded, vec![(0, Some("m0".to_owned()))]);
+        assert!(retryable(&error("e", "ThrottlingException", true)));
+        assert!(retryable(&error("e", "SomethingNew", false)));
+        assert!(!retryable(&error("e", "SomethingNew", true)));
         assert_eq!(step.failed.len(), 1);
         assert_eq!(step.failed[0].0, 1);
         assert!(step.failed[0].1.starts_with("InvalidParameterValue: "));

@@ -1,247 +1,18 @@
-//! One retry policy for every DynamoDB and SQS call.
-//!
-//! Throttling and transient failures (HTTP 500/502/503/504, timeouts, connection errors) are
-//! retried with capped exponential backoff and jitter, within a retry budget shared by every
-//! call of the environment (a token bucket: each success deposits a fraction of a retry, each
-//! retry withdraws one, so a storm cannot multiply the load), and never past the deadline
-//! passed in. `ConditionalCheckFailed`, validation, access and not-found errors are never
-//! retried. Storage retries never count as job attempts.
-//!
-//! There must be exactly one policy, so SDK clients are built with the SDK's own retries
-//! disabled: use [`dynamodb_client`] / [`sqs_client`] (or the `*_config` builders to override
-//! the endpoint).
+//! The storage retry policy: capped exponential backoff with jitter, a retry budget shared
+//! by every call of an environment, and the deadline.
 
-use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use aws_config::SdkConfig;
-use aws_config::retry::RetryConfig;
-use aws_config::timeout::TimeoutConfig;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::client::result::SdkError;
-use aws_smithy_types::error::display::DisplayErrorContext;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::core::error::{THROTTLING_CODES, TRANSIENT_CODES};
-
-/// Codes that are never retried, whatever the HTTP status: the request is wrong, not allowed,
-/// names something missing, or lost a condition (a domain answer, not a fault).
-pub const NEVER_RETRIED_CODES: &[&str] = &[
-    "ConditionalCheckFailedException",
-    "TransactionCanceledException",
-    "ValidationException",
-    "ValidationError",
-    "AccessDenied",
-    "AccessDeniedException",
-    "UnrecognizedClientException",
-    "ResourceNotFoundException",
-    "ResourceInUseException",
-    "AWS.SimpleQueueService.NonExistentQueue",
-    "QueueDoesNotExist",
-];
-
-/// What a failed call means for retrying it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureKind {
-    /// The service asked to slow down: retried with a longer backoff.
-    Throttled,
-    /// A server fault, timeout or connection error: retried.
-    Transient,
-    /// Retrying cannot help (or the error is a domain answer): returned at once.
-    Permanent,
-}
-
-/// Classifies an error code and HTTP status. Unknown client errors (4xx) are permanent,
-/// unknown server errors (5xx) transient.
-pub fn classify_code(code: Option<&str>, status: Option<u16>) -> FailureKind {
-    if let Some(code) = code {
-        if NEVER_RETRIED_CODES.contains(&code) {
-            return FailureKind::Permanent;
-        }
-        if THROTTLING_CODES.contains(&code) {
-            return FailureKind::Throttled;
-        }
-        if TRANSIENT_CODES.contains(&code) {
-            return FailureKind::Transient;
-        }
-    }
-    match status {
-        Some(429) => FailureKind::Throttled,
-        Some(500 | 502 | 503 | 504) => FailureKind::Transient,
-        Some(s) if s >= 500 => FailureKind::Transient,
-        _ => FailureKind::Permanent,
-    }
-}
-
-/// Classifies an SDK error: timeouts, dispatch failures (connection refused or reset) and
-/// unparseable responses are transient; service errors go by code and status; a request
-/// that could not be built is permanent.
-pub fn classify<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> FailureKind {
-    match err {
-        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
-            FailureKind::Transient
-        }
-        SdkError::ConstructionFailure(_) => FailureKind::Permanent,
-        SdkError::ServiceError(_) => {
-            classify_code(err.code(), err.raw_response().map(|r| r.status().as_u16()))
-        }
-        _ => FailureKind::Transient,
-    }
-}
-
-/// Why the storage layer stopped trying.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
-    /// The error is not retryable.
-    Permanent,
-    /// The attempt limit was reached.
-    AttemptsExhausted,
-    /// The environment's retry budget was empty.
-    BudgetEmpty,
-    /// Another try would end after the deadline.
-    Deadline,
-}
-
-/// A storage call that failed after the retry policy was applied.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{}", self.render())]
-pub struct StorageError {
-    /// The operation, e.g. `UpdateItem`.
-    pub op: &'static str,
-    /// The AWS error code, when the service answered with one.
-    pub code: Option<String>,
-    /// The error text (one line).
-    pub message: String,
-    /// The HTTP status, when there was a response.
-    pub status: Option<u16>,
-    /// What the last failure meant.
-    pub kind: FailureKind,
-    /// Why the policy stopped.
-    pub stop: Stop,
-    /// Calls made in all.
-    pub attempts: u32,
-    /// The table or queue the call was about, for the message.
-    pub resource: Option<String>,
-    /// True when some try ended without a definite answer (a timeout, a reset connection, a
-    /// 5xx): the call may have taken effect although it is reported failed.
-    pub uncertain: bool,
-}
-
-impl StorageError {
-    /// An error made by the storage layer itself (not from an SDK error).
-    pub fn new(op: &'static str, code: Option<&str>, message: impl Into<String>, kind: FailureKind) -> Self {
-        Self {
-            op,
-            code: code.map(str::to_owned),
-            message: one_line(&message.into()),
-            status: None,
-            kind,
-            stop: Stop::Permanent,
-            attempts: 1,
-            resource: None,
-            uncertain: false,
-        }
-    }
-
-    fn from_sdk<E>(
-        op: &'static str,
-        err: &SdkError<E, HttpResponse>,
-        kind: FailureKind,
-        attempts: u32,
-    ) -> Self
-    where
-        E: ProvideErrorMetadata + std::error::Error + 'static,
-    {
-        let message = match (err.message(), err) {
-            (Some(m), _) => m.to_owned(),
-            (None, e) => DisplayErrorContext(e).to_string(),
-        };
-        Self {
-            op,
-            code: err.code().map(str::to_owned),
-            message: one_line(&message),
-            status: err.raw_response().map(|r| r.status().as_u16()),
-            kind,
-            stop: Stop::Permanent,
-            attempts,
-            resource: None,
-            uncertain: false,
-        }
-    }
-
-    /// Names the table or queue in the message.
-    pub fn with_resource(mut self, resource: impl Into<String>) -> Self {
-        self.resource = Some(resource.into());
-        self
-    }
-
-    /// The AWS error code, if any.
-    pub fn code(&self) -> Option<&str> {
-        self.code.as_deref()
-    }
-
-    /// True for `ConditionalCheckFailedException` (a domain answer: the condition did not hold).
-    pub fn is_conditional_check_failed(&self) -> bool {
-        self.code() == Some("ConditionalCheckFailedException")
-    }
-
-    /// True when the table or queue does not exist.
-    pub fn is_not_found(&self) -> bool {
-        matches!(
-            self.code(),
-            Some(
-                "ResourceNotFoundException" | "AWS.SimpleQueueService.NonExistentQueue" | "QueueDoesNotExist"
-            )
-        )
-    }
-
-    /// True when the policy gave up on a retryable failure (the service may come back).
-    pub fn is_unavailable(&self) -> bool {
-        self.kind != FailureKind::Permanent
-    }
-
-    fn render(&self) -> String {
-        let code = self.code().unwrap_or(match self.kind {
-            FailureKind::Throttled => "throttled",
-            FailureKind::Transient => "transient failure",
-            FailureKind::Permanent => "error",
-        });
-        match (self.code(), &self.resource) {
-            (Some("ResourceNotFoundException"), Some(table)) => {
-                return format!(
-                    "DynamoDB table `{table}` does not exist (ResourceNotFoundException): run `triage setup` or set TRIAGE_TABLE"
-                );
-            }
-            (Some("AWS.SimpleQueueService.NonExistentQueue" | "QueueDoesNotExist"), Some(queue)) => {
-                return format!(
-                    "SQS queue `{queue}` does not exist ({code}): check TRIAGE_QUEUE_URL and TRIAGE_DLQ_URL"
-                );
-            }
-            _ => {}
-        }
-        let on = self
-            .resource
-            .as_deref()
-            .map(|r| format!(" on `{r}`"))
-            .unwrap_or_default();
-        let why = match self.stop {
-            Stop::Permanent => String::new(),
-            Stop::AttemptsExhausted => format!(" (gave up after {} attempts)", self.attempts),
-            Stop::BudgetEmpty => format!(" (retry budget empty, {} attempts)", self.attempts),
-            Stop::Deadline => format!(" (stopped at the deadline, {} attempts)", self.attempts),
-        };
-        format!("{}{on} failed: {code}: {}{why}", self.op, self.message)
-    }
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
+use super::error::{FailureKind, Stop, StorageError, classify};
 
 /// A token bucket of retries shared by every call of an environment, like tower's retry
 /// budget: each success deposits `deposit` milli-retries, each retry withdraws 1000, and the
@@ -637,58 +408,6 @@ impl StorageRetry {
     }
 }
 
-impl fmt::Display for FailureKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            FailureKind::Throttled => "throttled",
-            FailureKind::Transient => "transient",
-            FailureKind::Permanent => "permanent",
-        })
-    }
-}
-
-/// Longest wait for a connection to be made.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Longest wait for one DynamoDB call's answer (a stalled call is then retried as a timeout).
-pub const DYNAMODB_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest wait for one SQS call's answer: above the 20 s of a long-polling receive.
-pub const SQS_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
-
-fn timeouts(attempt: Duration) -> TimeoutConfig {
-    TimeoutConfig::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .operation_attempt_timeout(attempt)
-        .build()
-}
-
-/// A DynamoDB client configuration from `conf` with the SDK's retries disabled (this module
-/// is the only retry policy) and connect and per-call timeouts set, so no call waits forever
-/// where there is no invocation deadline. Override the endpoint on it if needed, then
-/// `build()`.
-pub fn dynamodb_config(conf: &SdkConfig) -> aws_sdk_dynamodb::config::Builder {
-    aws_sdk_dynamodb::config::Builder::from(conf)
-        .retry_config(RetryConfig::disabled())
-        .timeout_config(timeouts(DYNAMODB_ATTEMPT_TIMEOUT))
-}
-
-/// An SQS client configuration from `conf` with the SDK's retries disabled and connect and
-/// per-call timeouts set.
-pub fn sqs_config(conf: &SdkConfig) -> aws_sdk_sqs::config::Builder {
-    aws_sdk_sqs::config::Builder::from(conf)
-        .retry_config(RetryConfig::disabled())
-        .timeout_config(timeouts(SQS_ATTEMPT_TIMEOUT))
-}
-
-/// A DynamoDB client with the SDK's retries disabled. Build it once per environment.
-pub fn dynamodb_client(conf: &SdkConfig) -> aws_sdk_dynamodb::Client {
-    aws_sdk_dynamodb::Client::from_conf(dynamodb_config(conf).build())
-}
-
-/// An SQS client with the SDK's retries disabled. Build it once per environment.
-pub fn sqs_client(conf: &SdkConfig) -> aws_sdk_sqs::Client {
-    aws_sdk_sqs::Client::from_conf(sqs_config(conf).build())
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicU32;
@@ -727,37 +446,6 @@ mod tests {
             ..StorageRetryConfig::default()
         })
         .unwrap()
-    }
-
-    #[test]
-    fn classification() {
-        use FailureKind::*;
-        assert_eq!(
-            classify(&service("ProvisionedThroughputExceededException", 400)),
-            Throttled
-        );
-        assert_eq!(classify(&service("ThrottlingException", 400)), Throttled);
-        assert_eq!(classify(&service("RequestLimitExceeded", 400)), Throttled);
-        assert_eq!(classify(&service("TransactionConflictException", 400)), Throttled);
-        assert_eq!(classify(&service("InternalServerError", 500)), Transient);
-        assert_eq!(classify(&service("Whatever", 502)), Transient);
-        assert_eq!(classify(&service("ServiceUnavailable", 503)), Transient);
-        assert_eq!(classify(&service("", 504)), Transient);
-        assert_eq!(classify(&reset()), Transient);
-        for code in [
-            "ConditionalCheckFailedException",
-            "ValidationException",
-            "AccessDeniedException",
-            "ResourceNotFoundException",
-        ] {
-            assert_eq!(classify(&service(code, 400)), Permanent, "{code}");
-            assert_eq!(
-                classify(&service(code, 500)),
-                Permanent,
-                "{code} is never retried"
-            );
-        }
-        assert_eq!(classify(&service("SomethingNew", 400)), Permanent);
     }
 
     #[test]
@@ -834,7 +522,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn never_retries_permanent_errors_and_says_what_to_do() {
+    async fn never_retries_permanent_errors_and_names_the_resource() {
         let r = quick(10);
         let calls = AtomicU32::new(0);
         let err = r
@@ -850,7 +538,7 @@ mod tests {
         assert!(err.is_not_found());
         assert_eq!(
             err.to_string(),
-            "DynamoDB table `jobs` does not exist (ResourceNotFoundException): run `triage setup` or set TRIAGE_TABLE"
+            "DynamoDB table `jobs` does not exist (ResourceNotFoundException)"
         );
         let ccf = r
             .call("UpdateItem", None, || async {
