@@ -106,19 +106,20 @@ async fn breaker_types(ctx: &Ctx, table: &str) -> OpsResult<Vec<String>> {
     let mut start: Option<std::collections::HashMap<String, AttributeValue>> = None;
     loop {
         let out = ctx
-            .ddb
-            .scan()
-            .table_name(table)
-            .filter_expression("begins_with(#pk, :p) AND #sk = :s")
-            .expression_attribute_names("#pk", PK)
-            .expression_attribute_names("#sk", SK)
-            .expression_attribute_values(":p", AttributeValue::S("breaker#".into()))
-            .expression_attribute_values(":s", AttributeValue::S(BREAKER_SK.into()))
-            .projection_expression("#pk")
-            .set_exclusive_start_key(start.take())
-            .send()
-            .await
-            .map_err(|e| ctx.ddb_error("Scan", e, table))?;
+            .ddb_call("Scan", table, || {
+                ctx.ddb
+                    .scan()
+                    .table_name(table)
+                    .filter_expression("begins_with(#pk, :p) AND #sk = :s")
+                    .expression_attribute_names("#pk", PK)
+                    .expression_attribute_names("#sk", SK)
+                    .expression_attribute_values(":p", AttributeValue::S("breaker#".into()))
+                    .expression_attribute_values(":s", AttributeValue::S(BREAKER_SK.into()))
+                    .projection_expression("#pk")
+                    .set_exclusive_start_key(start.clone())
+                    .send()
+            })
+            .await?;
         for item in out.items.unwrap_or_default() {
             if let Some(t) = item
                 .get(PK)

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use aws_config::retry::RetryConfig;
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use serde::Serialize;
 
@@ -21,7 +20,7 @@ use crate::core::envelope::{self, EnvelopeLimits, JOB_ID_ATTRIBUTE, JOB_TYPE_ATT
 use crate::core::failure::FailureRecord;
 use crate::effects::dlq::{failure_record, original_attributes};
 use crate::effects::sqs::{Outgoing, Sqs, batches};
-use crate::effects::storage_retry::sqs_client;
+use crate::effects::storage_retry::{StorageError, StorageRetry, StorageRetryConfig};
 
 /// Class shown for DLQ messages without a failure record: SQS moved them itself after
 /// `maxReceiveCount` receives (a consumer that crashed or timed out on them, a Lambda record
@@ -240,24 +239,23 @@ impl<'a> Sweep<'a> {
         if self.done || self.seen.len() >= self.max {
             return Ok(None);
         }
+        let sqs = &self.ctx.sqs;
         let out = self
             .ctx
-            .sqs
-            .receive_message()
-            .queue_url(self.url)
-            .max_number_of_messages(10)
-            // A long poll asks every SQS server, so an empty answer means the queue has no
-            // visible message left (a short poll samples and can come back empty early).
-            .wait_time_seconds(1)
-            .visibility_timeout(self.visibility)
-            .message_system_attribute_names(MessageSystemAttributeName::All)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .map_err(|e| {
-                self.ctx
-                    .sqs_error("ReceiveMessage", e, Some((self.url, "TRIAGE_DLQ_URL")))
-            })?;
+            .sqs_call("ReceiveMessage", Some((self.url, "TRIAGE_DLQ_URL")), || {
+                sqs.receive_message()
+                    .queue_url(self.url)
+                    .max_number_of_messages(10)
+                    // A long poll asks every SQS server, so an empty answer means the queue has
+                    // no visible message left (a short poll samples and can come back empty
+                    // early).
+                    .wait_time_seconds(1)
+                    .visibility_timeout(self.visibility)
+                    .message_system_attribute_names(MessageSystemAttributeName::All)
+                    .message_attribute_names("All")
+                    .send()
+            })
+            .await?;
         let messages = out.messages.unwrap_or_default();
         if messages.is_empty() {
             self.done = true;
@@ -283,12 +281,6 @@ impl<'a> Sweep<'a> {
     }
 }
 
-/// The batched SQS actions of operator commands: one retry layer (the storage retry policy,
-/// an operator's few tries) over an SDK client without retries of its own.
-fn effects(ctx: &Ctx) -> Sqs {
-    Sqs::new(sqs_client(&ctx.sdk), ctx.storage_retry())
-}
-
 /// Makes held messages visible again (visibility 0), ten per call. Failures are counted,
 /// not fatal: those messages come back on their own when their hold expires.
 async fn release(ctx: &Ctx, url: &str, handles: impl IntoIterator<Item = String>) -> usize {
@@ -297,7 +289,7 @@ async fn release(ctx: &Ctx, url: &str, handles: impl IntoIterator<Item = String>
     if entries.is_empty() {
         return 0;
     }
-    effects(ctx)
+    ctx.sqs_effects()
         .change_visibility(url, entries, None)
         .await
         .failed
@@ -315,7 +307,7 @@ async fn delete(ctx: &Ctx, url: &str, handles: &[(String, String)]) -> Vec<Strin
         .enumerate()
         .map(|(k, (_, h))| (k, h.clone()))
         .collect();
-    let r = effects(ctx).delete(url, entries, None).await;
+    let r = ctx.sqs_effects().delete(url, entries, None).await;
     r.failed
         .into_iter()
         .filter_map(|(k, _)| handles.get(k).map(|(id, _)| id.clone()))
@@ -819,12 +811,10 @@ pub async fn reset_ledgers(ctx: &Ctx, table: &str, jobs: &[(String, String)]) ->
 }
 
 async fn check_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
-    ctx.ddb
-        .describe_table()
-        .table_name(table)
-        .send()
-        .await
-        .map_err(|e| ctx.ddb_error("DescribeTable", e, table))?;
+    ctx.ddb_call("DescribeTable", table, || {
+        ctx.ddb.describe_table().table_name(table).send()
+    })
+    .await?;
     Ok(())
 }
 
@@ -844,16 +834,15 @@ async fn verified_source(ctx: &Ctx, source: &str, dlq_arn: &str) -> Result<Strin
         .await
         .map_err(|e| format!("{e}; pass --to QUEUE"))?;
     let out = ctx
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&url)
-        .attribute_names(QueueAttributeName::RedrivePolicy)
-        .send()
+        .sqs_call("GetQueueAttributes", Some((&url, "the failure record")), || {
+            ctx.sqs
+                .get_queue_attributes()
+                .queue_url(&url)
+                .attribute_names(QueueAttributeName::RedrivePolicy)
+                .send()
+        })
         .await
-        .map_err(|e| {
-            let e = ctx.sqs_error("GetQueueAttributes", e, Some((&url, "the failure record")));
-            format!("{e}; pass --to QUEUE")
-        })?;
+        .map_err(|e| format!("{e}; pass --to QUEUE"))?;
     let target = out
         .attributes
         .and_then(|mut a| a.remove(&QueueAttributeName::RedrivePolicy))
@@ -946,7 +935,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         dlq_arn,
         scanned: 0,
     };
-    let sqs = effects(ctx);
+    let sqs = ctx.sqs_effects();
     let stopped = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
     let mut pacer = Pacer::new(opts.rate);
     let mut sweep = Sweep::new(ctx, dlq_url, hold, opts.max_scan);
@@ -1193,11 +1182,14 @@ impl ReplayState {
 
 async fn approximate_count(ctx: &Ctx, url: &str) -> Option<u64> {
     let out = ctx
-        .sqs
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .send()
+        .storage_retry()
+        .call("GetQueueAttributes", None, || {
+            ctx.sqs
+                .get_queue_attributes()
+                .queue_url(url)
+                .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+                .send()
+        })
         .await
         .ok()?;
     out.attributes?
@@ -1526,27 +1518,23 @@ impl Report for RedriveReport {
     }
 }
 
-fn no_retries() -> aws_sdk_sqs::config::Builder {
-    aws_sdk_sqs::config::Builder::default().retry_config(RetryConfig::disabled())
+/// Move-task calls are tried once: starting a task twice after an unclear answer would
+/// fail on the task the first try started, and the operator can run the command again.
+fn once() -> StorageRetry {
+    StorageRetry::new(StorageRetryConfig {
+        max_attempts: 1,
+        ..StorageRetryConfig::default()
+    })
+    .unwrap_or_default()
 }
 
 /// A move-task call the endpoint does not implement (moto answers HTTP 500 without an error
 /// code) becomes a pointer to `dlq replay`.
-fn move_task_error<E>(
-    ctx: &Ctx,
-    op: &str,
-    err: aws_sdk_sqs::error::SdkError<E, aws_smithy_runtime_api::client::orchestrator::HttpResponse>,
-    dlq_url: &str,
-) -> OpsError
-where
-    E: aws_sdk_sqs::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    use aws_sdk_sqs::error::ProvideErrorMetadata;
-    let status = err.raw_response().map(|r| r.status().as_u16());
+fn move_task_error(ctx: &Ctx, op: &str, err: StorageError, dlq_url: &str) -> OpsError {
     let unimplemented = matches!(
         err.code(),
         None | Some("UnsupportedOperation" | "InvalidAction" | "NotImplemented")
-    ) && matches!(status, Some(400 | 404 | 500 | 501));
+    ) && matches!(err.status, Some(400 | 404 | 500 | 501));
     if unimplemented && ctx.custom_endpoint {
         return OpsError::new(
             ErrorKind::Unsupported,
@@ -1556,7 +1544,7 @@ where
             ),
         );
     }
-    ctx.sqs_error(op, err, Some((dlq_url, "TRIAGE_DLQ_URL")))
+    ctx.sqs_storage_error(&err, Some((dlq_url, "TRIAGE_DLQ_URL")))
 }
 
 /// What `dlq redrive` is about to start, for the confirmation prompt.
@@ -1638,15 +1626,15 @@ pub async fn redrive_start_confirmed(
     if !confirm(&plan) {
         return Err(OpsError::usage("redrive cancelled: no move task was started"));
     }
-    let out = ctx
-        .sqs
-        .start_message_move_task()
-        .source_arn(&source_arn)
-        .set_destination_arn(destination_arn)
-        .set_max_number_of_messages_per_second(rate)
-        .customize()
-        .config_override(no_retries())
-        .send()
+    let out = once()
+        .call("StartMessageMoveTask", None, || {
+            ctx.sqs
+                .start_message_move_task()
+                .source_arn(&source_arn)
+                .set_destination_arn(destination_arn.clone())
+                .set_max_number_of_messages_per_second(rate)
+                .send()
+        })
         .await
         .map_err(|e| move_task_error(ctx, "StartMessageMoveTask", e, dlq_url))?;
     Ok(RedriveReport {
@@ -1661,14 +1649,14 @@ pub async fn redrive_start_confirmed(
 /// `dlq redrive status`: the DLQ's recent move tasks.
 pub async fn redrive_status(ctx: &Ctx, dlq_url: &str) -> OpsResult<RedriveReport> {
     let source_arn = queue_arn(ctx, dlq_url, "TRIAGE_DLQ_URL").await?;
-    let out = ctx
-        .sqs
-        .list_message_move_tasks()
-        .source_arn(&source_arn)
-        .max_results(10)
-        .customize()
-        .config_override(no_retries())
-        .send()
+    let out = once()
+        .call("ListMessageMoveTasks", None, || {
+            ctx.sqs
+                .list_message_move_tasks()
+                .source_arn(&source_arn)
+                .max_results(10)
+                .send()
+        })
         .await
         .map_err(|e| move_task_error(ctx, "ListMessageMoveTasks", e, dlq_url))?;
     let tasks = out
@@ -1710,13 +1698,10 @@ pub async fn redrive_cancel(ctx: &Ctx, dlq_url: &str, handle: Option<&str>) -> O
                 OpsError::new(ErrorKind::NotFound, format!("no running move task on {dlq_url}"))
             })?,
     };
-    let out = ctx
-        .sqs
-        .cancel_message_move_task()
-        .task_handle(&handle)
-        .customize()
-        .config_override(no_retries())
-        .send()
+    let out = once()
+        .call("CancelMessageMoveTask", None, || {
+            ctx.sqs.cancel_message_move_task().task_handle(&handle).send()
+        })
         .await
         .map_err(|e| move_task_error(ctx, "CancelMessageMoveTask", e, dlq_url))?;
     Ok(RedriveReport {

@@ -6,22 +6,25 @@
 
 pub mod breaker;
 pub mod dlq;
+pub mod hints;
 pub mod output;
 pub mod send;
 pub mod setup;
 
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
-use aws_config::retry::RetryConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
-use aws_smithy_types::error::display::DisplayErrorContext;
 
 use crate::effects::breaker_store::BreakerStore;
 use crate::effects::ledger::AttemptLedger;
-use crate::effects::storage_retry::{StorageError, StorageRetry, StorageRetryConfig, dynamodb_client};
+use crate::effects::sqs::Sqs;
+use crate::effects::storage_retry::{
+    StorageError, StorageRetry, StorageRetryConfig, dynamodb_client, sqs_client,
+};
 
 /// How an operator action failed; decides the CLI's exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,9 +68,7 @@ impl OpsError {
 
     /// A required variable is not set: names the flag and the variable.
     pub fn missing_var(var: &str, flag: &str) -> Self {
-        Self::usage(format!(
-            "{var} is not set: pass {flag} or export {var} (see `triage setup`)"
-        ))
+        Self::usage(hints::missing_var(var, flag))
     }
 
     /// The process exit code for this error.
@@ -100,11 +101,17 @@ pub fn one_line(s: &str) -> String {
 }
 
 /// The AWS clients and the endpoints they talk to (for error messages).
+///
+/// Every call an operator command makes goes through one retry mechanism, the storage retry
+/// policy ([`Ctx::storage_retry`], a few quick tries because an operator is waiting): the SDK
+/// clients here have the SDK's own retries disabled. Make calls with [`Ctx::sqs_call`] /
+/// [`Ctx::ddb_call`], or through the effects ([`Ctx::sqs_effects`], [`Ctx::ledger`],
+/// [`Ctx::breakers`]).
 #[derive(Debug, Clone)]
 pub struct Ctx {
-    /// SQS client.
+    /// SQS client (the SDK's retries disabled).
     pub sqs: aws_sdk_sqs::Client,
-    /// DynamoDB client.
+    /// DynamoDB client (the SDK's retries disabled).
     pub ddb: aws_sdk_dynamodb::Client,
     /// Where SQS calls go, as shown to the operator.
     pub sqs_endpoint: String,
@@ -112,45 +119,46 @@ pub struct Ctx {
     pub ddb_endpoint: String,
     /// True when an endpoint variable points the clients at something other than AWS.
     pub custom_endpoint: bool,
-    /// The SDK configuration, for the stores' retry-free clients.
+    /// The SDK configuration the clients were built from.
     pub sdk: SdkConfig,
+    /// The retry policy of this command's calls (clones share its budget).
+    retry: StorageRetry,
 }
+
+/// Calls per operator request (the first included): a few quick tries, then a clear error.
+pub const OPERATOR_MAX_ATTEMPTS: u32 = 3;
 
 impl Ctx {
     /// Loads the standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL*`, credentials).
     pub async fn from_env() -> OpsResult<Self> {
-        let config = aws_config::defaults(BehaviorVersion::latest())
-            // An operator waits on these calls: a few quick tries, then a clear error.
-            .retry_config(
-                RetryConfig::standard()
-                    .with_max_attempts(3)
-                    .with_max_backoff(Duration::from_secs(2)),
-            )
-            .load()
-            .await;
+        let config = aws_config::defaults(BehaviorVersion::latest()).load().await;
         Self::from_config(&config)
     }
 
-    /// Clients from an existing SDK configuration.
+    /// Clients from an existing SDK configuration (its retry settings are not used: the
+    /// clients' retries are the storage retry policy's).
     pub fn from_config(config: &SdkConfig) -> OpsResult<Self> {
         let Some(region) = config.region() else {
-            return Err(OpsError::usage(
-                "AWS_REGION is not set: export AWS_REGION (for the local stack: \
-                 eval \"$(bash infra/local/stack.sh env)\")",
-            ));
+            return Err(OpsError::usage(hints::NO_REGION));
         };
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let global = env("AWS_ENDPOINT_URL");
         let sqs_custom = env("AWS_ENDPOINT_URL_SQS").or_else(|| global.clone());
         let ddb_custom = env("AWS_ENDPOINT_URL_DYNAMODB").or_else(|| global.clone());
         let custom_endpoint = sqs_custom.is_some() || ddb_custom.is_some();
+        let retry = StorageRetry::new(StorageRetryConfig {
+            max_attempts: OPERATOR_MAX_ATTEMPTS,
+            ..StorageRetryConfig::default()
+        })
+        .unwrap_or_default();
         Ok(Self {
-            sqs: aws_sdk_sqs::Client::new(config),
-            ddb: aws_sdk_dynamodb::Client::new(config),
+            sqs: sqs_client(config),
+            ddb: dynamodb_client(config),
             sqs_endpoint: sqs_custom.unwrap_or_else(|| format!("sqs.{region}.amazonaws.com")),
             ddb_endpoint: ddb_custom.unwrap_or_else(|| format!("dynamodb.{region}.amazonaws.com")),
             custom_endpoint,
             sdk: config.clone(),
+            retry,
         })
     }
 
@@ -179,140 +187,100 @@ impl Ctx {
         Self::from_config(&sdk)
     }
 
-    /// The storage retry policy of operator calls: the product's policy with fewer tries,
-    /// because an operator is waiting.
+    /// The storage retry policy of operator calls: the product's policy with fewer tries
+    /// ([`OPERATOR_MAX_ATTEMPTS`]), because an operator is waiting. Clones share one budget.
     pub fn storage_retry(&self) -> StorageRetry {
-        StorageRetry::new(StorageRetryConfig {
-            max_attempts: 3,
-            ..StorageRetryConfig::default()
-        })
-        .unwrap_or_default()
+        self.retry.clone()
+    }
+
+    /// The batched SQS actions (sends, deletes, visibility changes) through this context's
+    /// client and retry policy.
+    pub fn sqs_effects(&self) -> Sqs {
+        Sqs::new(self.sqs.clone(), self.retry.clone())
     }
 
     /// The attempt ledger in `table`, through the storage retry policy.
     pub fn ledger(&self, table: &str) -> AttemptLedger {
-        AttemptLedger::new(dynamodb_client(&self.sdk), table, self.storage_retry())
+        AttemptLedger::new(self.ddb.clone(), table, self.retry.clone())
     }
 
     /// The breaker store in `table`, through the storage retry policy.
     pub fn breakers(&self, table: &str) -> BreakerStore {
-        BreakerStore::new(dynamodb_client(&self.sdk), table, self.storage_retry())
+        BreakerStore::new(self.ddb.clone(), table, self.retry.clone())
     }
 
-    /// Maps a DynamoDB [`StorageError`] (from the ledger or the breaker store) to one line.
+    /// Makes one SQS call under the retry policy; a failure becomes one operator line.
+    /// `queue` names the queue the call is about and the variable or flag that gave it, for
+    /// the "does not exist" line.
+    pub async fn sqs_call<T, E, F, Fut>(
+        &self,
+        op: &'static str,
+        queue: Option<(&str, &str)>,
+        f: F,
+    ) -> OpsResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        self.retry
+            .call(op, None, f)
+            .await
+            .map_err(|e| self.sqs_storage_error(&e, queue))
+    }
+
+    /// Makes one DynamoDB call about `table` under the retry policy; a failure becomes one
+    /// operator line.
+    pub async fn ddb_call<T, E, F, Fut>(&self, op: &'static str, table: &str, f: F) -> OpsResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        self.retry
+            .call(op, None, f)
+            .await
+            .map_err(|e| self.storage_error(e, table))
+    }
+
+    /// Maps a DynamoDB [`StorageError`] (from a call, the ledger or the breaker store) about
+    /// `table` to one line.
     pub fn storage_error(&self, err: StorageError, table: &str) -> OpsError {
         if err.is_not_found() {
-            return OpsError::new(
-                ErrorKind::NotFound,
-                format!("table {table} does not exist: run `triage setup` or check TRIAGE_TABLE"),
-            );
+            return OpsError::new(ErrorKind::NotFound, hints::table_missing(table));
         }
-        if err.code().is_none() && err.status.is_none() && err.is_unavailable() {
-            return self.unreachable("DynamoDB", &self.ddb_endpoint.clone());
-        }
-        OpsError::new(ErrorKind::Failed, err.to_string())
+        self.transport_error(&err, "DynamoDB", &self.ddb_endpoint)
+            .unwrap_or_else(|| OpsError::new(ErrorKind::Failed, err.to_string()))
     }
 
-    fn unreachable(&self, service: &str, endpoint: &str) -> OpsError {
-        let hint = if self.custom_endpoint {
-            "is the local stack running (`bash infra/local/stack.sh start`)?"
-        } else {
-            "check the network, AWS_REGION and AWS_ENDPOINT_URL"
-        };
-        OpsError::new(
-            ErrorKind::Unreachable,
-            format!("cannot reach {service} at {endpoint}: {hint}"),
-        )
-    }
-
-    /// Maps an SQS error to one operator line. `queue` names the queue the call was about
-    /// and the variable that configures it, for the "does not exist" hint.
-    pub fn sqs_error<E>(
-        &self,
-        op: &str,
-        err: SdkError<E, HttpResponse>,
-        queue: Option<(&str, &str)>,
-    ) -> OpsError
-    where
-        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    {
-        if let Some(e) = self.transport_error(&err, "SQS", &self.sqs_endpoint.clone()) {
-            return e;
-        }
-        let code = err.code().unwrap_or_default().to_owned();
-        if code.contains("NonExistentQueue") || code.contains("QueueDoesNotExist") {
-            return match queue {
-                Some((url, var)) => OpsError::new(
-                    ErrorKind::NotFound,
-                    format!("queue {url} does not exist: run `triage setup` or check {var}"),
-                ),
-                None => OpsError::new(
-                    ErrorKind::NotFound,
-                    "queue does not exist: run `triage setup` or check the queue name",
-                ),
+    /// Maps an SQS [`StorageError`] to one line. `queue` names the queue the call was about
+    /// and the variable or flag that gave it, for the "does not exist" line.
+    pub fn sqs_storage_error(&self, err: &StorageError, queue: Option<(&str, &str)>) -> OpsError {
+        if err.is_not_found() {
+            let line = match queue {
+                Some((url, var)) => hints::queue_missing(url, var),
+                None => hints::QUEUE_MISSING.to_owned(),
             };
+            return OpsError::new(ErrorKind::NotFound, line);
         }
-        generic_error(op, &err)
+        self.transport_error(err, "SQS", &self.sqs_endpoint)
+            .unwrap_or_else(|| OpsError::new(ErrorKind::Failed, err.to_string()))
     }
 
-    /// Maps a DynamoDB error to one operator line. `table` is the table the call was about.
-    pub fn ddb_error<E>(&self, op: &str, err: SdkError<E, HttpResponse>, table: &str) -> OpsError
-    where
-        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    {
-        if let Some(e) = self.transport_error(&err, "DynamoDB", &self.ddb_endpoint.clone()) {
-            return e;
+    /// No answer at all: no credentials (a usage error), or the endpoint not reached.
+    fn transport_error(&self, err: &StorageError, service: &str, endpoint: &str) -> Option<OpsError> {
+        if err.code().is_some() || err.status.is_some() {
+            return None;
         }
-        if err.code() == Some("ResourceNotFoundException") {
-            return OpsError::new(
-                ErrorKind::NotFound,
-                format!("table {table} does not exist: run `triage setup` or check TRIAGE_TABLE"),
-            );
+        if err.message.contains("credentials") {
+            return Some(OpsError::usage(hints::no_credentials(service)));
         }
-        generic_error(op, &err)
-    }
-
-    fn transport_error<E>(
-        &self,
-        err: &SdkError<E, HttpResponse>,
-        service: &str,
-        endpoint: &str,
-    ) -> Option<OpsError>
-    where
-        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    {
-        let text = format!("{}", DisplayErrorContext(err));
-        if text.contains("credentials") && !matches!(err, SdkError::ServiceError(_)) {
-            return Some(OpsError::usage(format!(
-                "no AWS credentials for {service}: export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY \
-                 or AWS_PROFILE (for the local stack: eval \"$(bash infra/local/stack.sh env)\")"
-            )));
-        }
-        match err {
-            SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
-                Some(self.unreachable(service, endpoint))
-            }
-            _ => None,
-        }
-    }
-}
-
-fn generic_error<E>(op: &str, err: &SdkError<E, HttpResponse>) -> OpsError
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    match (err.code(), err.message()) {
-        (Some(code), Some(msg)) => OpsError::new(ErrorKind::Failed, format!("{op} failed: {code}: {msg}")),
-        (Some(code), None) => OpsError::new(ErrorKind::Failed, format!("{op} failed: {code}")),
-        _ => {
-            let status = err
-                .raw_response()
-                .map(|r| format!("HTTP {}: ", r.status().as_u16()))
-                .unwrap_or_default();
-            let text = format!("{}", DisplayErrorContext(err));
-            let text: String = one_line(&text).chars().take(300).collect();
-            OpsError::new(ErrorKind::Failed, format!("{op} failed: {status}{text}"))
-        }
+        err.is_unavailable().then(|| {
+            OpsError::new(
+                ErrorKind::Unreachable,
+                hints::unreachable(service, endpoint, self.custom_endpoint),
+            )
+        })
     }
 }
 
@@ -391,13 +359,14 @@ pub async fn resolve_queue(ctx: &Ctx, input: &str, var: &str) -> OpsResult<Strin
         None => (input.to_owned(), None),
     };
     let out = ctx
-        .sqs
-        .get_queue_url()
-        .queue_name(&name)
-        .set_queue_owner_aws_account_id(owner)
-        .send()
-        .await
-        .map_err(|e| ctx.sqs_error("GetQueueUrl", e, Some((input, var))))?;
+        .sqs_call("GetQueueUrl", Some((input, var)), || {
+            ctx.sqs
+                .get_queue_url()
+                .queue_name(&name)
+                .set_queue_owner_aws_account_id(owner.clone())
+                .send()
+        })
+        .await?;
     out.queue_url.ok_or_else(|| {
         OpsError::new(
             ErrorKind::Failed,
@@ -409,13 +378,14 @@ pub async fn resolve_queue(ctx: &Ctx, input: &str, var: &str) -> OpsResult<Strin
 /// A queue's ARN (GetQueueAttributes).
 pub async fn queue_arn(ctx: &Ctx, url: &str, var: &str) -> OpsResult<String> {
     let out = ctx
-        .sqs
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .map_err(|e| ctx.sqs_error("GetQueueAttributes", e, Some((url, var))))?;
+        .sqs_call("GetQueueAttributes", Some((url, var)), || {
+            ctx.sqs
+                .get_queue_attributes()
+                .queue_url(url)
+                .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+                .send()
+        })
+        .await?;
     out.attributes
         .and_then(|mut a| a.remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn))
         .ok_or_else(|| {

@@ -15,8 +15,8 @@ use tokio::time::Instant;
 use super::output::{Report, progress};
 use super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo};
 use crate::core::envelope::{self, EnvelopeLimits};
-use crate::effects::sqs::{BATCH_BYTES, BATCH_LIMIT, EntryResults, Outgoing, Sqs, batches};
-use crate::effects::storage_retry::{StorageError, sqs_client};
+use crate::effects::sqs::{BATCH_BYTES, BATCH_LIMIT, EntryResults, Outgoing, batches};
+use crate::effects::storage_retry::StorageError;
 
 /// Batches in flight at once.
 const CONCURRENCY: usize = 8;
@@ -466,30 +466,6 @@ fn dedup_id(spec: &JobSpec) -> String {
     }
 }
 
-/// An SQS [`StorageError`] that stopped a whole call, as one operator line: a missing queue
-/// (exit 3) or an unreachable endpoint (exit 4) say so; anything else is a plain failure.
-pub(crate) fn sqs_storage_error(ctx: &Ctx, e: &StorageError, queue: &str, var: &str) -> OpsError {
-    let code = e.code().unwrap_or_default();
-    if code.contains("NonExistentQueue") || code.contains("QueueDoesNotExist") {
-        return OpsError::new(
-            ErrorKind::NotFound,
-            format!("queue {queue} does not exist: run `triage setup` or check {var}"),
-        );
-    }
-    if e.code().is_none() && e.status.is_none() && e.is_unavailable() {
-        let hint = if ctx.custom_endpoint {
-            "is the local stack running (`bash infra/local/stack.sh start`)?"
-        } else {
-            "check the network, AWS_REGION and AWS_ENDPOINT_URL"
-        };
-        return OpsError::new(
-            ErrorKind::Unreachable,
-            format!("cannot reach SQS at {}: {hint}", ctx.sqs_endpoint),
-        );
-    }
-    OpsError::new(ErrorKind::Failed, e.to_string())
-}
-
 /// What became of one job.
 #[derive(Debug, Clone)]
 enum Fate {
@@ -634,7 +610,7 @@ pub async fn send_jobs(
         .collect();
     let dedup_ids: Vec<Option<String>> = outgoing.iter().map(|m| m.dedup_id.clone()).collect();
 
-    let sqs = Sqs::new(sqs_client(&ctx.sdk), ctx.storage_retry());
+    let sqs = ctx.sqs_effects();
     let bar = progress(show_progress, requested as u64, "sending");
     let mut fates = vec![Fate::Pending; requested];
     let run = Instant::now();
@@ -732,7 +708,7 @@ pub async fn send_jobs(
     let any_sent = fates.iter().any(|f| matches!(f, Fate::Sent(_)));
     // Nothing reached SQS because of the queue or the endpoint: one clear line, not a list.
     if let (false, Some(e)) = (any_sent, &error) {
-        let line = sqs_storage_error(ctx, e, queue_url, "TRIAGE_QUEUE_URL");
+        let line = ctx.sqs_storage_error(e, Some((queue_url, "TRIAGE_QUEUE_URL")));
         if line.kind != ErrorKind::Failed {
             return Err(line);
         }

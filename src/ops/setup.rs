@@ -8,7 +8,6 @@ use serde::Serialize;
 
 use super::output::Report;
 use super::{Ctx, ErrorKind, OpsError, OpsResult};
-use crate::effects::storage_retry::dynamodb_client;
 
 /// Messages are kept in the DLQ for the longest SQS allows (14 days), so an incident can be
 /// investigated after a long weekend.
@@ -344,19 +343,26 @@ pub async fn setup_with(ctx: &Ctx, opts: &SetupOptions, flags: &SetupFlags) -> O
 async fn create_queue(ctx: &Ctx, name: &str, fifo: bool) -> OpsResult<String> {
     // Only the attributes that cannot change after creation go here; everything else is set
     // afterwards, so re-running setup on an existing queue never trips QueueNameExists.
-    let mut req = ctx.sqs.create_queue().queue_name(name);
-    if fifo {
-        req = req.attributes(QueueAttributeName::FifoQueue, "true");
-    }
-    let out = req.send().await.map_err(|e| {
-        if e.as_service_error().is_some_and(|s| s.is_queue_name_exists()) {
-            OpsError::usage(format!(
-                "queue {name} exists with other attributes (FIFO or not): pick another name or delete it"
-            ))
-        } else {
-            ctx.sqs_error("CreateQueue", e, None)
-        }
-    })?;
+    let out = ctx
+        .storage_retry()
+        .call("CreateQueue", None, || {
+            let mut req = ctx.sqs.create_queue().queue_name(name);
+            if fifo {
+                req = req.attributes(QueueAttributeName::FifoQueue, "true");
+            }
+            req.send()
+        })
+        .await
+        .map_err(|e| {
+            // The SDK's `QueueNameExists`, by its code on the wire.
+            if e.code() == Some("QueueAlreadyExists") {
+                OpsError::usage(format!(
+                    "queue {name} exists with other attributes (FIFO or not): pick another name or delete it"
+                ))
+            } else {
+                ctx.sqs_storage_error(&e, None)
+            }
+        })?;
     out.queue_url.ok_or_else(|| {
         OpsError::new(
             ErrorKind::Failed,
@@ -372,13 +378,14 @@ async fn queue_attributes(
     var: &str,
 ) -> OpsResult<HashMap<QueueAttributeName, String>> {
     let out = ctx
-        .sqs
-        .get_queue_attributes()
-        .queue_url(url)
-        .set_attribute_names(Some(names.to_vec()))
-        .send()
-        .await
-        .map_err(|e| ctx.sqs_error("GetQueueAttributes", e, Some((url, var))))?;
+        .sqs_call("GetQueueAttributes", Some((url, var)), || {
+            ctx.sqs
+                .get_queue_attributes()
+                .queue_url(url)
+                .set_attribute_names(Some(names.to_vec()))
+                .send()
+        })
+        .await?;
     Ok(out.attributes.unwrap_or_default())
 }
 
@@ -388,13 +395,14 @@ async fn set_attributes(
     attrs: impl IntoIterator<Item = (QueueAttributeName, String)>,
 ) -> OpsResult<()> {
     let attrs: HashMap<_, _> = attrs.into_iter().collect();
-    ctx.sqs
-        .set_queue_attributes()
-        .queue_url(url)
-        .set_attributes(Some(attrs))
-        .send()
-        .await
-        .map_err(|e| ctx.sqs_error("SetQueueAttributes", e, Some((url, "--queue/--dlq"))))?;
+    ctx.sqs_call("SetQueueAttributes", Some((url, "--queue/--dlq")), || {
+        ctx.sqs
+            .set_queue_attributes()
+            .queue_url(url)
+            .set_attributes(Some(attrs.clone()))
+            .send()
+    })
+    .await?;
     Ok(())
 }
 
@@ -521,8 +529,7 @@ async fn allow_source(
 /// concurrent setup ("already enabled") is success.
 pub async fn create_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
     use crate::effects::table::{TableError, create_table_with};
-    let client = dynamodb_client(&ctx.sdk);
-    match create_table_with(&client, &ctx.storage_retry(), table, Duration::from_secs(120)).await {
+    match create_table_with(&ctx.ddb, &ctx.storage_retry(), table, Duration::from_secs(120)).await {
         Ok(()) => Ok(()),
         Err(TableError::Misconfigured(why)) => Err(OpsError::usage(format!("{why}; pick another --table"))),
         Err(TableError::NotReady(why)) => Err(OpsError::new(

@@ -18,20 +18,22 @@
 //! first written as `started` before its `sleep_ms`, then replaced by the result, so an
 //! execution stopped at a deadline or killed with its process still shows up, once). Chaos tests account
 //! from it instead of from logs. A success that cannot be recorded is returned as a transient
-//! failure, so "recorded ok" and "handler returned Ok" never disagree. The recorder is a
-//! handler side effect, not product storage: it uses the SDK's own retries, not `StorageRetry`.
+//! failure, so "recorded ok" and "handler returned Ok" never disagree. The recorder's writes
+//! go through the crate's one retry mechanism, a [`StorageRetry`] of its own (up to
+//! [`RECORD_MAX_ATTEMPTS`] tries; a handler side effect, so its retries never count as job
+//! attempts), over a client with the SDK's retries disabled.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use aws_config::SdkConfig;
-use aws_config::retry::RetryConfig;
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde::Deserialize;
 
 use crate::core::JobError;
 use crate::core::breaker::BreakerConfig;
 use crate::core::policy::RetryPolicy;
+use crate::effects::storage_retry::{StorageRetry, StorageRetryConfig, dynamodb_client};
 use crate::processor::registry::{JobContext, Registry};
 
 /// The chaos job type's name.
@@ -94,26 +96,35 @@ pub const RECORD_TABLE_ENV: &str = "TRIAGE_CHAOS_RECORD_TABLE";
 pub struct Recorder {
     client: aws_sdk_dynamodb::Client,
     table: String,
+    retry: StorageRetry,
 }
 
+/// Tries per record write, the first included.
+pub const RECORD_MAX_ATTEMPTS: u32 = 10;
+
 impl Recorder {
-    /// A recorder writing to `table` with `client`.
+    /// A recorder writing to `table` with `client` (build it with
+    /// [`dynamodb_client`](crate::effects::storage_retry::dynamodb_client), so the recorder's
+    /// retries are the only ones).
     pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
+        let retry = StorageRetry::new(StorageRetryConfig {
+            max_attempts: RECORD_MAX_ATTEMPTS,
+            ..StorageRetryConfig::default()
+        })
+        .unwrap_or_default();
         Self {
             client,
             table: table.into(),
+            retry,
         }
     }
 
-    /// A recorder for `TRIAGE_CHAOS_RECORD_TABLE`, if set; its client retries up to 10 times.
+    /// A recorder for `TRIAGE_CHAOS_RECORD_TABLE`, if set.
     pub fn from_env(sdk: &SdkConfig) -> Option<Self> {
         let table = std::env::var(RECORD_TABLE_ENV)
             .ok()
             .filter(|t| !t.trim().is_empty())?;
-        let conf = aws_sdk_dynamodb::config::Builder::from(sdk)
-            .retry_config(RetryConfig::standard().with_max_attempts(10))
-            .build();
-        Some(Self::new(aws_sdk_dynamodb::Client::from_conf(conf), table))
+        Some(Self::new(dynamodb_client(sdk), table))
     }
 
     /// A key for one execution, unique across processes.
@@ -131,19 +142,22 @@ impl Recorder {
     /// outcome's name); a later record of the same execution replaces the earlier one.
     pub async fn record(&self, ctx: &JobContext, key: &str, result: &str) -> Result<(), String> {
         let s = |v: &str| AttributeValue::S(v.to_owned());
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .item("pk", s(&format!("exec#{}", ctx.job_id)))
-            .item("sk", s(&format!("{}#{}#{key}", ctx.message_id, ctx.attempt)))
-            .item("job_id", s(&ctx.job_id))
-            .item("message_id", s(&ctx.message_id))
-            .item("attempt", AttributeValue::N(ctx.attempt.to_string()))
-            .item("result", s(result))
-            .send()
+        self.retry
+            .call("PutItem", None, || {
+                self.client
+                    .put_item()
+                    .table_name(&self.table)
+                    .item("pk", s(&format!("exec#{}", ctx.job_id)))
+                    .item("sk", s(&format!("{}#{}#{key}", ctx.message_id, ctx.attempt)))
+                    .item("job_id", s(&ctx.job_id))
+                    .item("message_id", s(&ctx.message_id))
+                    .item("attempt", AttributeValue::N(ctx.attempt.to_string()))
+                    .item("result", s(result))
+                    .send()
+            })
             .await
             .map(|_| ())
-            .map_err(|e| aws_sdk_dynamodb::error::DisplayErrorContext(e).to_string())
+            .map_err(|e| e.with_resource(&self.table).to_string())
     }
 }
 
