@@ -594,3 +594,56 @@ async fn a_fifo_group_stops_at_its_first_entry_not_sent() {
     assert_eq!(sent.codes.get(&10).map(String::as_str), Some("GroupStopped"));
     assert_eq!(sent.accepted, vec![11], "group b goes on");
 }
+
+/// A failed batch entry is judged by the one code table before SQS's `SenderFault` flag: an
+/// entry refused with `AccessDenied` is not sent again even when the flag says it was not the
+/// sender's fault, and an `InternalError` entry is sent again even when the flag blames the
+/// sender. (The batch helper used to go by the flag alone, while whole calls went by the
+/// table.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_entries_go_by_the_code_table_before_the_sender_fault_flag() {
+    use sqs_triage::effects::sqs::Sqs;
+    use sqs_triage::effects::storage_retry::{StorageRetry, StorageRetryConfig};
+    let quick = || {
+        StorageRetry::new(StorageRetryConfig {
+            max_attempts: 4,
+            base: Duration::from_millis(5),
+            throttle_base: Duration::from_millis(5),
+            max_backoff: Duration::from_millis(20),
+            ..StorageRetryConfig::default()
+        })
+        .unwrap()
+    };
+    let answer = |code: &str, sender_fault: bool| Fault::Body {
+        status: 200,
+        body: serde_json::json!({
+            "Successful": [],
+            "Failed": [{"Id": "e0", "Code": code, "SenderFault": sender_fault, "Message": "m"}],
+        })
+        .to_string(),
+    };
+
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_always("DeleteMessageBatch", answer("AccessDenied", false));
+    let sqs = Sqs::new(support::sqs_client_via(&proxy.url()).await, quick());
+    let url = format!("{}/000000000000/none", proxy.url());
+    let r = sqs.delete(&url, vec![(0, "h".into())], None).await;
+    assert_eq!(r.codes.get(&0).map(String::as_str), Some("AccessDenied"), "{r:?}");
+    assert_eq!(
+        proxy.count("DeleteMessageBatch"),
+        1,
+        "a refusal is not sent again"
+    );
+
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_always("DeleteMessageBatch", answer("InternalError", true));
+    let sqs = Sqs::new(support::sqs_client_via(&proxy.url()).await, quick());
+    let url = format!("{}/000000000000/none", proxy.url());
+    let r = sqs.delete(&url, vec![(0, "h".into())], None).await;
+    assert_eq!(r.failed.len(), 1, "{r:?}");
+    assert_eq!(
+        proxy.count("DeleteMessageBatch"),
+        4,
+        "a server fault is sent again"
+    );
+}
