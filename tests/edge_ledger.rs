@@ -130,7 +130,7 @@ async fn longest_type_and_id_in_four_byte_characters_round_trip() {
         (shown.job_type.as_deref(), shown.job_id.as_str()),
         (Some(ty.as_str()), id.as_str())
     );
-    ledger.close(&jobs[..3], None).await.unwrap();
+    ledger.forget(&jobs[..3], None).await.unwrap();
     let got = ledger.read_many(&jobs, None).await.unwrap();
     assert_eq!(got.len(), 3);
     assert!(!got.contains_key(&jobs[0]));

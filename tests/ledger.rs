@@ -163,7 +163,7 @@ async fn read_many_is_one_batch_get_per_100_ids_and_close_reset_work() {
 
     proxy.reset_counts();
     let evens: Vec<(String, String)> = (0..150).step_by(2).map(key).collect();
-    ledger.close(&evens[..60], None).await.unwrap();
+    ledger.forget(&evens[..60], None).await.unwrap();
     assert_eq!(
         proxy.count("BatchWriteItem"),
         3,

@@ -90,9 +90,9 @@ async fn ledger_is_exact_through_a_share_of_faults_and_retries_stay_in_budget() 
         "each delivery counted exactly once"
     );
     ledger
-        .close([("t", "job")], None)
+        .forget([("t", "job")], None)
         .await
-        .expect("close despite faults");
+        .expect("forget despite faults");
 
     let stats = retry.stats();
     assert!(proxy.faults_injected() > 0);

@@ -366,10 +366,12 @@ impl AttemptLedger {
         }
     }
 
-    /// Deletes the ledgers of finished jobs, given as `(job type, job id)` pairs (success of
-    /// a redelivered job, dead-lettering): `BatchWriteItem` with at most 25 deletes per call,
-    /// unprocessed items sent again. Deleting a missing item is not an error.
-    pub async fn close<I>(&self, jobs: I, deadline: Option<Instant>) -> Result<(), StorageError>
+    /// Deletes the ledgers of jobs that are done with them, given as `(job type, job id)`
+    /// pairs: a redelivered job that succeeded, a dead-lettered job, a job an operator replays
+    /// (so it starts again from attempt 1). `BatchWriteItem` with at most 25 deletes per call,
+    /// chunks in parallel, unprocessed items sent again. Deleting a missing item is not an
+    /// error. The one way to delete a ledger.
+    pub async fn forget<I>(&self, jobs: I, deadline: Option<Instant>) -> Result<(), StorageError>
     where
         I: IntoIterator,
         I::Item: JobRef,
@@ -377,21 +379,12 @@ impl AttemptLedger {
         let ids = distinct(jobs);
         let chunks = ids
             .chunks(BATCH_WRITE_MAX)
-            .map(|c| self.close_chunk(c.to_vec(), deadline));
+            .map(|c| self.forget_chunk(c.to_vec(), deadline));
         futures::future::try_join_all(chunks).await?;
         Ok(())
     }
 
-    /// Same as [`close`](Self::close): forget jobs that are gone.
-    pub async fn forget<I>(&self, jobs: I, deadline: Option<Instant>) -> Result<(), StorageError>
-    where
-        I: IntoIterator,
-        I::Item: JobRef,
-    {
-        self.close(jobs, deadline).await
-    }
-
-    async fn close_chunk(&self, ids: Vec<JobKey>, deadline: Option<Instant>) -> Result<(), StorageError> {
+    async fn forget_chunk(&self, ids: Vec<JobKey>, deadline: Option<Instant>) -> Result<(), StorageError> {
         let by_key: HashMap<(String, String), JobKey> = ids
             .iter()
             .map(|(t, id)| ((ledger_pk(id), ledger_sk(t)), (t.clone(), id.clone())))
