@@ -1,0 +1,26 @@
+//! The DLQ, seen by an operator: list, show, replay, purge, and SQS's own redrive.
+//!
+//! Reading a queue means receiving from it, so every read holds the messages it saw
+//! invisible while it reads (that is how it sees the next ones) and makes them visible again
+//! before it returns. Replay sends first and deletes after: a crash in between leaves a
+//! duplicate, never a loss. Every batched SQS action (release, delete, send) goes through
+//! [`crate::effects::sqs::Sqs`], which holds the batch caps and the rule that only entries
+//! listed as successful count.
+//!
+//! One module per verb: [`read`] (a message as read, the filter, the sweep), [`list`] (list
+//! and show), [`replay`], [`purge`], [`redrive`].
+
+pub mod list;
+pub mod purge;
+pub mod read;
+pub mod redrive;
+pub mod replay;
+
+pub use list::{ErrorCount, Group, ListReport, MessageSummary, ShowReport, ShownMessage, group, list, show};
+pub use purge::{PurgeOptions, PurgePlan, PurgeReport, purge, purge_with};
+pub use read::{BodyJob, DlqMessage, Filter, UNRECORDED, read_all};
+pub use redrive::{
+    MoveTask, RedriveAction, RedrivePlan, RedriveReport, redrive_cancel, redrive_start,
+    redrive_start_confirmed, redrive_status,
+};
+pub use replay::{NotMoved, ReplayOptions, ReplayReport, TargetCount, replay};

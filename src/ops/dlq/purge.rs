@@ -1,0 +1,251 @@
+//! `dlq purge`: deletes the selected DLQ messages once the operator confirms the plan.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::super::output::Report;
+use super::super::{Ctx, OpsError, OpsResult};
+use super::list::{Group, group};
+use super::read::{DlqMessage, Filter, Sweep, delete, release};
+use crate::clock::now_ms;
+
+/// What `dlq purge` is about to delete, for the confirmation prompt.
+#[derive(Debug, Clone, Serialize)]
+pub struct PurgePlan {
+    /// The DLQ.
+    pub dlq_url: String,
+    /// Messages read.
+    pub scanned: usize,
+    /// Messages selected for deletion, by job type and class.
+    pub groups: Vec<Group>,
+    /// Messages selected.
+    pub selected: usize,
+}
+
+/// What `dlq purge` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct PurgeReport {
+    /// The plan that was confirmed.
+    #[serde(flatten)]
+    pub plan: PurgePlan,
+    /// Messages deleted.
+    pub deleted: usize,
+    /// Selected messages that were not deleted (still in the DLQ, unless someone else
+    /// deleted them).
+    pub failed: usize,
+    /// Of those, messages whose hold had expired when the purge was confirmed and that could
+    /// not be received again (another reader holds them, or they are gone).
+    pub lost_hold: usize,
+}
+
+impl Report for PurgeReport {
+    fn human(&self) -> String {
+        format!(
+            "deleted {} of {} selected message(s) from {}\n",
+            self.deleted, self.plan.selected, self.plan.dlq_url
+        )
+    }
+
+    fn problem(&self) -> Option<String> {
+        (self.failed > 0).then(|| {
+            let mut p = format!("{} selected message(s) were not deleted", self.failed);
+            if self.lost_hold > 0 {
+                p.push_str(&format!(
+                    " ({} were no longer held when the purge was confirmed and another reader has them or deleted them; run the purge again)",
+                    self.lost_hold
+                ));
+            }
+            p
+        })
+    }
+}
+
+impl PurgePlan {
+    /// The confirmation question.
+    pub fn question(&self) -> String {
+        let mut q = format!(
+            "delete {} of {} message(s) from {}",
+            self.selected, self.scanned, self.dlq_url
+        );
+        let parts: Vec<String> = self
+            .groups
+            .iter()
+            .map(|g| format!("{} {} × {}", g.count, g.job_type, g.class))
+            .collect();
+        if !parts.is_empty() {
+            q.push_str(&format!(" ({})", parts.join(", ")));
+        }
+        q + "? This cannot be undone. [y/N] "
+    }
+}
+
+/// How `dlq purge` runs.
+#[derive(Debug, Clone)]
+pub struct PurgeOptions {
+    /// Which messages.
+    pub filter: Filter,
+    /// Delete at most this many.
+    pub limit: Option<usize>,
+    /// Read at most this many DLQ messages.
+    pub max_scan: usize,
+    /// How long the selection is held invisible while the operator reads the question
+    /// (default 15 minutes).
+    pub hold: Duration,
+}
+
+impl Default for PurgeOptions {
+    fn default() -> Self {
+        Self {
+            filter: Filter::default(),
+            limit: None,
+            max_scan: 100_000,
+            hold: Duration::from_secs(900),
+        }
+    }
+}
+
+/// `dlq purge`: deletes the selected DLQ messages once `confirm` approves the plan.
+pub async fn purge(
+    ctx: &Ctx,
+    dlq_url: &str,
+    filter: &Filter,
+    limit: Option<usize>,
+    max_scan: usize,
+    confirm: impl FnOnce(&PurgePlan) -> bool,
+) -> OpsResult<PurgeReport> {
+    let opts = PurgeOptions {
+        filter: filter.clone(),
+        limit,
+        max_scan,
+        ..PurgeOptions::default()
+    };
+    purge_with(ctx, dlq_url, &opts, confirm).await
+}
+
+/// [`purge`] with every option.
+pub async fn purge_with(
+    ctx: &Ctx,
+    dlq_url: &str,
+    opts: &PurgeOptions,
+    confirm: impl FnOnce(&PurgePlan) -> bool,
+) -> OpsResult<PurgeReport> {
+    let (filter, limit, max_scan) = (&opts.filter, opts.limit, opts.max_scan);
+    filter.validate()?;
+    // Long holds: the selection must stay ours while the operator reads the question.
+    let mut sweep = Sweep::new(ctx, dlq_url, opts.hold, max_scan);
+    // Message id → (receipt handle, when the receive that gave it was asked for).
+    let mut held: HashMap<String, (String, Instant)> = HashMap::new();
+    let mut selected: Vec<DlqMessage> = Vec::new();
+    let mut scanned = 0;
+    let now = now_ms();
+    let read = async {
+        loop {
+            let asked = Instant::now();
+            let Some((new, again)) = sweep.next().await? else {
+                break;
+            };
+            scanned += new.len();
+            for m in again {
+                held.insert(m.message_id.clone(), (m.receipt_handle.clone(), asked));
+            }
+            for m in new {
+                held.insert(m.message_id.clone(), (m.receipt_handle.clone(), asked));
+                if limit.is_none_or(|l| selected.len() < l) && filter.matches(&m, now) {
+                    selected.push(m);
+                }
+            }
+        }
+        Ok::<_, OpsError>(())
+    }
+    .await;
+    let handles = |held: HashMap<String, (String, Instant)>| held.into_values().map(|(h, _)| h);
+    if let Err(e) = read {
+        release(ctx, dlq_url, handles(held)).await;
+        return Err(e);
+    }
+    let plan = PurgePlan {
+        dlq_url: dlq_url.to_owned(),
+        scanned,
+        groups: group(&selected, now),
+        selected: selected.len(),
+    };
+    if plan.selected == 0 {
+        release(ctx, dlq_url, handles(held)).await;
+        return Ok(PurgeReport {
+            plan,
+            deleted: 0,
+            failed: 0,
+            lost_hold: 0,
+        });
+    }
+    if !confirm(&plan) {
+        release(ctx, dlq_url, handles(held)).await;
+        return Err(OpsError::usage("purge cancelled: nothing was deleted"));
+    }
+
+    // A receipt handle only deletes while its hold lasts: after it expires, another reader may
+    // have received the message (SQS then accepts the stale handle and deletes nothing). So a
+    // handle whose hold is over, or nearly, is never used: the message is received again by
+    // id, and what cannot be found again is reported, not counted as deleted.
+    let margin = (opts.hold / 4).min(Duration::from_secs(30));
+    let confirmed = Instant::now();
+    let holds = |asked: Instant| confirmed + margin < asked + opts.hold;
+    let mut targets: Vec<(String, String)> = Vec::new();
+    let mut stale: HashSet<String> = HashSet::new();
+    for m in &selected {
+        match held.remove(&m.message_id) {
+            Some((h, asked)) if holds(asked) => targets.push((m.message_id.clone(), h)),
+            _ => {
+                stale.insert(m.message_id.clone());
+            }
+        }
+    }
+    let still_held: Vec<String> = held
+        .into_values()
+        .filter(|(_, asked)| holds(*asked))
+        .map(|(h, _)| h)
+        .collect();
+    if !stale.is_empty() {
+        let found = receive_again(ctx, dlq_url, &mut stale, max_scan).await;
+        targets.extend(found);
+    }
+    let failed_ids = delete(ctx, dlq_url, &targets).await;
+    release(ctx, dlq_url, still_held).await;
+    let deleted = targets.len() - failed_ids.len();
+    Ok(PurgeReport {
+        deleted,
+        failed: plan.selected - deleted,
+        lost_hold: stale.len(),
+        plan,
+    })
+}
+
+/// Receives the DLQ again looking for the messages in `wanted` (by message id), to delete them
+/// with fresh receipt handles. Returns `(message id, handle)` of those found and removes them
+/// from `wanted`; every other message received is made visible again.
+async fn receive_again(
+    ctx: &Ctx,
+    dlq_url: &str,
+    wanted: &mut HashSet<String>,
+    max_scan: usize,
+) -> Vec<(String, String)> {
+    let mut sweep = Sweep::new(ctx, dlq_url, Duration::from_secs(60), max_scan);
+    let mut found = Vec::new();
+    let mut others: HashMap<String, String> = HashMap::new();
+    while !wanted.is_empty() {
+        let Ok(Some((new, again))) = sweep.next().await else {
+            break;
+        };
+        for m in new.into_iter().chain(again) {
+            if wanted.remove(&m.message_id) {
+                found.push((m.message_id, m.receipt_handle));
+            } else {
+                others.insert(m.message_id, m.receipt_handle);
+            }
+        }
+    }
+    release(ctx, dlq_url, others.into_values()).await;
+    found
+}

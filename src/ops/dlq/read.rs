@@ -1,0 +1,418 @@
+//! Reading the DLQ: one message as read, the filter that selects messages, the sweep that
+//! receives a queue once, and the batched releases and deletes every verb ends with.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+
+use super::super::{Ctx, OpsError, OpsResult};
+use crate::core::envelope::{self, EnvelopeLimits, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE};
+use crate::core::failure::FailureRecord;
+use crate::effects::dlq::{failure_record, original_attributes};
+
+/// Class shown for DLQ messages without a failure record: SQS moved them itself after
+/// `maxReceiveCount` receives (a consumer that crashed or timed out on them, a Lambda record
+/// that could not be read, or a last-receive copy the DLQ refused), or the processor's copy
+/// had no room for a record beside a body at the size limit (its error is then in the job's
+/// ledger: `triage attempts show`).
+pub const UNRECORDED: &str = "unrecorded";
+/// Receives in a row that bring back only messages already seen before a sweep stops.
+const STALE_ROUNDS: u32 = 3;
+
+/// The job a DLQ message's body names, read as the processor reads it (the body with the
+/// `job-type` / `job-id` attributes among the original ones).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyJob {
+    /// The job type.
+    pub job_type: String,
+    /// The producer's job id, if it gave one.
+    pub id: Option<String>,
+}
+
+/// One DLQ message as read. Its job type, job id and body job are worked out once, when it
+/// is read.
+#[derive(Debug, Clone)]
+pub struct DlqMessage {
+    /// The DLQ message id.
+    pub message_id: String,
+    /// The receipt handle of the latest receive.
+    pub receipt_handle: String,
+    /// The body, byte for byte as the producer sent it.
+    pub body: String,
+    /// The message attributes as they are in the DLQ (record included).
+    pub attributes: HashMap<String, MessageAttributeValue>,
+    /// The failure record, if the message carries a readable one.
+    pub record: Option<FailureRecord>,
+    /// When the message entered the DLQ (epoch ms, SQS's SentTimestamp).
+    pub sent_at_ms: u64,
+    /// The FIFO message group, on FIFO DLQs.
+    pub group_id: Option<String>,
+    /// The job type: from the record, else the `job-type` attribute, else the envelope
+    /// (`-` when none says).
+    pub job_type: String,
+    /// The job id: from the record, else the envelope, else the DLQ message id.
+    pub job_id: String,
+    /// The job as the processor reads it. This, not the failure record (a producer can forge
+    /// one), says which job a replay sends back.
+    pub body_job: Option<BodyJob>,
+}
+
+impl DlqMessage {
+    fn from_sdk(m: aws_sdk_sqs::types::Message) -> Option<Self> {
+        let attributes = m.message_attributes.unwrap_or_default();
+        let system = m.attributes.unwrap_or_default();
+        let record = failure_record(&attributes).and_then(Result::ok);
+        let message_id = m.message_id?;
+        let body = m.body.unwrap_or_default();
+        // The envelope alone, without attributes, read at most once and only when the record
+        // and the attributes do not say.
+        let plain = std::cell::OnceCell::new();
+        let plain =
+            || plain.get_or_init(|| envelope::parse(&body, None, None, EnvelopeLimits::default()).ok());
+        let job_type = match record.as_ref().and_then(|r| r.job_type.clone()) {
+            Some(t) => t,
+            None => match attributes.get(JOB_TYPE_ATTRIBUTE).and_then(|v| v.string_value()) {
+                Some(t) => t.to_owned(),
+                None => plain()
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |j| j.job_type.clone()),
+            },
+        };
+        let job_id = match &record {
+            Some(r) => r.job_id.clone(),
+            None => plain()
+                .as_ref()
+                .and_then(|j| j.id.clone())
+                .unwrap_or_else(|| message_id.clone()),
+        };
+        let body_job = original_attributes(&attributes).ok().and_then(|attrs| {
+            let attr = |name: &str| attrs.get(name).and_then(|v| v.string_value());
+            envelope::parse(
+                &body,
+                attr(JOB_TYPE_ATTRIBUTE),
+                attr(JOB_ID_ATTRIBUTE),
+                EnvelopeLimits::default(),
+            )
+            .ok()
+            .map(|j| BodyJob {
+                job_type: j.job_type,
+                id: j.id,
+            })
+        });
+        Some(Self {
+            message_id,
+            receipt_handle: m.receipt_handle?,
+            body,
+            record,
+            sent_at_ms: system
+                .get(&MessageSystemAttributeName::SentTimestamp)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+            group_id: system.get(&MessageSystemAttributeName::MessageGroupId).cloned(),
+            attributes,
+            job_type,
+            job_id,
+            body_job,
+        })
+    }
+
+    /// The failure class (`fatal`, `exhausted`, `invalid`, or `unrecorded`).
+    pub fn class(&self) -> &'static str {
+        self.record.as_ref().map_or(UNRECORDED, |r| r.class.as_str())
+    }
+
+    /// The error text, or a note for messages SQS moved itself.
+    pub fn error(&self) -> String {
+        match &self.record {
+            Some(r) => r.error.clone(),
+            None => {
+                "no failure record: moved by SQS after maxReceiveCount, or no record fitted beside the body (see `triage attempts show`)".into()
+            }
+        }
+    }
+
+    /// When it failed (epoch ms): the record's `failed_at`, else when it entered the DLQ.
+    pub fn failed_at_ms(&self) -> u64 {
+        self.record.as_ref().map_or(self.sent_at_ms, |r| r.failed_at)
+    }
+
+    /// The job id to show for what a replay does with this message: the body's, else
+    /// [`job_id`](Self::job_id).
+    pub fn body_job_id(&self) -> &str {
+        self.body_job
+            .as_ref()
+            .and_then(|j| j.id.as_deref())
+            .unwrap_or(&self.job_id)
+    }
+
+    /// Why the failure record does not describe this message's body, if it does not: the
+    /// processor writes the job type and id it read from the body (the original message id
+    /// for a job without an id), so a record naming another job was not written by it.
+    pub fn record_mismatch(&self) -> Option<String> {
+        let r = self.record.as_ref()?;
+        let (body_type, body_id) = match &self.body_job {
+            Some(j) => (
+                Some(j.job_type.clone()),
+                j.id.clone().unwrap_or_else(|| r.original_message_id.clone()),
+            ),
+            None => (None, r.original_message_id.clone()),
+        };
+        if r.job_type == body_type && r.job_id == body_id {
+            return None;
+        }
+        let show = |t: &Option<String>| t.clone().unwrap_or_else(|| "-".into());
+        Some(format!(
+            "the failure record names job `{}` of type `{}` but the body is job `{}` of type `{}`",
+            r.job_id,
+            show(&r.job_type),
+            body_id,
+            show(&body_type)
+        ))
+    }
+}
+
+/// Which DLQ messages an action applies to. Empty criteria match everything.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Job types (any of).
+    pub job_types: Vec<String>,
+    /// Failure classes (any of): `fatal`, `exhausted`, `invalid`, `unrecorded`.
+    pub classes: Vec<String>,
+    /// Substring of the error text (case-insensitive).
+    pub error_contains: Option<String>,
+    /// Failed at least this long ago.
+    pub older_than: Option<Duration>,
+    /// Failed at most this long ago.
+    pub newer_than: Option<Duration>,
+    /// Job ids or message ids (any of).
+    pub ids: Vec<String>,
+}
+
+impl Filter {
+    /// Checks the class names.
+    pub fn validate(&self) -> OpsResult<()> {
+        for c in &self.classes {
+            if !["fatal", "exhausted", "invalid", "expiring", UNRECORDED].contains(&c.as_str()) {
+                return Err(OpsError::usage(format!(
+                    "unknown failure class `{c}`: use fatal, exhausted, invalid, expiring or {UNRECORDED}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// True when the message matches every given criterion.
+    pub fn matches(&self, m: &DlqMessage, now_ms: u64) -> bool {
+        let age = Duration::from_millis(now_ms.saturating_sub(m.failed_at_ms()));
+        (self.job_types.is_empty() || self.job_types.contains(&m.job_type))
+            && (self.classes.is_empty() || self.classes.iter().any(|c| c == m.class()))
+            && self
+                .error_contains
+                .as_ref()
+                .is_none_or(|needle| m.error().to_lowercase().contains(&needle.to_lowercase()))
+            && self.older_than.is_none_or(|d| age >= d)
+            && self.newer_than.is_none_or(|d| age <= d)
+            && (self.ids.is_empty()
+                || self.ids.iter().any(|id| {
+                    *id == m.message_id
+                        || *id == m.job_id
+                        || m.record.as_ref().is_some_and(|r| r.original_message_id == *id)
+                }))
+    }
+}
+
+/// Receives every message of a queue once, holding each invisible for `visibility`.
+pub(super) struct Sweep<'a> {
+    ctx: &'a Ctx,
+    url: &'a str,
+    visibility: i32,
+    seen: HashSet<String>,
+    stale_rounds: u32,
+    max: usize,
+    done: bool,
+}
+
+impl<'a> Sweep<'a> {
+    pub(super) fn new(ctx: &'a Ctx, url: &'a str, visibility: Duration, max: usize) -> Self {
+        Self {
+            ctx,
+            url,
+            visibility: visibility.as_secs().clamp(1, 43_200) as i32,
+            seen: HashSet::new(),
+            stale_rounds: 0,
+            max,
+            done: false,
+        }
+    }
+
+    /// The next received batch, split into messages never seen before and messages seen
+    /// again (their hold expired; the new receipt handle replaces the old). `None` when the
+    /// queue has nothing more to show.
+    pub(super) async fn next(&mut self) -> OpsResult<Option<(Vec<DlqMessage>, Vec<DlqMessage>)>> {
+        if self.done || self.seen.len() >= self.max {
+            return Ok(None);
+        }
+        let sqs = &self.ctx.sqs;
+        let out = self
+            .ctx
+            .sqs_call("ReceiveMessage", Some((self.url, "TRIAGE_DLQ_URL")), || {
+                sqs.receive_message()
+                    .queue_url(self.url)
+                    .max_number_of_messages(10)
+                    // A long poll asks every SQS server, so an empty answer means the queue has
+                    // no visible message left (a short poll samples and can come back empty
+                    // early).
+                    .wait_time_seconds(1)
+                    .visibility_timeout(self.visibility)
+                    .message_system_attribute_names(MessageSystemAttributeName::All)
+                    .message_attribute_names("All")
+                    .send()
+            })
+            .await?;
+        let messages = out.messages.unwrap_or_default();
+        if messages.is_empty() {
+            self.done = true;
+            return Ok(None);
+        }
+        let (mut new, mut again) = (Vec::new(), Vec::new());
+        for m in messages.into_iter().filter_map(DlqMessage::from_sdk) {
+            if self.seen.insert(m.message_id.clone()) {
+                new.push(m);
+            } else {
+                again.push(m);
+            }
+        }
+        if new.is_empty() {
+            self.stale_rounds += 1;
+            if self.stale_rounds >= STALE_ROUNDS {
+                self.done = true;
+            }
+        } else {
+            self.stale_rounds = 0;
+        }
+        Ok(Some((new, again)))
+    }
+}
+
+/// Makes held messages visible again (visibility 0), ten per call. Failures are counted,
+/// not fatal: those messages come back on their own when their hold expires.
+pub(super) async fn release(ctx: &Ctx, url: &str, handles: impl IntoIterator<Item = String>) -> usize {
+    let entries: Vec<(usize, String, i32)> =
+        handles.into_iter().enumerate().map(|(k, h)| (k, h, 0)).collect();
+    if entries.is_empty() {
+        return 0;
+    }
+    ctx.sqs_effects()
+        .change_visibility(url, entries, None)
+        .await
+        .failed
+        .len()
+}
+
+/// Deletes messages by receipt handle, `(message id, handle)`, ten per call; returns the
+/// message ids whose delete was not confirmed.
+pub(super) async fn delete(ctx: &Ctx, url: &str, handles: &[(String, String)]) -> Vec<String> {
+    if handles.is_empty() {
+        return Vec::new();
+    }
+    let entries: Vec<(usize, String)> = handles
+        .iter()
+        .enumerate()
+        .map(|(k, (_, h))| (k, h.clone()))
+        .collect();
+    let r = ctx.sqs_effects().delete(url, entries, None).await;
+    r.failed
+        .into_iter()
+        .filter_map(|(k, _)| handles.get(k).map(|(id, _)| id.clone()))
+        .collect()
+}
+
+/// Reads the whole DLQ (up to `max` messages) and makes everything visible again.
+pub async fn read_all(ctx: &Ctx, dlq_url: &str, max: usize) -> OpsResult<Vec<DlqMessage>> {
+    let mut sweep = Sweep::new(ctx, dlq_url, Duration::from_secs(60), max);
+    let mut found: HashMap<String, DlqMessage> = HashMap::new();
+    let result = async {
+        while let Some((new, again)) = sweep.next().await? {
+            for m in new.into_iter().chain(again) {
+                found.insert(m.message_id.clone(), m);
+            }
+        }
+        Ok::<_, OpsError>(())
+    }
+    .await;
+    release(ctx, dlq_url, found.values().map(|m| m.receipt_handle.clone())).await;
+    result?;
+    let mut all: Vec<DlqMessage> = found.into_values().collect();
+    all.sort_by_key(|m| (m.failed_at_ms(), m.message_id.clone()));
+    Ok(all)
+}
+
+/// SQS's approximate count of visible messages in `url`, when it can be read.
+pub(super) async fn approximate_count(ctx: &Ctx, url: &str) -> Option<u64> {
+    let out = ctx
+        .storage_retry()
+        .call("GetQueueAttributes", None, || {
+            ctx.sqs
+                .get_queue_attributes()
+                .queue_url(url)
+                .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+                .send()
+        })
+        .await
+        .ok()?;
+    out.attributes?
+        .get(&QueueAttributeName::ApproximateNumberOfMessages)?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_sqs::types::Message;
+
+    use super::*;
+
+    fn message(body: &str, attributes: &[(&str, &str)]) -> DlqMessage {
+        let mut m = Message::builder()
+            .message_id("dlq-1")
+            .receipt_handle("h")
+            .body(body);
+        for (k, v) in attributes {
+            m = m.message_attributes(
+                *k,
+                MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(*v)
+                    .build()
+                    .unwrap(),
+            );
+        }
+        DlqMessage::from_sdk(m.build()).unwrap()
+    }
+
+    #[test]
+    fn job_type_and_id_are_read_once_from_the_body_or_the_attributes() {
+        let m = message(r#"{"type": "email.send", "id": "j-1", "payload": {}}"#, &[]);
+        assert_eq!((m.job_type.as_str(), m.job_id.as_str()), ("email.send", "j-1"));
+        assert_eq!(
+            m.body_job,
+            Some(BodyJob {
+                job_type: "email.send".into(),
+                id: Some("j-1".into())
+            })
+        );
+        assert_eq!(m.body_job_id(), "j-1");
+
+        // A raw body named by its attributes: the type from the attribute, no id in the body,
+        // so the DLQ message id stands in for it.
+        let raw = message("plain text", &[(JOB_TYPE_ATTRIBUTE, "raw.kind")]);
+        assert_eq!(raw.job_type, "raw.kind");
+        assert_eq!(raw.job_id, "dlq-1");
+
+        let junk = message("{not json", &[]);
+        assert_eq!((junk.job_type.as_str(), junk.job_id.as_str()), ("-", "dlq-1"));
+        assert_eq!(junk.body_job, None);
+        assert_eq!(junk.class(), UNRECORDED);
+    }
+}

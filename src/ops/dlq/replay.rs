@@ -1,0 +1,563 @@
+//! `dlq replay`: moves selected DLQ messages back to their source queue (or `--to`), with
+//! fresh attempt ledgers. Sends first and deletes after: a crash in between leaves a
+//! duplicate, never a loss.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use serde::Serialize;
+
+use super::super::output::{Report, Table, progress};
+use super::super::{Ctx, OpsError, OpsResult, is_fifo, queue_arn, resolve_queue};
+use super::list::{Group, group};
+use super::read::{DlqMessage, Filter, Sweep, approximate_count, delete, release};
+use crate::clock::now_ms;
+use crate::effects::dlq::original_attributes;
+use crate::effects::sqs::{Outgoing, Sqs, batches};
+
+/// How `dlq replay` runs.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    /// Which messages.
+    pub filter: Filter,
+    /// Target queue (URL, ARN or name) instead of each record's source queue.
+    pub to: Option<String>,
+    /// Move at most this many.
+    pub limit: Option<usize>,
+    /// Messages per second.
+    pub rate: Option<f64>,
+    /// Report what would move, move nothing.
+    pub dry_run: bool,
+    /// State table, for the fresh attempt ledgers (required unless `dry_run`).
+    pub table: Option<String>,
+    /// Draw a progress bar.
+    pub progress: bool,
+    /// Read at most this many DLQ messages.
+    pub max_scan: usize,
+    /// Set (e.g. on Ctrl-C) to stop after the batch in progress; what was not moved is
+    /// released and reported.
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+/// Where replayed messages went.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetCount {
+    /// Target queue URL.
+    pub queue_url: String,
+    /// Messages sent there.
+    pub count: usize,
+}
+
+/// A message that was selected but not moved, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct NotMoved {
+    /// DLQ message id.
+    pub message_id: String,
+    /// Job id.
+    pub job_id: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// What `dlq replay` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    /// The DLQ.
+    pub dlq_url: String,
+    /// Nothing was moved.
+    pub dry_run: bool,
+    /// DLQ messages read.
+    pub scanned: usize,
+    /// Messages the filter (and limit) selected.
+    pub selected: usize,
+    /// Selected messages sent to their target (or that would be, in a dry run).
+    pub moved: usize,
+    /// Moved messages whose DLQ copy could not be deleted: they may run twice.
+    pub delete_failed: usize,
+    /// Attempt ledgers reset.
+    pub ledgers_reset: usize,
+    /// Sent per target queue.
+    pub targets: Vec<TargetCount>,
+    /// Selected messages by job type and class.
+    pub groups: Vec<Group>,
+    /// Selected messages that were not moved.
+    pub not_moved: Vec<NotMoved>,
+    /// Selected messages whose failure record names another job than their body: moved (or
+    /// skipped) like the others, but only the body's job has its ledger reset.
+    pub unverified: Vec<NotMoved>,
+    /// Stopped early by the operator.
+    pub interrupted: bool,
+    /// Wall time, in milliseconds.
+    pub elapsed_ms: u64,
+}
+
+impl Report for ReplayReport {
+    fn human(&self) -> String {
+        let verb = if self.dry_run { "would move" } else { "moved" };
+        let mut out = format!(
+            "{}{verb} {} of {} selected message(s) ({} read from the DLQ) in {:.1}s\n",
+            if self.dry_run { "dry run: " } else { "" },
+            self.moved,
+            self.selected,
+            self.scanned,
+            self.elapsed_ms as f64 / 1000.0
+        );
+        if !self.targets.is_empty() {
+            let mut t = Table::new(["TARGET", "COUNT"]).max_width(120);
+            for c in &self.targets {
+                t.row([c.queue_url.clone(), c.count.to_string()]);
+            }
+            out.push_str(&t.render());
+        }
+        if !self.groups.is_empty() {
+            let mut t = Table::new(["TYPE", "CLASS", "SELECTED"]);
+            for g in &self.groups {
+                t.row([g.job_type.clone(), g.class.clone(), g.count.to_string()]);
+            }
+            out.push_str(&t.render());
+        }
+        if !self.dry_run {
+            out.push_str(&format!("attempt ledgers reset: {}\n", self.ledgers_reset));
+        }
+        for n in &self.unverified {
+            out.push_str(&format!(
+                "unverified record: message {}: {} (only the body's job counts)\n",
+                n.message_id, n.reason
+            ));
+        }
+        for n in &self.not_moved {
+            out.push_str(&format!(
+                "not moved: job {} ({}): {}\n",
+                n.job_id, n.message_id, n.reason
+            ));
+        }
+        if self.delete_failed > 0 {
+            out.push_str(&format!(
+                "{} moved message(s) are still in the DLQ (delete failed): they may run twice\n",
+                self.delete_failed
+            ));
+        }
+        out
+    }
+
+    fn problem(&self) -> Option<String> {
+        if self.dry_run {
+            return None;
+        }
+        if self.interrupted {
+            return Some(format!(
+                "interrupted after moving {} of {} selected message(s); the rest are still in the DLQ",
+                self.moved, self.selected
+            ));
+        }
+        if self.moved < self.selected {
+            return Some(format!(
+                "{} of {} selected message(s) were not moved (see above); they are still in the DLQ",
+                self.selected - self.moved,
+                self.selected
+            ));
+        }
+        (self.delete_failed > 0).then(|| {
+            format!(
+                "{} moved message(s) could not be deleted from the DLQ: run `triage dlq purge` for them",
+                self.delete_failed
+            )
+        })
+    }
+}
+
+/// Paces sends to `rate` messages per second, starting with an empty bucket: n messages take
+/// at least n / rate seconds.
+struct Pacer {
+    start: Instant,
+    per_message: Option<Duration>,
+    issued: u32,
+}
+
+impl Pacer {
+    fn new(rate: Option<f64>) -> Self {
+        Self {
+            start: Instant::now(),
+            per_message: rate.map(|r| Duration::from_secs_f64(1.0 / r)),
+            issued: 0,
+        }
+    }
+
+    async fn take(&mut self, n: usize) {
+        let Some(per) = self.per_message else { return };
+        self.issued += n as u32;
+        tokio::time::sleep_until((self.start + per * self.issued).into()).await;
+    }
+}
+
+async fn check_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
+    ctx.ddb_call("DescribeTable", table, || {
+        ctx.ddb.describe_table().table_name(table).send()
+    })
+    .await?;
+    Ok(())
+}
+
+/// Checks a queue exists; returns its URL.
+async fn check_queue(ctx: &Ctx, queue: &str, var: &str) -> OpsResult<String> {
+    let url = resolve_queue(ctx, queue, var).await?;
+    queue_arn(ctx, &url, var).await?;
+    Ok(url)
+}
+
+/// Checks that `source` (a failure record's source queue) sends its dead letters to the DLQ
+/// `dlq_arn` (its RedrivePolicy's `deadLetterTargetArn`); returns its URL. A record is only
+/// trusted to name a queue that feeds this DLQ: anything else could be a producer's forgery
+/// pointing at any queue the operator can write to.
+async fn verified_source(ctx: &Ctx, source: &str, dlq_arn: &str) -> Result<String, String> {
+    let url = resolve_queue(ctx, source, "the failure record")
+        .await
+        .map_err(|e| format!("{e}; pass --to QUEUE"))?;
+    let out = ctx
+        .sqs_call("GetQueueAttributes", Some((&url, "the failure record")), || {
+            ctx.sqs
+                .get_queue_attributes()
+                .queue_url(&url)
+                .attribute_names(QueueAttributeName::RedrivePolicy)
+                .send()
+        })
+        .await
+        .map_err(|e| format!("{e}; pass --to QUEUE"))?;
+    let target = out
+        .attributes
+        .and_then(|mut a| a.remove(&QueueAttributeName::RedrivePolicy))
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(&p).ok())
+        .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
+    match target {
+        Some(arn) if arn == dlq_arn => Ok(url),
+        Some(arn) => Err(format!(
+            "the failure record names source queue {url}, whose dead-letter queue is {arn}, not this DLQ: \
+             the record is not trusted; pass --to QUEUE"
+        )),
+        None => Err(format!(
+            "the failure record names source queue {url}, which has no redrive policy naming this DLQ as \
+             its dead-letter queue: the record is not trusted; pass --to QUEUE"
+        )),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Not selected, or selected but not moved: made visible again at the end.
+    Held,
+    /// Sent to its target and deleted from the DLQ.
+    Moved,
+    /// Sent to its target, but the DLQ delete failed: delete again if seen again.
+    MovedUndeleted,
+}
+
+/// `dlq replay`: moves selected DLQ messages back to their source queue (or `--to`).
+///
+/// Without `--to`, a message goes back to its failure record's source queue only when that
+/// queue's RedrivePolicy names this DLQ (checked once per queue); otherwise it stays and is
+/// reported. The job whose ledger is reset is the one the body names (read as the processor
+/// reads it), never the record's; a record that disagrees with its body is reported as
+/// unverified.
+pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult<ReplayReport> {
+    opts.filter.validate()?;
+    if let Some(r) = opts.rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(OpsError::usage(
+                "--rate must be a positive number of messages per second",
+            ));
+        }
+    }
+    if opts.limit == Some(0) {
+        return Err(OpsError::usage("--limit must be at least 1"));
+    }
+    let table = match (&opts.table, opts.dry_run) {
+        (Some(t), _) => Some(t.clone()),
+        (None, true) => None,
+        (None, false) => return Err(OpsError::missing_var("TRIAGE_TABLE", "--table")),
+    };
+    // Fail before touching the DLQ when the DLQ, the table or the --to queue is missing.
+    let dlq_arn = queue_arn(ctx, dlq_url, "TRIAGE_DLQ_URL").await?;
+    if let (Some(t), false) = (&table, opts.dry_run) {
+        check_table(ctx, t).await?;
+    }
+    let to = match &opts.to {
+        Some(q) => Some(check_queue(ctx, q, "--to").await?),
+        None => None,
+    };
+
+    let started = Instant::now();
+    // Batches as large as the rate allows, so pacing stays smooth at low rates.
+    let batch_size = opts.rate.map_or(10, |r| (r.floor() as usize).clamp(1, 10));
+    // A batch must be sent and deleted before its hold expires.
+    let hold = Duration::from_secs(60)
+        + opts
+            .rate
+            .map_or(Duration::ZERO, |r| Duration::from_secs_f64(20.0 / r));
+    let estimate = approximate_count(ctx, dlq_url).await.unwrap_or(0);
+    let bar_len = opts.limit.map_or(estimate, |l| estimate.min(l as u64));
+    let bar = progress(
+        opts.progress,
+        bar_len,
+        if opts.dry_run { "reading" } else { "replaying" },
+    );
+
+    let mut st = ReplayState {
+        fates: HashMap::new(),
+        handles: HashMap::new(),
+        selected: Vec::new(),
+        moved: 0,
+        delete_failed: 0,
+        ledgers_reset: 0,
+        targets: BTreeMap::new(),
+        not_moved: Vec::new(),
+        unverified: Vec::new(),
+        target_cache: HashMap::new(),
+        dlq_arn,
+        scanned: 0,
+    };
+    let sqs = ctx.sqs_effects();
+    let stopped = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
+    let mut pacer = Pacer::new(opts.rate);
+    let mut sweep = Sweep::new(ctx, dlq_url, hold, opts.max_scan);
+    let run = async {
+        loop {
+            if opts.limit.is_some_and(|l| st.selected.len() >= l) || stopped() {
+                break;
+            }
+            let Some((new, again)) = sweep.next().await? else {
+                break;
+            };
+            st.scanned += new.len();
+            for m in again {
+                match st.fates.get(&m.message_id) {
+                    Some(Fate::MovedUndeleted) => {
+                        let failed =
+                            delete(ctx, dlq_url, &[(m.message_id.clone(), m.receipt_handle.clone())]).await;
+                        if failed.is_empty() {
+                            st.fates.insert(m.message_id.clone(), Fate::Moved);
+                            st.delete_failed = st.delete_failed.saturating_sub(1);
+                        }
+                    }
+                    _ => {
+                        st.handles.insert(m.message_id.clone(), m.receipt_handle.clone());
+                    }
+                }
+            }
+            let now = now_ms();
+            let mut chosen = Vec::new();
+            for m in new {
+                let room = opts.limit.is_none_or(|l| st.selected.len() < l);
+                st.fates.insert(m.message_id.clone(), Fate::Held);
+                st.handles.insert(m.message_id.clone(), m.receipt_handle.clone());
+                if room && opts.filter.matches(&m, now) {
+                    if let Some(reason) = m.record_mismatch() {
+                        st.unverified.push(NotMoved {
+                            message_id: m.message_id.clone(),
+                            job_id: m.body_job_id().to_owned(),
+                            reason,
+                        });
+                    }
+                    st.selected.push(m.clone());
+                    chosen.push(m);
+                }
+            }
+            // Group by target queue, keeping DLQ order within each.
+            let mut by_target: BTreeMap<String, Vec<DlqMessage>> = BTreeMap::new();
+            for m in chosen {
+                match st.target_for(ctx, &m, to.as_deref()).await {
+                    Ok(url) => by_target.entry(url).or_default().push(m),
+                    Err(reason) => {
+                        bar.inc(1);
+                        st.not_moved.push(NotMoved {
+                            message_id: m.message_id.clone(),
+                            job_id: m.body_job_id().to_owned(),
+                            reason,
+                        });
+                    }
+                }
+            }
+            if opts.dry_run {
+                for (url, ms) in by_target {
+                    st.moved += ms.len();
+                    bar.inc(ms.len() as u64);
+                    *st.targets.entry(url).or_default() += ms.len();
+                }
+                continue;
+            }
+            for (target, ms) in by_target {
+                let fifo = is_fifo(&target);
+                let mut outgoing = Vec::new();
+                for (key, m) in ms.iter().enumerate() {
+                    match replay_copy(key, m, fifo) {
+                        Ok(o) => outgoing.push(o),
+                        Err(reason) => {
+                            bar.inc(1);
+                            st.not_moved.push(NotMoved {
+                                message_id: m.message_id.clone(),
+                                job_id: m.body_job_id().to_owned(),
+                                reason,
+                            });
+                        }
+                    }
+                }
+                for batch in batches(outgoing, batch_size) {
+                    if stopped() {
+                        break;
+                    }
+                    let n = batch.len();
+                    pacer.take(n).await;
+                    st.move_batch(ctx, &sqs, dlq_url, &target, table.as_deref(), &ms, batch)
+                        .await?;
+                    bar.inc(n as u64);
+                }
+            }
+        }
+        Ok::<_, OpsError>(())
+    }
+    .await;
+    bar.finish_and_clear();
+    // Everything not moved goes back to visible, whatever happened above.
+    let held: Vec<String> = st
+        .fates
+        .iter()
+        .filter(|(_, f)| **f == Fate::Held)
+        .filter_map(|(id, _)| st.handles.get(id).cloned())
+        .collect();
+    release(ctx, dlq_url, held).await;
+    run?;
+
+    let now = now_ms();
+    Ok(ReplayReport {
+        dlq_url: dlq_url.to_owned(),
+        dry_run: opts.dry_run,
+        scanned: st.scanned,
+        selected: st.selected.len(),
+        moved: st.moved,
+        delete_failed: st.delete_failed,
+        ledgers_reset: st.ledgers_reset,
+        targets: st
+            .targets
+            .into_iter()
+            .map(|(queue_url, count)| TargetCount { queue_url, count })
+            .collect(),
+        groups: group(&st.selected, now),
+        not_moved: st.not_moved,
+        unverified: st.unverified,
+        interrupted: stopped(),
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// The message replay sends for DLQ message `m`: the body byte for byte and the original
+/// attributes (unpacked when the processor packed them).
+fn replay_copy(key: usize, m: &DlqMessage, fifo: bool) -> Result<Outgoing, String> {
+    let attributes = original_attributes(&m.attributes).map_err(|e| e.to_string())?;
+    Ok(Outgoing {
+        key,
+        body: m.body.clone(),
+        attributes,
+        // A fresh deduplication id per DLQ message: the original one may still be inside
+        // SQS's 5-minute window, and a repeated replay of the same DLQ message (after a crash
+        // between send and delete) is then deduplicated.
+        group_id: fifo.then(|| m.group_id.clone().unwrap_or_else(|| m.body_job_id().to_owned())),
+        dedup_id: fifo.then(|| format!("replay-{}", m.message_id)),
+        delay_seconds: None,
+    })
+}
+
+struct ReplayState {
+    fates: HashMap<String, Fate>,
+    handles: HashMap<String, String>,
+    selected: Vec<DlqMessage>,
+    moved: usize,
+    delete_failed: usize,
+    ledgers_reset: usize,
+    targets: BTreeMap<String, usize>,
+    not_moved: Vec<NotMoved>,
+    unverified: Vec<NotMoved>,
+    target_cache: HashMap<String, Result<String, String>>,
+    dlq_arn: String,
+    scanned: usize,
+}
+
+impl ReplayState {
+    /// The queue a message goes back to: `--to`, else the record's source queue once its
+    /// redrive policy is checked to name this DLQ (once per queue).
+    async fn target_for(&mut self, ctx: &Ctx, m: &DlqMessage, to: Option<&str>) -> Result<String, String> {
+        if let Some(to) = to {
+            return Ok(to.to_owned());
+        }
+        let Some(source) = m.record.as_ref().map(|r| r.source_queue.clone()) else {
+            return Err("no failure record, so no source queue: pass --to QUEUE".into());
+        };
+        if let Some(r) = self.target_cache.get(&source) {
+            return r.clone();
+        }
+        let r = verified_source(ctx, &source, &self.dlq_arn).await;
+        self.target_cache.insert(source, r.clone());
+        r
+    }
+
+    /// Resets the ledgers of the batch's jobs, sends the batch to `target`, then deletes what
+    /// SQS accepted. `ms` are the DLQ messages the batch's keys index.
+    #[allow(clippy::too_many_arguments)]
+    async fn move_batch(
+        &mut self,
+        ctx: &Ctx,
+        sqs: &Sqs,
+        dlq_url: &str,
+        target: &str,
+        table: Option<&str>,
+        ms: &[DlqMessage],
+        batch: Vec<Outgoing>,
+    ) -> OpsResult<()> {
+        // Reset before sending: once the job is back on its queue a worker may count a new
+        // attempt at any moment, and that count must not be wiped. The job is the one its body
+        // names, as the processor will read it (type and id); a job without an id gets a new
+        // message id, hence a fresh ledger, when it is sent again.
+        if let Some(table) = table {
+            let jobs: BTreeSet<(&str, &str)> = batch
+                .iter()
+                .filter_map(|o| ms.get(o.key).and_then(|m| m.body_job.as_ref()))
+                .filter_map(|j| j.id.as_deref().map(|id| (j.job_type.as_str(), id)))
+                .collect();
+            if !jobs.is_empty() {
+                ctx.ledger(table)
+                    .forget(&jobs, None)
+                    .await
+                    .map_err(|e| ctx.storage_error(e, table))?;
+                self.ledgers_reset += jobs.len();
+            }
+        }
+        let sent = sqs.send(target, batch, None).await;
+        for (k, why) in &sent.failed {
+            if let Some(m) = ms.get(*k) {
+                self.not_moved.push(NotMoved {
+                    message_id: m.message_id.clone(),
+                    job_id: m.body_job_id().to_owned(),
+                    reason: why.clone(),
+                });
+            }
+        }
+        let accepted: Vec<(String, String)> = sent
+            .accepted
+            .iter()
+            .filter_map(|k| ms.get(*k))
+            .map(|m| (m.message_id.clone(), m.receipt_handle.clone()))
+            .collect();
+        self.moved += accepted.len();
+        *self.targets.entry(target.to_owned()).or_default() += accepted.len();
+        for (id, _) in &accepted {
+            self.fates.insert(id.clone(), Fate::Moved);
+        }
+        let failed = delete(ctx, dlq_url, &accepted).await;
+        self.delete_failed += failed.len();
+        for id in failed {
+            self.fates.insert(id, Fate::MovedUndeleted);
+        }
+        Ok(())
+    }
+}
