@@ -498,19 +498,13 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                 BreakerCommand::Close { job_type, yes } => (job_type, Force::Close, *yes),
                 BreakerCommand::Reset { job_type, yes } => (job_type, Force::Reset, *yes),
             };
-            if !yes {
-                if !std::io::stdin().is_terminal() {
-                    return Err(OpsError::usage(
-                        "refusing to force a breaker without confirmation in a non-interactive shell: pass --yes",
-                    ));
-                }
-                let question = format!(
-                    "force the breaker of {job_type} {} for every consumer? [y/N] ",
-                    what.name()
-                );
-                if !confirm(&question) {
-                    return Err(OpsError::usage("cancelled: the breaker was not changed"));
-                }
+            can_confirm(yes, "force a breaker")?;
+            let question = format!(
+                "force the breaker of {job_type} {} for every consumer? [y/N] ",
+                what.name()
+            );
+            if !confirmed(yes, &question) {
+                return Err(OpsError::usage("cancelled: the breaker was not changed"));
             }
             init_audit_log();
             let ctx = Ctx::from_env().await?;
@@ -585,9 +579,8 @@ async fn run_dlq(
             Ok(print(&r, json))
         }
         DlqCommand::Purge { filter, limit, yes } => {
-            let yes = *yes;
             let r = dlq::purge(ctx, dlq_url, &filter.filter(), *limit, filter.max_scan, |plan| {
-                yes || confirm(&plan.question())
+                confirmed(*yes, &plan.question())
             })
             .await?;
             Ok(print(&r, json))
@@ -595,9 +588,8 @@ async fn run_dlq(
         DlqCommand::Redrive(a) => {
             let r = match &a.action {
                 None => {
-                    let yes = a.yes;
                     dlq::redrive_start_confirmed(ctx, dlq_url, a.to.as_deref(), a.rate, |plan| {
-                        yes || confirm(&plan.question())
+                        confirmed(a.yes, &plan.question())
                     })
                     .await?
                 }
@@ -658,6 +650,9 @@ fn stop_on_ctrl_c() -> Arc<AtomicBool> {
     flag
 }
 
+// The one confirmation of destructive commands (purge, redrive, breaker forces): first
+// `can_confirm` before anything is asked of AWS, then `confirmed` with the question.
+
 /// A destructive command without --yes needs someone to answer: refuses when stdin is not a
 /// terminal.
 fn can_confirm(yes: bool, what: &str) -> OpsResult<()> {
@@ -669,8 +664,12 @@ fn can_confirm(yes: bool, what: &str) -> OpsResult<()> {
     Ok(())
 }
 
-/// Asks on stderr, reads one line from stdin; anything but y/yes is a no.
-fn confirm(question: &str) -> bool {
+/// True with --yes; otherwise asks `question` on stderr and reads one line from stdin:
+/// anything but y/yes is a no.
+fn confirmed(yes: bool, question: &str) -> bool {
+    if yes {
+        return true;
+    }
     eprint!("{question}");
     let _ = std::io::stderr().flush();
     let mut answer = String::new();
