@@ -331,20 +331,21 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                 break;
             };
             st.scanned += new.len();
+            // Moved messages whose DLQ delete failed, seen again: deleted again, in one
+            // batched call per receive.
+            let mut redelete: Vec<(String, String)> = Vec::new();
             for m in again {
                 match st.fates.get(&m.message_id) {
-                    Some(Fate::MovedUndeleted) => {
-                        let failed =
-                            delete(ctx, dlq_url, &[(m.message_id.clone(), m.receipt_handle.clone())]).await;
-                        if failed.is_empty() {
-                            st.fates.insert(m.message_id.clone(), Fate::Moved);
-                            st.delete_failed = st.delete_failed.saturating_sub(1);
-                        }
-                    }
+                    Some(Fate::MovedUndeleted) => redelete.push((m.message_id, m.receipt_handle)),
                     _ => {
-                        st.handles.insert(m.message_id.clone(), m.receipt_handle.clone());
+                        st.handles.insert(m.message_id, m.receipt_handle);
                     }
                 }
+            }
+            let failed = delete(ctx, dlq_url, &redelete).await;
+            for (id, _) in redelete.into_iter().filter(|(id, _)| !failed.contains(id)) {
+                st.fates.insert(id, Fate::Moved);
+                st.delete_failed = st.delete_failed.saturating_sub(1);
             }
             let now = now_ms();
             let mut chosen = Vec::new();
