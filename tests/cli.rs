@@ -948,3 +948,20 @@ async fn redrive_asks_for_confirmation_like_purge() {
     let o = run(Some(&stack), &["dlq", "redrive", "status"]);
     assert_one_line_error(&o, 6, "use `triage dlq replay`");
 }
+
+/// Operator commands retry through the one storage retry policy, a few tries because an
+/// operator waits: a DLQ read SQS keeps throttling is tried 3 times (not the SDK's tries on
+/// top of the policy's), then reported as one line with exit 1.
+#[tokio::test]
+async fn a_throttled_dlq_read_is_tried_three_times_then_reported() {
+    use support::fault_proxy::{Fault, FaultProxy};
+    let stack = setup("cli-throttled");
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_always("ReceiveMessage", Fault::Throttle);
+    let o = triage_cmd(Some(&stack), &["dlq", "list"])
+        .env("AWS_ENDPOINT_URL_SQS", proxy.url())
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, 1, "ReceiveMessage");
+    assert_eq!(proxy.count("ReceiveMessage"), 3, "{:?}", proxy.counts());
+}

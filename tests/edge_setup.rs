@@ -707,3 +707,27 @@ async fn a_queue_arn_in_another_region_is_honoured() {
     let line = error_line(&o, 2);
     assert!(line.contains("TRIAGE_QUEUE_URL"), "{line}");
 }
+
+/// A queue name SQS says exists with other creation attributes (`QueueAlreadyExists`, the
+/// SDK's `QueueNameExists`) is a usage error naming the queue, read from the code of the
+/// storage error now that setup's calls go through the storage retry policy.
+#[tokio::test(flavor = "multi_thread")]
+async fn setup_says_when_a_queue_name_exists_with_other_attributes() {
+    let q = support::unique_name("su-exists");
+    let (dlq, table) = (format!("{q}-dlq"), format!("{q}-t"));
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_always(
+        "CreateQueue",
+        Fault::Error {
+            status: 400,
+            code: "QueueAlreadyExists".into(),
+        },
+    );
+    let o = run(
+        &setup_args(&q, &dlq, &table, &[]),
+        &[("AWS_ENDPOINT_URL_SQS", &proxy.url())],
+    );
+    let line = error_line(&o, 2);
+    assert!(line.contains("exists with other attributes"), "{line}");
+    assert_eq!(proxy.count("CreateQueue"), 1, "a refusal is not retried");
+}
