@@ -57,9 +57,11 @@ pub struct StartupError {
     pub misconfigured: bool,
 }
 
-/// Builds the processor for `registry` from `config`: SDK clients with the SDK's own retries
-/// off (every call goes through one [`StorageRetry`]), the DLQ's size limit, and a check of
-/// every policy against the source queue's retention period.
+/// Builds the processor for `registry` from `config`: the configuration's policies as the
+/// registry's defaults when it follows them ([`Registry::default`]; see
+/// [`Registry::configured`]), SDK clients with the SDK's own retries off (every call goes
+/// through one [`StorageRetry`]), the DLQ's size limit, and a check of every policy against
+/// the source queue's retention period.
 pub async fn build(
     config: &Config,
     registry: Registry,
@@ -77,6 +79,7 @@ pub async fn build_with(
     sqs_conf: aws_sdk_sqs::config::Builder,
     ddb_conf: aws_sdk_dynamodb::config::Builder,
 ) -> Result<Environment, RuntimeError> {
+    let registry = registry.configured(&config.policy, config.breaker);
     let queue_url = Config::require(&config.queue_url, "TRIAGE_QUEUE_URL")?.to_owned();
     let dlq_url = Config::require(&config.dlq_url, "TRIAGE_DLQ_URL")?.to_owned();
     let table = Config::require(&config.table, "TRIAGE_TABLE")?.to_owned();
