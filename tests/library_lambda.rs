@@ -30,11 +30,10 @@ fn library_function_process() {
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
     let result = rt.block_on(async {
-        let registry = sqs_triage::processor::registry::Registry::default()
-            .handle(JOB_TYPE, |_: Value, _ctx| async {
-                Err(sqs_triage::JobError::transient("the dependency is down"))
-            });
-        sqs_triage::runtime::lambda::run(registry).await
+        let registry = sqs_triage::Registry::default().handle(JOB_TYPE, |_: Value, _ctx| async {
+            Err(sqs_triage::JobError::transient("the dependency is down"))
+        });
+        sqs_triage::lambda::run(registry).await
     });
     if let Err(e) = result {
         eprintln!("error: {e}");
