@@ -1,8 +1,8 @@
-//! A Lambda function built with the library, as the README shows it
-//! (`lambda::run(Registry::default().handle(…))`), honours the `TRIAGE_*` variables: they are
-//! the registry's defaults, read once at start-up. Run behind a local Runtime API, the function
+//! A Lambda function and a worker built with the library, as the README shows them
+//! (`lambda::run(Registry::default().handle(…))`, `worker::run(…)`), honour the `TRIAGE_*`
+//! variables: they are the registry's defaults, read once at start-up. The function or worker
 //! is this test binary itself, started again in a child process where
-//! [`library_function_process`] serves the events.
+//! [`library_function_process`] runs it (the function behind a local Runtime API).
 
 mod support;
 
@@ -17,23 +17,26 @@ use sqs_triage::effects::dlq::failure_record;
 
 use support::runtime_api::{Outcome, RuntimeApi};
 
-/// Set in the child process: run as the Lambda function.
+/// Set in the child process: run as the Lambda function (`lambda`) or the worker (`worker`).
 const CHILD: &str = "SQS_TRIAGE_TEST_LIBRARY_FUNCTION";
 const JOB_TYPE: &str = "lib.flaky";
 
-/// The function a user builds: one job type whose dependency is always down, registered
-/// with the registry's defaults. Does nothing in the normal test run.
+/// The function (or worker) a user builds: one job type whose dependency is always down,
+/// registered with the registry's defaults. Does nothing in the normal test run.
 #[test]
 fn library_function_process() {
-    if std::env::var_os(CHILD).is_none() {
+    let Ok(role) = std::env::var(CHILD) else {
         return;
-    }
+    };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let result = rt.block_on(async {
         let registry = sqs_triage::Registry::default().handle(JOB_TYPE, |_: Value, _ctx| async {
             Err(sqs_triage::JobError::transient("the dependency is down"))
         });
-        sqs_triage::lambda::run(registry).await
+        match role.as_str() {
+            "worker" => sqs_triage::worker::run(registry).await,
+            _ => sqs_triage::lambda::run(registry).await,
+        }
     });
     if let Err(e) = result {
         eprintln!("error: {e}");
@@ -202,4 +205,105 @@ async fn a_library_function_dead_letters_on_the_attempt_limit_its_environment_se
     assert_eq!(record.class, FailureClass::Exhausted);
     assert_eq!(record.attempts, 2);
     assert_eq!(record.original_message_id, id);
+}
+
+/// The DLQ's first copy, waiting up to `within` for it.
+async fn first_dlq_copy(sqs: &aws_sdk_sqs::Client, dlq_url: &str, within: Duration) -> Option<Message> {
+    let until = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < until {
+        let got = support::read_all(sqs, dlq_url, 60, 2).await;
+        if let Some(m) = got.into_iter().next() {
+            return Some(m);
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_library_worker_dead_letters_on_the_attempt_limit_its_environment_sets() {
+    let created = support::fresh_resources("lib-worker-attempts", false).await;
+    let log = std::env::temp_dir().join(support::unique_name("library-worker"));
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "library_function_process",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, "worker")
+        .env("TRIAGE_QUEUE_URL", &created.queue_url)
+        .env("TRIAGE_DLQ_URL", &created.dlq_url)
+        .env("TRIAGE_TABLE", &created.table)
+        .env("TRIAGE_MAX_ATTEMPTS", "2")
+        .env("TRIAGE_BASE_DELAY_MS", "0")
+        .env("TRIAGE_JITTER_MAX_MS", "0")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
+        .spawn()
+        .expect("the worker starts");
+    let output = || {
+        let read = |p: PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+        format!("{}{}", read(log.clone()), read(log.with_extension("err")))
+    };
+    let sqs = support::sqs_client().await;
+    let body = json!({"type": JOB_TYPE, "id": "always-down-worker", "payload": {}}).to_string();
+    sqs.send_message()
+        .queue_url(&created.queue_url)
+        .message_body(body)
+        .send()
+        .await
+        .unwrap();
+
+    // With the built-in defaults (5 attempts, 3 s doubling) it would take over 40 s to reach
+    // the DLQ, after 5 attempts; with the environment's, it is there after the second.
+    let copy = first_dlq_copy(&sqs, &created.dlq_url, Duration::from_secs(30)).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let out = output();
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(log.with_extension("err"));
+    let copy = copy.unwrap_or_else(|| panic!("no DLQ copy within 30 s (TRIAGE_MAX_ATTEMPTS=2)\n{out}"));
+    let record = failure_record(&copy.message_attributes.clone().unwrap_or_default())
+        .expect("a failure record")
+        .expect("a readable failure record");
+    assert_eq!(record.class, FailureClass::Exhausted, "{out}");
+    assert_eq!(record.attempts, 2, "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invalid_variable_stops_a_library_function_at_start_up_with_its_name() {
+    let created = support::fresh_resources("lib-invalid", false).await;
+    let api = RuntimeApi::start().await;
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "library_function_process",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, "lambda")
+        .env("AWS_LAMBDA_RUNTIME_API", api.address())
+        .env("AWS_LAMBDA_FUNCTION_NAME", "library-local")
+        .env("TRIAGE_QUEUE_URL", &created.queue_url)
+        .env("TRIAGE_DLQ_URL", &created.dlq_url)
+        .env("TRIAGE_TABLE", &created.table)
+        .env("TRIAGE_MAX_ATTEMPTS", "0")
+        .stdin(Stdio::null())
+        .output()
+        .expect("the function runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("error: TRIAGE_MAX_ATTEMPTS=\"0\" is not valid: expected a number from 1 to 1000"),
+        "{text}"
+    );
+    assert!(!text.contains("panicked"), "{text}");
 }
