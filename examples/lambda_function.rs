@@ -3,9 +3,7 @@
 #![forbid(unsafe_code)]
 
 use serde::Deserialize;
-use sqs_triage::core::breaker::BreakerConfig;
-use sqs_triage::core::{JobError, RetryPolicy, Rules};
-use sqs_triage::processor::registry::{JobContext, Registry};
+use sqs_triage::{BreakerConfig, JobContext, JobError, Registry, RetryPolicy, Rules};
 
 #[derive(Deserialize)]
 struct Charge {
@@ -14,8 +12,10 @@ struct Charge {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), sqs_triage::runtime::RuntimeError> {
-    let card_rules = Rules::new().fatal_code("CardDeclined");
+async fn main() -> Result<(), sqs_triage::RuntimeError> {
+    // `handle` follows the TRIAGE_* variables (TRIAGE_MAX_ATTEMPTS, TRIAGE_BASE_DELAY_MS,
+    // TRIAGE_BREAKER_*, ...), read once at start-up; `handle_with` sets a job type's own
+    // policy, which wins over them.
     let registry = Registry::default()
         .handle("email.send", |to: String, _ctx: JobContext| async move {
             // std::io errors are transient; `?` on them would classify them the same way.
@@ -23,11 +23,16 @@ async fn main() -> Result<(), sqs_triage::runtime::RuntimeError> {
         })
         .handle_with(
             "billing.charge",
-            RetryPolicy::builder().max_attempts(3).rules(card_rules).build()?,
+            RetryPolicy::builder()
+                .max_attempts(3)
+                .rules(Rules::new().fatal_code("CardDeclined"))
+                .build()?,
             BreakerConfig::default(),
             |c: Charge, _ctx: JobContext| async move { charge(&c.order, c.cents).await },
         );
-    sqs_triage::runtime::lambda::run(registry).await
+    // Outside Lambda, the same registry as a long-polling worker:
+    // sqs_triage::worker::run(registry).await
+    sqs_triage::lambda::run(registry).await
 }
 
 async fn send_email(_to: &str) -> Result<(), std::io::Error> {

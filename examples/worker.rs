@@ -9,10 +9,8 @@
 use std::time::Duration;
 
 use serde::Deserialize;
-use sqs_triage::core::breaker::BreakerConfig;
-use sqs_triage::core::{JobError, RetryPolicy, Rules};
-use sqs_triage::processor::registry::{JobContext, Registry};
-use sqs_triage::runtime::worker::{RunOptions, run_with};
+use sqs_triage::worker::{RunOptions, run_with};
+use sqs_triage::{BreakerConfig, JobContext, JobError, Registry, RetryPolicy, Rules};
 
 #[derive(Deserialize)]
 struct Charge {
@@ -21,7 +19,7 @@ struct Charge {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), sqs_triage::runtime::RuntimeError> {
+async fn main() -> Result<(), sqs_triage::RuntimeError> {
     let card_rules = Rules::new().fatal_code("CardDeclined");
     let registry = Registry::default()
         .handle("email.send", |to: String, _ctx: JobContext| async move {
@@ -33,7 +31,7 @@ async fn main() -> Result<(), sqs_triage::runtime::RuntimeError> {
             BreakerConfig::default(),
             |c: Charge, _ctx: JobContext| async move { charge(&c.order, c.cents).await },
         );
-    // `sqs_triage::runtime::worker::run(registry)` with the defaults; here, four batches in
+    // `sqs_triage::worker::run(registry)` with the defaults; here, four batches in
     // flight and an exit after one minute of a deleted queue or denied access.
     let opts = RunOptions {
         batches: 4,

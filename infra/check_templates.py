@@ -64,7 +64,7 @@ QUEUES_OF_SQS_ACTION = {
 }
 # DynamoDB calls in this file go to TRIAGE_CHAOS_RECORD_TABLE (a test side table), not to the
 # state table; the stacks do not set that variable, so they grant nothing for them.
-CHAOS_RECORDER = "src/runtime/chaos.rs"
+CHAOS_RECORDER = "src/demo/chaos.rs"
 CHAOS_RECORD_ENV = "TRIAGE_CHAOS_RECORD_TABLE"
 
 

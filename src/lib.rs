@@ -1,7 +1,69 @@
-//! sqs-triage: decides, for every failed SQS job, whether another try can help, and acts on
-//! it with the cheapest correct AWS calls.
+//! sqs-triage sits between Amazon SQS and your job handlers on AWS Lambda (or any host, with a
+//! long-polling worker). For every failed job it decides whether another try can help:
+//! fatal failures go to the dead-letter queue at once with a failure record, transient ones
+//! come back after a jittered backoff through the message's visibility timeout, attempts are
+//! counted exactly in DynamoDB, and a circuit breaker per job type, shared by every
+//! environment, stops hammering a dependency that is down.
 //!
-//! Layers, ground floor first; each imports only the ones below it:
+//! # A function in a few lines
+//!
+//! Register a handler per job type in a [`Registry`] and hand it to [`lambda::run`] (or
+//! [`worker::run`] outside Lambda). A handler receives the job's payload, decoded into its
+//! argument type, and a [`JobContext`]; it returns `Result<(), JobError>`.
+//!
+//! ```rust,no_run
+#![doc = include_str!("../examples/lambda_function.rs")]
+//! ```
+//!
+//! This is `examples/lambda_function.rs`, and the README's example. [`lambda::run`] reads the
+//! configuration, builds the AWS clients and checks the queues and the table once per
+//! container, then serves SQS events until the runtime stops; an unusable configuration fails
+//! the function's init with one line naming the variable.
+//!
+//! # Configuration and which policy wins
+//!
+//! The runtimes read the `TRIAGE_*` variables once at start-up (the README's configuration
+//! table lists them with their ranges; [`config::limits`] has them as data): the queue, DLQ
+//! and table, `TRIAGE_CONCURRENCY`, and the default retry policy (`TRIAGE_MAX_ATTEMPTS`,
+//! `TRIAGE_BASE_DELAY_MS`, `TRIAGE_BACKOFF_MULTIPLIER`, `TRIAGE_MAX_DELAY_MS`,
+//! `TRIAGE_JITTER_MAX_MS`) and breaker (`TRIAGE_BREAKER_*`). A job type's policies come from,
+//! strongest first:
+//!
+//! 1. [`Registry::handle_with`]: the policies written for that job type;
+//! 2. [`Registry::new`]: defaults written for the whole registry;
+//! 3. [`Registry::default`]: the `TRIAGE_*` variables (the built-in defaults where unset).
+//!
+//! Code wins because it is the more specific statement; the variables are a deployment-wide
+//! default an operator can change without a build. An invalid variable is an error from
+//! [`lambda::run`] / [`worker::run`] before any job runs, never a panic.
+//!
+//! # Errors
+//!
+//! A [`JobError`] is fatal ([`JobError::fatal`]), transient ([`JobError::transient`]) or
+//! retry-after ([`JobError::retry_after`]). `?` works on `serde_json` errors (fatal) and
+//! `std::io` errors (transient); [`JobError::from_source`] takes any other error and infers
+//! the kind (unknown errors are transient), and [`JobError::with_source`] keeps a cause under
+//! a kind you state. The cause stays an error value ([`std::error::Error::source`]); its chain
+//! is rendered into the DLQ failure record and the logs. A panic fails its own record only,
+//! as fatal. A payload that does not decode into the handler's type is fatal.
+//!
+//! # Policies
+//!
+//! [`RetryPolicy`] sets the attempt limit, the [`Backoff`] (exponential with jitter, full
+//! or decorrelated jitter, Sidekiq's, or your own function) and [`Rules`] that classify
+//! error codes or texts of one job type. [`BreakerConfig`] sets when a job type's breaker
+//! opens, how long it stays open and how it probes. Both are checked against the source
+//! queue's retention period at start-up.
+//!
+//! # Outside Lambda
+//!
+//! [`worker::run`] serves the same registry from any host, with the same variables, until
+//! SIGINT/SIGTERM; [`worker::run_with`] takes [`RunOptions`], and [`Worker`] lets you drive
+//! the polling yourself.
+//!
+//! # Layers
+//!
+//! For contributors, ground floor first; each imports only the ones below it:
 //! 1. [`core`]: pure rules (envelope, classification, backoff, policy, breaker, decision);
 //! 2. [`effects`]: SQS and DynamoDB calls, through one storage retry policy;
 //! 3. [`processor`]: one batch in, decisions, batched effects, batch response out;
@@ -12,9 +74,39 @@
 pub mod clock;
 pub mod config;
 pub mod core;
+#[doc(hidden)]
+pub mod demo;
 pub mod effects;
 pub mod ops;
 pub mod processor;
 pub mod runtime;
 
-pub use crate::core::{Backoff, Decision, FailureClass, JobError, RetryPolicy, Rules};
+pub use crate::core::breaker::BreakerConfig;
+pub use crate::core::{Backoff, Decision, ErrorKind, FailureClass, JobError, RetryPolicy, Rules};
+pub use crate::processor::registry::{JobContext, Registry};
+pub use crate::runtime::worker::{RunOptions, Worker};
+pub use crate::runtime::{RuntimeError, lambda, worker};
+
+/// The README's code blocks, compiled and checked as doctests (its library example is
+/// `examples/lambda_function.rs`; see the test below that keeps the two the same).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+#[cfg(test)]
+mod readme_tests {
+    /// The README's Rust example is `examples/lambda_function.rs` from its first `use` on,
+    /// so the README shows the code the crate page compiles.
+    #[test]
+    fn the_readme_example_is_the_crate_page_example() {
+        let readme = include_str!("../README.md");
+        let example = include_str!("../examples/lambda_function.rs");
+        let code = &example[example.find("use ").expect("a use line")..];
+        let start = readme
+            .find("```rust,no_run\n")
+            .expect("a rust,no_run block in README.md")
+            + "```rust,no_run\n".len();
+        let end = start + readme[start..].find("```").expect("the block's end");
+        assert_eq!(&readme[start..end], code);
+    }
+}

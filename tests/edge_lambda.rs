@@ -473,3 +473,36 @@ async fn a_panic_message_reaches_the_lambda_logs_masked() {
         }
     }
 }
+
+// ------------------------------------------------------------------ log level
+
+/// Lambda's log level setting (`AWS_LAMBDA_LOG_LEVEL`, from the function's logging config)
+/// sets the level over `RUST_LOG`; without it, `RUST_LOG` does.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_functions_log_level_setting_wins_over_rust_log() {
+    let created = support::fresh_resources("edge-loglevel", false).await;
+    let mut outputs = Vec::new();
+    for vars in [&[][..], &[("AWS_LAMBDA_LOG_LEVEL", "WARN")][..]] {
+        let lambda = Lambda::start(&created, vars).await;
+        let id = format!("ll-{}", vars.len());
+        // A retried job logs at info; an unreadable record at warn.
+        let mut odd = record(&format!("{id}-odd"), "x");
+        odd["body"] = json!(17);
+        let event = json!({"Records": [record(&id, &job(&id, "transient")), odd]});
+        let _ = response(lambda.invoke(&event).await);
+        outputs.push(lambda.stop());
+    }
+    let (rust_log, lambda_level) = (&outputs[0], &outputs[1]);
+    assert!(
+        rust_log.contains(" INFO "),
+        "RUST_LOG=info logs info lines:\n{rust_log}"
+    );
+    assert!(
+        lambda_level.contains(" WARN "),
+        "warnings are logged:\n{lambda_level}"
+    );
+    assert!(
+        !lambda_level.contains(" INFO "),
+        "AWS_LAMBDA_LOG_LEVEL=WARN must drop info lines even with RUST_LOG=info:\n{lambda_level}"
+    );
+}

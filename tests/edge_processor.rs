@@ -166,14 +166,10 @@ async fn a_deferral_on_the_last_receive_is_dead_lettered_with_a_record() {
         sqs_triage::effects::storage_retry::StorageRetry::default(),
     );
     store
-        .force_open(
-            sqs_triage::runtime::chaos::CHAOS,
-            None,
-            sqs_triage::clock::now_ms(),
-        )
+        .force_open(sqs_triage::demo::chaos::CHAOS, None, sqs_triage::clock::now_ms())
         .await
         .unwrap();
-    let body = json!({"type": sqs_triage::runtime::chaos::CHAOS, "id": "held", "payload": {}}).to_string();
+    let body = json!({"type": sqs_triage::demo::chaos::CHAOS, "id": "held", "payload": {}}).to_string();
     h.send_raw(&[(&body, None)]).await;
     let mut deliveries = 0;
     for _ in 0..20 {
@@ -257,7 +253,7 @@ async fn env_for(
     config.queue_url = Some(h.queue_url.clone());
     config.dlq_url = Some(dlq_url.to_owned());
     config.table = Some(h.table.clone());
-    let registry = sqs_triage::runtime::chaos::register(
+    let registry = sqs_triage::demo::chaos::register(
         sqs_triage::processor::registry::Registry::new(policy.clone(), quiet_breaker()),
         policy.clone(),
         quiet_breaker(),
@@ -266,7 +262,7 @@ async fn env_for(
         support::pipeline::RECORDED,
         policy,
         quiet_breaker(),
-        |p: sqs_triage::runtime::chaos::ChaosPayload, ctx| sqs_triage::runtime::chaos::run(p, ctx),
+        |p: sqs_triage::demo::chaos::ChaosPayload, ctx| sqs_triage::demo::chaos::run(p, ctx),
     );
     sqs_triage::runtime::env::build(&config, registry, &sdk)
         .await

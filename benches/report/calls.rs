@@ -18,11 +18,11 @@ use sqs_triage::clock::now_ms;
 use sqs_triage::config::Config;
 use sqs_triage::core::breaker::BreakerConfig;
 use sqs_triage::core::{Backoff, Decision, FailureClass, RetryPolicy};
+use sqs_triage::demo::chaos::{self, CHAOS};
 use sqs_triage::ops::Ctx;
 use sqs_triage::ops::setup::{SetupOptions, setup};
 use sqs_triage::processor::Incoming;
 use sqs_triage::processor::registry::Registry;
-use sqs_triage::runtime::chaos::{self, CHAOS};
 use sqs_triage::runtime::env::{build, sdk_config};
 use tokio::time::Instant;
 

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sqs_triage::clock::now_ms;
+use sqs_triage::demo::chaos::CHAOS;
 use sqs_triage::ops::Ctx;
 use sqs_triage::ops::setup::{SetupOptions, setup};
-use sqs_triage::runtime::chaos::CHAOS;
 use sqs_triage::runtime::env::sdk_config;
 
 use super::{Options, Section, median};

@@ -87,7 +87,7 @@ struct WorkerArgs {
 }
 
 /// Why `triage worker` needs --demo-handlers, and what to run instead.
-const WORKER_NEEDS_DEMO_HANDLERS: &str = "`triage worker` has a handler only for the built-in demo job type `triage.chaos`: on a real queue it would dead-letter every other job as `invalid` (no handler for job type). Pass --demo-handlers to run it for demos and smoke tests. To serve your own job types, build a worker binary with your own `Registry` and `sqs_triage::runtime::worker::run(registry)` (or `sqs_triage::runtime::worker::Worker`): see examples/worker.rs";
+const WORKER_NEEDS_DEMO_HANDLERS: &str = "`triage worker` has a handler only for the built-in demo job type `triage.chaos`: on a real queue it would dead-letter every other job as `invalid` (no handler for job type). Pass --demo-handlers to run it for demos and smoke tests. To serve your own job types, build a worker binary with your own `Registry` and `sqs_triage::worker::run(registry)` (or `sqs_triage::Worker`): see examples/worker.rs";
 
 #[derive(Debug, Subcommand)]
 enum BreakerCommand {
@@ -525,14 +525,12 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                 batches: usize::from(a.batches),
                 give_up_after: a.give_up_after,
             };
-            sqs_triage::runtime::worker::run_demo_handlers(opts)
-                .await
-                .map_err(runtime_error)?;
+            sqs_triage::demo::run_worker(opts).await.map_err(runtime_error)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo { jobs } => {
-            let opts = sqs_triage::runtime::demo::DemoOptions { jobs_per_kind: *jobs };
-            sqs_triage::runtime::demo::main_from_env(opts)
+            let opts = sqs_triage::demo::workload::DemoOptions { jobs_per_kind: *jobs };
+            sqs_triage::demo::workload::main_from_env(opts)
                 .await
                 .map_err(runtime_error)?;
             Ok(ExitCode::SUCCESS)

@@ -450,14 +450,14 @@ fn settle(
         return Decision::DeadLetter {
             class: FailureClass::Fatal,
             attempts,
-            error: err.message().to_owned(),
+            error: err.chain(),
         };
     }
     if attempts >= policy.max_attempts() {
         return Decision::DeadLetter {
             class: FailureClass::Exhausted,
             attempts,
-            error: err.message().to_owned(),
+            error: err.chain(),
         };
     }
     let delay = policy.retry_delay(attempts, &err, rng);
@@ -466,6 +466,6 @@ fn settle(
         delay,
         visibility: visibility(delay, visibility_limit(inputs.record, inputs.now_ms)),
         next_attempt_at_ms: inputs.now_ms.saturating_add(delay.as_millis() as u64),
-        error: err.message().to_owned(),
+        error: err.chain(),
     }
 }

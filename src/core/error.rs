@@ -7,6 +7,7 @@
 
 use std::error::Error as StdError;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The three things a failure can mean for the job.
@@ -20,8 +21,27 @@ pub enum ErrorKind {
     RetryAfter(Duration),
 }
 
-/// A failed job execution: its kind, its rendered error chain, and an optional error code.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The cause a [`JobError`] keeps: shared, so the error stays `Clone`.
+pub type Source = Arc<dyn StdError + Send + Sync + 'static>;
+
+/// A failed job execution: its kind, its own message, the error that caused it (if any), and
+/// an optional error code.
+///
+/// The cause is kept as an error value ([`source`](StdError::source) returns it), not flattened
+/// into the message: [`chain`](Self::chain) (or `{:#}`) renders `message: cause: root` where it
+/// is written — the DLQ failure record and the logs.
+///
+/// ```
+/// use sqs_triage::JobError;
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+/// let e = JobError::transient("calling the billing service").with_source(io);
+/// assert_eq!(e.message(), "calling the billing service");
+/// assert_eq!(e.chain(), "calling the billing service: timed out");
+/// assert_eq!(format!("{e:#}"), e.chain());
+/// assert!(std::error::Error::source(&e).is_some());
+/// ```
+#[derive(Clone)]
 pub struct JobError {
     kind: ErrorKind,
     message: String,
@@ -29,6 +49,7 @@ pub struct JobError {
     /// Set when the handler (or a job type rule) said what the error means; inferred kinds
     /// may still be re-classified by a job type's rules.
     explicit: bool,
+    source: Option<Source>,
 }
 
 impl JobError {
@@ -47,6 +68,33 @@ impl JobError {
         Self::with_kind(ErrorKind::RetryAfter(delay), err.to_string(), true)
     }
 
+    /// A job error caused by `err`, which it keeps as its [`source`](StdError::source): the
+    /// message is `err`'s own text, the kind is inferred from `err`'s chain as
+    /// [`classify`](Self::classify) does (JSON decode errors fatal, everything else
+    /// transient), so a job type's [`Rules`] may still re-classify it. To state the kind, use
+    /// [`fatal`](Self::fatal) / [`transient`](Self::transient) with
+    /// [`with_source`](Self::with_source).
+    pub fn from_source<E>(err: E) -> Self
+    where
+        E: StdError + Send + Sync + 'static,
+    {
+        let (kind, code) = infer(&err);
+        let mut e = Self::with_kind(kind, err.to_string(), false);
+        e.code = code.map(str::to_owned);
+        e.source = Some(Arc::new(err));
+        e
+    }
+
+    /// Keeps `err` as this error's cause (its [`source`](StdError::source)); the kind, message
+    /// and code stay as they are.
+    pub fn with_source<E>(mut self, err: E) -> Self
+    where
+        E: StdError + Send + Sync + 'static,
+    {
+        self.source = Some(Arc::new(err));
+        self
+    }
+
     /// A panic caught in the handler: always fatal (a code bug).
     pub fn panic(payload: &(dyn std::any::Any + Send)) -> Self {
         let text = payload
@@ -63,23 +111,15 @@ impl JobError {
             .with_code("PayloadDecode")
     }
 
-    /// Classifies any error by walking its source chain: JSON decode errors are fatal, I/O
-    /// errors transient, everything unknown transient.
+    /// Classifies a borrowed error by walking its source chain: JSON decode errors are fatal,
+    /// I/O errors transient, everything unknown transient. The chain is rendered into the
+    /// message (a borrowed error cannot be kept); with an owned error,
+    /// [`from_source`](Self::from_source) keeps it instead.
     pub fn classify(err: &(dyn StdError + 'static)) -> Self {
-        let message = render_chain(err);
-        let mut cur: Option<&(dyn StdError + 'static)> = Some(err);
-        while let Some(e) = cur {
-            if let Some(json) = e.downcast_ref::<serde_json::Error>() {
-                if !json.is_io() {
-                    return Self::with_kind(ErrorKind::Fatal, message, false).with_code("PayloadDecode");
-                }
-            }
-            if e.downcast_ref::<std::io::Error>().is_some() {
-                return Self::with_kind(ErrorKind::Transient, message, false);
-            }
-            cur = e.source();
-        }
-        Self::with_kind(ErrorKind::Transient, message, false)
+        let (kind, code) = infer(err);
+        let mut e = Self::with_kind(kind, render_chain(err), false);
+        e.code = code.map(str::to_owned);
+        e
     }
 
     /// An error whose kind was inferred rather than stated (e.g. from an error code by
@@ -100,6 +140,7 @@ impl JobError {
             message,
             code: None,
             explicit,
+            source: None,
         }
     }
 
@@ -108,9 +149,16 @@ impl JobError {
         self.kind
     }
 
-    /// The rendered error chain (`outer: inner: root`).
+    /// This error's own message, without its cause (see [`chain`](Self::chain)).
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The message and every cause after it, `outer: inner: root` (a cause whose text the
+    /// previous one already ends with is skipped): what the DLQ failure record and the logs
+    /// show. The same as `format!("{err:#}")`.
+    pub fn chain(&self) -> String {
+        render_chain(self)
     }
 
     /// The error code, if the error carried one.
@@ -136,32 +184,93 @@ impl JobError {
     }
 }
 
-impl fmt::Display for JobError {
+/// The kind (and code) an error's chain implies: a JSON decode error anywhere in it is fatal
+/// (`PayloadDecode`), an I/O error transient, anything unknown transient.
+fn infer(err: &(dyn StdError + 'static)) -> (ErrorKind, Option<&'static str>) {
+    let mut cur: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(json) = e.downcast_ref::<serde_json::Error>() {
+            if !json.is_io() {
+                return (ErrorKind::Fatal, Some("PayloadDecode"));
+            }
+        }
+        if e.downcast_ref::<std::io::Error>().is_some() {
+            return (ErrorKind::Transient, None);
+        }
+        cur = e.source();
+    }
+    (ErrorKind::Transient, None)
+}
+
+impl fmt::Debug for JobError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        f.debug_struct("JobError")
+            .field("kind", &self.kind)
+            .field("message", &self.message)
+            .field("code", &self.code)
+            .field("explicit", &self.explicit)
+            .field("source", &self.source.as_ref().map(|s| render_chain(s.as_ref())))
+            .finish()
     }
 }
 
-impl StdError for JobError {}
+/// Two errors are equal when they mean the same for the job and read the same: kind, code,
+/// explicitness and the rendered [`chain`](JobError::chain).
+impl PartialEq for JobError {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind
+            && self.code == other.code
+            && self.explicit == other.explicit
+            && self.message == other.message
+            && self.chain() == other.chain()
+    }
+}
+
+impl Eq for JobError {}
+
+/// The message alone; with `{:#}`, the whole [`chain`](JobError::chain).
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if f.alternate() {
+            f.write_str(&self.chain())
+        } else {
+            f.write_str(&self.message)
+        }
+    }
+}
+
+impl StdError for JobError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source.as_deref().map(|s| s as &(dyn StdError + 'static))
+    }
+}
 
 impl From<serde_json::Error> for JobError {
     fn from(err: serde_json::Error) -> Self {
-        Self::classify(&err)
+        Self::from_source(err)
     }
 }
 
 impl From<std::io::Error> for JobError {
     fn from(err: std::io::Error) -> Self {
-        Self::classify(&err)
+        Self::from_source(err)
     }
 }
 
-/// Renders an error and its sources as `outer: inner: root`, skipping repeats.
+/// Renders an error and its sources as `outer: inner: root`, skipping a source whose text the
+/// rendering already ends with.
 pub fn render_chain(err: &(dyn StdError + 'static)) -> String {
-    let mut out = err.to_string();
+    // A `JobError`'s Display is its own message; `{:#}` would recurse.
+    let mut out = match err.downcast_ref::<JobError>() {
+        Some(j) => j.message.clone(),
+        None => err.to_string(),
+    };
     let mut cur = err.source();
     while let Some(e) = cur {
-        let text = e.to_string();
+        let text = match e.downcast_ref::<JobError>() {
+            Some(j) => j.message.clone(),
+            None => e.to_string(),
+        };
         if !out.ends_with(&text) {
             out.push_str(": ");
             out.push_str(&text);
@@ -184,7 +293,7 @@ impl Matcher {
     fn matches(&self, err: &JobError) -> bool {
         match self {
             Matcher::Code(c) => err.code() == Some(c.as_str()),
-            Matcher::MessageContains(s) => err.message().contains(s.as_str()),
+            Matcher::MessageContains(s) => err.chain().contains(s.as_str()),
         }
     }
 }
@@ -276,6 +385,70 @@ mod tests {
         )));
         assert_eq!(e.kind(), ErrorKind::Transient);
         assert_eq!(e.message(), "calling the billing service: timed out");
+    }
+
+    #[test]
+    fn a_source_is_kept_and_its_chain_rendered_where_written() {
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        let e = JobError::fatal("charging order 7").with_source(Wrapped(io));
+        assert_eq!(e.kind(), ErrorKind::Fatal);
+        assert_eq!(e.message(), "charging order 7");
+        assert_eq!(e.to_string(), "charging order 7");
+        assert_eq!(
+            e.chain(),
+            "charging order 7: calling the billing service: timed out"
+        );
+        assert_eq!(format!("{e:#}"), e.chain());
+        // The cause is the error value itself, down to its root.
+        let source = StdError::source(&e).expect("a source");
+        assert!(source.downcast_ref::<Wrapped>().is_some());
+        let root = source.source().expect("the root");
+        let io = root.downcast_ref::<std::io::Error>().expect("an io::Error");
+        assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
+        // A clone shares the cause.
+        let copy = e.clone();
+        assert_eq!(copy, e);
+        assert!(
+            StdError::source(&copy)
+                .unwrap()
+                .downcast_ref::<Wrapped>()
+                .is_some()
+        );
+        // Nested job errors render once each.
+        let outer = JobError::transient("batch step").with_source(e);
+        assert_eq!(
+            outer.chain(),
+            "batch step: charging order 7: calling the billing service: timed out"
+        );
+    }
+
+    #[test]
+    fn from_source_infers_the_kind_and_keeps_the_error() {
+        let e = JobError::from_source(Wrapped(std::io::Error::other("reset")));
+        assert_eq!(e.kind(), ErrorKind::Transient);
+        assert!(!e.is_explicit());
+        assert_eq!(e.message(), "calling the billing service");
+        assert_eq!(e.chain(), "calling the billing service: reset");
+        assert!(StdError::source(&e).unwrap().downcast_ref::<Wrapped>().is_some());
+
+        let json = serde_json::from_str::<u32>("\"x\"").unwrap_err();
+        let e = JobError::from(json);
+        assert_eq!(e.kind(), ErrorKind::Fatal);
+        assert!(
+            StdError::source(&e)
+                .unwrap()
+                .downcast_ref::<serde_json::Error>()
+                .is_some()
+        );
+        // An inferred kind can still be re-classified by text anywhere in the chain.
+        let rules = Rules::new().fatal_message("reset");
+        let e = JobError::from_source(Wrapped(std::io::Error::other("reset")));
+        assert_eq!(e.reclassified(&rules).kind(), ErrorKind::Fatal);
+        // Without a cause, the chain is the message.
+        let plain = JobError::transient("down");
+        assert_eq!(plain.chain(), "down");
+        assert!(StdError::source(&plain).is_none());
+        assert_ne!(plain, JobError::transient("down").with_source(Opaque));
     }
 
     #[test]

@@ -1,4 +1,18 @@
 //! Handlers per job type, each with its own policy.
+//!
+//! Where a job type's policies come from, strongest first:
+//! 1. the policies given to [`Registry::handle_with`] for that job type;
+//! 2. the defaults given to [`Registry::new`];
+//! 3. for [`Registry::default`], the runtime's configuration: the `TRIAGE_*` variables
+//!    (`TRIAGE_MAX_ATTEMPTS`, `TRIAGE_BASE_DELAY_MS`, `TRIAGE_BREAKER_*`, …), read once when
+//!    [`lambda::run`](crate::runtime::lambda::run) or [`worker::run`](crate::runtime::worker::run)
+//!    starts (an invalid value stops start-up with an error naming the variable). Unset
+//!    variables mean the built-in defaults ([`RetryPolicy::default`], [`BreakerConfig::default`]).
+//!
+//! Code wins over the environment because it is the more specific statement: a policy written
+//! for one job type (or for a whole registry) is a decision about those handlers, while a
+//! variable is a deployment-wide default that an operator may change without knowing which job
+//! types overrode it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -37,6 +51,8 @@ pub struct Route {
     pub policy: RetryPolicy,
     /// The breaker settings for this job type.
     pub breaker: BreakerConfig,
+    /// Registered with [`Registry::handle`]: follows the registry's defaults.
+    inherits: bool,
 }
 
 impl std::fmt::Debug for Route {
@@ -44,6 +60,7 @@ impl std::fmt::Debug for Route {
         f.debug_struct("Route")
             .field("policy", &self.policy)
             .field("breaker", &self.breaker)
+            .field("inherits", &self.inherits)
             .finish()
     }
 }
@@ -61,26 +78,65 @@ pub struct Registry {
     routes: HashMap<String, Route>,
     default_policy: RetryPolicy,
     default_breaker: BreakerConfig,
+    /// The defaults are the runtime configuration's (see [`Registry::default`]).
+    configured_defaults: bool,
 }
 
 impl Default for Registry {
+    /// An empty registry whose defaults are the runtime's configuration: the `TRIAGE_*`
+    /// policy and breaker variables, applied when the runtime starts
+    /// ([`lambda::run`](crate::runtime::lambda::run), [`worker::run`](crate::runtime::worker::run),
+    /// or [`build`](crate::runtime::env::build) with a [`Config`](crate::config::Config)).
+    /// Until then (and for a processor built without a configuration) they are
+    /// [`RetryPolicy::default`] and [`BreakerConfig::default`], the values of unset variables.
     fn default() -> Self {
-        Self::new(RetryPolicy::default(), BreakerConfig::default())
+        Self {
+            configured_defaults: true,
+            ..Self::new(RetryPolicy::default(), BreakerConfig::default())
+        }
     }
 }
 
 impl Registry {
-    /// An empty registry; job types registered later get these policies unless they set their own.
+    /// An empty registry with these defaults: job types registered with [`handle`](Self::handle)
+    /// get them, and so do records that never reach a handler. They win over the `TRIAGE_*`
+    /// variables (which [`Registry::default`] follows).
     pub fn new(default_policy: RetryPolicy, default_breaker: BreakerConfig) -> Self {
         Self {
             routes: HashMap::new(),
             default_policy,
             default_breaker,
+            configured_defaults: false,
         }
     }
 
-    /// Registers an async handler for `job_type` with the default policies. The payload is
-    /// decoded into `P`; a payload that does not decode is a fatal failure.
+    /// Whether the defaults follow the runtime's configuration ([`Registry::default`]) rather
+    /// than values given to [`Registry::new`].
+    pub fn follows_configuration(&self) -> bool {
+        self.configured_defaults
+    }
+
+    /// Applies a runtime configuration's policies as the defaults, when this registry follows
+    /// the configuration ([`Registry::default`]): the default policy and breaker, and those of
+    /// every job type registered with [`handle`](Self::handle). Policies given to
+    /// [`Registry::new`] or [`handle_with`](Self::handle_with) are kept. The runtimes call it
+    /// once, at start-up.
+    pub fn configured(mut self, policy: &RetryPolicy, breaker: BreakerConfig) -> Self {
+        if !self.configured_defaults {
+            return self;
+        }
+        self.default_policy = policy.clone();
+        self.default_breaker = breaker;
+        for route in self.routes.values_mut().filter(|r| r.inherits) {
+            route.policy = policy.clone();
+            route.breaker = breaker;
+        }
+        self
+    }
+
+    /// Registers an async handler for `job_type` with the registry's default policies (for
+    /// [`Registry::default`], the `TRIAGE_*` variables). The payload is decoded into `P`; a
+    /// payload that does not decode is a fatal failure.
     pub fn handle<P, F, Fut>(self, job_type: impl Into<String>, handler: F) -> Self
     where
         P: DeserializeOwned + Send + 'static,
@@ -88,15 +144,32 @@ impl Registry {
         Fut: Future<Output = Result<(), JobError>> + Send + 'static,
     {
         let (policy, breaker) = (self.default_policy.clone(), self.default_breaker);
-        self.handle_with(job_type, policy, breaker, handler)
+        self.insert(job_type.into(), policy, breaker, true, handler)
     }
 
-    /// Registers an async handler with its own retry policy and breaker settings.
+    /// Registers an async handler with its own retry policy and breaker settings. They win
+    /// over the registry's defaults and the `TRIAGE_*` variables.
     pub fn handle_with<P, F, Fut>(
-        mut self,
+        self,
         job_type: impl Into<String>,
         policy: RetryPolicy,
         breaker: BreakerConfig,
+        handler: F,
+    ) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        F: Fn(P, JobContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), JobError>> + Send + 'static,
+    {
+        self.insert(job_type.into(), policy, breaker, false, handler)
+    }
+
+    fn insert<P, F, Fut>(
+        mut self,
+        job_type: String,
+        policy: RetryPolicy,
+        breaker: BreakerConfig,
+        inherits: bool,
         handler: F,
     ) -> Self
     where
@@ -113,11 +186,12 @@ impl Registry {
             })
         });
         self.routes.insert(
-            job_type.into(),
+            job_type,
             Route {
                 handler: erased,
                 policy,
                 breaker,
+                inherits,
             },
         );
         self
@@ -152,5 +226,54 @@ impl Registry {
             }
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    async fn ok(_: serde_json::Value, _: JobContext) -> Result<(), JobError> {
+        Ok(())
+    }
+
+    fn configured() -> (RetryPolicy, BreakerConfig) {
+        let policy = RetryPolicy::builder().max_attempts(2).build().unwrap();
+        let breaker = BreakerConfig::builder()
+            .open_for(Duration::from_secs(7))
+            .build()
+            .unwrap();
+        (policy, breaker)
+    }
+
+    #[test]
+    fn the_configuration_is_the_default_registrys_default_and_code_wins_over_it() {
+        let (policy, breaker) = configured();
+        let own = RetryPolicy::builder().max_attempts(9).build().unwrap();
+        let r = Registry::default()
+            .handle("inherits", ok)
+            .handle_with("own", own.clone(), BreakerConfig::default(), ok)
+            .configured(&policy, breaker);
+        assert_eq!(r.default_policy().max_attempts(), 2);
+        let inherits = r.route("inherits").unwrap();
+        assert_eq!(inherits.policy.max_attempts(), 2);
+        assert_eq!(inherits.breaker.open_for(), Duration::from_secs(7));
+        let own_route = r.route("own").unwrap();
+        assert_eq!(own_route.policy.max_attempts(), 9);
+        assert_eq!(own_route.breaker.open_for(), BreakerConfig::default().open_for());
+    }
+
+    #[test]
+    fn defaults_given_to_new_win_over_the_configuration() {
+        let (policy, breaker) = configured();
+        let mine = RetryPolicy::builder().max_attempts(4).build().unwrap();
+        let r = Registry::new(mine, BreakerConfig::default())
+            .handle("t", ok)
+            .configured(&policy, breaker);
+        assert!(!r.follows_configuration());
+        assert_eq!(r.default_policy().max_attempts(), 4);
+        assert_eq!(r.route("t").unwrap().policy.max_attempts(), 4);
     }
 }

@@ -57,9 +57,11 @@ pub struct StartupError {
     pub misconfigured: bool,
 }
 
-/// Builds the processor for `registry` from `config`: SDK clients with the SDK's own retries
-/// off (every call goes through one [`StorageRetry`]), the DLQ's size limit, and a check of
-/// every policy against the source queue's retention period.
+/// Builds the processor for `registry` from `config`: the configuration's policies as the
+/// registry's defaults when it follows them ([`Registry::default`]; see
+/// [`Registry::configured`]), SDK clients with the SDK's own retries off (every call goes
+/// through one [`StorageRetry`]), the DLQ's size limit, and a check of every policy against
+/// the source queue's retention period.
 pub async fn build(
     config: &Config,
     registry: Registry,
@@ -77,6 +79,7 @@ pub async fn build_with(
     sqs_conf: aws_sdk_sqs::config::Builder,
     ddb_conf: aws_sdk_dynamodb::config::Builder,
 ) -> Result<Environment, RuntimeError> {
+    let registry = registry.configured(&config.policy, config.breaker);
     let queue_url = Config::require(&config.queue_url, "TRIAGE_QUEUE_URL")?.to_owned();
     let dlq_url = Config::require(&config.dlq_url, "TRIAGE_DLQ_URL")?.to_owned();
     let table = Config::require(&config.table, "TRIAGE_TABLE")?.to_owned();
@@ -348,14 +351,23 @@ fn max_receive_count(policy: &str) -> Option<u32> {
     }
 }
 
-/// Sets up `tracing`: JSON lines when `AWS_LAMBDA_LOG_FORMAT=JSON`, text otherwise (colour
-/// codes only when stderr is a terminal); the level from `RUST_LOG` (default `info`).
+/// Sets up `tracing` the way Lambda's advanced logging controls expect, as
+/// `lambda_runtime`'s own subscriber reads them: JSON lines when `AWS_LAMBDA_LOG_FORMAT=JSON`,
+/// text otherwise; the level from `AWS_LAMBDA_LOG_LEVEL` when set (the function's log level
+/// setting: `TRACE` to `ERROR`, `FATAL` read as `ERROR`), else `RUST_LOG` (any `EnvFilter`
+/// directives), else `info`. Unlike that subscriber, text carries colour codes only when
+/// stderr is a terminal: CloudWatch, files and pipes show them as garbage. Lines go to
+/// stderr, keeping stdout for EMF metric lines.
 pub fn init_tracing() {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let lambda_level = std::env::var("AWS_LAMBDA_LOG_LEVEL")
+        .ok()
+        .and_then(|v| lambda_log_level(&v));
+    let filter = match lambda_level {
+        Some(level) => EnvFilter::new(level),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
     let json = std::env::var("AWS_LAMBDA_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
-    // Colour codes only on a terminal: CloudWatch (and any file or pipe) shows them as
-    // garbage.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -369,6 +381,18 @@ pub fn init_tracing() {
     } else {
         builder.with_target(false).try_init()
     };
+}
+
+/// The `tracing` level of an `AWS_LAMBDA_LOG_LEVEL` value (Lambda's application log levels).
+fn lambda_log_level(v: &str) -> Option<&'static str> {
+    Some(match v.trim().to_ascii_uppercase().as_str() {
+        "TRACE" => "trace",
+        "DEBUG" => "debug",
+        "INFO" => "info",
+        "WARN" => "warn",
+        "ERROR" | "FATAL" => "error",
+        _ => return None,
+    })
 }
 
 /// Installs the process's panic hook, in place of Rust's default one (which prints the panic
@@ -413,7 +437,16 @@ fn panic_text(text: &str, log_payloads: bool) -> String {
 
 #[cfg(test)]
 mod panic_tests {
-    use super::panic_text;
+    use super::{lambda_log_level, panic_text};
+
+    #[test]
+    fn lambda_log_levels_map_to_tracing_levels() {
+        assert_eq!(lambda_log_level("WARN"), Some("warn"));
+        assert_eq!(lambda_log_level("fatal"), Some("error"));
+        assert_eq!(lambda_log_level(" debug "), Some("debug"));
+        assert_eq!(lambda_log_level(""), None);
+        assert_eq!(lambda_log_level("loud"), None);
+    }
 
     #[test]
     fn panic_messages_are_masked_and_cut_unless_payloads_are_logged() {

@@ -1,8 +1,15 @@
 //! The Lambda adapter: an SQS event in, a partial batch response out.
+//!
+//! [`run`] is the whole of a function's `main`; [`handle_json`] is one invocation, for tests
+//! and for functions that drive `lambda_runtime` themselves. [`event`] reads the event's
+//! records.
+
+pub mod event;
 
 use std::collections::HashSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{LambdaEvent, service_fn};
 use serde_json::Value;
 use tokio::time::Instant;
@@ -15,8 +22,14 @@ use crate::effects::metrics::UNREGISTERED;
 use crate::processor::registry::Registry;
 use crate::processor::{Incoming, Processor};
 
-/// Runs `registry` as a Lambda function: reads configuration from the environment, builds the
-/// SDK clients once for the container, and serves SQS events until the runtime stops.
+pub use event::UnreadableRecord;
+
+/// Runs `registry` as a Lambda function: reads the configuration from the environment once
+/// (the `TRIAGE_*` variables; for a [`Registry::default`] their policies are its defaults, see
+/// [`Registry::configured`]), builds the SDK clients once for the container, and serves SQS
+/// events until the runtime stops. A configuration that cannot work (an invalid variable, a
+/// missing queue or table) ends it with an error before the first event, which fails the
+/// function's init.
 pub async fn run(registry: Registry) -> Result<(), RuntimeError> {
     init_tracing();
     let config = Config::from_env()?;
@@ -31,15 +44,15 @@ pub async fn run(registry: Registry) -> Result<(), RuntimeError> {
     .await
 }
 
-/// Lambda gives the deadline as epoch milliseconds. cargo-lambda's local emulator sends the
-/// function timeout itself (e.g. `600000`); a value too small to be an instant after 2001 is
-/// read that way, so local runs keep a deadline instead of releasing every record.
-fn time_left_ms(deadline_ms: u64, now_ms: u64) -> u64 {
-    const EPOCH_2001_MS: u64 = 1_000_000_000_000;
-    if deadline_ms < EPOCH_2001_MS {
-        deadline_ms
-    } else {
-        deadline_ms.saturating_sub(now_ms)
+/// The time left before `deadline` ([`lambda_runtime::Context::deadline`]) at `now`.
+/// cargo-lambda's local emulator sends the function timeout itself (e.g. `600000`) where Lambda
+/// sends epoch milliseconds, which reads as an instant in 1970: a deadline before 2001 is read
+/// as that timeout, so local runs keep a deadline instead of releasing every record.
+fn time_left(deadline: SystemTime, now: SystemTime) -> Duration {
+    const EPOCH_2001: Duration = Duration::from_millis(1_000_000_000_000);
+    match deadline.duration_since(UNIX_EPOCH) {
+        Ok(since_epoch) if since_epoch < EPOCH_2001 => since_epoch,
+        _ => deadline.duration_since(now).unwrap_or(Duration::ZERO),
     }
 }
 
@@ -67,7 +80,8 @@ pub async fn handle_json(
     event: LambdaEvent<Value>,
 ) -> Result<SqsBatchResponse, RuntimeError> {
     let deadline_ms = event.context.deadline;
-    let left = std::time::Duration::from_millis(time_left_ms(deadline_ms, now_ms()));
+    let now = UNIX_EPOCH + Duration::from_millis(now_ms());
+    let left = time_left(event.context.deadline(), now);
     let deadline = (deadline_ms > 0).then(|| Instant::now() + left);
     let Some(Value::Array(raw)) = event.payload.get("Records") else {
         return Err("not an SQS event (no `Records` array); failing the whole batch".into());
@@ -139,27 +153,29 @@ pub async fn handle_json(
         return Err("a record without a message id could not be settled; failing the whole batch".into());
     }
     let mut response = SqsBatchResponse::default();
-    response.batch_item_failures = outcome
-        .failures()
-        .into_iter()
-        .chain(unreadable)
-        .map(|id| {
-            let mut f = BatchItemFailure::default();
-            f.item_identifier = id;
-            f
-        })
-        .collect();
+    response.set_failures(outcome.failures().into_iter().chain(unreadable));
     Ok(response)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::time_left_ms;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use lambda_runtime::Context;
+
+    use super::time_left;
+
+    fn left(deadline_ms: u64, now_ms: u64) -> u64 {
+        let mut ctx = Context::default();
+        ctx.deadline = deadline_ms;
+        let now = UNIX_EPOCH + Duration::from_millis(now_ms);
+        time_left(ctx.deadline(), now).as_millis() as u64
+    }
 
     #[test]
     fn deadlines_are_epoch_ms_or_an_emulator_timeout() {
-        assert_eq!(time_left_ms(1_700_000_030_000, 1_700_000_000_000), 30_000);
-        assert_eq!(time_left_ms(1_700_000_000_000, 1_700_000_030_000), 0);
-        assert_eq!(time_left_ms(600_000, 1_700_000_000_000), 600_000);
+        assert_eq!(left(1_700_000_030_000, 1_700_000_000_000), 30_000);
+        assert_eq!(left(1_700_000_000_000, 1_700_000_030_000), 0);
+        assert_eq!(left(600_000, 1_700_000_000_000), 600_000);
     }
 }

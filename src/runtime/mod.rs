@@ -1,7 +1,5 @@
 //! Runtimes: the Lambda adapter and the long-polling worker, both thin over the processor.
 
-pub mod chaos;
-pub mod demo;
 pub mod env;
 pub mod lambda;
 pub mod worker;

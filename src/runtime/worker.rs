@@ -11,8 +11,7 @@
 //! denied) that lasts longer than [`Worker::with_give_up_after`] ends the worker with an
 //! error.
 //!
-//! `triage worker --demo-handlers` runs it with the built-in `triage.chaos` job type only; a
-//! team runs its own job types with [`run`] (or [`Worker`]) and its own [`Registry`], as in
+//! A team runs its own job types with [`run`] (or [`Worker`]) and its own [`Registry`], as in
 //! `examples/worker.rs`.
 
 use std::fmt;
@@ -553,9 +552,11 @@ impl Default for RunOptions {
     }
 }
 
-/// Runs `registry` as a worker process: configuration from the environment (the same
-/// `TRIAGE_*` variables as the Lambda adapter; `TRIAGE_EMF=true` prints EMF metric lines),
-/// until SIGINT/SIGTERM. The worker counterpart of [`crate::runtime::lambda::run`].
+/// Runs `registry` as a worker process: configuration from the environment, read once (the
+/// same `TRIAGE_*` variables as the Lambda adapter, whose policies are a
+/// [`Registry::default`]'s defaults; `TRIAGE_EMF=true` prints EMF metric lines), until
+/// SIGINT/SIGTERM. An invalid variable ends it with an error before the first receive. The
+/// worker counterpart of [`crate::runtime::lambda::run`].
 pub async fn run(registry: Registry) -> Result<(), RuntimeError> {
     run_with(registry, RunOptions::default()).await
 }
@@ -566,22 +567,6 @@ pub async fn run_with(registry: Registry, opts: RunOptions) -> Result<(), Runtim
     let config = Config::from_env()?;
     install_panic_hook(config.log_payloads);
     let sdk = sdk_config().await;
-    serve(&config, registry, &sdk, opts).await
-}
-
-/// Runs the built-in demo job type `triage.chaos` only (`triage worker --demo-handlers`),
-/// recording executions when `TRIAGE_CHAOS_RECORD_TABLE` is set.
-pub async fn run_demo_handlers(opts: RunOptions) -> Result<(), RuntimeError> {
-    init_tracing();
-    let config = Config::from_env()?;
-    install_panic_hook(config.log_payloads);
-    let sdk = sdk_config().await;
-    let registry = super::chaos::register_recording(
-        Registry::new(config.policy.clone(), config.breaker),
-        config.policy.clone(),
-        config.breaker,
-        super::chaos::Recorder::from_env(&sdk),
-    );
     serve(&config, registry, &sdk, opts).await
 }
 

@@ -8,9 +8,6 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::RuntimeError;
-use super::env::{build, init_tracing, sdk_config};
-use super::worker::{Worker, WorkerOptions};
 use crate::config::Config;
 use crate::core::backoff::Backoff;
 use crate::core::breaker::BreakerConfig;
@@ -20,6 +17,9 @@ use crate::effects::sqs::Outgoing;
 use crate::ops::Ctx;
 use crate::ops::setup::{SetupOptions, setup};
 use crate::processor::registry::Registry;
+use crate::runtime::RuntimeError;
+use crate::runtime::env::{build, init_tracing, sdk_config};
+use crate::runtime::worker::{Worker, WorkerOptions};
 
 /// Options of `triage demo`.
 #[derive(Debug, Clone)]

@@ -243,6 +243,17 @@ impl ChaosOutcome {
     }
 }
 
+/// A registry with the chaos job type alone, under the registry's defaults (the `TRIAGE_*`
+/// variables, see [`Registry::default`]), recording every execution with `recorder` when
+/// there is one: what `triage-lambda` and `triage worker --demo-handlers` serve.
+pub fn registry(recorder: Option<Recorder>) -> Registry {
+    let recorder = recorder.map(std::sync::Arc::new);
+    Registry::default().handle(CHAOS, move |p: ChaosPayload, ctx: JobContext| {
+        let recorder = recorder.clone();
+        async move { run_recorded(p, ctx, recorder.as_deref()).await }
+    })
+}
+
 /// Adds the chaos job type to a registry with the given policies.
 pub fn register(registry: Registry, policy: RetryPolicy, breaker: BreakerConfig) -> Registry {
     registry.handle_with(CHAOS, policy, breaker, run)

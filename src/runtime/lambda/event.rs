@@ -1,0 +1,331 @@
+//! Lambda's SQS event, read record by record into the processor's [`Incoming`].
+
+use aws_lambda_events::encodings::Base64Data;
+use aws_lambda_events::event::sqs::SqsMessage;
+use aws_sdk_sqs::primitives::Blob;
+use aws_sdk_sqs::types::MessageAttributeValue;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::core::envelope::{JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE};
+use crate::processor::Incoming;
+use crate::processor::record::parse_count;
+
+impl Incoming {
+    /// Reads a record from a Lambda SQS event. An attribute without a data type or without a
+    /// value (SQS never sends one; it could not be sent on to the DLQ) is left out.
+    pub fn from_lambda(m: SqsMessage) -> Self {
+        let attributes = m
+            .message_attributes
+            .into_iter()
+            .filter_map(|(name, a)| {
+                let data_type = a.data_type?;
+                if a.string_value.is_none() && a.binary_value.is_none() {
+                    return None;
+                }
+                let mut b = MessageAttributeValue::builder().data_type(data_type);
+                if let Some(s) = a.string_value {
+                    b = b.string_value(s);
+                }
+                if let Some(bin) = a.binary_value {
+                    b = b.binary_value(Blob::new(bin.0));
+                }
+                b.build().ok().map(|v| (name, v))
+            })
+            .collect();
+        Self {
+            message_id: m.message_id.unwrap_or_default(),
+            receipt_handle: m.receipt_handle.unwrap_or_default(),
+            body: m.body.unwrap_or_default(),
+            receive_count: parse_count(m.attributes.get("ApproximateReceiveCount").map(String::as_str)),
+            first_received_at_ms: m
+                .attributes
+                .get("ApproximateFirstReceiveTimestamp")
+                .and_then(|v| v.parse().ok()),
+            sent_at_ms: m.attributes.get("SentTimestamp").and_then(|v| v.parse().ok()),
+            group_id: m.attributes.get("MessageGroupId").cloned(),
+            attributes,
+            from_fifo: m
+                .event_source_arn
+                .as_deref()
+                .is_some_and(|a| a.ends_with(".fifo")),
+        }
+    }
+
+    /// Reads one record of a Lambda SQS event given as JSON, record by record, so one odd
+    /// record never fails the others.
+    ///
+    /// A record the typed model (`aws_lambda_events`' `SqsMessage`) reads is read with it. One
+    /// it rejects is read in part: what reads is kept, and what does not is dropped with a
+    /// warning that names the field (never its value): a system attribute that is not a
+    /// string (an unreadable receive count reads as 1), a receipt handle or source ARN that
+    /// is not a string, list values, and of a message attribute the `stringValue` or
+    /// `binaryValue` that does not read (not a string, or not base64), the whole attribute
+    /// when no value or no `dataType` is left. A record that is not an object, whose body is
+    /// not a string, or whose `job-type` / `job-id` attribute has no readable string value
+    /// (routing it would be a guess) is [`UnreadableRecord`]: it cannot be processed.
+    pub fn from_lambda_json(record: &Value) -> Result<Self, UnreadableRecord> {
+        if let Ok(m) = SqsMessage::deserialize(record) {
+            return Ok(Self::from_lambda(m));
+        }
+        let Value::Object(map) = record else {
+            return Err(UnreadableRecord {
+                message_id: None,
+                reason: format!("the record is {}, not an object", json_kind(record)),
+            });
+        };
+        let message_id = match map.get("messageId") {
+            Some(Value::String(id)) if !id.is_empty() => Some(id.clone()),
+            _ => None,
+        };
+        let unreadable = |reason: String| UnreadableRecord {
+            message_id: message_id.clone(),
+            reason,
+        };
+        let mut dropped: Vec<String> = Vec::new();
+        let mut clean = Map::new();
+        for key in ["messageId", "receiptHandle", "body", "eventSourceARN"] {
+            match map.get(key) {
+                None | Some(Value::Null) => {}
+                Some(v @ Value::String(_)) => {
+                    clean.insert(key.to_owned(), v.clone());
+                }
+                Some(other) if key == "body" => {
+                    return Err(unreadable(format!(
+                        "`body` is {}, not a string",
+                        json_kind(other)
+                    )));
+                }
+                Some(other) => dropped.push(format!("`{key}` is {}", json_kind(other))),
+            }
+        }
+        match map.get("attributes") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(attrs)) => {
+                let mut kept = Map::new();
+                for (name, v) in attrs {
+                    match v {
+                        Value::String(_) => {
+                            kept.insert(name.clone(), v.clone());
+                        }
+                        other => dropped.push(format!("system attribute `{name}` is {}", json_kind(other))),
+                    }
+                }
+                clean.insert("attributes".into(), Value::Object(kept));
+            }
+            Some(other) => dropped.push(format!("`attributes` is {}", json_kind(other))),
+        }
+        match map.get("messageAttributes") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(attrs)) => {
+                let mut kept = Map::new();
+                for (name, v) in attrs {
+                    let routing = name == JOB_TYPE_ATTRIBUTE || name == JOB_ID_ATTRIBUTE;
+                    let (attr, problems) = clean_message_attribute(v);
+                    if routing && attr.as_ref().is_none_or(|a| !a["stringValue"].is_string()) {
+                        return Err(unreadable(format!(
+                            "message attribute `{name}` has no readable string value ({})",
+                            problems.join(", ")
+                        )));
+                    }
+                    match attr {
+                        Some(a) => {
+                            if !problems.is_empty() {
+                                dropped.push(format!(
+                                    "message attribute `{name}`: {} (the field dropped, the attribute kept)",
+                                    problems.join(", ")
+                                ));
+                            }
+                            kept.insert(name.clone(), a);
+                        }
+                        None => dropped.push(format!(
+                            "message attribute `{name}`: {} (the attribute dropped)",
+                            problems.join(", ")
+                        )),
+                    }
+                }
+                clean.insert("messageAttributes".into(), Value::Object(kept));
+            }
+            Some(other) => dropped.push(format!("`messageAttributes` is {}", json_kind(other))),
+        }
+        let m = SqsMessage::deserialize(&Value::Object(clean))
+            .map_err(|_| unreadable("the record does not read as an SQS message".into()))?;
+        if !dropped.is_empty() {
+            tracing::warn!(
+                message_id = message_id.as_deref().unwrap_or("-"),
+                dropped = %dropped.join("; "),
+                "record read in part: fields that do not read were dropped"
+            );
+        }
+        Ok(Self::from_lambda(m))
+    }
+}
+
+/// A Lambda event record that cannot be processed at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableRecord {
+    /// Its message id, when a non-empty one could be read.
+    pub message_id: Option<String>,
+    /// Why, naming fields, never their values.
+    pub reason: String,
+}
+
+impl std::fmt::Display for UnreadableRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+/// One message attribute of a record the typed model rejected: the fields that read (as the
+/// typed model reads them), and what was dropped. `None` when nothing usable is left.
+fn clean_message_attribute(v: &Value) -> (Option<Value>, Vec<String>) {
+    let Value::Object(a) = v else {
+        return (None, vec![format!("it is {}, not an object", json_kind(v))]);
+    };
+    let mut problems = Vec::new();
+    let mut clean = Map::new();
+    for key in ["stringValue", "binaryValue"] {
+        let Some(value) = a.get(key).filter(|v| !v.is_null()) else {
+            continue;
+        };
+        let reads = match key {
+            "stringValue" => value.is_string(),
+            _ => Base64Data::deserialize(value).is_ok(),
+        };
+        if reads {
+            clean.insert(key.to_owned(), value.clone());
+        } else if value.is_string() {
+            problems.push(format!("`{key}` is not base64"));
+        } else {
+            problems.push(format!("`{key}` is {}", json_kind(value)));
+        }
+    }
+    match a.get("dataType") {
+        Some(t @ Value::String(_)) => {
+            clean.insert("dataType".into(), t.clone());
+        }
+        other => {
+            problems.push(format!("`dataType` is {}", other.map_or("missing", json_kind)));
+            return (None, problems);
+        }
+    }
+    if clean.len() == 1 {
+        problems.push("no readable value".into());
+        return (None, problems);
+    }
+    (Some(Value::Object(clean)), problems)
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn record() -> Value {
+        json!({
+            "messageId": "m1",
+            "receiptHandle": "rh",
+            "body": "{}",
+            "attributes": {"ApproximateReceiveCount": "3", "MessageGroupId": "g"},
+            "messageAttributes": {
+                "job-type": {"dataType": "String", "stringValue": "t"},
+                "bin": {"dataType": "Binary", "binaryValue": "/wD+"}
+            },
+            "eventSourceARN": "arn:aws:sqs:us-east-1:1:q.fifo"
+        })
+    }
+
+    #[test]
+    fn a_record_the_typed_model_reads_is_read_with_it() {
+        let r = record();
+        let typed: SqsMessage = serde_json::from_value(r.clone()).unwrap();
+        assert_eq!(
+            Incoming::from_lambda_json(&r).unwrap(),
+            Incoming::from_lambda(typed)
+        );
+    }
+
+    #[test]
+    fn odd_fields_are_dropped_and_the_rest_kept() {
+        let mut r = record();
+        r["messageAttributes"]["n"] =
+            json!({"dataType": "Number", "stringValue": "100", "binaryValue": "not base64!"});
+        r["messageAttributes"]["gone"] = json!({"dataType": "Binary", "binaryValue": 5});
+        r["messageAttributes"]["notype"] = json!({"stringValue": "x"});
+        r["attributes"]["SentTimestamp"] = json!(17);
+        r["eventSourceARN"] = json!(["x"]);
+        let inc = Incoming::from_lambda_json(&r).unwrap();
+        assert_eq!(inc.message_id, "m1");
+        assert_eq!(inc.body, "{}");
+        assert_eq!(inc.receive_count, 3);
+        assert_eq!(inc.group_id.as_deref(), Some("g"));
+        assert!(!inc.from_fifo);
+        assert_eq!(inc.job_type_attribute(), Some("t"));
+        assert_eq!(inc.string_attribute("n"), Some("100"));
+        assert_eq!(inc.attributes["n"].binary_value(), None);
+        assert_eq!(
+            inc.attributes["bin"].binary_value().map(|b| b.as_ref()),
+            Some(&[0xff, 0, 0xfe][..])
+        );
+        let mut names: Vec<&str> = inc.attributes.keys().map(String::as_str).collect();
+        names.sort();
+        assert_eq!(names, ["bin", "job-type", "n"]);
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_processed_says_so_with_its_id_when_it_has_one() {
+        let mut r = record();
+        r["body"] = json!(17);
+        let e = Incoming::from_lambda_json(&r).unwrap_err();
+        assert_eq!(e.message_id.as_deref(), Some("m1"));
+        assert!(e.reason.contains("`body` is a number"), "{e}");
+
+        let mut r = record();
+        r["messageAttributes"]["job-id"] = json!({"dataType": "String", "stringValue": {"a": 1}});
+        let e = Incoming::from_lambda_json(&r).unwrap_err();
+        assert_eq!(e.message_id.as_deref(), Some("m1"));
+        assert!(e.reason.contains("`job-id`"), "{e}");
+
+        let mut r = record();
+        r["messageId"] = json!(5);
+        r["body"] = json!(null);
+        r["attributes"] = json!("x");
+        let inc = Incoming::from_lambda_json(&r).unwrap();
+        assert_eq!(
+            (inc.message_id.as_str(), inc.body.as_str(), inc.receive_count),
+            ("", "", 1)
+        );
+
+        for odd in [json!(5), json!("m"), json!(null), json!([record()])] {
+            assert_eq!(
+                Incoming::from_lambda_json(&odd).unwrap_err().message_id,
+                None,
+                "{odd}"
+            );
+        }
+        let mut r = record();
+        r["messageId"] = json!("");
+        r["body"] = json!(false);
+        assert_eq!(Incoming::from_lambda_json(&r).unwrap_err().message_id, None);
+    }
+
+    #[test]
+    fn an_attribute_without_a_value_is_left_out() {
+        let mut r = record();
+        r["messageAttributes"]["empty"] = json!({"dataType": "String"});
+        let inc = Incoming::from_lambda_json(&r).unwrap();
+        assert!(!inc.attributes.contains_key("empty"));
+    }
+}
