@@ -248,3 +248,200 @@ fn tally(agg: &mut Aggregate, run: &Run) {
         (None, _) => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::super::registry::{JobContext, Registry};
+    use super::super::run::{Ran, Run};
+    use super::super::{Incoming, Processor, ProcessorConfig};
+    use crate::core::breaker::Lease;
+    use crate::core::envelope::EnvelopeLimits;
+    use crate::core::error::ErrorKind;
+    use crate::core::failure::{FAILURE_ATTRIBUTE, FailureClass};
+    use crate::core::{Decision, DeferReason, Ledger, StoredAttempts};
+    use crate::effects::ledger::AttemptLedger;
+    use crate::effects::sqs::Sqs;
+    use crate::effects::storage_retry::StorageRetry;
+
+    const NOW: u64 = 1_800_000_000_000;
+
+    /// A processor whose clients are never called: planning makes no call.
+    fn processor() -> Processor {
+        let creds = aws_sdk_sqs::config::Credentials::new("k", "s", None, None, "test");
+        let sqs = aws_sdk_sqs::Client::from_conf(
+            aws_sdk_sqs::Config::builder()
+                .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+                .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+                .credentials_provider(creds.clone())
+                .build(),
+        );
+        let ddb = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::Config::builder()
+                .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+                .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
+                .credentials_provider(creds)
+                .build(),
+        );
+        let registry =
+            Registry::default().handle("t", |_: serde_json::Value, _: JobContext| async { Ok(()) });
+        Processor::new(
+            Arc::new(registry),
+            Sqs::new(sqs, StorageRetry::default()),
+            AttemptLedger::new(ddb, "state", StorageRetry::default()),
+            HashMap::new(),
+            ProcessorConfig {
+                source_queue: "https://sqs/q".into(),
+                dlq_url: "https://sqs/dlq".into(),
+                dlq_max_bytes: 262_144,
+                concurrency: 1,
+                limits: EnvelopeLimits::default(),
+                log_payloads: false,
+                receive_limit: None,
+                retention: None,
+            },
+        )
+    }
+
+    fn ran(p: &Processor, n: usize, decision: Decision, run: Option<Run>, item: bool) -> Ran {
+        let mut record = p.read(Incoming {
+            message_id: format!("m{n}"),
+            receipt_handle: format!("r{n}"),
+            body: format!(r#"{{"type":"t","id":"j{n}"}}"#),
+            receive_count: 2,
+            first_received_at_ms: None,
+            sent_at_ms: None,
+            group_id: None,
+            attributes: Default::default(),
+            from_fifo: false,
+        });
+        if item {
+            record.ledger = Ledger::Stored(Some(StoredAttempts::default()));
+            record.had_ledger_item = true;
+        }
+        Ran {
+            record,
+            decision,
+            run,
+        }
+    }
+
+    fn ran_with(error: Option<ErrorKind>, lease: Option<Lease>) -> Option<Run> {
+        Some(Run {
+            error,
+            lease,
+            generation: 3,
+            time: Duration::from_millis(5),
+        })
+    }
+
+    #[test]
+    fn every_effect_of_a_batch_is_planned_from_its_decisions() {
+        let p = processor();
+        let transient = Some(ErrorKind::Transient);
+        let lease = Lease {
+            id: "l".into(),
+            generation: 7,
+            expires_at_ms: NOW + 1,
+        };
+        let dead = |class, error: &str| Decision::DeadLetter {
+            class,
+            attempts: 1,
+            error: error.into(),
+        };
+        let batch = vec![
+            ran(&p, 0, Decision::Done { attempts: 1 }, ran_with(None, None), false),
+            ran(
+                &p,
+                1,
+                Decision::Done { attempts: 2 },
+                ran_with(None, Some(lease)),
+                true,
+            ),
+            ran(
+                &p,
+                2,
+                Decision::Retry {
+                    attempts: 1,
+                    delay: Duration::from_millis(2_500),
+                    visibility: Duration::from_secs(3),
+                    next_attempt_at_ms: NOW + 2_500,
+                    error: "down".into(),
+                },
+                ran_with(transient, None),
+                false,
+            ),
+            ran(
+                &p,
+                3,
+                Decision::Defer {
+                    reason: DeferReason::BreakerOpen,
+                    visibility: Duration::from_secs(9),
+                },
+                None,
+                false,
+            ),
+            ran(&p, 4, Decision::Release, None, false),
+            ran(
+                &p,
+                5,
+                dead(FailureClass::Fatal, "bug"),
+                ran_with(Some(ErrorKind::Fatal), None),
+                true,
+            ),
+            ran(&p, 6, dead(FailureClass::Expiring, "last receive"), None, false),
+        ];
+        let plan = p.plan(batch, NOW);
+        let effects: Vec<_> = plan.steps.iter().map(|s| s.effects).collect();
+        let e = |settled, visibility, count, forget| super::Effects {
+            settled,
+            visibility,
+            count,
+            forget,
+            unrecorded: false,
+        };
+        assert_eq!(
+            effects,
+            vec![
+                e(true, None, false, false),
+                e(true, None, false, true),
+                e(false, Some(3), true, false),
+                e(false, Some(9), false, false),
+                e(false, Some(0), false, false),
+                e(true, None, false, true),
+                e(true, None, false, false),
+            ]
+        );
+        // Only dead-lettered records have copies, and a refused copy leaves the message,
+        // counts an execution, and tells when SQS's redrive will move it unrecorded.
+        let copies: Vec<usize> = (0..plan.steps.len())
+            .filter(|&i| plan.steps[i].copy.is_some())
+            .collect();
+        assert_eq!(copies, vec![5, 6]);
+        let copy = plan.steps[5].copy.as_ref().unwrap();
+        assert!(copy.bare.is_none());
+        assert_eq!(copy.message.key, 5);
+        assert!(copy.message.attributes.contains_key(FAILURE_ATTRIBUTE));
+        assert_eq!(plan.steps[5].refused, e(false, None, true, false));
+        assert_eq!(
+            plan.steps[6].refused,
+            super::Effects {
+                unrecorded: true,
+                ..e(false, None, false, false)
+            }
+        );
+        // Breaker: the probe's success and the ordinary transient failure, one report.
+        let agg = &plan.breaker_reports["t"];
+        assert_eq!(
+            (agg.probe_successes, agg.transient_failures, agg.leases.clone()),
+            (1, 1, vec!["l".to_owned()])
+        );
+        assert_eq!(plan.metrics.total("Succeeded"), 2);
+        assert_eq!(plan.metrics.total("DeadLettered"), 2);
+        assert_eq!(plan.metrics.by_type["t"].handler_ms.len(), 4);
+        assert!(plan.steps.iter().all(|s| s.report.settled == s.effects.settled));
+    }
+}
