@@ -141,10 +141,10 @@ pub struct Tally {
 /// Nothing listens here: a call would fail, and the call counter would see it.
 const UNREACHABLE: &str = "http://127.0.0.1:9";
 
-/// A real processor for `email.send` (default policies, no breaker read: the healthy path's
-/// breaker state comes from the environment's cache), on a runtime like Lambda's, with the
-/// tracing set-up of the Lambda runtime (INFO, lines written to nowhere). Its SDK clients
-/// count their calls.
+/// A real processor for `email.send` with the default policies and no breaker store (in a warm
+/// environment the breaker state of a batch comes from the store's cache: one lookup per batch
+/// and job type), on a current-thread tokio runtime, with the Lambda runtime's tracing level
+/// (INFO, lines written nowhere). Its SDK clients count their calls.
 pub struct Bench {
     processor: Processor,
     runtime: tokio::runtime::Runtime,
