@@ -1,7 +1,7 @@
 //! The circuit breaker shared by every environment through DynamoDB.
 //!
 //! One item per job type (`pk = breaker#<job_type>`, `sk = state`) holds the pure
-//! [`BreakerState`](crate::core::breaker::BreakerState); the transitions themselves are
+//! [`BreakerState`]; the transitions themselves are
 //! computed by [`crate::core::breaker`]. Every write is a whole-item `PutItem` conditioned
 //! on the version and phase that were read (`attribute_not_exists(pk)` for a breaker never
 //! written); when the condition fails the store re-reads and re-applies the transition, a

@@ -3,20 +3,22 @@
 //! file each:
 //!
 //! 1. **Read** (`read.rs`): each record's envelope is parsed and its job type routed into a
-//!    [`Record`]; then one batched ledger read for the redeliveries (plus the counts this
+//!    `Record`; then one batched ledger read for the redeliveries (plus the counts this
 //!    environment could not write, `lost.rs`) and one breaker state per job type.
 //! 2. **Admit and run** (`run.rs`): record by record — a FIFO group in order, everything else
 //!    side by side — admission (the decision before the handler, with a probe permit when the
-//!    breaker is half-open), the handler in its own task, and the decision after it: a [`Ran`].
+//!    breaker is half-open), the handler in its own task, and the decision after it: a `Ran`.
 //! 3. **Plan** (`plan.rs`): a pure function of the records and their decisions that returns
 //!    every effect: DLQ copies, visibility changes, ledger counts and deletes, breaker reports,
-//!    metrics and the per-record reports — a [`Plan`].
+//!    metrics and the per-record reports — a `Plan`.
 //! 4. **Execute** (`execute.rs`): performs the plan in batches — DLQ copies first (their
 //!    answers say which records are settled), then visibility changes, counts, breaker
 //!    reports and ledger deletes together, then this environment's memory of lost counts —
 //!    and returns the [`BatchOutcome`].
 //!
-//! One [`Deadline`] carries the invocation's time through all four.
+//! One [`Deadline`] carries the invocation's time through all four. A record's path: read into
+//! a `Record`, admitted and run into a `Ran`, planned into a `Step`, executed into its
+//! [`RecordReport`].
 //!
 //! Per invocation it makes at most: one ledger read for all redeliveries (none when every
 //! record is a first delivery), one cached breaker read per job type, and then, only for
