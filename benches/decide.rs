@@ -1,7 +1,8 @@
 //! Per-record cost of the pure core: envelope parse, classification and decision, over a
 //! 10,000-record batch with a 10% failure mix (5% transient, 3% fatal, 2% malformed); and the
-//! same mix as a Lambda SQS event, from its JSON bytes to the serialized batch response (the
-//! Rust side of `cargo bench --bench report`'s comparison with Powertools).
+//! same mix as a Lambda SQS event, from its JSON bytes through the real processor (without
+//! the plan's AWS calls) to the serialized batch response (the Rust side of
+//! `cargo bench --bench report`'s comparison with Powertools).
 
 #[allow(dead_code)]
 #[path = "report/pipeline.rs"]
@@ -15,7 +16,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use sqs_triage::core::envelope::{self, EnvelopeLimits};
 use sqs_triage::core::{
-    Decision, Execution, Gate, Inputs, JobError, Ledger, RecordFacts, RetryPolicy, decide,
+    Decision, Gate, Inputs, JobError, Ledger, RecordFacts, RetryPolicy, Verdict, admit, invalid, settle,
 };
 
 const RECORDS: usize = 10_000;
@@ -52,7 +53,10 @@ fn per_record(c: &mut Criterion) {
             let mut failures = 0usize;
             for (body, outcome) in &batch {
                 let job = envelope::parse(body, None, None, EnvelopeLimits::default());
-                let invalid = job.as_ref().err().map(|_| "invalid envelope");
+                if job.is_err() {
+                    black_box(invalid("invalid envelope"));
+                    continue;
+                }
                 let inputs = Inputs {
                     record: RecordFacts {
                         receive_count: 1,
@@ -60,23 +64,15 @@ fn per_record(c: &mut Criterion) {
                         receive_limit: None,
                         expires_at_ms: None,
                     },
-                    invalid,
                     ledger: Ledger::FirstDelivery,
                     gate: Gate::Closed,
                     time_left: Some(Duration::from_secs(30)),
-                    execution: Execution::NotRun,
                     policy: &policy,
                     now_ms: 1_700_000_000_000,
                 };
-                let d = match decide(&inputs, &mut rng) {
-                    Decision::Execute { .. } => decide(
-                        &Inputs {
-                            execution: Execution::Ran(outcome),
-                            ..inputs
-                        },
-                        &mut rng,
-                    ),
-                    other => other,
+                let d = match admit(&inputs, &mut rng) {
+                    Verdict::Run { .. } => settle(&inputs, outcome, &mut rng).decision,
+                    Verdict::Settled(d) => d,
                 };
                 failures += usize::from(matches!(d, Decision::Retry { .. }));
             }
@@ -88,20 +84,12 @@ fn per_record(c: &mut Criterion) {
 
 fn event_to_response(c: &mut Criterion) {
     let raw = pipeline::event_json(RECORDS).into_bytes();
-    let policy = RetryPolicy::default();
-    let mut rng = SmallRng::seed_from_u64(1);
+    let bench = pipeline::Bench::new();
     let mut g = c.benchmark_group("pipeline");
     g.throughput(Throughput::Elements(RECORDS as u64));
     g.measurement_time(Duration::from_secs(5));
     g.bench_function("SqsEvent JSON to batch response 10k records", |b| {
-        b.iter(|| {
-            black_box(pipeline::process_event(
-                &raw,
-                &policy,
-                1_700_000_000_000,
-                &mut rng,
-            ))
-        })
+        b.iter(|| black_box(bench.process_event(&raw, 1_700_000_000_000)))
     });
     g.finish();
 }

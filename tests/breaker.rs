@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sqs_triage::core::breaker::{Aggregate, BreakerConfig, Phase};
 use sqs_triage::core::decision::Gate;
-use sqs_triage::effects::breaker_store::BreakerStore;
+use sqs_triage::effects::breaker_store::{Admission, BreakerStore};
 use sqs_triage::effects::calls::CallCounter;
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb_config};
 use sqs_triage::effects::table::{create_table, delete_table};
@@ -42,8 +42,21 @@ fn envs(client: &aws_sdk_dynamodb::Client, table: &str, n: usize, probes: u32) -
         .collect()
 }
 
+/// What one environment's view of the breaker allows at `now`, as the processor sees it for a
+/// batch (one cached read, failing open).
+async fn seen(store: &BreakerStore, job_type: &str, now: u64) -> Admission {
+    store.view(&store.observe(job_type, None).await, now)
+}
+
+/// Admission for a record that will run if allowed: the view, and when half-open a probe
+/// permit asked from storage.
+async fn admit(store: &BreakerStore, job_type: &str, now: u64) -> Admission {
+    let seen = seen(store, job_type, now).await;
+    store.admit(job_type, &seen, now, None, None).await
+}
+
 async fn open_it(store: &BreakerStore, job_type: &str, now: u64) {
-    let g = store.gate(job_type, now).await;
+    let g = seen(store, job_type, now).await;
     let agg = Aggregate {
         transient_failures: 5,
         generation: g.generation,
@@ -59,7 +72,7 @@ async fn race_for_probes(stores: &[Arc<BreakerStore>], job_type: &str, now: u64)
         .map(|s| {
             let s = s.clone();
             let jt = job_type.to_owned();
-            tokio::spawn(async move { s.admit(&jt, now).await })
+            tokio::spawn(async move { admit(&s, &jt, now).await })
         })
         .collect();
     let mut granted = 0;
@@ -85,7 +98,7 @@ async fn fifty_environments_get_exactly_n_probes_and_expired_leases_free_slots()
         let stores = envs(&client, &table, 50, probes);
         open_it(&stores[0], &jt, T0).await;
         assert!(matches!(
-            stores[1].gate(&jt, T0 + 1).await.gate,
+            seen(&stores[1], &jt, T0 + 1).await.gate,
             Gate::Open { .. }
         ));
         let half_open = T0 + 30_000;
@@ -110,7 +123,7 @@ async fn failures_aggregate_open_defers_and_probe_success_closes() {
     let stores = envs(&client, &table, 5, 1);
     let jt = "email";
     // Healthy: closed, and gating writes nothing.
-    assert_eq!(stores[0].gate(jt, T0).await.gate, Gate::Closed);
+    assert_eq!(seen(&stores[0], jt, T0).await.gate, Gate::Closed);
     assert_eq!(stores[0].read(jt).await.unwrap().version, 0, "no item written");
     // Five environments each report one transient failure: the fifth opens it.
     let tasks: Vec<_> = stores
@@ -133,16 +146,16 @@ async fn failures_aggregate_open_defers_and_probe_success_closes() {
     let s = stores[0].status(jt, T0 + 1_000).await.unwrap();
     assert_eq!(s.phase, Phase::Open, "5 failures in the window open it: {s:?}");
     assert_eq!(
-        stores[1].admit(jt, T0 + 2_000).await.gate,
+        admit(&stores[1], jt, T0 + 2_000).await.gate,
         Gate::Open {
             until_ms: T0 + 31_000
         }
     );
     // Half-open: one probe; a released permit is free again; a success closes.
-    let a = stores[2].admit(jt, T0 + 31_000).await;
+    let a = admit(&stores[2], jt, T0 + 31_000).await;
     let permit = a.permit.expect("a probe");
     stores[2].release(jt, &permit, T0 + 31_001, None).await.unwrap();
-    let b = stores[3].admit(jt, T0 + 31_002).await;
+    let b = admit(&stores[3], jt, T0 + 31_002).await;
     let permit = b.permit.expect("the released slot is free");
     let stale = Aggregate {
         probe_failures: 1,
@@ -166,7 +179,7 @@ async fn failures_aggregate_open_defers_and_probe_success_closes() {
         .unwrap()
         .unwrap();
     assert_eq!(closed.phase, Phase::Closed);
-    assert_eq!(stores[0].gate(jt, T0 + 31_005).await.gate, Gate::Closed);
+    assert_eq!(seen(&stores[0], jt, T0 + 31_005).await.gate, Gate::Closed);
     delete_table(&client, &table).await.unwrap();
 }
 
@@ -177,7 +190,7 @@ async fn operator_forces_and_missing_table_fails_open() {
     let s = store.force_open("jt", None, T0).await.unwrap();
     assert!(s.forced);
     assert!(matches!(
-        store.gate("jt", T0 + 3_600_000).await.gate,
+        seen(&store, "jt", T0 + 3_600_000).await.gate,
         Gate::Open { .. }
     ));
     assert_eq!(store.force_close("jt").await.unwrap().phase, Phase::Closed);
@@ -187,7 +200,7 @@ async fn operator_forces_and_missing_table_fails_open() {
 
     let missing =
         BreakerStore::new(client.clone(), "no-such-table", StorageRetry::default()).with_config(config(1));
-    assert_eq!(missing.admit("jt", T0).await.gate, Gate::Closed, "fails open");
+    assert_eq!(admit(&missing, "jt", T0).await.gate, Gate::Closed, "fails open");
     let err = missing.status("jt", T0).await.unwrap_err();
     assert!(err.to_string().contains("does not exist"), "{err}");
     delete_table(&client, &table).await.unwrap();
@@ -249,7 +262,7 @@ async fn counting_windows_take_one_write_per_report_and_open_once() {
         })
         .collect();
     for (_, store) in &racers {
-        store.gate(jt, T0 + 2_000).await;
+        seen(store, jt, T0 + 2_000).await;
     }
     let tasks: Vec<_> = racers
         .iter()

@@ -7,8 +7,8 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use sqs_triage::core::decision::{RECEIVE_SLACK, visibility_limit};
 use sqs_triage::core::{
-    Backoff, Decision, DeferReason, Execution, FailureClass, Gate, Inputs, JobError, Ledger, RecordFacts,
-    RetryPolicy, StoredAttempts, decide,
+    Backoff, Decision, DeferReason, FailureClass, Gate, Inputs, JobError, Ledger, RecordFacts, RetryPolicy,
+    StoredAttempts, Verdict, admit, invalid, invalid as invalid_decision, settle,
 };
 
 const NOW: u64 = 1_700_000_000_000;
@@ -22,17 +22,28 @@ fn facts(receive_count: u32) -> RecordFacts {
     }
 }
 
-fn inputs<'a>(policy: &'a RetryPolicy, execution: Execution<'a>) -> Inputs<'a> {
+fn inputs(policy: &RetryPolicy) -> Inputs<'_> {
     Inputs {
         record: facts(1),
-        invalid: None,
         ledger: Ledger::FirstDelivery,
         gate: Gate::Closed,
         time_left: None,
-        execution,
         policy,
         now_ms: NOW,
     }
+}
+
+/// The decision before the handler for a record that does not run.
+fn skipped(i: &Inputs<'_>, rng: &mut StdRng) -> Decision {
+    match admit(i, rng) {
+        Verdict::Settled(d) => d,
+        run => panic!("expected no run, got {run:?}"),
+    }
+}
+
+/// The final decision after the handler.
+fn after(i: &Inputs<'_>, outcome: &Result<(), JobError>, rng: &mut StdRng) -> Decision {
+    settle(i, outcome, rng).decision
 }
 
 fn rng() -> StdRng {
@@ -48,12 +59,7 @@ fn stored(attempts: u32, next: Option<u64>) -> Ledger {
 
 #[test]
 fn invalid_envelope_is_dead_lettered_without_an_attempt() {
-    let p = RetryPolicy::default();
-    let i = Inputs {
-        invalid: Some("body is not JSON"),
-        ..inputs(&p, Execution::NotRun)
-    };
-    let d = decide(&i, &mut rng());
+    let d = invalid("body is not JSON");
     assert_eq!(
         d,
         Decision::DeadLetter {
@@ -67,14 +73,8 @@ fn invalid_envelope_is_dead_lettered_without_an_attempt() {
 
 #[test]
 fn unknown_job_type_is_invalid_too() {
-    let p = RetryPolicy::default();
-    let i = Inputs {
-        invalid: Some("no handler for job type `x`"),
-        ledger: stored(2, None),
-        ..inputs(&p, Execution::NotRun)
-    };
     assert!(matches!(
-        decide(&i, &mut rng()),
+        invalid("no handler for job type `x`"),
         Decision::DeadLetter {
             class: FailureClass::Invalid,
             attempts: 0,
@@ -89,10 +89,10 @@ fn early_arrival_is_deferred_to_its_stored_time() {
     let i = Inputs {
         record: facts(2),
         ledger: stored(1, Some(NOW + 4_200)),
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
     assert_eq!(
-        decide(&i, &mut rng()),
+        skipped(&i, &mut rng()),
         Decision::Defer {
             reason: DeferReason::EarlyArrival,
             visibility: Duration::from_secs(5)
@@ -106,9 +106,9 @@ fn arrival_on_time_runs_the_next_attempt() {
     let i = Inputs {
         record: facts(2),
         ledger: stored(1, Some(NOW - 10)),
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
-    assert_eq!(decide(&i, &mut rng()), Decision::Execute { attempt: 2 });
+    assert_eq!(admit(&i, &mut rng()), Verdict::Run { attempt: 2 });
 }
 
 #[test]
@@ -121,12 +121,12 @@ fn open_breaker_defers_to_the_end_of_the_open_period_plus_jitter() {
         gate: Gate::Open {
             until_ms: NOW + 20_000,
         },
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
     let mut seen = std::collections::BTreeSet::new();
     let mut r = rng();
     for _ in 0..200 {
-        match decide(&i, &mut r) {
+        match skipped(&i, &mut r) {
             Decision::Defer {
                 reason: DeferReason::BreakerOpen,
                 visibility,
@@ -147,9 +147,9 @@ fn half_open_without_a_slot_defers_until_the_probe_can_be_known() {
         gate: Gate::ProbeBusy {
             until_ms: NOW + 20_000,
         },
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
-    match decide(&i, &mut rng()) {
+    match skipped(&i, &mut rng()) {
         Decision::Defer {
             reason: DeferReason::ProbeBusy,
             visibility,
@@ -175,20 +175,25 @@ fn on_the_last_receive_nothing_is_left_for_the_redrive_to_move_unrecorded() {
         gate: Gate::Open {
             until_ms: NOW + 30_000,
         },
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
     let failed = Err(JobError::transient("timeout"));
     let retried = Inputs {
         record: last,
-        ..inputs(&p, Execution::Ran(&failed))
+        ..inputs(&p)
     };
     let late = Inputs {
         record: last,
         time_left: Some(Duration::ZERO),
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
-    for (i, attempts) in [(outage, 0), (retried, 1), (late, 0)] {
-        match decide(&i, &mut rng()) {
+    let decisions = [
+        (skipped(&outage, &mut rng()), 0),
+        (after(&retried, &failed, &mut rng()), 1),
+        (skipped(&late, &mut rng()), 0),
+    ];
+    for (d, attempts) in decisions {
+        match d {
             Decision::DeadLetter {
                 class: FailureClass::Expiring,
                 attempts: a,
@@ -208,14 +213,14 @@ fn on_the_last_receive_nothing_is_left_for_the_redrive_to_move_unrecorded() {
         },
         ..outage
     };
-    assert!(matches!(decide(&earlier, &mut rng()), Decision::Defer { .. }));
+    assert!(matches!(skipped(&earlier, &mut rng()), Decision::Defer { .. }));
     // A success on the last receive is a success.
     let ok = Ok(());
     let done = Inputs {
         record: last,
-        ..inputs(&p, Execution::Ran(&ok))
+        ..inputs(&p)
     };
-    assert!(matches!(decide(&done, &mut rng()), Decision::Done { .. }));
+    assert!(matches!(after(&done, &ok, &mut rng()), Decision::Done { .. }));
 }
 
 #[test]
@@ -233,9 +238,9 @@ fn nothing_waits_past_the_queues_retention() {
         gate: Gate::Open {
             until_ms: NOW + 12 * 3_600_000,
         },
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
-    match decide(&open, &mut rng()) {
+    match skipped(&open, &mut rng()) {
         Decision::Defer { visibility, .. } => assert_eq!(visibility, Duration::from_secs(20)),
         other => panic!("unexpected {other:?}"),
     }
@@ -243,9 +248,9 @@ fn nothing_waits_past_the_queues_retention() {
     let failed = Err(JobError::retry_after(Duration::from_secs(600), "slow down"));
     let late_retry = Inputs {
         record: expiring,
-        ..inputs(&p, Execution::Ran(&failed))
+        ..inputs(&p)
     };
-    match decide(&late_retry, &mut rng()) {
+    match after(&late_retry, &failed, &mut rng()) {
         Decision::Retry {
             visibility,
             next_attempt_at_ms,
@@ -275,9 +280,9 @@ fn nothing_waits_past_the_queues_retention() {
             expires_at_ms: Some(NOW + 19 * 3_600_000),
             ..expiring
         },
-        ..inputs(&long, Execution::Ran(&transient))
+        ..inputs(&long)
     };
-    match decide(&in_a_day, &mut rng()) {
+    match after(&in_a_day, &transient, &mut rng()) {
         Decision::Retry {
             next_attempt_at_ms,
             visibility,
@@ -296,7 +301,7 @@ fn nothing_waits_past_the_queues_retention() {
         },
         ..open
     };
-    match decide(&gone, &mut rng()) {
+    match skipped(&gone, &mut rng()) {
         Decision::DeadLetter {
             class: FailureClass::Expiring,
             attempts: 0,
@@ -312,7 +317,7 @@ fn nothing_waits_past_the_queues_retention() {
         ..open
     };
     assert!(matches!(
-        decide(&soon, &mut rng()),
+        skipped(&soon, &mut rng()),
         Decision::Defer { visibility, .. } if visibility >= Duration::from_secs(5) && visibility <= Duration::from_secs(20)
     ));
 }
@@ -322,9 +327,9 @@ fn half_open_without_a_slot_defers_at_least_a_second() {
     let p = RetryPolicy::default();
     let i = Inputs {
         gate: Gate::ProbeBusy { until_ms: NOW },
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
-    match decide(&i, &mut rng()) {
+    match skipped(&i, &mut rng()) {
         Decision::Defer {
             reason: DeferReason::ProbeBusy,
             visibility,
@@ -343,9 +348,9 @@ fn half_open_with_a_permit_runs() {
     let p = RetryPolicy::default();
     let i = Inputs {
         gate: Gate::Probe,
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
-    assert_eq!(decide(&i, &mut rng()), Decision::Execute { attempt: 1 });
+    assert_eq!(admit(&i, &mut rng()), Verdict::Run { attempt: 1 });
 }
 
 #[test]
@@ -356,14 +361,14 @@ fn too_little_time_left_releases() {
         .unwrap();
     let i = Inputs {
         time_left: Some(Duration::from_millis(1_999)),
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
-    assert_eq!(decide(&i, &mut rng()), Decision::Release);
+    assert_eq!(skipped(&i, &mut rng()), Decision::Release);
     let i = Inputs {
         time_left: Some(Duration::from_secs(2)),
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
-    assert_eq!(decide(&i, &mut rng()), Decision::Execute { attempt: 1 });
+    assert_eq!(admit(&i, &mut rng()), Verdict::Run { attempt: 1 });
 }
 
 #[test]
@@ -373,9 +378,9 @@ fn success_is_done() {
     let i = Inputs {
         record: facts(3),
         ledger: stored(2, None),
-        ..inputs(&p, Execution::Ran(&ok))
+        ..inputs(&p)
     };
-    assert_eq!(decide(&i, &mut rng()), Decision::Done { attempts: 3 });
+    assert_eq!(after(&i, &ok, &mut rng()), Decision::Done { attempts: 3 });
 }
 
 #[test]
@@ -387,7 +392,7 @@ fn fatal_failure_goes_to_the_dlq_at_once() {
         JobError::payload_decode(&serde_json::from_str::<u8>("x").unwrap_err()),
     ] {
         let out = Err(err.clone());
-        let d = decide(&inputs(&p, Execution::Ran(&out)), &mut rng());
+        let d = after(&inputs(&p), &out, &mut rng());
         assert_eq!(
             d,
             Decision::DeadLetter {
@@ -410,7 +415,7 @@ fn a_job_types_rules_can_make_an_error_fatal() {
         "declined",
     ));
     assert!(matches!(
-        decide(&inputs(&p, Execution::Ran(&out)), &mut rng()),
+        after(&inputs(&p), &out, &mut rng()),
         Decision::DeadLetter {
             class: FailureClass::Fatal,
             ..
@@ -422,7 +427,7 @@ fn a_job_types_rules_can_make_an_error_fatal() {
 fn transient_failure_with_attempts_left_retries_after_backoff() {
     let p = RetryPolicy::default();
     let out = Err(JobError::transient("timeout"));
-    match decide(&inputs(&p, Execution::Ran(&out)), &mut rng()) {
+    match after(&inputs(&p), &out, &mut rng()) {
         Decision::Retry {
             attempts,
             delay,
@@ -451,7 +456,7 @@ fn retry_after_is_honoured_and_clamped() {
         .unwrap();
     for (asked, got) in [(7, 7), (600, 60)] {
         let out = Err(JobError::retry_after(Duration::from_secs(asked), "throttled"));
-        match decide(&inputs(&p, Execution::Ran(&out)), &mut rng()) {
+        match after(&inputs(&p), &out, &mut rng()) {
             Decision::Retry {
                 delay, visibility, ..
             } => {
@@ -470,10 +475,10 @@ fn transient_failure_without_attempts_left_is_exhausted() {
     let i = Inputs {
         record: facts(5),
         ledger: stored(4, Some(NOW - 1)),
-        ..inputs(&p, Execution::Ran(&out))
+        ..inputs(&p)
     };
     assert_eq!(
-        decide(&i, &mut rng()),
+        after(&i, &out, &mut rng()),
         Decision::DeadLetter {
             class: FailureClass::Exhausted,
             attempts: 5,
@@ -488,10 +493,10 @@ fn a_job_already_out_of_attempts_is_dead_lettered_without_running() {
     let i = Inputs {
         record: facts(7),
         ledger: stored(5, None),
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
     assert!(matches!(
-        decide(&i, &mut rng()),
+        skipped(&i, &mut rng()),
         Decision::DeadLetter {
             class: FailureClass::Exhausted,
             attempts: 5,
@@ -506,16 +511,16 @@ fn ledger_outage_falls_back_to_the_receive_count() {
     let i = Inputs {
         record: facts(3),
         ledger: Ledger::Unavailable,
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
-    assert_eq!(decide(&i, &mut rng()), Decision::Execute { attempt: 3 });
+    assert_eq!(admit(&i, &mut rng()), Verdict::Run { attempt: 3 });
     let i = Inputs {
         record: facts(6),
         ledger: Ledger::Unavailable,
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
     assert!(matches!(
-        decide(&i, &mut rng()),
+        skipped(&i, &mut rng()),
         Decision::DeadLetter {
             class: FailureClass::Exhausted,
             ..
@@ -535,9 +540,9 @@ fn long_delays_are_applied_in_steps_within_the_12_hour_limit() {
     ));
     let i = Inputs {
         now_ms: NOW + 3_600_000,
-        ..inputs(&p, Execution::Ran(&out))
+        ..inputs(&p)
     };
-    match decide(&i, &mut rng()) {
+    match after(&i, &out, &mut rng()) {
         Decision::Retry {
             delay,
             visibility,
@@ -561,9 +566,9 @@ fn long_delays_are_applied_in_steps_within_the_12_hour_limit() {
         },
         ledger: stored(1, Some(NOW + 31 * 3_600_000)),
         now_ms: NOW + 12 * 3_600_000,
-        ..inputs(&p, Execution::NotRun)
+        ..inputs(&p)
     };
-    match decide(&i, &mut rng()) {
+    match skipped(&i, &mut rng()) {
         Decision::Defer {
             reason: DeferReason::EarlyArrival,
             visibility,
@@ -660,22 +665,63 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let record = RecordFacts { receive_count, received_at_ms: NOW - since_receive_ms, receive_limit: None, expires_at_ms: None };
-        let execution = match &outcome { None => Execution::NotRun, Some(o) => Execution::Ran(o) };
         let i = Inputs {
             record,
-            invalid: invalid.as_deref(),
             ledger,
             gate,
             time_left: time_left_ms.map(Duration::from_millis),
-            execution,
             policy: &policy,
             now_ms: NOW,
         };
-        let mut r = StdRng::seed_from_u64(seed);
-        let d = decide(&i, &mut r);
-        // Deterministic for the same random draws.
-        prop_assert_eq!(&d, &decide(&i, &mut StdRng::seed_from_u64(seed)));
         let limit = visibility_limit(record, NOW);
+        // An unreadable record is dead-lettered at once, as invalid, without an attempt.
+        if let Some(reason) = &invalid {
+            prop_assert_eq!(
+                invalid_decision(reason),
+                Decision::DeadLetter { class: FailureClass::Invalid, attempts: 0, error: reason.clone() }
+            );
+        }
+        let d = match &outcome {
+            None => match admit(&i, &mut StdRng::seed_from_u64(seed)) {
+                Verdict::Run { attempt } => {
+                    prop_assert!(attempt >= 1 && attempt <= policy.max_attempts());
+                    // Never past an open breaker or a busy half-open one.
+                    let blocked = matches!(gate, Gate::Open { .. } | Gate::ProbeBusy { .. });
+                    prop_assert!(!blocked);
+                    // Deterministic for the same random draws.
+                    prop_assert_eq!(admit(&i, &mut StdRng::seed_from_u64(seed)), Verdict::Run { attempt });
+                    return Ok(());
+                }
+                Verdict::Settled(d) => {
+                    // Before the handler nothing is spent, whatever the decision.
+                    let unspent = d.spends_no_attempt() || matches!(d, Decision::DeadLetter { .. });
+                    prop_assert!(unspent);
+                    let finished = matches!(d, Decision::Done { .. } | Decision::Retry { .. });
+                    prop_assert!(!finished);
+                    d
+                }
+            },
+            Some(o) => {
+                let s = settle(&i, o, &mut StdRng::seed_from_u64(seed));
+                // The classified kind comes with the decision: none for a success.
+                prop_assert_eq!(s.error.is_none(), o.is_ok());
+                let unrun = matches!(s.decision, Decision::Defer { .. } | Decision::Release);
+                prop_assert!(!unrun);
+                s.decision
+            }
+        };
+        // Deterministic for the same random draws.
+        let again = match &outcome {
+            None => match admit(&i, &mut StdRng::seed_from_u64(seed)) {
+                Verdict::Settled(d) => d,
+                run => {
+                    prop_assert!(false, "the same draws gave another verdict: {:?}", run);
+                    return Ok(());
+                }
+            },
+            Some(o) => settle(&i, o, &mut StdRng::seed_from_u64(seed)).decision,
+        };
+        prop_assert_eq!(&d, &again);
         match &d {
             Decision::Retry { delay, visibility, attempts, .. } => {
                 prop_assert!(*delay <= policy.max_delay());
@@ -684,23 +730,10 @@ proptest! {
                 prop_assert!(*attempts < policy.max_attempts());
             }
             Decision::Defer { visibility, .. } => prop_assert!(*visibility <= limit),
-            Decision::Execute { attempt } => {
-                prop_assert!(outcome.is_none());
-                prop_assert!(*attempt >= 1 && *attempt <= policy.max_attempts());
-            }
             Decision::Release => prop_assert!(outcome.is_none()),
             Decision::DeadLetter { class: FailureClass::Invalid, attempts, .. } => prop_assert_eq!(*attempts, 0),
             Decision::DeadLetter { attempts, .. } | Decision::Done { attempts } => {
                 prop_assert!(*attempts >= 1 || outcome.is_none())
-            }
-        }
-        if outcome.is_none() {
-            // Before the handler nothing is spent, whatever the decision.
-            let unspent = d.spends_no_attempt() || matches!(d, Decision::DeadLetter { .. });
-            prop_assert!(unspent);
-            if matches!(gate, Gate::Open { .. } | Gate::ProbeBusy { .. }) {
-                let runs = matches!(d, Decision::Execute { .. });
-                prop_assert!(!runs);
             }
         }
     }

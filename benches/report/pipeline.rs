@@ -1,25 +1,27 @@
-//! The in-process pipeline over one Lambda SQS event, without network: deserialize the event,
-//! read each record, parse its envelope, run an equivalent handler, classify its error, decide
-//! (before and after the handler), build the DLQ copy of dead-lettered records, count the
-//! metrics, and serialize the partial batch response. What the real processor adds on top is
-//! I/O (batched SQS and DynamoDB calls), a tokio task per record and tracing spans.
+//! The processor itself over one Lambda SQS event, without network: deserialize the event,
+//! then the real [`Processor`]'s steps — read each record, admit it, run the registered handler
+//! in its own tokio task, decide, and [`plan`](Processor::plan) the batch's effects (DLQ copies,
+//! visibility changes, metrics, reports) — and serialize the partial batch response. Only the
+//! plan's execution (batched SQS and DynamoDB calls) is left out; on the healthy path (first
+//! deliveries that succeed) there is nothing to execute, and [`Bench::process`] runs the whole
+//! [`Processor::process`], execution and per-record tracing spans included.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
-use rand::RngCore;
 use serde::Deserialize;
-use sqs_triage::core::envelope::{self, EnvelopeLimits};
-use sqs_triage::core::failure::FailureRecord;
-use sqs_triage::core::{
-    Decision, Execution, Gate, Inputs, JobError, Ledger, RecordFacts, RetryPolicy, decide,
-};
-use sqs_triage::effects::dlq::dlq_copy;
-use sqs_triage::effects::metrics::{Metrics, UNREGISTERED};
-use sqs_triage::processor::Incoming;
+use sqs_triage::core::envelope::EnvelopeLimits;
+use sqs_triage::core::{Decision, JobError};
+use sqs_triage::effects::calls::CallCounter;
+use sqs_triage::effects::ledger::AttemptLedger;
+use sqs_triage::effects::sqs::Sqs;
+use sqs_triage::effects::storage_retry::StorageRetry;
+use sqs_triage::processor::registry::{JobContext, Registry};
+use sqs_triage::processor::{BatchOutcome, Deadline, Incoming, Plan, Processor, ProcessorConfig, Ran};
+use tokio::time::Instant;
 
 /// The one job type of the generated event.
 pub const JOB_TYPE: &str = "email.send";
@@ -51,6 +53,10 @@ pub fn kind_of(i: usize) -> Kind {
 
 /// A Lambda SQS event of `records` first deliveries with the mix of [`kind_of`], as JSON.
 pub fn event_json(records: usize) -> String {
+    event_json_with(records, kind_of)
+}
+
+fn event_json_with(records: usize, kind_of: impl Fn(usize) -> Kind) -> String {
     let mut out = String::with_capacity(records * 1_100 + 32);
     out.push_str("{\"Records\":[");
     for i in 0..records {
@@ -106,10 +112,9 @@ struct Email {
     outcome: Option<String>,
 }
 
-/// The record handler, the same on both sides of the comparison: decode the payload, fail as
-/// the payload says.
-fn handler(payload: serde_json::Value) -> Result<(), JobError> {
-    let email: Email = serde_json::from_value(payload).map_err(|e| JobError::payload_decode(&e))?;
+/// The record handler, the same on both sides of the comparison: decode the payload (the
+/// registry does, a payload that does not decode is fatal), fail as the payload says.
+async fn handler(email: Email, _ctx: JobContext) -> Result<(), JobError> {
     if email.to.is_empty() || email.template.is_empty() {
         return Err(JobError::fatal("recipient or template missing"));
     }
@@ -133,97 +138,143 @@ pub struct Tally {
     pub response_bytes: usize,
 }
 
-/// Runs the pipeline over one serialized event and returns the serialized response's tally.
-pub fn process_event(raw: &[u8], policy: &RetryPolicy, now_ms: u64, rng: &mut dyn RngCore) -> Tally {
-    let event: SqsEvent = serde_json::from_slice(raw).expect("a valid SQS event");
-    let mut metrics = Metrics::default();
-    let mut tally = Tally {
-        records: event.records.len(),
-        ..Tally::default()
-    };
-    let mut response = SqsBatchResponse::default();
-    for m in event.records {
-        let inc = Incoming::from_lambda(m);
-        let parsed = envelope::parse(
-            &inc.body,
-            inc.job_type_attribute(),
-            inc.job_id_attribute(),
-            EnvelopeLimits::default(),
+/// Nothing listens here: a call would fail, and the call counter would see it.
+const UNREACHABLE: &str = "http://127.0.0.1:9";
+
+/// A real processor for `email.send` with the default policies and no breaker store (in a warm
+/// environment the breaker state of a batch comes from the store's cache: one lookup per batch
+/// and job type), on a current-thread tokio runtime, with the Lambda runtime's tracing level
+/// (INFO, lines written nowhere). Its SDK clients count their calls.
+pub struct Bench {
+    processor: Processor,
+    runtime: tokio::runtime::Runtime,
+    tracing: tracing::Dispatch,
+    /// AWS calls made by the processor's clients.
+    pub calls: CallCounter,
+}
+
+impl Bench {
+    pub fn new() -> Self {
+        let calls = CallCounter::new();
+        let creds = aws_sdk_sqs::config::Credentials::new("bench", "bench", None, None, "bench");
+        let sqs = aws_sdk_sqs::Client::from_conf(
+            aws_sdk_sqs::Config::builder()
+                .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+                .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+                .credentials_provider(creds.clone())
+                .endpoint_url(UNREACHABLE)
+                .interceptor(calls.clone())
+                .build(),
         );
-        let (job, invalid) = match parsed {
-            Ok(j) if j.job_type == JOB_TYPE => (Some(j), None),
-            Ok(j) => (None, Some(format!("no handler for job type `{}`", j.job_type))),
-            Err(e) => (None, Some(e.to_string())),
-        };
-        let job_id = job
-            .as_ref()
-            .and_then(|j| j.id.clone())
-            .unwrap_or_else(|| inc.message_id.clone());
-        let inputs = Inputs {
-            record: RecordFacts {
-                receive_count: inc.receive_count,
-                received_at_ms: now_ms,
+        let ddb = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::Config::builder()
+                .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+                .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
+                .credentials_provider(creds)
+                .endpoint_url(UNREACHABLE)
+                .interceptor(calls.clone())
+                .build(),
+        );
+        let registry = Registry::default().handle(JOB_TYPE, handler);
+        let processor = Processor::new(
+            Arc::new(registry),
+            Sqs::new(sqs, StorageRetry::default()),
+            AttemptLedger::new(ddb, "bench-state", StorageRetry::default()),
+            HashMap::new(),
+            ProcessorConfig {
+                source_queue: "https://sqs.us-east-1.amazonaws.com/123456789012/jobs".into(),
+                dlq_url: "https://sqs.us-east-1.amazonaws.com/123456789012/jobs-dlq".into(),
+                dlq_max_bytes: DLQ_MAX_BYTES,
+                concurrency: 10,
+                limits: EnvelopeLimits::default(),
+                log_payloads: false,
                 receive_limit: None,
-                expires_at_ms: None,
+                retention: None,
             },
-            invalid: invalid.as_deref(),
-            ledger: Ledger::FirstDelivery,
-            gate: Gate::Closed,
-            time_left: Some(Duration::from_secs(30)),
-            execution: Execution::NotRun,
-            policy,
-            now_ms,
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let tracing = tracing::Dispatch::new(
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::INFO)
+                .with_writer(std::io::sink)
+                .finish(),
+        );
+        Self {
+            processor,
+            runtime,
+            tracing,
+            calls,
+        }
+    }
+
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        tracing::dispatcher::with_default(&self.tracing, || self.runtime.block_on(f))
+    }
+
+    /// An invocation deadline far enough away for every handler.
+    fn deadline() -> Option<Instant> {
+        Some(Instant::now() + Duration::from_secs(30))
+    }
+
+    /// Steps 1 and 2 of the processor (read, admit, run each handler in its own task): each
+    /// record with its final decision.
+    pub fn run(&self, records: Vec<Incoming>) -> Vec<Ran> {
+        self.block_on(
+            self.processor
+                .admit_and_run(records, Deadline::new(Self::deadline())),
+        )
+        .0
+    }
+
+    /// Step 3 of the processor alone: the plan of a batch that has run.
+    pub fn plan(&self, ran: Vec<Ran>, now_ms: u64) -> Plan {
+        self.processor.plan(ran, now_ms)
+    }
+
+    /// The whole processor, execution and per-record spans included.
+    pub fn process(&self, records: Vec<Incoming>) -> BatchOutcome {
+        self.block_on(self.processor.process(records, Self::deadline()))
+    }
+
+    /// The event's pipeline without execution: deserialize, read, admit and run, plan, and
+    /// serialize the response the plan gives when every DLQ copy is accepted.
+    pub fn process_event(&self, raw: &[u8], now_ms: u64) -> Tally {
+        let records = incoming(raw);
+        let mut tally = Tally {
+            records: records.len(),
+            ..Tally::default()
         };
-        let decision = match (decide(&inputs, rng), job) {
-            (Decision::Execute { .. }, Some(job)) => {
-                // The processor runs each handler in its own task so a panic fails one record.
-                let outcome = catch_unwind(AssertUnwindSafe(|| handler(job.payload)))
-                    .unwrap_or_else(|p| Err(JobError::panic(p.as_ref())))
-                    .map_err(|e| e.reclassified(policy.rules()));
-                decide(
-                    &Inputs {
-                        execution: Execution::Ran(&outcome),
-                        ..inputs
-                    },
-                    rng,
-                )
-            }
-            (d, _) => d,
-        };
-        metrics.decision(if invalid.is_some() { UNREGISTERED } else { JOB_TYPE }, &decision);
-        match decision {
-            Decision::Done { .. } => {}
-            Decision::DeadLetter {
-                class,
-                attempts,
-                error,
-            } => {
-                let record = FailureRecord {
-                    class,
-                    error,
-                    attempts,
-                    job_type: invalid.is_none().then(|| JOB_TYPE.to_owned()),
-                    job_id,
-                    source_queue: "arn:aws:sqs:us-east-1:123456789012:jobs".to_owned(),
-                    original_message_id: inc.message_id.clone(),
-                    first_received_at: inc.first_received_at_ms.unwrap_or(now_ms),
-                    failed_at: now_ms,
-                };
-                let copy = dlq_copy(&inc.body, &inc.attributes, &record, DLQ_MAX_BYTES);
-                tally.dead_lettered += usize::from(copy.is_ok());
-            }
-            _ => {
+        let plan = self.plan(self.run(records), now_ms);
+        let mut response = SqsBatchResponse::default();
+        for step in &plan.steps {
+            tally.dead_lettered += usize::from(matches!(step.report.decision, Decision::DeadLetter { .. }));
+            if !step.effects.settled {
                 let mut f = BatchItemFailure::default();
-                f.item_identifier = inc.message_id;
+                f.item_identifier = step.report.message_id.clone();
                 response.batch_item_failures.push(f);
             }
         }
+        tally.failures = response.batch_item_failures.len();
+        // The adapter prints the metrics as EMF lines after every batch.
+        std::hint::black_box(plan.metrics.emf_lines(now_ms));
+        tally.response_bytes = serde_json::to_vec(&response).map_or(0, |v| v.len());
+        tally
     }
-    tally.failures = response.batch_item_failures.len();
-    // The adapter prints the metrics as EMF lines after every batch.
-    std::hint::black_box(metrics.emf_lines(now_ms));
-    tally.response_bytes = serde_json::to_vec(&response).map_or(0, |v| v.len());
-    tally
+}
+
+/// The records of a serialized Lambda SQS event.
+pub fn incoming(raw: &[u8]) -> Vec<Incoming> {
+    let event: SqsEvent = serde_json::from_slice(raw).expect("a valid SQS event");
+    event.records.into_iter().map(Incoming::from_lambda).collect()
+}
+
+/// A Lambda SQS event of `records` first deliveries that all succeed (the healthy path), as
+/// JSON.
+pub fn healthy_event_json(records: usize) -> String {
+    event_json_with(records, |_| Kind::Ok)
 }
 
 /// Per record kind, how many records of the first `records` have it.

@@ -1,14 +1,14 @@
 //! Item 3, retry storm: `jobs` jobs, 10% with a payload bug (fail fatally on every attempt), 10%
 //! transient (fail once or twice, then succeed), the rest succeed. Each job is walked through
-//! `decide` delivery by delivery; the retry delay is what `decide` asks for, handler time is 0.
+//! `admit` and `settle` delivery by delivery; the retry delay is what `settle` asks for, handler time is 0.
 
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sqs_triage::core::{
-    Backoff, Decision, Execution, Gate, Inputs, JobError, Ledger, RecordFacts, RetryPolicy, StoredAttempts,
-    decide,
+    Backoff, Decision, Gate, Inputs, JobError, Ledger, RecordFacts, RetryPolicy, StoredAttempts, Verdict,
+    admit, settle,
 };
 
 use super::{Options, Section, median};
@@ -115,16 +115,15 @@ fn walk(st: &Strategy, jobs: &[Job], seed: u64) -> Walk {
                     receive_limit: None,
                     expires_at_ms: None,
                 },
-                invalid: None,
                 ledger,
                 gate: Gate::Closed,
                 time_left: None,
-                execution: Execution::NotRun,
                 policy: &st.policy,
                 now_ms: t,
             };
-            let Decision::Execute { attempt } = decide(&inputs, &mut rng) else {
-                unreachable!("every delivery of this walk is admitted")
+            // Every delivery of this walk is admitted: no breaker, no deadline, on time.
+            let Verdict::Run { attempt } = admit(&inputs, &mut rng) else {
+                break;
             };
             let outcome = match job {
                 Job::Ok => Ok(()),
@@ -136,13 +135,7 @@ fn walk(st: &Strategy, jobs: &[Job], seed: u64) -> Walk {
             w.executions += 1;
             let bug = matches!(job, Job::Bug);
             w.bug_executions += u64::from(bug);
-            match decide(
-                &Inputs {
-                    execution: Execution::Ran(&outcome),
-                    ..inputs
-                },
-                &mut rng,
-            ) {
+            match settle(&inputs, &outcome, &mut rng).decision {
                 Decision::Retry {
                     attempts: a, delay, ..
                 } => {
@@ -199,7 +192,7 @@ pub fn run(opts: &Options) -> Section {
     s.line(format!(
         "{n} jobs: {bugs} with a payload bug (fail on every attempt), {transient} transient (fail \
          once or twice, then succeed), the rest succeed at once. Every delivery goes through \
-         `decide`; delays are the policy's (seeded jitter), handler time is taken as 0."
+         `admit` and `settle`; delays are the policy's (seeded jitter), handler time is taken as 0."
     ));
     s.line(String::new());
     s.header(&[

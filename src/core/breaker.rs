@@ -553,16 +553,16 @@ impl BreakerState {
     }
 }
 
-/// What the breaker allows at `now_ms` for a record; `holds_permit` says whether the record
-/// holds a probe permit of the current half-open generation.
-pub fn gate(state: &BreakerState, now_ms: u64, holds_permit: bool, config: &BreakerConfig) -> Gate {
+/// What the breaker allows at `now_ms` for a record that holds no probe permit: closed, open,
+/// or, half-open, [`Gate::ProbeBusy`] until the running probes' outcome can be known (a record
+/// runs then only with a permit taken from storage, which makes its gate [`Gate::Probe`]).
+pub fn gate(state: &BreakerState, now_ms: u64, config: &BreakerConfig) -> Gate {
     let s = state.at(now_ms);
     match s.phase {
         Phase::Closed => Gate::Closed,
         Phase::Open => Gate::Open {
             until_ms: s.open_until_ms,
         },
-        Phase::HalfOpen if holds_permit => Gate::Probe,
         Phase::HalfOpen => Gate::ProbeBusy {
             until_ms: s.probes_known_at(now_ms, config),
         },
@@ -717,7 +717,7 @@ mod tests {
         assert_eq!(s.generation, 1);
         assert_eq!(s.open_until_ms, clock.now() + 30_000);
         assert_eq!(
-            gate(&s, clock.now(), false, &cfg()),
+            gate(&s, clock.now(), &cfg()),
             Gate::Open {
                 until_ms: s.open_until_ms
             }
@@ -749,7 +749,7 @@ mod tests {
             None,
             "healthy path writes nothing"
         );
-        assert_eq!(gate(&s, clock.now(), false, &cfg()), Gate::Closed);
+        assert_eq!(gate(&s, clock.now(), &cfg()), Gate::Closed);
     }
 
     #[test]
@@ -764,13 +764,12 @@ mod tests {
         assert_eq!(h.generation, s.generation + 1);
         assert_eq!(h.version, s.version, "time alone writes nothing");
         assert_eq!(
-            gate(&s, clock.now(), false, &cfg()),
+            gate(&s, clock.now(), &cfg()),
             Gate::ProbeBusy {
                 until_ms: clock.now()
             },
             "no probe running: ask now"
         );
-        assert_eq!(gate(&s, clock.now(), true, &cfg()), Gate::Probe);
     }
 
     #[test]
@@ -845,7 +844,7 @@ mod tests {
         let s4 = s3.report(&ok(&b), clock.now(), &config).expect("a write");
         assert_eq!(s4.phase, Phase::Closed);
         assert_eq!(s4.generation, s3.generation + 1);
-        assert_eq!(gate(&s4, clock.now(), false, &cfg()), Gate::Closed);
+        assert_eq!(gate(&s4, clock.now(), &cfg()), Gate::Closed);
         assert_eq!(
             s4.report(&ok(&b), clock.now(), &config),
             None,
@@ -966,14 +965,14 @@ mod tests {
         clock.advance(Duration::from_secs(30));
         let (s1, _) = lease_of(s.acquire("a", clock.now(), Some(clock.now() + 10_000), &cfg()));
         assert_eq!(
-            gate(&s1, clock.now(), false, &cfg()),
+            gate(&s1, clock.now(), &cfg()),
             Gate::ProbeBusy {
                 until_ms: clock.now() + 10_000
             }
         );
         let (s2, _) = lease_of(s.acquire("a", clock.now(), Some(clock.now() + 600_000), &cfg()));
         assert_eq!(
-            gate(&s2, clock.now(), false, &cfg()),
+            gate(&s2, clock.now(), &cfg()),
             Gate::ProbeBusy {
                 until_ms: clock.now() + 30_000
             },

@@ -1,10 +1,11 @@
 //! The decision: what happens to one record, as a pure function of what is known about it.
 //!
-//! Every rule of the product is here. The processor calls [`decide`] twice per record: once
-//! before the handler ([`Execution::NotRun`]), which either admits the record
-//! ([`Decision::Execute`]) or settles it without running it, and once after
-//! ([`Execution::Ran`]), which turns the handler's outcome into the final decision. No I/O
-//! happens here: time and randomness come in as arguments.
+//! Every rule of the product is here. The processor asks twice per record: [`admit`] before
+//! the handler, whose [`Verdict`] either runs the record or settles it with its final
+//! [`Decision`], and, when it ran, [`settle`] after, which classifies the handler's error once
+//! (by the job type's rules) and turns it into the final decision. A final decision is never
+//! "run": the two answers have two types. No I/O happens here: time and randomness come in as
+//! arguments.
 
 use std::time::Duration;
 
@@ -80,30 +81,17 @@ pub enum Gate {
     },
 }
 
-/// Whether the handler ran, and how it went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Execution<'a> {
-    /// Before the handler: decide whether to run it.
-    NotRun,
-    /// After the handler.
-    Ran(&'a Result<(), JobError>),
-}
-
 /// Everything the decision depends on.
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a> {
     /// What SQS says about this delivery.
     pub record: RecordFacts,
-    /// `Some(reason)` when the record is not a runnable job (bad envelope, unknown type).
-    pub invalid: Option<&'a str>,
     /// The attempt ledger's view.
     pub ledger: Ledger,
     /// The breaker's view.
     pub gate: Gate,
     /// Time left before the invocation's deadline (`None`: no deadline).
     pub time_left: Option<Duration>,
-    /// Before or after the handler.
-    pub execution: Execution<'a>,
     /// The job type's policy.
     pub policy: &'a RetryPolicy,
     /// Now (epoch ms).
@@ -132,14 +120,38 @@ impl DeferReason {
     }
 }
 
-/// What happens to a record.
+/// The answer before the handler: run it, or settle the record without running it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub enum Verdict {
     /// Run the handler; this is execution number `attempt`.
-    Execute {
+    Run {
         /// 1 for the first execution.
         attempt: u32,
     },
+    /// Not run: the record's final decision (it spends no attempt).
+    Settled(Decision),
+}
+
+impl Verdict {
+    /// True when the handler runs.
+    pub fn runs(&self) -> bool {
+        matches!(self, Self::Run { .. })
+    }
+}
+
+/// The answer after the handler: the final decision, and the handler's error as the job
+/// type's rules classify it (`None` when it succeeded). The breaker counts by that kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    /// The final decision.
+    pub decision: Decision,
+    /// The classified error kind, when the handler failed.
+    pub error: Option<ErrorKind>,
+}
+
+/// What finally happens to a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
     /// The handler succeeded: delete the message.
     Done {
         /// Executions including this one.
@@ -181,7 +193,7 @@ pub enum Decision {
 impl Decision {
     /// True when this decision spends no attempt.
     pub fn spends_no_attempt(&self) -> bool {
-        matches!(self, Self::Execute { .. } | Self::Defer { .. } | Self::Release)
+        matches!(self, Self::Defer { .. } | Self::Release)
             || matches!(
                 self,
                 Self::DeadLetter {
@@ -194,7 +206,6 @@ impl Decision {
     /// A short name for logs and metrics.
     pub fn name(&self) -> &'static str {
         match self {
-            Self::Execute { .. } => "execute",
             Self::Done { .. } => "succeeded",
             Self::Retry { .. } => "retried",
             Self::Defer { .. } => "deferred",
@@ -249,14 +260,40 @@ fn jitter(rng: &mut dyn RngCore, max: Duration) -> Duration {
     Duration::from_millis(if ms == 0 { 0 } else { rng.random_range(0..ms) })
 }
 
-/// Decides what happens to one record. Pure: the same inputs and random draws give the same
-/// decision, and every input gets exactly one.
-pub fn decide(inputs: &Inputs<'_>, rng: &mut dyn RngCore) -> Decision {
+/// The decision for a record that is not a runnable job (its envelope does not read, or no
+/// handler is registered for its type): dead-lettered at once, class `invalid`, no attempt
+/// spent, `reason` in its failure record. Nothing else about the record matters.
+pub fn invalid(reason: &str) -> Decision {
+    Decision::DeadLetter {
+        class: FailureClass::Invalid,
+        attempts: 0,
+        error: reason.to_owned(),
+    }
+}
+
+/// Decides, before the handler, whether one runnable job runs. Pure: the same inputs and random
+/// draws give the same verdict, and every input gets exactly one.
+pub fn admit(inputs: &Inputs<'_>, rng: &mut dyn RngCore) -> Verdict {
     let prior = attempts_before(inputs.record, inputs.ledger);
-    let decision = match inputs.execution {
-        Execution::NotRun => admit(inputs, prior, rng),
-        Execution::Ran(outcome) => settle(inputs, prior, outcome, rng),
-    };
+    match before_run(inputs, prior, rng) {
+        Ok(attempt) => Verdict::Run { attempt },
+        Err(d) => Verdict::Settled(finish(inputs, prior, d)),
+    }
+}
+
+/// Decides, after the handler ran, what happens to the record: classifies the handler's error
+/// by the job type's rules (once) and turns it into the final decision. Pure, like [`admit`].
+pub fn settle(inputs: &Inputs<'_>, outcome: &Result<(), JobError>, rng: &mut dyn RngCore) -> Settled {
+    let prior = attempts_before(inputs.record, inputs.ledger);
+    let (decision, error) = after_run(inputs, prior, outcome, rng);
+    Settled {
+        decision: finish(inputs, prior, decision),
+        error,
+    }
+}
+
+/// The rules every final decision passes: the queue's retention, then the last receive.
+fn finish(inputs: &Inputs<'_>, prior: u32, decision: Decision) -> Decision {
     let decision = within_retention(inputs.record, prior, inputs.now_ms, decision);
     last_receive(inputs.record, prior, decision)
 }
@@ -378,24 +415,18 @@ fn last_receive(record: RecordFacts, prior: u32, decision: Decision) -> Decision
     }
 }
 
-fn admit(inputs: &Inputs<'_>, prior: u32, rng: &mut dyn RngCore) -> Decision {
+/// `Ok(attempt)` to run execution number `attempt`, else the decision without running.
+fn before_run(inputs: &Inputs<'_>, prior: u32, rng: &mut dyn RngCore) -> Result<u32, Decision> {
     let policy = inputs.policy;
     let limit = visibility_limit(inputs.record, inputs.now_ms);
-    if let Some(reason) = inputs.invalid {
-        return Decision::DeadLetter {
-            class: FailureClass::Invalid,
-            attempts: 0,
-            error: reason.to_owned(),
-        };
-    }
     if prior >= policy.max_attempts() {
         // Exhausted earlier but still here (its DLQ send failed, or the ledger fallback counts
         // every receive): finish the job now instead of running it again.
-        return Decision::DeadLetter {
+        return Err(Decision::DeadLetter {
             class: FailureClass::Exhausted,
             attempts: prior,
             error: format!("no attempts left ({prior} of {} used)", policy.max_attempts()),
-        };
+        });
     }
     if let Ledger::Stored(Some(StoredAttempts {
         next_attempt_at_ms: Some(at),
@@ -404,68 +435,71 @@ fn admit(inputs: &Inputs<'_>, prior: u32, rng: &mut dyn RngCore) -> Decision {
     {
         let early_by = at.saturating_sub(inputs.now_ms);
         if early_by > ARRIVAL_TOLERANCE.as_millis() as u64 {
-            return Decision::Defer {
+            return Err(Decision::Defer {
                 reason: DeferReason::EarlyArrival,
                 visibility: visibility(Duration::from_millis(early_by), limit),
-            };
+            });
         }
     }
     match inputs.gate {
         Gate::Open { until_ms } => {
             let rest = Duration::from_millis(until_ms.saturating_sub(inputs.now_ms));
-            return Decision::Defer {
+            return Err(Decision::Defer {
                 reason: DeferReason::BreakerOpen,
                 visibility: visibility(rest + jitter(rng, policy.defer_jitter()), limit),
-            };
+            });
         }
         Gate::ProbeBusy { until_ms } => {
             // Asking again before the probe's outcome can be known only spends receives.
             let rest = Duration::from_millis(until_ms.saturating_sub(inputs.now_ms)).max(PROBE_BUSY_BASE);
-            return Decision::Defer {
+            return Err(Decision::Defer {
                 reason: DeferReason::ProbeBusy,
                 visibility: visibility(rest + jitter(rng, policy.defer_jitter()), limit),
-            };
+            });
         }
         Gate::Closed | Gate::Probe => {}
     }
     if inputs.time_left.is_some_and(|left| left < policy.start_margin()) {
-        return Decision::Release;
+        return Err(Decision::Release);
     }
-    Decision::Execute { attempt: prior + 1 }
+    Ok(prior + 1)
 }
 
-fn settle(
+/// The decision for the handler's outcome, and the error's kind by the job type's rules.
+fn after_run(
     inputs: &Inputs<'_>,
     prior: u32,
     outcome: &Result<(), JobError>,
     rng: &mut dyn RngCore,
-) -> Decision {
+) -> (Decision, Option<ErrorKind>) {
     let policy = inputs.policy;
     let attempts = prior.saturating_add(1);
     let err = match outcome {
-        Ok(()) => return Decision::Done { attempts },
+        Ok(()) => return (Decision::Done { attempts }, None),
         Err(e) => e.clone().reclassified(policy.rules()),
     };
-    if err.kind() == ErrorKind::Fatal {
-        return Decision::DeadLetter {
+    let kind = err.kind();
+    let decision = if kind == ErrorKind::Fatal {
+        Decision::DeadLetter {
             class: FailureClass::Fatal,
             attempts,
             error: err.chain(),
-        };
-    }
-    if attempts >= policy.max_attempts() {
-        return Decision::DeadLetter {
+        }
+    } else if attempts >= policy.max_attempts() {
+        Decision::DeadLetter {
             class: FailureClass::Exhausted,
             attempts,
             error: err.chain(),
-        };
-    }
-    let delay = policy.retry_delay(attempts, &err, rng);
-    Decision::Retry {
-        attempts,
-        delay,
-        visibility: visibility(delay, visibility_limit(inputs.record, inputs.now_ms)),
-        next_attempt_at_ms: inputs.now_ms.saturating_add(delay.as_millis() as u64),
-        error: err.chain(),
-    }
+        }
+    } else {
+        let delay = policy.retry_delay(attempts, &err, rng);
+        Decision::Retry {
+            attempts,
+            delay,
+            visibility: visibility(delay, visibility_limit(inputs.record, inputs.now_ms)),
+            next_attempt_at_ms: inputs.now_ms.saturating_add(delay.as_millis() as u64),
+            error: err.chain(),
+        }
+    };
+    (decision, Some(kind))
 }

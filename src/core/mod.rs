@@ -12,7 +12,8 @@ pub mod policy;
 
 pub use backoff::Backoff;
 pub use decision::{
-    Decision, DeferReason, Execution, Gate, Inputs, Ledger, RecordFacts, StoredAttempts, decide,
+    Decision, DeferReason, Gate, Inputs, Ledger, RecordFacts, Settled, StoredAttempts, Verdict, admit,
+    invalid, settle,
 };
 pub use envelope::{EnvelopeError, EnvelopeLimits, Job};
 pub use error::{ErrorKind, JobError, Rules};

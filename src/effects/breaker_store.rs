@@ -1,15 +1,17 @@
 //! The circuit breaker shared by every environment through DynamoDB.
 //!
 //! One item per job type (`pk = breaker#<job_type>`, `sk = state`) holds the pure
-//! [`BreakerState`](crate::core::breaker::BreakerState); the transitions themselves are
+//! [`BreakerState`]; the transitions themselves are
 //! computed by [`crate::core::breaker`]. Every write is a whole-item `PutItem` conditioned
 //! on the version and phase that were read (`attribute_not_exists(pk)` for a breaker never
 //! written); when the condition fails the store re-reads and re-applies the transition, a
 //! bounded number of times. So 50 environments racing for one probe slot get exactly one
 //! permit, and a report computed from an old state is never written over a newer one.
 //!
-//! Reads for [`gate`](BreakerStore::gate) are cached per environment for
-//! [`BreakerConfig::cache_ttl`]. The healthy path (closed, nothing to report) makes no
+//! Reads for [`observe`](BreakerStore::observe) are cached per environment for
+//! [`BreakerConfig::cache_ttl`]; admission ([`view`](BreakerStore::view), then
+//! [`admit`](BreakerStore::admit) for a record that would run on a half-open breaker) works
+//! from that one read per batch and job type. The healthy path (closed, nothing to report) makes no
 //! writes. Failure reports are aggregated by the caller per invocation and job type, so a
 //! failing invocation costs one write per job type once its window is counting (an `ADD`
 //! conditioned on the window, see [`Increment`]) and a read and a write when it starts a
@@ -17,9 +19,8 @@
 //! only failing invocations write it, and once the threshold is reached the breaker opens and
 //! further reports stop writing.
 //!
-//! If DynamoDB stays unavailable after the storage retries, `gate` and `admit` answer
-//! [`Gate::Closed`] (fail open, logged): jobs keep running and their attempt limits still
-//! bound them.
+//! If DynamoDB stays unavailable after the storage retries, `observe` and `admit` answer
+//! closed (fail open, logged): jobs keep running and their attempt limits still bound them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -41,15 +42,43 @@ pub const BREAKER_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Re-reads after lost conditions before a transition gives up (plus one per probe slot).
 pub const MAX_CONFLICTS: u32 = 16;
 
-/// What the breaker allows, as seen by one environment.
+/// What the breaker allows one record, as seen by one environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admission {
     /// The gate for the decision.
     pub gate: Gate,
-    /// The generation the execution is admitted in (put it in the [`Aggregate`]).
+    /// The generation the execution is admitted in (put it in the [`Aggregate`]): its
+    /// failures count there, and a report about a period that has since ended is ignored.
     pub generation: u64,
     /// The probe permit, when `gate` is [`Gate::Probe`].
     pub permit: Option<Lease>,
+}
+
+impl Admission {
+    /// No breaker (or none configured): closed.
+    pub fn closed() -> Self {
+        Self {
+            gate: Gate::Closed,
+            generation: 0,
+            permit: None,
+        }
+    }
+
+    /// True when the breaker is half-open and this record holds no permit: it may run only
+    /// with one, which [`BreakerStore::admit`] asks for.
+    pub fn needs_probe(&self) -> bool {
+        matches!(self.gate, Gate::ProbeBusy { .. }) && self.permit.is_none()
+    }
+
+    /// The gate this record would have with a permit: asking for one is worth it only when
+    /// the record would then run.
+    pub fn if_granted(&self) -> Gate {
+        if self.needs_probe() {
+            Gate::Probe
+        } else {
+            self.gate
+        }
+    }
 }
 
 /// The answer to a probe request, as the store saw it.
@@ -168,51 +197,66 @@ impl BreakerStore {
         self.cache.lock().expect("cache lock").clear();
     }
 
-    /// The gate at `now_ms` without asking for a probe permit: closed, open, or
-    /// [`Gate::ProbeBusy`] when half-open. Reads through the cache and never writes. Fails
-    /// open: a storage error gives [`Gate::Closed`].
-    pub async fn gate(&self, job_type: &str, now_ms: u64) -> Admission {
-        match self.state(job_type, None).await {
-            Ok(s) => Admission {
-                gate: gate(&s, now_ms, false, &self.config),
-                generation: s.at(now_ms).generation,
-                permit: None,
-            },
-            Err(e) => {
-                tracing::warn!(job_type, error = %e, "breaker state unavailable: failing open");
-                Admission {
-                    gate: Gate::Closed,
-                    generation: 0,
-                    permit: None,
-                }
-            }
+    /// The state for one batch, through the cache, every try of a read ending by `deadline`.
+    /// Fails open: a breaker that cannot be read is a closed one (logged), so a storage outage
+    /// stops nothing.
+    pub async fn observe(&self, job_type: &str, deadline: Option<Instant>) -> BreakerState {
+        self.state(job_type, deadline).await.unwrap_or_else(|e| {
+            tracing::warn!(job_type, error = %e, "breaker state unavailable; treating it as closed");
+            BreakerState::default()
+        })
+    }
+
+    /// What `state` (this environment's view) allows at `now_ms`, asking storage nothing:
+    /// closed, open, or, half-open, [`Gate::ProbeBusy`] until the running probes' outcome can
+    /// be known (running then needs a permit, see [`admit`](Self::admit)).
+    pub fn view(&self, state: &BreakerState, now_ms: u64) -> Admission {
+        Admission {
+            gate: gate(state, now_ms, &self.config),
+            generation: state.at(now_ms).generation,
+            permit: None,
         }
     }
 
-    /// The gate for one record: like [`gate`](Self::gate), and when half-open, tries to take
-    /// a probe permit ([`Gate::Probe`] with the permit, else [`Gate::ProbeBusy`]). Fails open.
-    pub async fn admit(&self, job_type: &str, now_ms: u64) -> Admission {
-        let seen = self.gate(job_type, now_ms).await;
-        if !matches!(seen.gate, Gate::ProbeBusy { .. }) {
-            return seen;
+    /// What the breaker allows a record that will run if allowed, `seen` being its
+    /// [`view`](Self::view) at `now_ms`. Unless half-open, that is `seen`. Half-open, a probe
+    /// permit is asked for, held until `lease_until_ms` (see
+    /// [`acquire_probe`](Self::acquire_probe)), every try ending by `deadline`:
+    /// - granted: [`Gate::Probe`] with the permit, in the permit's generation;
+    /// - every slot held: [`Gate::ProbeBusy`] until the first lease ends, at most one open
+    ///   period away (a failing probe reopens the breaker for that long anyway);
+    /// - not half-open any more (the view was stale): the gate of the state as stored, in its
+    ///   generation;
+    /// - storage unavailable: [`Gate::Closed`] (fail open, logged), in `seen`'s generation.
+    pub async fn admit(
+        &self,
+        job_type: &str,
+        seen: &Admission,
+        now_ms: u64,
+        lease_until_ms: Option<u64>,
+        deadline: Option<Instant>,
+    ) -> Admission {
+        if !seen.needs_probe() {
+            return seen.clone();
         }
-        match self.acquire_probe(job_type, now_ms, None, None).await {
+        match self
+            .acquire_probe(job_type, now_ms, lease_until_ms, deadline)
+            .await
+        {
             Ok(Probe::Granted(lease)) => Admission {
                 gate: Gate::Probe,
                 generation: lease.generation,
                 permit: Some(lease),
             },
             Ok(Probe::Busy { until_ms }) => Admission {
-                gate: Gate::ProbeBusy { until_ms },
-                ..seen
+                gate: Gate::ProbeBusy {
+                    until_ms: until_ms.min(now_ms.saturating_add(self.config.open_for().as_millis() as u64)),
+                },
+                ..seen.clone()
             },
-            Ok(Probe::NotHalfOpen(s)) => Admission {
-                gate: gate(&s, now_ms, false, &self.config),
-                generation: s.at(now_ms).generation,
-                permit: None,
-            },
+            Ok(Probe::NotHalfOpen(fresh)) => self.view(&fresh, now_ms),
             Err(e) => {
-                tracing::warn!(job_type, error = %e, "breaker probe unavailable: failing open");
+                tracing::warn!(job_type, error = %e, "probe permit unavailable; running without one");
                 Admission {
                     gate: Gate::Closed,
                     generation: seen.generation,

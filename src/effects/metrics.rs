@@ -54,7 +54,6 @@ impl Metrics {
     /// Records a final decision of a record.
     pub fn decision(&mut self, job_type: &str, d: &Decision) {
         let name = match d {
-            Decision::Execute { .. } => return,
             Decision::Done { .. } => "Succeeded",
             Decision::Retry { delay, .. } => {
                 self.entry(job_type).retry_delay_ms.push(delay.as_millis() as u64);

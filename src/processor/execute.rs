@@ -1,0 +1,227 @@
+//! Step 4, execute: the plan's effects, each kind batched. DLQ copies first (their answers
+//! decide which records are settled and which executions must be counted because they stay),
+//! then visibility changes, counts, breaker reports and ledger deletes together, then this
+//! environment's memory of lost counts, then the per-record reports and their log lines.
+//! Everything ends by the settle margin before the deadline, so the batch response still goes
+//! out in time.
+
+use std::collections::HashSet;
+
+use tokio::time::Instant;
+use tracing::{info_span, warn};
+
+use super::plan::{Effects, Plan, Step};
+use super::{BatchOutcome, Deadline, Processor, loggable};
+use crate::core::Decision;
+use crate::core::breaker::Phase;
+use crate::effects::ledger::Delivery;
+
+impl Processor {
+    /// Step 4: performs `plan`.
+    pub(super) async fn execute(&self, plan: Plan, deadline: Deadline) -> BatchOutcome {
+        let deadline = deadline.settle();
+        let Plan {
+            mut steps,
+            breaker_reports,
+            mut metrics,
+            now_ms,
+        } = plan;
+
+        self.send_copies(&mut steps, deadline).await;
+
+        let visibility: Vec<(usize, String, i32)> = steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                s.effects
+                    .visibility
+                    .map(|v| (i, s.record.inc.receipt_handle.clone(), v))
+            })
+            .collect();
+        let forget: Vec<(String, String)> = steps
+            .iter()
+            .filter(|s| s.effects.forget)
+            .map(|s| s.record.ledger_key())
+            .collect();
+        let reports = futures::future::join_all(breaker_reports.iter().map(|(t, a)| async move {
+            let Some(b) = self.breakers.get(t) else {
+                return false;
+            };
+            match b.report(t, a, now_ms, deadline).await {
+                Ok(Some(state)) => state.phase == Phase::Open,
+                Ok(None) => false,
+                Err(e) => {
+                    warn!(job_type = t, error = %e, "breaker report lost");
+                    false
+                }
+            }
+        }));
+        let (_, lost, opened, _) = tokio::join!(
+            self.sqs
+                .change_visibility(&self.source_queue, visibility, deadline),
+            self.count(&steps, deadline),
+            reports,
+            async {
+                if !forget.is_empty() {
+                    if let Err(e) = self.ledger.forget(&forget, deadline).await {
+                        warn!(error = %e, "attempt ledger cleanup failed; the items expire by TTL");
+                    }
+                }
+            },
+        );
+        for (t, o) in breaker_reports.keys().zip(opened) {
+            if o {
+                metrics.add(self.dimension(Some(t)), "BreakerOpened", 1);
+            }
+        }
+        self.remember_counts(&steps, &lost);
+        for s in steps.iter().filter(|s| s.effects.unrecorded) {
+            tracing::error!(message_id = %s.record.inc.message_id, job_id = %s.record.job_id, "last receive and the DLQ refused the copy: SQS's redrive will move the message without a failure record");
+            metrics.add(self.dimension(s.record.job_type()), "ExpiringUnrecorded", 1);
+        }
+
+        let mut whole_batch_failed = false;
+        let records = steps
+            .into_iter()
+            .map(|s| {
+                let mut report = s.report;
+                report.settled = s.effects.settled;
+                whole_batch_failed |= !report.settled && report.message_id.is_empty();
+                let span = info_span!(
+                    "record",
+                    message_id = %report.message_id,
+                    job_id = %report.job_id,
+                    job_type = report.job_type.as_deref().unwrap_or("-"),
+                    decision = report.decision.name(),
+                );
+                let body = self.log_payloads.then_some(s.record.inc.body.as_str());
+                span.in_scope(|| log_decision(&report.decision, body, self.log_payloads));
+                report
+            })
+            .collect();
+        BatchOutcome {
+            records,
+            metrics,
+            whole_batch_failed,
+        }
+    }
+
+    /// Sends the DLQ copies and settles each dead-lettered step's effects by the answer: a
+    /// refused copy's step takes its `refused` effects; one not answered before the deadline
+    /// stays too, but its execution is not counted (the copy may have landed).
+    async fn send_copies(&self, steps: &mut [Step], deadline: Option<Instant>) {
+        let mut outgoing = Vec::new();
+        for s in steps.iter_mut() {
+            if let Some(copy) = s.copy.take() {
+                if let Some(why) = &copy.bare {
+                    warn!(message_id = %s.record.inc.message_id, error = %why, "no failure record fits beside the body: the copy goes without it");
+                }
+                outgoing.push(copy.message);
+            }
+        }
+        if outgoing.is_empty() {
+            return;
+        }
+        let mut unanswered: HashSet<usize> = outgoing.iter().map(|m| m.key).collect();
+        let sent = self.sqs.send(&self.dlq_url, outgoing, deadline).await;
+        for &i in &sent.accepted {
+            unanswered.remove(&i);
+        }
+        for (i, why) in &sent.failed {
+            let s = &mut steps[*i];
+            warn!(message_id = %s.record.inc.message_id, error = %why, "DLQ refused the copy; the message stays in its queue");
+            s.effects = s.refused;
+            unanswered.remove(i);
+        }
+        for i in unanswered {
+            let s = &mut steps[i];
+            s.effects = Effects {
+                count: false,
+                ..s.refused
+            };
+        }
+    }
+
+    /// Counts executions in the ledger (one conditional write each, in parallel). Returns
+    /// the steps whose count could not be written.
+    async fn count(&self, steps: &[Step], deadline: Option<Instant>) -> Vec<usize> {
+        let counted: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].effects.count).collect();
+        let writes = futures::future::join_all(counted.iter().map(|&i| {
+            let s = &steps[i];
+            let (next, error) = match &s.report.decision {
+                Decision::Retry {
+                    next_attempt_at_ms,
+                    error,
+                    ..
+                } => (Some(*next_attempt_at_ms), error.as_str()),
+                Decision::DeadLetter { error, .. } => (None, error.as_str()),
+                _ => (None, ""),
+            };
+            let delivery = Delivery {
+                message_id: &s.record.inc.message_id,
+                receive_count: s.record.inc.receive_count,
+            };
+            self.ledger.count(
+                s.record.job_type().unwrap_or_default(),
+                &s.record.job_id,
+                delivery,
+                next,
+                error,
+                deadline,
+            )
+        }))
+        .await;
+        let mut lost = Vec::new();
+        for (w, &i) in writes.iter().zip(&counted) {
+            if let Err(e) = w {
+                warn!(job_id = %steps[i].record.job_id, error = %e, "attempt not recorded; the receive count bounds it instead");
+                lost.push(i);
+            }
+        }
+        lost
+    }
+
+    /// Keeps this environment's memory of counts the ledger refused: a job whose count was
+    /// lost comes back to a ledger that many executions short, so its next read here adds
+    /// them (see [`LostCounts`](super::lost::LostCounts)). A job that is done with forgets
+    /// them.
+    fn remember_counts(&self, steps: &[Step], lost: &[usize]) {
+        let mut memory = self.lost_counts.lock().unwrap_or_else(|e| e.into_inner());
+        for &i in lost {
+            memory.add(steps[i].record.lost_key());
+        }
+        for s in steps.iter().filter(|s| s.effects.settled) {
+            memory.forget(&s.record.lost_key());
+        }
+    }
+}
+
+fn log_decision(d: &Decision, body: Option<&str>, log_payloads: bool) {
+    // Bodies stay out of logs unless explicitly enabled: they may hold personal data.
+    match d {
+        Decision::Retry {
+            attempts,
+            delay,
+            error,
+            ..
+        } => tracing::info!(
+            attempt = attempts,
+            delay_ms = delay.as_millis() as u64,
+            error = %loggable(error, log_payloads),
+            body,
+            "retry scheduled"
+        ),
+        Decision::DeadLetter {
+            class,
+            attempts,
+            error,
+        } => {
+            tracing::warn!(class = %class, attempt = attempts, error = %loggable(error, log_payloads), body, "dead-lettered")
+        }
+        Decision::Defer { reason, visibility } => {
+            tracing::info!(?reason, delay_ms = visibility.as_millis() as u64, "deferred")
+        }
+        Decision::Release => tracing::info!("released"),
+        Decision::Done { attempts } => tracing::debug!(attempt = attempts, "succeeded"),
+    }
+}

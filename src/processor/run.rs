@@ -1,0 +1,251 @@
+//! Step 2, admit and run: per record, admission (the decision before the handler, with the
+//! breaker's answer), the handler in its own task, and the decision after it. Records of one
+//! FIFO message group go in order and stop at the first that does not finish; all other
+//! records run side by side, `concurrency` at a time.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream;
+use tokio::time::Instant;
+use tracing::{Instrument, warn};
+
+use super::read::{Record, no_handler};
+use super::registry::{JobContext, Route};
+use super::{Deadline, Processor};
+use crate::clock::now_ms;
+use crate::core::breaker::{BreakerState, Lease};
+use crate::core::decision::{attempts_before, held_back};
+use crate::core::error::ErrorKind;
+use crate::core::{Decision, Gate, Inputs, JobError, Verdict, admit, invalid, settle};
+use crate::effects::breaker_store::Admission;
+
+/// A record after step 2: its final decision and, when its handler ran, how that went.
+#[derive(Debug, Clone)]
+pub struct Ran {
+    pub(super) record: Record,
+    pub(super) decision: Decision,
+    /// `Some` when the handler ran.
+    pub(super) run: Option<Run>,
+}
+
+/// How a handler run went, for the breaker and the metrics.
+#[derive(Debug, Clone)]
+pub(super) struct Run {
+    /// The handler's error as the job type's rules classify it; `None`: it succeeded.
+    pub(super) error: Option<ErrorKind>,
+    /// The probe permit it ran with (half-open breaker).
+    pub(super) lease: Option<Lease>,
+    /// The breaker generation it was admitted in: its failures count there.
+    pub(super) generation: u64,
+    pub(super) time: Duration,
+}
+
+impl Ran {
+    fn without_run(record: Record, decision: Decision) -> Self {
+        Self {
+            record,
+            decision,
+            run: None,
+        }
+    }
+}
+
+impl Processor {
+    /// Admits and runs every record; returns them in input order.
+    pub(super) async fn run(
+        &self,
+        records: Vec<Record>,
+        states: &HashMap<String, BreakerState>,
+        deadline: Deadline,
+    ) -> Vec<Ran> {
+        let groups = self.groups(records);
+        let mut ran: Vec<(usize, Ran)> = stream::iter(groups)
+            .map(|group| async move {
+                let mut out = Vec::with_capacity(group.len());
+                let mut blocked = false;
+                for (i, record) in group {
+                    let r = if blocked {
+                        // FIFO: after a failure in the group, later records must not overtake it.
+                        let facts = self.facts(&record);
+                        let decision = held_back(facts, attempts_before(facts, record.ledger));
+                        Ran::without_run(record, decision)
+                    } else {
+                        self.run_one(record, states, deadline).await
+                    };
+                    // A dead-lettered record blocks its group too: its DLQ copy is sent after
+                    // the handlers, and a later record must not run before that copy exists.
+                    blocked |= !matches!(r.decision, Decision::Done { .. });
+                    out.push((i, r));
+                }
+                out
+            })
+            .buffer_unordered(self.concurrency)
+            .flat_map(stream::iter)
+            .collect()
+            .await;
+        ran.sort_by_key(|(i, _)| *i);
+        ran.into_iter().map(|(_, r)| r).collect()
+    }
+
+    /// Runs of records that must go in order, each record with its position: a FIFO message
+    /// group, else each record alone.
+    fn groups(&self, records: Vec<Record>) -> Vec<Vec<(usize, Record)>> {
+        if !self.is_fifo() && !records.iter().any(|r| r.inc.from_fifo) {
+            return records.into_iter().enumerate().map(|r| vec![r]).collect();
+        }
+        let mut order: Vec<Vec<(usize, Record)>> = Vec::new();
+        let mut index: HashMap<String, usize> = HashMap::new();
+        for (i, r) in records.into_iter().enumerate() {
+            let g = r.inc.group_id.clone().unwrap_or_default();
+            match index.get(&g) {
+                Some(&k) => order[k].push((i, r)),
+                None => {
+                    index.insert(g, order.len());
+                    order.push(vec![(i, r)]);
+                }
+            }
+        }
+        order
+    }
+
+    /// One record through admission, its handler and the decision after it.
+    async fn run_one(
+        &self,
+        record: Record,
+        states: &HashMap<String, BreakerState>,
+        deadline: Deadline,
+    ) -> Ran {
+        let job = match &record.job {
+            Ok(job) => job,
+            Err(reason) => {
+                let decision = invalid(reason);
+                return Ran::without_run(record, decision);
+            }
+        };
+        let Some(route) = self.registry.route(&job.job_type) else {
+            let decision = invalid(&no_handler(&job.job_type));
+            return Ran::without_run(record, decision);
+        };
+        let (verdict, admission) = self.admit(&record, route, states, deadline).await;
+        let attempt = match verdict {
+            Verdict::Run { attempt } => attempt,
+            Verdict::Settled(decision) => return Ran::without_run(record, decision),
+        };
+        let ctx = JobContext {
+            job_id: record.job_id.clone(),
+            job_type: job.job_type.clone(),
+            message_id: record.inc.message_id.clone(),
+            attempt,
+            max_attempts: route.policy.max_attempts(),
+        };
+        tracing::debug!(message_id = %record.inc.message_id, job_id = %record.job_id, attempt, "handler started");
+        let started = Instant::now();
+        let outcome = run_handler(route, job.payload.clone(), ctx, deadline).await;
+        let time = started.elapsed();
+        let settled = settle(
+            &self.inputs(&record, route, admission.gate, now_ms(), deadline),
+            &outcome,
+            &mut rand::rng(),
+        );
+        Ran {
+            record,
+            decision: settled.decision,
+            run: Some(Run {
+                error: settled.error,
+                lease: admission.permit,
+                generation: admission.generation,
+                time,
+            }),
+        }
+    }
+
+    /// Admission: whether a record runs, and what the breaker allows it. A half-open breaker is
+    /// asked for a probe permit only for a record that would run with one; asking takes time,
+    /// so the decision is taken again after (the start margin counts), and a permit that is
+    /// then not used is given back.
+    async fn admit(
+        &self,
+        record: &Record,
+        route: &Route,
+        states: &HashMap<String, BreakerState>,
+        deadline: Deadline,
+    ) -> (Verdict, Admission) {
+        let job_type = record.job_type().unwrap_or_default();
+        let breaker = self.breakers.get(job_type).zip(states.get(job_type));
+        let now = now_ms();
+        let seen = breaker.map_or_else(Admission::closed, |(b, s)| b.view(s, now));
+        let verdict = self.verdict(record, route, seen.if_granted(), now, deadline);
+        let Some((store, _)) = breaker.filter(|_| verdict.runs() && seen.needs_probe()) else {
+            return (verdict, seen);
+        };
+        let admission = store
+            .admit(job_type, &seen, now, deadline.epoch_ms(now), deadline.admission())
+            .await;
+        let verdict = self.verdict(record, route, admission.gate, now_ms(), deadline);
+        if let (false, Some(lease)) = (verdict.runs(), &admission.permit) {
+            if let Err(e) = store.release(job_type, lease, now_ms(), deadline.at()).await {
+                warn!(job_type, error = %e, "probe permit not released; it frees its slot when its lease expires");
+            }
+        }
+        (verdict, admission)
+    }
+
+    /// The decision before the handler, with the breaker's gate at `now`.
+    fn verdict(&self, record: &Record, route: &Route, gate: Gate, now: u64, deadline: Deadline) -> Verdict {
+        admit(&self.inputs(record, route, gate, now, deadline), &mut rand::rng())
+    }
+
+    /// What the decision depends on for this record at `now`.
+    fn inputs<'a>(
+        &self,
+        record: &Record,
+        route: &'a Route,
+        gate: Gate,
+        now: u64,
+        deadline: Deadline,
+    ) -> Inputs<'a> {
+        Inputs {
+            record: self.facts(record),
+            ledger: record.ledger,
+            gate,
+            time_left: if self.draining.load(Ordering::SeqCst) {
+                Some(Duration::ZERO)
+            } else {
+                deadline.time_left()
+            },
+            policy: &route.policy,
+            now_ms: now,
+        }
+    }
+}
+
+/// Runs a handler in its own task so a panic fails only this record, and stops it at the
+/// report margin before the deadline.
+async fn run_handler(
+    route: &Route,
+    payload: serde_json::Value,
+    ctx: JobContext,
+    deadline: Deadline,
+) -> Result<(), JobError> {
+    let mut task = tokio::spawn(route.call(payload, ctx).instrument(tracing::Span::current()));
+    let joined = match deadline.admission() {
+        None => (&mut task).await,
+        Some(stop) => match tokio::time::timeout_at(stop, &mut task).await {
+            Ok(j) => j,
+            Err(_) => {
+                task.abort();
+                return Err(JobError::transient(
+                    "handler still running at the batch's deadline",
+                ));
+            }
+        },
+    };
+    match joined {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => Err(JobError::panic(e.into_panic().as_ref())),
+        Err(_) => Err(JobError::transient("handler task was cancelled")),
+    }
+}
