@@ -63,26 +63,37 @@
 //!
 //! # Layers
 //!
-//! For contributors, ground floor first; each imports only the ones below it:
-//! 1. [`core`]: pure rules (envelope, classification, backoff, policy, breaker, decision);
-//! 2. [`effects`]: SQS and DynamoDB calls, through one storage retry policy;
-//! 3. [`processor`]: one batch in, decisions, batched effects, batch response out;
-//! 4. [`runtime`] and [`ops`]: the Lambda adapter, the long-polling worker, operator actions.
+//! For contributors, ground floor first; each imports only the ones below it. Only the items
+//! above are the library's interface; the modules below are public for the shipped binaries
+//! (`triage`, `triage-lambda`) and the integration tests, hidden from these pages, and may
+//! change in any release.
+//! 1. `core`: pure rules (envelope, classification, backoff, policy, breaker, decision);
+//! 2. `effects`: SQS and DynamoDB calls, through one storage retry policy;
+//! 3. `processor`: one batch in: read → admit and run → plan (pure) → execute → the batch
+//!    response;
+//! 4. `runtime` and `ops`: the Lambda adapter, the long-polling worker, operator actions.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[doc(hidden)]
 pub mod clock;
 pub mod config;
+#[doc(hidden)]
 pub mod core;
 #[doc(hidden)]
 pub mod demo;
+#[doc(hidden)]
 pub mod effects;
+#[doc(hidden)]
 pub mod ops;
+#[doc(hidden)]
 pub mod processor;
+#[doc(hidden)]
 pub mod runtime;
 
 pub use crate::core::breaker::BreakerConfig;
 pub use crate::core::{Backoff, Decision, ErrorKind, FailureClass, JobError, RetryPolicy, Rules};
+pub use crate::effects::aws_errors::{from_aws_code, from_aws_error};
 pub use crate::processor::registry::{JobContext, Registry};
 pub use crate::runtime::worker::{RunOptions, Worker};
 pub use crate::runtime::{RuntimeError, lambda, worker};

@@ -297,7 +297,7 @@ pub struct Increment {
 
 /// The answer to a probe request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Acquire {
+pub(crate) enum Acquire {
     /// Not half-open: no permit needed (closed) or none possible (open).
     NotHalfOpen,
     /// Every slot is held by an unexpired lease; the first of them ends at `until_ms`.
@@ -372,7 +372,7 @@ impl BreakerState {
     /// Counts `n` transient failures seen at `now_ms` in generation `generation`. Opens the
     /// breaker when the window's count reaches the threshold. `None`: nothing to write (no
     /// failures, a stale generation, or not closed).
-    pub fn record_failures(
+    pub(crate) fn record_failures(
         &self,
         n: u32,
         generation: u64,
@@ -419,7 +419,7 @@ impl BreakerState {
 
     /// After an increment brought the count to the threshold (other environments counted
     /// too): the opened state to write. `None` when there is nothing to open.
-    pub fn trip(&self, now_ms: u64, config: &BreakerConfig) -> Option<BreakerState> {
+    pub(crate) fn trip(&self, now_ms: u64, config: &BreakerConfig) -> Option<BreakerState> {
         let s = self.at(now_ms);
         let in_window = now_ms.saturating_sub(s.window_start_ms) < ms(config.window);
         (s.phase == Phase::Closed && s.failures > 0 && s.failures >= config.threshold && in_window)
@@ -430,7 +430,7 @@ impl BreakerState {
     /// `lease_until_ms` (the moment its execution can no longer be running: the invocation's
     /// deadline) or, when that is unknown, for the configured lease. Expired leases free their
     /// slots first. Asking again with an id that already holds a slot returns that lease.
-    pub fn acquire(
+    pub(crate) fn acquire(
         &self,
         lease_id: &str,
         now_ms: u64,
@@ -471,7 +471,7 @@ impl BreakerState {
     /// When the outcome of the probes now running can be known: the end of the earliest
     /// unexpired lease, but no later than one open period from `now_ms` (a probe that
     /// fails opens the breaker for that long anyway). `now_ms` when no lease is held.
-    pub fn probes_known_at(&self, now_ms: u64, config: &BreakerConfig) -> u64 {
+    pub(crate) fn probes_known_at(&self, now_ms: u64, config: &BreakerConfig) -> u64 {
         let s = self.at(now_ms);
         let first = s.leases.values().copied().filter(|&e| e > now_ms).min();
         first.map_or(now_ms, |e| e.min(now_ms.saturating_add(ms(config.open_for))))

@@ -20,10 +20,10 @@ use super::policy::{RetryPolicy, SQS_MAX_VISIBILITY};
 pub const RECEIVE_SLACK: Duration = Duration::from_secs(15 * 60);
 /// Arrivals this close to their stored `next_attempt_at` count as on time (clock skew between
 /// environments).
-pub const ARRIVAL_TOLERANCE: Duration = Duration::from_millis(500);
+pub(crate) const ARRIVAL_TOLERANCE: Duration = Duration::from_millis(500);
 /// Shortest deferral while the breaker is half-open and has no free probe slot (it waits
 /// for the running probe's outcome, see [`Gate::ProbeBusy`]).
-pub const PROBE_BUSY_BASE: Duration = Duration::from_secs(1);
+pub(crate) const PROBE_BUSY_BASE: Duration = Duration::from_secs(1);
 
 /// What SQS says about this delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,7 +231,7 @@ impl Decision {
 }
 
 /// Handler executions counted before this delivery.
-pub fn attempts_before(record: RecordFacts, ledger: Ledger) -> u32 {
+pub(crate) fn attempts_before(record: RecordFacts, ledger: Ledger) -> u32 {
     match ledger {
         Ledger::FirstDelivery => 0,
         Ledger::Stored(s) => s.map_or(0, |s| s.attempts),
@@ -362,7 +362,7 @@ fn within_retention(record: RecordFacts, prior: u32, now_ms: u64, decision: Deci
 /// The margin kept before the end of a message's retention period: a tenth of the period, at
 /// most a minute (the message must come back, be received and be decided before SQS deletes
 /// it).
-pub fn retention_margin(retention: Duration) -> Duration {
+pub(crate) fn retention_margin(retention: Duration) -> Duration {
     (retention / 10).min(Duration::from_secs(60))
 }
 
@@ -370,12 +370,12 @@ pub fn retention_margin(retention: Duration) -> Duration {
 /// did not finish: released, so it comes back after that one — or, on its last receive,
 /// dead-lettered (class `expiring`) rather than left for SQS's redrive to move without a
 /// record.
-pub fn held_back(record: RecordFacts, prior: u32) -> Decision {
+pub(crate) fn held_back(record: RecordFacts, prior: u32) -> Decision {
     last_receive(record, prior, Decision::Release)
 }
 
 /// True when SQS will not deliver this message again: its next receive moves it to the DLQ.
-pub fn is_last_receive(record: RecordFacts) -> bool {
+pub(crate) fn is_last_receive(record: RecordFacts) -> bool {
     record
         .receive_limit
         .is_some_and(|limit| record.receive_count >= limit)

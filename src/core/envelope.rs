@@ -11,7 +11,7 @@ use thiserror::Error;
 /// Message attribute that names the job type for bodies that are not envelopes.
 pub const JOB_TYPE_ATTRIBUTE: &str = "job-type";
 /// Message attribute that carries the job id for bodies that are not envelopes.
-pub const JOB_ID_ATTRIBUTE: &str = "job-id";
+pub(crate) const JOB_ID_ATTRIBUTE: &str = "job-id";
 /// SQS's maximum message size (1 MiB since August 2025).
 pub const SQS_MAX_MESSAGE_BYTES: usize = 1_048_576;
 /// Longest accepted job type; job types become metric dimensions and key parts.

@@ -259,7 +259,7 @@ impl From<std::io::Error> for JobError {
 
 /// Renders an error and its sources as `outer: inner: root`, skipping a source whose text the
 /// rendering already ends with.
-pub fn render_chain(err: &(dyn StdError + 'static)) -> String {
+pub(crate) fn render_chain(err: &(dyn StdError + 'static)) -> String {
     // A `JobError`'s Display is its own message; `{:#}` would recurse.
     let mut out = match err.downcast_ref::<JobError>() {
         Some(j) => j.message.clone(),

@@ -67,7 +67,7 @@ impl FailureRecord {
     /// The record as compact JSON, with the error text cut (on a character boundary, marked
     /// with `…[truncated]`) so the whole record is at most `max_bytes`. Returns `None` when
     /// even an empty error text does not fit.
-    pub fn to_json_within(&self, max_bytes: usize) -> Option<String> {
+    pub(crate) fn to_json_within(&self, max_bytes: usize) -> Option<String> {
         let full = serde_json::to_string(self).ok()?;
         if full.len() <= max_bytes {
             return Some(full);

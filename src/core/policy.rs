@@ -10,9 +10,9 @@ use super::backoff::Backoff;
 use super::error::{ErrorKind, JobError, Rules};
 
 /// The longest visibility timeout SQS allows, counted from the receive.
-pub const SQS_MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
+pub(crate) const SQS_MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
 /// SQS's longest retention period.
-pub const SQS_MAX_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
+pub(crate) const SQS_MAX_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
 
 /// Why a policy was refused.
 #[derive(Debug, Clone, PartialEq, Error)]

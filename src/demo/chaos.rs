@@ -78,7 +78,7 @@ pub struct ChaosPayload {
 
 impl ChaosPayload {
     /// The down window `now_ms` falls in (`start <= now_ms < end`), if any.
-    pub fn down_at(&self, now_ms: u64) -> Option<[u64; 2]> {
+    pub(crate) fn down_at(&self, now_ms: u64) -> Option<[u64; 2]> {
         self.down_windows_ms
             .iter()
             .flatten()
@@ -128,7 +128,7 @@ impl Recorder {
     }
 
     /// A key for one execution, unique across processes.
-    pub fn execution_key() -> String {
+    pub(crate) fn execution_key() -> String {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         format!(
             "{}-{}-{}",
@@ -167,7 +167,7 @@ pub async fn run(p: ChaosPayload, ctx: JobContext) -> Result<(), JobError> {
 }
 
 /// Runs one chaos job and, with a recorder, records the execution before returning.
-pub async fn run_recorded(
+pub(crate) async fn run_recorded(
     p: ChaosPayload,
     ctx: JobContext,
     recorder: Option<&Recorder>,

@@ -90,7 +90,7 @@ pub const CODES: &[(&str, CodeClass)] = &[
 ];
 
 /// The class of an AWS error code, when the table knows it.
-pub fn code_class(code: &str) -> Option<CodeClass> {
+pub(crate) fn code_class(code: &str) -> Option<CodeClass> {
     CODES.iter().find(|(c, _)| *c == code).map(|(_, k)| *k)
 }
 
@@ -101,7 +101,7 @@ pub fn is_throttling_code(code: &str) -> bool {
 
 /// The kind of job failure an AWS error code implies: a refusal is fatal, anything else
 /// (throttling, server faults, conflicts, unknown codes) transient.
-pub fn job_error_kind(code: &str) -> ErrorKind {
+pub(crate) fn job_error_kind(code: &str) -> ErrorKind {
     match code_class(code) {
         Some(CodeClass::Refused) => ErrorKind::Fatal,
         _ => ErrorKind::Transient,

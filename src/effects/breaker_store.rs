@@ -38,9 +38,9 @@ use crate::core::decision::Gate;
 
 /// How long a breaker item lives after its last write. A vanished item is a fresh closed
 /// breaker, which is what a breaker untouched for this long is anyway.
-pub const BREAKER_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+pub(crate) const BREAKER_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Re-reads after lost conditions before a transition gives up (plus one per probe slot).
-pub const MAX_CONFLICTS: u32 = 16;
+pub(crate) const MAX_CONFLICTS: u32 = 16;
 
 /// What the breaker allows one record, as seen by one environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,13 +66,13 @@ impl Admission {
 
     /// True when the breaker is half-open and this record holds no permit: it may run only
     /// with one, which [`BreakerStore::admit`] asks for.
-    pub fn needs_probe(&self) -> bool {
+    pub(crate) fn needs_probe(&self) -> bool {
         matches!(self.gate, Gate::ProbeBusy { .. }) && self.permit.is_none()
     }
 
     /// The gate this record would have with a permit: asking for one is worth it only when
     /// the record would then run.
-    pub fn if_granted(&self) -> Gate {
+    pub(crate) fn if_granted(&self) -> Gate {
         if self.needs_probe() {
             Gate::Probe
         } else {
@@ -135,7 +135,7 @@ impl BreakerStore {
     }
 
     /// Like [`read`](Self::read), every try ending by `deadline`.
-    pub async fn read_by(
+    pub(crate) async fn read_by(
         &self,
         job_type: &str,
         deadline: Option<Instant>,
@@ -190,11 +190,6 @@ impl BreakerStore {
                 .expect("cache lock")
                 .insert(job_type.to_owned(), (state.clone(), Instant::now()));
         }
-    }
-
-    /// Forgets cached states (tests, operator commands).
-    pub fn clear_cache(&self) {
-        self.cache.lock().expect("cache lock").clear();
     }
 
     /// The state for one batch, through the cache, every try of a read ending by `deadline`.
@@ -270,7 +265,7 @@ impl BreakerStore {
     /// (expired leases free theirs). The lease is held until `lease_until_ms` (the
     /// invocation's deadline, so no second probe is admitted while this one can still run)
     /// or, when that is unknown, for the configured lease. Every try ends by `deadline`.
-    pub async fn acquire_probe(
+    pub(crate) async fn acquire_probe(
         &self,
         job_type: &str,
         now_ms: u64,

@@ -25,7 +25,7 @@ pub const PACKED_ATTRIBUTE: &str = "triage-attributes";
 pub const MAX_ATTRIBUTES: usize = 10;
 
 /// True for the attribute names the DLQ copy reserves for itself.
-pub fn is_reserved(name: &str) -> bool {
+pub(crate) fn is_reserved(name: &str) -> bool {
     name == FAILURE_ATTRIBUTE || name == PACKED_ATTRIBUTE
 }
 
@@ -151,7 +151,7 @@ pub fn failure_record(
 
 /// True when `attrs` are shaped as [`dlq_copy`] packs them: `triage-attributes` and
 /// `triage-failure`, nothing else.
-pub fn is_packed(attrs: &HashMap<String, MessageAttributeValue>) -> bool {
+pub(crate) fn is_packed(attrs: &HashMap<String, MessageAttributeValue>) -> bool {
     attrs.len() == 2 && attrs.contains_key(PACKED_ATTRIBUTE) && attrs.contains_key(FAILURE_ATTRIBUTE)
 }
 

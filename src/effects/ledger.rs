@@ -29,14 +29,14 @@ use super::table::{
 use crate::core::decision::StoredAttempts;
 
 /// Most keys one `BatchGetItem` accepts.
-pub const BATCH_GET_MAX: usize = 100;
+pub(crate) const BATCH_GET_MAX: usize = 100;
 /// Most requests one `BatchWriteItem` accepts.
-pub const BATCH_WRITE_MAX: usize = 25;
+pub(crate) const BATCH_WRITE_MAX: usize = 25;
 /// Longest stored error text (bytes); longer texts are cut at a character boundary.
 pub const LAST_ERROR_MAX: usize = 1024;
 /// Default item lifetime: SQS's longest retention (14 days) plus a day, so an item outlives
 /// every message that can still refer to it.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(15 * 24 * 3600);
+pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(15 * 24 * 3600);
 
 /// The answer of [`AttemptLedger::count`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +150,7 @@ fn num(v: u64) -> AttributeValue {
 }
 
 /// Cuts `text` to at most `max` bytes at a character boundary.
-pub fn truncate(text: &str, max: usize) -> &str {
+pub(crate) fn truncate(text: &str, max: usize) -> &str {
     if text.len() <= max {
         return text;
     }
@@ -206,12 +206,6 @@ impl AttemptLedger {
             retry,
             ttl: DEFAULT_TTL,
         }
-    }
-
-    /// Sets how long items live after their last write (default [`DEFAULT_TTL`]).
-    pub fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
     }
 
     /// The table name.
@@ -486,11 +480,6 @@ impl AttemptLedger {
         }
         Ok(out)
     }
-}
-
-/// The item key of a ledger (`pk`, `sk`), for callers that build their own requests.
-pub fn key_of(job_type: &str, job_id: &str) -> (String, String) {
-    (ledger_pk(job_id), ledger_sk(job_type))
 }
 
 #[cfg(test)]

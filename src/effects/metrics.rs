@@ -12,9 +12,9 @@ use serde_json::{Map, Value, json};
 use crate::core::Decision;
 
 /// CloudWatch namespace of every metric.
-pub const NAMESPACE: &str = "SqsTriage";
+pub(crate) const NAMESPACE: &str = "SqsTriage";
 /// Dimension value for records whose job type is not registered (or not readable).
-pub const UNREGISTERED: &str = "unregistered";
+pub(crate) const UNREGISTERED: &str = "unregistered";
 
 /// Counters and samples of one job type in one invocation.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -75,7 +75,7 @@ impl Metrics {
     }
 
     /// Records a handler's run time.
-    pub fn handler_duration(&mut self, job_type: &str, d: Duration) {
+    pub(crate) fn handler_duration(&mut self, job_type: &str, d: Duration) {
         self.entry(job_type).handler_ms.push(d.as_millis() as u64);
     }
 
@@ -85,7 +85,7 @@ impl Metrics {
     }
 
     /// Merges another set of metrics into this one.
-    pub fn merge(&mut self, other: Metrics) {
+    pub(crate) fn merge(&mut self, other: Metrics) {
         for (ty, m) in other.by_type {
             let e = self.entry(&ty);
             for (k, v) in m.counts {

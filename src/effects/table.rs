@@ -30,13 +30,13 @@ use sha2::{Digest, Sha256};
 use super::storage_retry::{StorageError, StorageRetry};
 
 /// Partition key attribute.
-pub const PK: &str = "pk";
+pub(crate) const PK: &str = "pk";
 /// Sort key attribute.
-pub const SK: &str = "sk";
+pub(crate) const SK: &str = "sk";
 /// TTL attribute (epoch seconds) on every item.
-pub const TTL_ATTRIBUTE: &str = "expires_at";
+pub(crate) const TTL_ATTRIBUTE: &str = "expires_at";
 /// Sort key of a breaker item.
-pub const BREAKER_SK: &str = "state";
+pub(crate) const BREAKER_SK: &str = "state";
 /// DynamoDB's longest partition key value, in bytes.
 pub const PK_MAX_BYTES: usize = 2048;
 /// DynamoDB's longest sort key value, in bytes.
@@ -44,22 +44,22 @@ pub const SK_MAX_BYTES: usize = 1024;
 /// Partition key prefix of a ledger whose job id is kept verbatim.
 pub const LEDGER_PK_PREFIX: &str = "job#";
 /// Partition key prefix of a ledger whose job id is too long and is kept as a digest.
-pub const LEDGER_PK_DIGEST_PREFIX: &str = "job-sha256#";
+pub(crate) const LEDGER_PK_DIGEST_PREFIX: &str = "job-sha256#";
 /// Sort key prefix of a ledger whose job type is kept verbatim.
 pub const LEDGER_SK_PREFIX: &str = "ledger#";
 /// Sort key prefix of a ledger whose job type is too long and is kept as a digest.
-pub const LEDGER_SK_DIGEST_PREFIX: &str = "ledger-sha256#";
+pub(crate) const LEDGER_SK_DIGEST_PREFIX: &str = "ledger-sha256#";
 
 /// Partition key of a job id's attempt ledgers (one per job type, told apart by the sort
 /// key): `job#<job_id>`, or `job-sha256#<hex digest>` when that would exceed
 /// [`PK_MAX_BYTES`].
-pub fn ledger_pk(job_id: &str) -> String {
+pub(crate) fn ledger_pk(job_id: &str) -> String {
     fitted(LEDGER_PK_PREFIX, LEDGER_PK_DIGEST_PREFIX, job_id, PK_MAX_BYTES)
 }
 
 /// Sort key of a job type's attempt ledger: `ledger#<job_type>`, or
 /// `ledger-sha256#<hex digest>` when that would exceed [`SK_MAX_BYTES`].
-pub fn ledger_sk(job_type: &str) -> String {
+pub(crate) fn ledger_sk(job_type: &str) -> String {
     fitted(LEDGER_SK_PREFIX, LEDGER_SK_DIGEST_PREFIX, job_type, SK_MAX_BYTES)
 }
 
@@ -80,7 +80,7 @@ fn fitted(prefix: &str, digest_prefix: &str, value: &str, max: usize) -> String 
 }
 
 /// Partition key of a job type's breaker.
-pub fn breaker_pk(job_type: &str) -> String {
+pub(crate) fn breaker_pk(job_type: &str) -> String {
     format!("breaker#{job_type}")
 }
 
@@ -93,7 +93,7 @@ pub fn ledger_key(job_type: &str, job_id: &str) -> HashMap<String, AttributeValu
 }
 
 /// The key of a breaker item.
-pub fn breaker_key(job_type: &str) -> HashMap<String, AttributeValue> {
+pub(crate) fn breaker_key(job_type: &str) -> HashMap<String, AttributeValue> {
     key(breaker_pk(job_type), BREAKER_SK)
 }
 
@@ -105,7 +105,7 @@ fn key(pk: String, sk: &str) -> HashMap<String, AttributeValue> {
 }
 
 /// Reads one item with a consistent read, through `retry`, every try ending by `deadline`.
-pub async fn get_consistent(
+pub(crate) async fn get_consistent(
     client: &Client,
     retry: &StorageRetry,
     table: &str,
@@ -149,7 +149,7 @@ pub enum TableError {
 }
 
 /// [`create_table`] with a given retry policy and the longest wait for ACTIVE.
-pub async fn create_table_with(
+pub(crate) async fn create_table_with(
     client: &Client,
     retry: &StorageRetry,
     name: &str,

@@ -4,17 +4,17 @@
 //! operator commands turn them into one line that says what to do, with these texts.
 
 /// A DynamoDB table that does not exist.
-pub fn table_missing(table: &str) -> String {
+pub(crate) fn table_missing(table: &str) -> String {
     format!("table {table} does not exist: run `triage setup` or check TRIAGE_TABLE")
 }
 
 /// A queue that does not exist; `var` is the variable or flag that named it.
-pub fn queue_missing(url: &str, var: &str) -> String {
+pub(crate) fn queue_missing(url: &str, var: &str) -> String {
     format!("queue {url} does not exist: run `triage setup` or check {var}")
 }
 
 /// A queue that does not exist, when the call named none the operator gave.
-pub const QUEUE_MISSING: &str = "queue does not exist: run `triage setup` or check the queue name";
+pub(crate) const QUEUE_MISSING: &str = "queue does not exist: run `triage setup` or check the queue name";
 
 /// A variable that is not set.
 pub fn missing_var(var: &str, flag: &str) -> String {
@@ -22,11 +22,11 @@ pub fn missing_var(var: &str, flag: &str) -> String {
 }
 
 /// No region configured.
-pub const NO_REGION: &str = "AWS_REGION is not set: export AWS_REGION (for the local stack: \
+pub(crate) const NO_REGION: &str = "AWS_REGION is not set: export AWS_REGION (for the local stack: \
                              eval \"$(bash infra/local/stack.sh env)\")";
 
 /// No credentials for `service`.
-pub fn no_credentials(service: &str) -> String {
+pub(crate) fn no_credentials(service: &str) -> String {
     format!(
         "no AWS credentials for {service}: export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY \
          or AWS_PROFILE (for the local stack: eval \"$(bash infra/local/stack.sh env)\")"

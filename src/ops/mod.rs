@@ -126,7 +126,7 @@ pub struct Ctx {
 }
 
 /// Calls per operator request (the first included): a few quick tries, then a clear error.
-pub const OPERATOR_MAX_ATTEMPTS: u32 = 3;
+pub(crate) const OPERATOR_MAX_ATTEMPTS: u32 = 3;
 
 impl Ctx {
     /// Loads the standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL*`, credentials).
@@ -163,7 +163,7 @@ impl Ctx {
     }
 
     /// The region SQS calls go to.
-    pub fn sqs_region(&self) -> Option<String> {
+    pub(crate) fn sqs_region(&self) -> Option<String> {
         self.sqs.config().region().map(|r| r.as_ref().to_owned())
     }
 
@@ -245,7 +245,7 @@ impl Ctx {
 
     /// Maps a DynamoDB [`StorageError`] (from a call, the ledger or the breaker store) about
     /// `table` to one line.
-    pub fn storage_error(&self, err: StorageError, table: &str) -> OpsError {
+    pub(crate) fn storage_error(&self, err: StorageError, table: &str) -> OpsError {
         if err.is_not_found() {
             return OpsError::new(ErrorKind::NotFound, hints::table_missing(table));
         }
@@ -255,7 +255,7 @@ impl Ctx {
 
     /// Maps an SQS [`StorageError`] to one line. `queue` names the queue the call was about
     /// and the variable or flag that gave it, for the "does not exist" line.
-    pub fn sqs_storage_error(&self, err: &StorageError, queue: Option<(&str, &str)>) -> OpsError {
+    pub(crate) fn sqs_storage_error(&self, err: &StorageError, queue: Option<(&str, &str)>) -> OpsError {
         if err.is_not_found() {
             let line = match queue {
                 Some((url, var)) => hints::queue_missing(url, var),
@@ -288,7 +288,7 @@ impl Ctx {
 /// (`https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`, or the legacy
 /// `https://REGION.queue.amazonaws.com/...`) names; `None` for a bare name or another URL (a
 /// local endpoint). A region that is not one (`us-west-2`-like) is a usage error naming `var`.
-pub fn queue_region(input: &str, var: &str) -> OpsResult<Option<String>> {
+pub(crate) fn queue_region(input: &str, var: &str) -> OpsResult<Option<String>> {
     let region = if let Some(rest) = input.strip_prefix("arn:") {
         match rest.split(':').collect::<Vec<_>>().as_slice() {
             [_, "sqs", region, _, _] => Some(*region),
@@ -376,7 +376,7 @@ pub async fn resolve_queue(ctx: &Ctx, input: &str, var: &str) -> OpsResult<Strin
 }
 
 /// A queue's ARN (GetQueueAttributes).
-pub async fn queue_arn(ctx: &Ctx, url: &str, var: &str) -> OpsResult<String> {
+pub(crate) async fn queue_arn(ctx: &Ctx, url: &str, var: &str) -> OpsResult<String> {
     let out = ctx
         .sqs_call("GetQueueAttributes", Some((url, var)), || {
             ctx.sqs

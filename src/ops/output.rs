@@ -31,7 +31,7 @@ pub fn render<R: Report>(report: &R, json: bool) -> String {
 
 /// A plain-text table: a header row and aligned columns, long cells cut with `…`.
 #[derive(Debug, Clone, Default)]
-pub struct Table {
+pub(crate) struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
     max_width: usize,
@@ -48,7 +48,7 @@ impl Table {
     }
 
     /// Sets the widest a cell may be before it is cut.
-    pub fn max_width(mut self, width: usize) -> Self {
+    pub(crate) fn max_width(mut self, width: usize) -> Self {
         self.max_width = width.max(4);
         self
     }
@@ -56,11 +56,6 @@ impl Table {
     /// Adds a row (missing cells print empty).
     pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
         self.rows.push(cells.into_iter().map(Into::into).collect());
-    }
-
-    /// True when no row was added.
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
     }
 
     /// The table as text, one line per row, ending with a newline.
@@ -110,7 +105,7 @@ impl Table {
 }
 
 /// A short human age: `42s`, `3m12s`, `5h04m`, `2d03h`.
-pub fn age(d: Duration) -> String {
+pub(crate) fn age(d: Duration) -> String {
     let s = d.as_secs();
     match s {
         0..60 => format!("{s}s"),
@@ -121,12 +116,12 @@ pub fn age(d: Duration) -> String {
 }
 
 /// The age of an epoch-millisecond timestamp relative to `now_ms`.
-pub fn age_ms(then_ms: u64, now_ms: u64) -> String {
+pub(crate) fn age_ms(then_ms: u64, now_ms: u64) -> String {
     age(Duration::from_millis(now_ms.saturating_sub(then_ms)))
 }
 
 /// Messages above this count get a progress bar.
-pub const PROGRESS_THRESHOLD: u64 = 10;
+pub(crate) const PROGRESS_THRESHOLD: u64 = 10;
 
 /// A progress bar on stderr for `len` items when `show` is set and the work is more than a
 /// handful; a hidden bar otherwise (also hidden when stderr is not a terminal).

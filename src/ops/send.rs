@@ -171,7 +171,8 @@ pub fn parse_jobs(text: &str, fifo: bool) -> OpsResult<Vec<Job>> {
 }
 
 /// Reads NDJSON jobs as [`parse_jobs`] does, without the lines' text.
-pub fn parse_ndjson(text: &str, fifo: bool) -> OpsResult<Vec<(usize, JobSpec)>> {
+#[cfg(test)]
+pub(crate) fn parse_ndjson(text: &str, fifo: bool) -> OpsResult<Vec<(usize, JobSpec)>> {
     Ok(parse_jobs(text, fifo)?
         .into_iter()
         .map(|j| (j.line, j.spec))
@@ -437,7 +438,7 @@ pub fn write_unsent(path: &Path, text: &str) -> OpsResult<()> {
 
 /// SQS's rule for message group and deduplication ids: 1 to 128 characters, each a letter, a
 /// digit or ASCII punctuation.
-pub fn check_sqs_id(value: &str) -> Result<(), String> {
+pub(crate) fn check_sqs_id(value: &str) -> Result<(), String> {
     let n = value.chars().count();
     if n == 0 || n > 128 {
         return Err(format!("is {n} characters long"));

@@ -29,7 +29,7 @@ pub const DEFAULT_MAX_RECEIVE_COUNT: u32 = 50;
 
 /// The smallest `maxReceiveCount` that leaves room for `max_attempts` (see
 /// [`RECEIVES_PER_ATTEMPT`]).
-pub fn min_max_receive_count(max_attempts: u32) -> u32 {
+pub(crate) fn min_max_receive_count(max_attempts: u32) -> u32 {
     max_attempts.saturating_mul(RECEIVES_PER_ATTEMPT)
 }
 
@@ -146,7 +146,7 @@ pub struct SetupFlags {
 }
 
 /// SQS's longest visibility timeout (12 hours).
-pub const MAX_VISIBILITY_TIMEOUT_S: u32 = 43_200;
+pub(crate) const MAX_VISIBILITY_TIMEOUT_S: u32 = 43_200;
 
 /// SQS's most source queues in a `byQueue` redrive-allow policy.
 pub const MAX_REDRIVE_SOURCES: usize = 10;
@@ -420,7 +420,7 @@ fn sibling_arn(arn: &str, name: &str) -> String {
 /// policy unless `replace_deny_all`, a `byQueue` policy that already lists
 /// [`MAX_REDRIVE_SOURCES`] other sources (evicting one would break its queue's redrive),
 /// and a permission it does not know.
-pub fn plan_allow(
+pub(crate) fn plan_allow(
     current: Option<&str>,
     source_arn: &str,
     dlq: &str,

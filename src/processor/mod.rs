@@ -60,11 +60,11 @@ pub use run::Ran;
 
 /// Time kept back before the invocation deadline to report the batch: a handler still
 /// running then is stopped and counted as a transient failure.
-pub const REPORT_MARGIN: Duration = Duration::from_millis(1_500);
+pub(crate) const REPORT_MARGIN: Duration = Duration::from_millis(1_500);
 
 /// Time kept back from the invocation's deadline for writing the batch response after the
 /// last effect.
-pub const SETTLE_MARGIN: Duration = Duration::from_millis(250);
+pub(crate) const SETTLE_MARGIN: Duration = Duration::from_millis(250);
 
 /// The invocation's deadline (none for the worker) and the deadlines derived from it, carried
 /// through a batch as one value.

@@ -31,7 +31,7 @@ pub struct Incoming {
 
 impl Incoming {
     /// The string value of a message attribute.
-    pub fn string_attribute(&self, name: &str) -> Option<&str> {
+    pub(crate) fn string_attribute(&self, name: &str) -> Option<&str> {
         self.attributes.get(name).and_then(|a| a.string_value())
     }
 

@@ -50,10 +50,10 @@ pub const DELETE_MARGIN: Duration = Duration::from_secs(1);
 pub const RECEIVE_LATENCY: Duration = Duration::from_secs(2);
 
 /// First wait after a failed receive; it doubles on each further failure.
-pub const RECEIVE_BACKOFF_BASE: Duration = Duration::from_secs(1);
+pub(crate) const RECEIVE_BACKOFF_BASE: Duration = Duration::from_secs(1);
 
 /// Longest wait between failed receives.
-pub const RECEIVE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+pub(crate) const RECEIVE_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// How long receives may fail with a permanent error before the worker exits, by default.
 pub const DEFAULT_GIVE_UP_AFTER: Duration = Duration::from_secs(300);
@@ -503,7 +503,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 /// The wait after receive failure number `n` (1 for the first): capped exponential from
 /// [`RECEIVE_BACKOFF_BASE`] to [`RECEIVE_BACKOFF_MAX`], with equal jitter (uniform in the
 /// upper half), so workers that failed together do not come back together.
-pub fn receive_backoff(n: u32, rng: &mut impl Rng) -> Duration {
+pub(crate) fn receive_backoff(n: u32, rng: &mut impl Rng) -> Duration {
     let step = RECEIVE_BACKOFF_BASE
         .saturating_mul(1u32 << n.saturating_sub(1).min(16))
         .min(RECEIVE_BACKOFF_MAX);
@@ -512,7 +512,7 @@ pub fn receive_backoff(n: u32, rng: &mut impl Rng) -> Duration {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

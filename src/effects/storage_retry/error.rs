@@ -138,7 +138,7 @@ impl StorageError {
     }
 
     /// Names the table or queue in the message.
-    pub fn with_resource(mut self, resource: impl Into<String>) -> Self {
+    pub(crate) fn with_resource(mut self, resource: impl Into<String>) -> Self {
         self.resource = Some(resource.into());
         self
     }
@@ -149,7 +149,7 @@ impl StorageError {
     }
 
     /// True for `ConditionalCheckFailedException` (a domain answer: the condition did not hold).
-    pub fn is_conditional_check_failed(&self) -> bool {
+    pub(crate) fn is_conditional_check_failed(&self) -> bool {
         self.code() == Some("ConditionalCheckFailedException")
     }
 
@@ -164,7 +164,7 @@ impl StorageError {
     }
 
     /// True when the policy gave up on a retryable failure (the service may come back).
-    pub fn is_unavailable(&self) -> bool {
+    pub(crate) fn is_unavailable(&self) -> bool {
         self.kind != FailureKind::Permanent
     }
 

@@ -36,7 +36,7 @@ impl RetryBudget {
     }
 
     /// Records a success.
-    pub fn deposit(&self) {
+    pub(crate) fn deposit(&self) {
         let _ = self
             .milli
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
@@ -45,14 +45,15 @@ impl RetryBudget {
     }
 
     /// Takes one retry; false when the bucket is empty.
-    pub fn withdraw(&self) -> bool {
+    pub(crate) fn withdraw(&self) -> bool {
         self.milli
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| m.checked_sub(1000))
             .is_ok()
     }
 
     /// Whole retries left.
-    pub fn available(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn available(&self) -> u64 {
         self.milli.load(Ordering::Relaxed) / 1000
     }
 }

@@ -7,8 +7,8 @@
 //! [`crate::effects::sqs::Sqs`], which holds the batch caps and the rule that only entries
 //! listed as successful count.
 //!
-//! One module per verb: [`read`] (a message as read, the filter, the sweep), [`list`] (list
-//! and show), [`replay`], [`purge`], [`redrive`].
+//! One module per verb: `read` (a message as read, the filter, the sweep), `list` (list
+//! and show), `replay`, `purge`, `redrive`.
 
 pub mod list;
 pub mod purge;

@@ -133,13 +133,13 @@ impl DlqMessage {
     }
 
     /// When it failed (epoch ms): the record's `failed_at`, else when it entered the DLQ.
-    pub fn failed_at_ms(&self) -> u64 {
+    pub(crate) fn failed_at_ms(&self) -> u64 {
         self.record.as_ref().map_or(self.sent_at_ms, |r| r.failed_at)
     }
 
     /// The job id to show for what a replay does with this message: the body's, else
     /// [`job_id`](Self::job_id).
-    pub fn body_job_id(&self) -> &str {
+    pub(crate) fn body_job_id(&self) -> &str {
         self.body_job
             .as_ref()
             .and_then(|j| j.id.as_deref())
