@@ -4,7 +4,7 @@
 //! Needs the local stack: `bash infra/local/stack.sh start` and
 //! `eval "$(bash infra/local/stack.sh env)"`.
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;

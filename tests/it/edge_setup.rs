@@ -8,7 +8,7 @@
 //! Needs the local stack: `bash infra/local/stack.sh start` and
 //! `eval "$(bash infra/local/stack.sh env)"`.
 
-mod support;
+use crate::support;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

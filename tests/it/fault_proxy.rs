@@ -3,7 +3,7 @@
 //! standard retry, and errors are classified as the real services' errors would be.
 //! Needs `bash infra/local/stack.sh start` and `eval "$(bash infra/local/stack.sh env)"`.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! records (`triage-lambda` behind a local Runtime API), and panic messages that carry
 //! payload values (`triage worker` and `triage-lambda`).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};

@@ -1,7 +1,7 @@
 //! The `triage worker --demo-handlers` binary on the local stack: SIGTERM finishes the
 //! records in flight and releases the ones not started, without spending their attempts.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

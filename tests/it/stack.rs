@@ -2,7 +2,7 @@
 //! the Rust SDK. Needs `bash infra/local/stack.sh start` and
 //! `eval "$(bash infra/local/stack.sh env)"`.
 
-mod support;
+use crate::support;
 
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,

@@ -5,7 +5,7 @@
 //! error — never lost. And no payload or attribute value reaches the logs unless
 //! `log_payloads` is on.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::io::Write;

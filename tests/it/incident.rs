@@ -9,7 +9,7 @@
 //! Needs the local stack: `bash infra/local/stack.sh start` and
 //! `eval "$(bash infra/local/stack.sh env)"`.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::io::Write;

@@ -2,7 +2,7 @@
 //! (`cargo lambda watch` + `cargo lambda invoke`), with the function pointed at a fresh queue,
 //! DLQ and table on the local stack; each answer must match what that event should produce.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;
