@@ -5,7 +5,7 @@
 //! ```sh
 //! cargo bench --bench report                 # print the tables
 //! cargo bench --bench report -- --write-docs # also write docs/benchmarks.md and docs/img/herd.svg
-//! cargo bench --bench report -- --quick      # tiny inputs (what tests/bench_smoke.rs runs)
+//! cargo bench --bench report -- --quick      # tiny inputs (what tests/it/bench_smoke.rs runs)
 //! ```
 
 #[path = "report/mod.rs"]
