@@ -10,6 +10,9 @@
 
 #[path = "report/mod.rs"]
 mod report;
+// The integration tests' helpers: the report sets up its queues and tables as they do.
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::path::Path;
 use std::process::ExitCode;
