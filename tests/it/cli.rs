@@ -209,23 +209,9 @@ async fn drain(url: &str, want: usize) -> Vec<aws_sdk_sqs::types::Message> {
 }
 
 async fn visible_count(url: &str) -> u64 {
-    let out = sqs()
-        .await
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .send()
-        .await
-        .unwrap();
-    let a = out.attributes.unwrap();
-    let n = |k: &QueueAttributeName| a.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    assert_eq!(
-        n(&QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-        0,
-        "messages left invisible"
-    );
-    n(&QueueAttributeName::ApproximateNumberOfMessages)
+    let d = support::queue_depth(&sqs().await, url).await;
+    assert_eq!(d.in_flight, 0, "messages left invisible");
+    d.visible
 }
 
 fn group_count(list: &Value, job_type: &str, class: &str) -> u64 {

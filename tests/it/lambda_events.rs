@@ -161,24 +161,10 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
     }
     // The dead-lettered records really are in the DLQ: fatal, malformed, unknown type, and
     // mixed.json's fatal, malformed, unknown-type and attribute-typed records.
-    let h = support::sqs_client().await;
-    let mut seen = BTreeSet::new();
-    for _ in 0..10 {
-        let got = h
-            .receive_message()
-            .queue_url(&created.dlq_url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .visibility_timeout(60)
-            .send()
-            .await
-            .unwrap()
-            .messages
-            .unwrap_or_default();
-        if got.is_empty() {
-            break;
-        }
-        seen.extend(got.into_iter().filter_map(|m| m.message_id));
-    }
+    let seen: BTreeSet<String> = support::read_all(&support::sqs_client().await, &created.dlq_url, 60, 1)
+        .await
+        .into_iter()
+        .filter_map(|m| m.message_id)
+        .collect();
     assert_eq!(seen.len(), 7, "DLQ copies: {seen:?}");
 }
