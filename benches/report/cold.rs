@@ -209,18 +209,19 @@ fn once(
     std::thread::sleep(Duration::from_millis(500));
     let t0 = Instant::now();
     let mut function = Guard(
-        Command::new(&opts.lambda_bin)
-            .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{port}/.rt"))
-            .env("AWS_LAMBDA_FUNCTION_NAME", "_")
-            .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
-            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
-            .env("TRIAGE_QUEUE_URL", &created.queue_url)
-            .env("TRIAGE_DLQ_URL", &created.dlq_url)
-            .env("TRIAGE_TABLE", &created.table)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("{}: {e}", opts.lambda_bin.display()))?,
+        crate::support::spawn_lambda_binary(
+            Command::new(&opts.lambda_bin)
+                .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{port}/.rt"))
+                .env("AWS_LAMBDA_FUNCTION_NAME", "_")
+                .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+                .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
+                .env("TRIAGE_QUEUE_URL", &created.queue_url)
+                .env("TRIAGE_DLQ_URL", &created.dlq_url)
+                .env("TRIAGE_TABLE", &created.table)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null()),
+        )
+        .map_err(|e| format!("{}: {e}", opts.lambda_bin.display()))?,
     );
     let stdout = function.0.stdout.take().ok_or("no stdout")?;
     let reader = std::thread::spawn(move || {

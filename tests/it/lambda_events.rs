@@ -89,6 +89,8 @@ fn ids(file: &str, pick: &[usize]) -> BTreeSet<String> {
 }
 
 #[tokio::test]
+// The rebuild guard is held across awaits on purpose: other tests' spawns of the binary wait.
+#[allow(clippy::await_holding_lock)]
 async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary() {
     let created = support::fresh_resources("events", false).await;
 
@@ -107,6 +109,8 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
             std::env::var("TRIAGE_TEST_LAMBDA_LOG").unwrap_or_else(|_| "warn".into())
         ),
     ];
+    // The watch rebuilds target/debug/triage-lambda, which other tests of this process start.
+    let rebuilding = support::rebuilding_lambda_binary();
     let mut cmd = Command::new(cargo_lambda());
     cmd.args([
         "lambda",
@@ -143,6 +147,7 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    drop(rebuilding);
     let success = invoke(port, &first).unwrap();
     assert_eq!(failures(&success), BTreeSet::new(), "success.json: {success}");
 
