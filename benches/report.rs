@@ -5,11 +5,14 @@
 //! ```sh
 //! cargo bench --bench report                 # print the tables
 //! cargo bench --bench report -- --write-docs # also write docs/benchmarks.md and docs/img/herd.svg
-//! cargo bench --bench report -- --quick      # tiny inputs (what tests/bench_smoke.rs runs)
+//! cargo bench --bench report -- --quick      # tiny inputs (what tests/it/bench_smoke.rs runs)
 //! ```
 
 #[path = "report/mod.rs"]
 mod report;
+// The integration tests' helpers: the report sets up its queues and tables as they do.
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::path::Path;
 use std::process::ExitCode;

@@ -14,13 +14,11 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use serde_json::{Value, json};
-use sqs_triage::clock::now_ms;
 use sqs_triage::config::Config;
 use sqs_triage::core::breaker::BreakerConfig;
-use sqs_triage::core::{Backoff, Decision, FailureClass, RetryPolicy};
+use sqs_triage::core::{Decision, FailureClass, RetryPolicy};
 use sqs_triage::demo::chaos::{self, CHAOS};
 use sqs_triage::ops::Ctx;
-use sqs_triage::ops::setup::{SetupOptions, setup};
 use sqs_triage::processor::Incoming;
 use sqs_triage::processor::registry::Registry;
 use sqs_triage::runtime::env::{build, sdk_config};
@@ -92,17 +90,7 @@ fn workloads() -> Vec<Workload> {
 /// 5 attempts, 1 s × 2 up to 4 s, no jitter: the seed's shape, scaled so retries come back
 /// within the run.
 fn policy() -> RetryPolicy {
-    RetryPolicy::builder()
-        .max_attempts(5)
-        .backoff(Backoff::exponential(
-            Duration::from_secs(1),
-            2.0,
-            Duration::from_secs(4),
-            Duration::ZERO,
-        ))
-        .max_delay(Duration::from_secs(4))
-        .build()
-        .expect("a valid policy")
+    crate::support::pipeline::fast_policy(5)
 }
 
 #[derive(Default, Debug)]
@@ -240,24 +228,7 @@ pub fn run(opts: &Options) -> Section {
 async fn measure(w: &Workload, n: usize, quick: bool) -> Result<Measured, String> {
     let sdk = sdk_config().await;
     let ctx = Ctx::from_config(&sdk).map_err(|e| e.to_string())?;
-    let name = format!(
-        "bench-{}-{}-{}",
-        w.tag,
-        std::process::id(),
-        now_ms() % 1_000_000_000
-    );
-    let created = setup(
-        &ctx,
-        &SetupOptions {
-            queue: name.clone(),
-            dlq: format!("{name}-dlq"),
-            table: name.clone(),
-            fifo: false,
-            max_receive_count: 1000,
-        },
-    )
-    .await
-    .map_err(|e| format!("setup: {e}"))?;
+    let created = crate::support::try_fresh_resources(&format!("bench-{}", w.tag), false).await?;
     let mut config = Config::from_lookup(&|_| None).map_err(|e| e.to_string())?;
     config.queue_url = Some(created.queue_url.clone());
     config.dlq_url = Some(created.dlq_url.clone());

@@ -12,9 +12,6 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sqs_triage::clock::now_ms;
 use sqs_triage::demo::chaos::CHAOS;
-use sqs_triage::ops::Ctx;
-use sqs_triage::ops::setup::{SetupOptions, setup};
-use sqs_triage::runtime::env::sdk_config;
 
 use super::{Options, Section, median};
 
@@ -141,22 +138,7 @@ fn lambda(opts: &Options, reps: usize) -> Result<LambdaTimes, String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?
-        .block_on(async {
-            let ctx = Ctx::from_config(&sdk_config().await).map_err(|e| e.to_string())?;
-            let name = format!("bench-cold-{}-{}", std::process::id(), now_ms() % 1_000_000_000);
-            setup(
-                &ctx,
-                &SetupOptions {
-                    queue: name.clone(),
-                    dlq: format!("{name}-dlq"),
-                    table: name,
-                    fifo: false,
-                    max_receive_count: 1000,
-                },
-            )
-            .await
-            .map_err(|e| format!("setup: {e}"))
-        })?;
+        .block_on(crate::support::try_fresh_resources("bench-cold", false))?;
     let event = opts.work_dir().join("cold-event.json");
     std::fs::create_dir_all(opts.work_dir()).map_err(|e| e.to_string())?;
     std::fs::write(&event, one_record_event(&created.queue_url)).map_err(|e| e.to_string())?;
@@ -227,18 +209,19 @@ fn once(
     std::thread::sleep(Duration::from_millis(500));
     let t0 = Instant::now();
     let mut function = Guard(
-        Command::new(&opts.lambda_bin)
-            .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{port}/.rt"))
-            .env("AWS_LAMBDA_FUNCTION_NAME", "_")
-            .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
-            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
-            .env("TRIAGE_QUEUE_URL", &created.queue_url)
-            .env("TRIAGE_DLQ_URL", &created.dlq_url)
-            .env("TRIAGE_TABLE", &created.table)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("{}: {e}", opts.lambda_bin.display()))?,
+        crate::support::spawn_lambda_binary(
+            Command::new(&opts.lambda_bin)
+                .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{port}/.rt"))
+                .env("AWS_LAMBDA_FUNCTION_NAME", "_")
+                .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+                .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
+                .env("TRIAGE_QUEUE_URL", &created.queue_url)
+                .env("TRIAGE_DLQ_URL", &created.dlq_url)
+                .env("TRIAGE_TABLE", &created.table)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null()),
+        )
+        .map_err(|e| format!("{}: {e}", opts.lambda_bin.display()))?,
     );
     let stdout = function.0.stdout.take().ok_or("no stdout")?;
     let reader = std::thread::spawn(move || {

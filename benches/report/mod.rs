@@ -1,6 +1,6 @@
 //! The benchmark report: five measurements of sqs-triage next to their alternatives, taken in
 //! one run and printed as markdown. `benches/report.rs` runs it (`cargo bench --bench report`);
-//! `tests/bench_smoke.rs` runs it on a tiny input.
+//! `tests/it/bench_smoke.rs` runs it on a tiny input.
 
 #![allow(dead_code)]
 

@@ -31,8 +31,9 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
 
 step "cargo test (unit, property and integration tests on the local stack)"
-# Benchmarks are not timed in CI: clippy builds them, tests/bench_smoke.rs runs the report on a
-# tiny input.
+# Benchmarks are not timed in CI: clippy builds them, tests/it/bench_smoke.rs runs the report on a
+# tiny input. The integration tests are one binary, tests/it (a module per area); the chaos run is
+# its own, tests/chaos.
 # The chaos run writes its accounting table here; it is printed after the tests, pass or fail.
 export CHAOS_TABLE="${CHAOS_TABLE:-$CARGO_TARGET_DIR/chaos-table.md}"
 rm -f "$CHAOS_TABLE"

@@ -111,9 +111,43 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}-{}-{}-{n}", std::process::id(), millis % 1_000_000_000)
 }
 
+/// `target/debug/triage-lambda` (`CARGO_BIN_EXE_triage-lambda`) is rebuilt by the
+/// `cargo lambda watch` of `tests/it/lambda_events.rs` — a plain `cargo build`, without the
+/// dev-dependencies' features, so a build of its own — and replaced at the end of that build.
+/// The integration tests share one process: a test that starts the binary spawns it through
+/// [`spawn_lambda_binary`] (a read lock for the instant of the spawn), the watch holds
+/// [`rebuilding_lambda_binary`] until its build is done, so no spawn falls into the moment the
+/// file is swapped.
+static LAMBDA_BINARY: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Spawns `cmd` (a `triage-lambda` command) while no test rebuilds the binary.
+pub fn spawn_lambda_binary(cmd: &mut std::process::Command) -> std::io::Result<std::process::Child> {
+    let _shared = LAMBDA_BINARY.read().unwrap_or_else(|e| e.into_inner());
+    cmd.spawn()
+}
+
+/// Held while `cargo lambda` rebuilds `triage-lambda`: no [`spawn_lambda_binary`] meanwhile.
+pub fn rebuilding_lambda_binary() -> std::sync::RwLockWriteGuard<'static, ()> {
+    LAMBDA_BINARY.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A fresh source queue, DLQ and state table on the local stack, named after `prefix`.
 pub async fn fresh_resources(prefix: &str, fifo: bool) -> sqs_triage::ops::setup::SetupReport {
-    let ctx = sqs_triage::ops::Ctx::from_config(&sdk_config().await).unwrap();
+    try_fresh_resources(prefix, fifo).await.unwrap()
+}
+
+/// [`fresh_resources`], with a missing stack or a refused set-up as an error (the benchmark
+/// report prints it as a section it could not measure).
+pub async fn try_fresh_resources(
+    prefix: &str,
+    fifo: bool,
+) -> Result<sqs_triage::ops::setup::SetupReport, String> {
+    for name in ["AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL_DYNAMODB"] {
+        if std::env::var(name).map_or(true, |v| v.is_empty()) {
+            return Err(format!("{NOT_RUNNING} ({name} is not set)"));
+        }
+    }
+    let ctx = sqs_triage::ops::Ctx::from_config(&sdk_config().await).map_err(|e| e.to_string())?;
     let name = unique_name(prefix);
     let opts = sqs_triage::ops::setup::SetupOptions {
         queue: name.clone(),
@@ -122,7 +156,9 @@ pub async fn fresh_resources(prefix: &str, fifo: bool) -> sqs_triage::ops::setup
         fifo,
         max_receive_count: 1000,
     };
-    sqs_triage::ops::setup::setup(&ctx, &opts).await.unwrap()
+    sqs_triage::ops::setup::setup(&ctx, &opts)
+        .await
+        .map_err(|e| format!("setup: {e}"))
 }
 
 /// Approximate message counts of a queue.
@@ -194,6 +230,94 @@ pub async fn read_all(
         }
         out.extend(got);
     }
+}
+
+/// Receives and deletes (one `DeleteMessageBatch` per receive) every message of `queue_url`,
+/// in the order receives hand them out (FIFO: a group's next messages come only once the
+/// previous ones are deleted), with their message attributes. Stops at the first empty
+/// receive once `want` messages arrived; until then keeps receiving for up to 10 s.
+pub async fn drain(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    want: usize,
+) -> Vec<aws_sdk_sqs::types::Message> {
+    use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut out = Vec::new();
+    loop {
+        let got = sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            .visibility_timeout(120)
+            .wait_time_seconds(1)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        if got.is_empty() {
+            if out.len() >= want || std::time::Instant::now() > deadline {
+                return out;
+            }
+            continue;
+        }
+        let deletes = got
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(format!("d{i}"))
+                    .receipt_handle(m.receipt_handle().unwrap())
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let r = sqs
+            .delete_message_batch()
+            .queue_url(queue_url)
+            .set_entries(Some(deletes))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.failed().is_empty(), "{:?}", r.failed());
+        out.extend(got);
+    }
+}
+
+/// A table built by hand with string keys (`(name, Hash)` then optionally `(name, Range)`),
+/// on-demand, without TTL: for tests that need a table other than the state table
+/// (`effects::table::create_table` builds that one), e.g. a plain key-value table or one with
+/// the wrong key schema.
+pub async fn hand_table(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    keys: &[(&str, aws_sdk_dynamodb::types::KeyType)],
+) {
+    use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, ScalarAttributeType};
+    let mut req = ddb
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest);
+    for (name, kind) in keys {
+        req = req
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name(*name)
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .unwrap(),
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name(*name)
+                    .key_type(kind.clone())
+                    .build()
+                    .unwrap(),
+            );
+    }
+    req.send().await.expect("create table");
 }
 
 /// A queue that exists now, for a runtime to start with as its DLQ (start-up refuses a DLQ

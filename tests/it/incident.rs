@@ -9,7 +9,7 @@
 //! Needs the local stack: `bash infra/local/stack.sh start` and
 //! `eval "$(bash infra/local/stack.sh env)"`.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::{Value, json};
 use sqs_triage::JobError;
 use sqs_triage::config::Config;
@@ -115,20 +114,8 @@ fn registry(fixed: Arc<AtomicBool>, runs: Runs) -> Registry {
 }
 
 async fn counts(client: &aws_sdk_sqs::Client, url: &str) -> (u64, u64) {
-    let out = client
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .send()
-        .await
-        .unwrap();
-    let a = out.attributes.unwrap_or_default();
-    let n = |k: &QueueAttributeName| a.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
-    (
-        n(&QueueAttributeName::ApproximateNumberOfMessages),
-        n(&QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-    )
+    let d = support::queue_depth(client, url).await;
+    (d.visible, d.in_flight)
 }
 
 /// Polls `state` until it reports done; on timeout, fails with the last state seen.

@@ -1,6 +1,6 @@
 //! The attempt ledger against DynamoDB Local, with the real SDK.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

@@ -6,7 +6,7 @@
 //! the processor tests put the fault proxy in front of moto with SQS's full rule
 //! ([`FaultProxy::enforce_batch_cap`]).
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! SIGTERM while one hangs, receives that fail for good or for a while, FIFO receive retries,
 //! and the binary refusing to serve job types it has no handler for.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -4,7 +4,7 @@
 //! Needs the local stack: `bash infra/local/stack.sh start` and
 //! `eval "$(bash infra/local/stack.sh env)"`.
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -203,53 +203,15 @@ async fn has_ledger(stack: &Stack, job_type: &str, job_id: &str) -> bool {
         .is_some()
 }
 
-/// Receives (and deletes) every message of a queue until `want` arrived or 10 s passed.
+/// Receives (and deletes) every message of a queue: [`support::drain`].
 async fn drain(url: &str, want: usize) -> Vec<aws_sdk_sqs::types::Message> {
-    let client = sqs().await;
-    let mut got = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while got.len() < want && Instant::now() < deadline {
-        let out = client
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .unwrap();
-        for m in out.messages.unwrap_or_default() {
-            client
-                .delete_message()
-                .queue_url(url)
-                .receipt_handle(m.receipt_handle.clone().unwrap())
-                .send()
-                .await
-                .unwrap();
-            got.push(m);
-        }
-    }
-    got
+    support::drain(&sqs().await, url, want).await
 }
 
 async fn visible_count(url: &str) -> u64 {
-    let out = sqs()
-        .await
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .send()
-        .await
-        .unwrap();
-    let a = out.attributes.unwrap();
-    let n = |k: &QueueAttributeName| a.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    assert_eq!(
-        n(&QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-        0,
-        "messages left invisible"
-    );
-    n(&QueueAttributeName::ApproximateNumberOfMessages)
+    let d = support::queue_depth(&sqs().await, url).await;
+    assert_eq!(d.in_flight, 0, "messages left invisible");
+    d.visible
 }
 
 fn group_count(list: &Value, job_type: &str, class: &str) -> u64 {

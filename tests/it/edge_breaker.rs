@@ -2,7 +2,7 @@
 //! a probe closed it (in one environment and across three), an operator's close does not
 //! disable it, and a hanging dependency costs each queued message few receives per cycle.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,7 +1,7 @@
 //! The `triage worker --demo-handlers` binary on the local stack: SIGTERM finishes the
 //! records in flight and releases the ones not started, without spending their attempts.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -89,25 +89,12 @@ async fn sigterm_finishes_in_flight_records_and_releases_the_rest() {
         .filter(|l| l.contains("handler started"))
         .count();
     assert!((2..=4).contains(&started), "{started} handlers started");
-    let mut released = std::collections::BTreeSet::new();
-    for _ in 0..5 {
-        let got = ctx
-            .sqs
-            .receive_message()
-            .queue_url(&created.queue_url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .visibility_timeout(120)
-            .send()
+    let released: std::collections::BTreeSet<String> =
+        support::read_all(&ctx.sqs, &created.queue_url, 120, 1)
             .await
-            .unwrap()
-            .messages
-            .unwrap_or_default();
-        if got.is_empty() {
-            break;
-        }
-        released.extend(got.into_iter().filter_map(|m| m.body));
-    }
+            .into_iter()
+            .filter_map(|m| m.body)
+            .collect();
     assert_eq!(released.len(), 10 - started, "released: {released:?}");
     let ledger = AttemptLedger::new(dynamodb_client(&sdk), &created.table, StorageRetry::default());
     for i in 0..10 {

@@ -1,7 +1,7 @@
 //! Edges of the attempt ledger's keys, on DynamoDB Local through the real SDK: ids whose
 //! bytes exceed DynamoDB's key limits, and job types that share an id.
 
-mod support;
+use crate::support;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use sqs_triage::core::envelope::{MAX_JOB_ID_LEN, MAX_JOB_TYPE_LEN};

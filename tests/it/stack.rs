@@ -2,11 +2,9 @@
 //! the Rust SDK. Needs `bash infra/local/stack.sh start` and
 //! `eval "$(bash infra/local/stack.sh env)"`.
 
-mod support;
+use crate::support;
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, KeyType};
 
 #[tokio::test]
 async fn sqs_queue_send_and_receive() {
@@ -63,26 +61,7 @@ async fn sqs_queue_send_and_receive() {
 async fn dynamodb_table_put_and_get() {
     let ddb = support::ddb_client().await;
     let table = support::unique_name("stack-test");
-    ddb.create_table()
-        .table_name(&table)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("pk")
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("pk")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .send()
-        .await
-        .expect("create table");
+    support::hand_table(&ddb, &table, &[("pk", KeyType::Hash)]).await;
 
     ddb.put_item()
         .table_name(&table)

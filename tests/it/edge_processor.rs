@@ -2,7 +2,7 @@
 //! refuses to write, a FIFO group behind a refused DLQ copy, storage calls that stall past the
 //! invocation's deadline, and a queue's last receive before SQS's own redrive.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! README's test command sets them); Python and cargo-lambda parts are reported as not
 //! measured when the project venv is missing.
 
-#[path = "../benches/report/mod.rs"]
+#[path = "../../benches/report/mod.rs"]
 mod report;
 
 use std::path::Path;

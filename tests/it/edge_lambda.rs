@@ -2,7 +2,7 @@
 //! records (`triage-lambda` behind a local Runtime API), and panic messages that carry
 //! payload values (`triage worker` and `triage-lambda`).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -49,7 +49,7 @@ impl Lambda {
         for (k, v) in vars {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("triage-lambda starts");
+        let child = support::spawn_lambda_binary(&mut cmd).expect("triage-lambda starts");
         let lambda = Lambda {
             api,
             child,

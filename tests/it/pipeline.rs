@@ -1,7 +1,7 @@
 //! The Lambda adapter end to end on the local stack (moto SQS, DynamoDB Local), through the
 //! real SDK: partial batch responses, visibility backoff, immediate DLQ, exact attempts, FIFO.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

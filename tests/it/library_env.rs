@@ -4,7 +4,7 @@
 //! is this test binary itself, started again in a child process where
 //! [`library_function_process`] runs it (the function behind a local Runtime API).
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use sqs_triage::core::failure::FailureClass;
 use sqs_triage::effects::dlq::failure_record;
 
-use support::runtime_api::{Outcome, RuntimeApi};
+use crate::support::runtime_api::{Outcome, RuntimeApi};
 
 /// Set in the child process: run as the Lambda function (`lambda`) or the worker (`worker`).
 const CHILD: &str = "SQS_TRIAGE_TEST_LIBRARY_FUNCTION";
@@ -58,7 +58,7 @@ impl Function {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args([
             "--exact",
-            "library_function_process",
+            "library_env::library_function_process",
             "--nocapture",
             "--test-threads",
             "1",
@@ -226,7 +226,7 @@ async fn a_library_worker_dead_letters_on_the_attempt_limit_its_environment_sets
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "library_function_process",
+            "library_env::library_function_process",
             "--nocapture",
             "--test-threads",
             "1",
@@ -280,7 +280,7 @@ async fn an_invalid_variable_stops_a_library_function_at_start_up_with_its_name(
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "library_function_process",
+            "library_env::library_function_process",
             "--nocapture",
             "--test-threads",
             "1",

@@ -3,41 +3,19 @@
 //! standard retry, and errors are classified as the real services' errors would be.
 //! Needs `bash infra/local/stack.sh start` and `eval "$(bash infra/local/stack.sh env)"`.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, KeyType};
 use support::fault_proxy::{Fault, FaultPlan, FaultProxy, FaultRule};
 use support::{ddb_client, ddb_client_via_with, ddb_endpoint, fast_retry, sqs_client, sqs_client_via_with};
 
 async fn create_table() -> String {
-    let ddb = ddb_client().await;
     let table = support::unique_name("proxy-test");
-    ddb.create_table()
-        .table_name(&table)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("pk")
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("pk")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .send()
-        .await
-        .expect("create table");
+    support::hand_table(&ddb_client().await, &table, &[("pk", KeyType::Hash)]).await;
     table
 }
 

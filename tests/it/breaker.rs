@@ -1,7 +1,7 @@
 //! The shared breaker against DynamoDB Local: many environments (separate stores, no shared
 //! cache) racing through conditional writes.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -7,7 +7,7 @@
 //! Needs the local stack: `bash infra/local/stack.sh start` and
 //! `eval "$(bash infra/local/stack.sh env)"`.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -15,7 +15,6 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
 use serde_json::{Value, json};
 use support::fault_proxy::{Fault, FaultProxy, FaultRule};
 
@@ -69,46 +68,13 @@ async fn sqs() -> aws_sdk_sqs::Client {
     support::sqs_client().await
 }
 
-/// Every message of the queue, received and deleted ten at a time, in the order receives hand
-/// them out (FIFO: a group's next messages come only once the previous ones are deleted).
+/// Every message of the queue (received and deleted, in order: [`support::drain`]), as JSON.
 async fn drain(queue_url: &str) -> Vec<Value> {
-    let sqs = sqs().await;
-    let mut out = Vec::new();
-    loop {
-        let got = sqs
-            .receive_message()
-            .queue_url(queue_url)
-            .max_number_of_messages(10)
-            .visibility_timeout(120)
-            .wait_time_seconds(1)
-            .send()
-            .await
-            .unwrap()
-            .messages
-            .unwrap_or_default();
-        if got.is_empty() {
-            return out;
-        }
-        let mut deletes = Vec::new();
-        for (i, m) in got.iter().enumerate() {
-            out.push(serde_json::from_str(m.body().unwrap()).unwrap());
-            deletes.push(
-                DeleteMessageBatchRequestEntry::builder()
-                    .id(format!("d{i}"))
-                    .receipt_handle(m.receipt_handle().unwrap())
-                    .build()
-                    .unwrap(),
-            );
-        }
-        let r = sqs
-            .delete_message_batch()
-            .queue_url(queue_url)
-            .set_entries(Some(deletes))
-            .send()
-            .await
-            .unwrap();
-        assert!(r.failed().is_empty(), "{:?}", r.failed());
-    }
+    support::drain(&sqs().await, queue_url, 0)
+        .await
+        .iter()
+        .map(|m| serde_json::from_str(m.body().unwrap()).unwrap())
+        .collect()
 }
 
 fn lines_of(v: &Value, key: &str) -> Vec<u64> {

@@ -1,7 +1,7 @@
 //! The storage retry policy with the real SDK, through the fault-injecting proxy in front of
 //! DynamoDB Local.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! healthy path's cost, exact attempts under DynamoDB faults injected on the wire, and the
 //! breaker deferring a whole job type without spending attempts.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

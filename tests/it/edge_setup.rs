@@ -8,14 +8,12 @@
 //! Needs the local stack: `bash infra/local/stack.sh start` and
 //! `eval "$(bash infra/local/stack.sh env)"`.
 
-mod support;
+use crate::support;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TimeToLiveSpecification,
-};
+use aws_sdk_dynamodb::types::{KeyType, TimeToLiveSpecification};
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::{Value, json};
 use sqs_triage::config::Config;
@@ -132,29 +130,7 @@ async fn lambda_build(queue: &str, dlq: &str, table: &str) -> Result<(), Startup
 
 /// A table keyed on `id` alone (not the state table's `pk`/`sk`).
 async fn table_with_other_key(name: &str) {
-    let s = |n: &str| {
-        AttributeDefinition::builder()
-            .attribute_name(n)
-            .attribute_type(ScalarAttributeType::S)
-            .build()
-            .unwrap()
-    };
-    support::ddb_client()
-        .await
-        .create_table()
-        .table_name(name)
-        .attribute_definitions(s("id"))
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("id")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .send()
-        .await
-        .expect("create table");
+    support::hand_table(&support::ddb_client().await, name, &[("id", KeyType::Hash)]).await;
 }
 
 fn missing_queue_url() -> String {
@@ -339,35 +315,7 @@ async fn setup_refuses_ttl_on_another_attribute() {
     sqs_triage::effects::table::create_table(&ddb, &table).await.ok();
     // A fresh table from create_table has TTL on expires_at; build one with TTL elsewhere.
     let other = format!("{q}-t2");
-    let s = |n: &str| {
-        AttributeDefinition::builder()
-            .attribute_name(n)
-            .attribute_type(ScalarAttributeType::S)
-            .build()
-            .unwrap()
-    };
-    ddb.create_table()
-        .table_name(&other)
-        .attribute_definitions(s("pk"))
-        .attribute_definitions(s("sk"))
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("pk")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("sk")
-                .key_type(KeyType::Range)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .send()
-        .await
-        .unwrap();
+    support::hand_table(&ddb, &other, &[("pk", KeyType::Hash), ("sk", KeyType::Range)]).await;
     ddb.update_time_to_live()
         .table_name(&other)
         .time_to_live_specification(

@@ -2,7 +2,7 @@
 //! (`cargo lambda watch` + `cargo lambda invoke`), with the function pointed at a fresh queue,
 //! DLQ and table on the local stack; each answer must match what that event should produce.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;
@@ -89,6 +89,8 @@ fn ids(file: &str, pick: &[usize]) -> BTreeSet<String> {
 }
 
 #[tokio::test]
+// The rebuild guard is held across awaits on purpose: other tests' spawns of the binary wait.
+#[allow(clippy::await_holding_lock)]
 async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary() {
     let created = support::fresh_resources("events", false).await;
 
@@ -107,6 +109,8 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
             std::env::var("TRIAGE_TEST_LAMBDA_LOG").unwrap_or_else(|_| "warn".into())
         ),
     ];
+    // The watch rebuilds target/debug/triage-lambda, which other tests of this process start.
+    let rebuilding = support::rebuilding_lambda_binary();
     let mut cmd = Command::new(cargo_lambda());
     cmd.args([
         "lambda",
@@ -143,6 +147,7 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    drop(rebuilding);
     let success = invoke(port, &first).unwrap();
     assert_eq!(failures(&success), BTreeSet::new(), "success.json: {success}");
 
@@ -161,24 +166,10 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
     }
     // The dead-lettered records really are in the DLQ: fatal, malformed, unknown type, and
     // mixed.json's fatal, malformed, unknown-type and attribute-typed records.
-    let h = support::sqs_client().await;
-    let mut seen = BTreeSet::new();
-    for _ in 0..10 {
-        let got = h
-            .receive_message()
-            .queue_url(&created.dlq_url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .visibility_timeout(60)
-            .send()
-            .await
-            .unwrap()
-            .messages
-            .unwrap_or_default();
-        if got.is_empty() {
-            break;
-        }
-        seen.extend(got.into_iter().filter_map(|m| m.message_id));
-    }
+    let seen: BTreeSet<String> = support::read_all(&support::sqs_client().await, &created.dlq_url, 60, 1)
+        .await
+        .into_iter()
+        .filter_map(|m| m.message_id)
+        .collect();
     assert_eq!(seen.len(), 7, "DLQ copies: {seen:?}");
 }

@@ -1,0 +1,43 @@
+//! The integration tests, one test binary: a module per area, sharing `tests/support`. One
+//! binary links the AWS SDK once instead of once per file. Run one area with
+//! `cargo test --test it edge_breaker::` (the name filter is the module path).
+//!
+//! Most tests need the local stack (`bash infra/local/stack.sh start`, then
+//! `eval "$(bash infra/local/stack.sh env)"`). The tests share one process and run in
+//! parallel threads: none may change process-wide state (environment variables, the current
+//! directory, the global `tracing` subscriber, the panic hook); a test that needs such a
+//! setting passes it to the child process it starts. Two cases needed more: a check of what
+//! the crate logs runs in a child process of this binary (`hostile`: `tracing` caches per
+//! process whether a log line has a listener), and tests that start `triage-lambda` spawn it
+//! through `support::spawn_lambda_binary`, because `lambda_events`' `cargo lambda watch`
+//! rebuilds that file. The chaos run stays a binary of its own (`tests/chaos`): it sets the
+//! panic hook and loads the emulators for minutes; cargo runs it as its own process, never
+//! beside these tests.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod bench_smoke;
+mod breaker;
+mod cli;
+mod decision;
+mod edge_breaker;
+mod edge_lambda;
+mod edge_ledger;
+mod edge_processor;
+mod edge_send;
+mod edge_setup;
+mod edge_sqs;
+mod edge_worker;
+mod fault_proxy;
+mod fuzz;
+mod hostile;
+mod incident;
+mod lambda_events;
+mod library_env;
+mod ledger;
+mod pipeline;
+mod stack;
+mod state_pipeline;
+mod storage_retry;
+mod worker;
