@@ -39,6 +39,9 @@ export CHAOS_TABLE="${CHAOS_TABLE:-$CARGO_TARGET_DIR/chaos-table.md}"
 rm -f "$CHAOS_TABLE"
 status=0
 cargo test --lib --bins --tests --examples --no-fail-fast || status=$?
+# The crate page's and the README's examples are doctests; the docs must have no broken link.
+cargo test --doc --no-fail-fast || status=$?
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --quiet || status=$?
 if [ -f "$CHAOS_TABLE" ]; then
   step "chaos run accounting (tests/chaos, docs/guarantees.md)"
   cat "$CHAOS_TABLE"
