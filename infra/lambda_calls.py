@@ -3,7 +3,8 @@
     python3 infra/lambda_calls.py [REPO_ROOT]     prints them, with where each one is called
 
 How: starting from `src/bin/triage-lambda.rs`, the modules it uses (`use` paths and inline
-`crate::` / `super::` / `sqs_triage::` paths, and `mod x;` declarations whose `x::` is used)
+`crate::` / `super::` / `sqs_triage::` paths, private `mod x;` declarations, and public ones
+whose `x::` is used)
 are collected, file by file. In those files every `fn` is cut out (test modules and
 `#[cfg(test)]` items removed, comments and strings blanked); a function reaches every function
 of the same name that it calls or names (`name(`, `.name(`, `Path::name`), which over-approximates
@@ -225,9 +226,11 @@ def referenced_modules(root: Path, path: Path, text: str) -> set[Path]:
     for m in re.finditer(r"\b(crate|super|%s)((?:\s*::\s*[A-Za-z_][A-Za-z0-9_]*)+)" % CRATE, text):
         parts = [p.strip() for p in m.group(2).split("::") if p.strip()]
         resolve(start(m.group(1)) + parts)
-    for m in re.finditer(r"\bmod\s+([a-z_][a-z0-9_]*)\s*;", text):
-        name = m.group(1)
-        if re.search(r"\b%s\s*::" % name, text):
+    for m in re.finditer(r"(?m)^[ \t]*(pub\b(?:\([^)]*\))?\s*)?mod\s+([a-z_][a-z0-9_]*)\s*;", text):
+        name = m.group(2)
+        # A private `mod x;` is part of its parent (it may hold an `impl` of the parent's
+        # types, called as methods, never named by path); a public one counts when used.
+        if m.group(1) is None or re.search(r"\b%s\s*::" % name, text):
             resolve(here + [name])
     if here or path.parts[-2] != "bin":
         found.add(path)
