@@ -128,6 +128,18 @@ pub struct Ctx {
 /// Calls per operator request (the first included): a few quick tries, then a clear error.
 pub(crate) const OPERATOR_MAX_ATTEMPTS: u32 = 3;
 
+/// The retry policy of an operator command: a few tries per call, and no budget across calls.
+/// The budget guards a fleet of functions against retry storms; one command's calls are
+/// sequential and bounded per call, and a long replay through a throttled period must not
+/// stop half-way because earlier batches spent a shared allowance.
+fn operator_retry_config() -> StorageRetryConfig {
+    StorageRetryConfig {
+        max_attempts: OPERATOR_MAX_ATTEMPTS,
+        budget_capacity: u32::MAX,
+        ..StorageRetryConfig::default()
+    }
+}
+
 impl Ctx {
     /// Loads the standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL*`, credentials).
     pub async fn from_env() -> OpsResult<Self> {
@@ -146,11 +158,7 @@ impl Ctx {
         let sqs_custom = env("AWS_ENDPOINT_URL_SQS").or_else(|| global.clone());
         let ddb_custom = env("AWS_ENDPOINT_URL_DYNAMODB").or_else(|| global.clone());
         let custom_endpoint = sqs_custom.is_some() || ddb_custom.is_some();
-        let retry = StorageRetry::new(StorageRetryConfig {
-            max_attempts: OPERATOR_MAX_ATTEMPTS,
-            ..StorageRetryConfig::default()
-        })
-        .unwrap_or_default();
+        let retry = StorageRetry::new(operator_retry_config()).unwrap_or_default();
         Ok(Self {
             sqs: sqs_client(config),
             ddb: dynamodb_client(config),
@@ -414,6 +422,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_operator_command_has_no_retry_budget_to_run_out_of() {
+        let retry = StorageRetry::new(operator_retry_config()).unwrap();
+        // A replay of thousands of batches through throttling: far more retries than the
+        // functions' budget (100) holds, and never a refusal.
+        for _ in 0..10_000 {
+            assert!(retry.budget().withdraw());
+        }
+    }
 
     #[test]
     fn durations_parse() {
