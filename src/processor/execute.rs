@@ -5,12 +5,10 @@
 //! Everything ends by the settle margin before the deadline, so the batch response still goes
 //! out in time.
 
-use std::collections::HashSet;
-
 use tokio::time::Instant;
 use tracing::{info_span, warn};
 
-use super::plan::{Effects, Plan, Step};
+use super::plan::{Plan, Step};
 use super::{BatchOutcome, Deadline, Processor, loggable};
 use crate::core::Decision;
 use crate::core::breaker::Phase;
@@ -107,8 +105,9 @@ impl Processor {
     }
 
     /// Sends the DLQ copies and settles each dead-lettered step's effects by the answer: a
-    /// refused copy's step takes its `refused` effects; one not answered before the deadline
-    /// stays too, but its execution is not counted (the copy may have landed).
+    /// copy not listed as accepted (refused, or unanswered by the deadline: the send reports
+    /// every entry one way or the other) takes its `refused` effects — the message stays in
+    /// its queue and its execution is counted, since it will run again.
     async fn send_copies(&self, steps: &mut [Step], deadline: Option<Instant>) {
         let mut outgoing = Vec::new();
         for s in steps.iter_mut() {
@@ -122,23 +121,11 @@ impl Processor {
         if outgoing.is_empty() {
             return;
         }
-        let mut unanswered: HashSet<usize> = outgoing.iter().map(|m| m.key).collect();
         let sent = self.sqs.send(&self.dlq_url, outgoing, deadline).await;
-        for &i in &sent.accepted {
-            unanswered.remove(&i);
-        }
         for (i, why) in &sent.failed {
             let s = &mut steps[*i];
             warn!(message_id = %s.record.inc.message_id, error = %why, "DLQ refused the copy; the message stays in its queue");
             s.effects = s.refused;
-            unanswered.remove(i);
-        }
-        for i in unanswered {
-            let s = &mut steps[i];
-            s.effects = Effects {
-                count: false,
-                ..s.refused
-            };
         }
     }
 
