@@ -16,7 +16,8 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            // A configuration error (an invalid or missing variable) exits 2, as before.
+            // A configuration error (an invalid or a missing variable) exits 2; any other
+            // start-up refusal (a queue or table that is missing or unusable) exits 1.
             if e.downcast_ref::<sqs_triage::config::ConfigError>().is_some() {
                 ExitCode::from(2)
             } else {

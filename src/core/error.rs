@@ -285,7 +285,8 @@ pub(crate) fn render_chain(err: &(dyn StdError + 'static)) -> String {
 pub enum Matcher {
     /// The error code equals this string.
     Code(String),
-    /// The error message contains this string.
+    /// The error's text contains this string: its message or the message of any error in its
+    /// source chain (what [`JobError::chain`] renders).
     MessageContains(String),
 }
 
@@ -316,7 +317,8 @@ impl Rules {
         self
     }
 
-    /// Errors whose message contains `text` are fatal.
+    /// Errors whose text contains `text` are fatal: the message or any cause in the chain
+    /// (`JobError::transient("calling billing").with_source(e)` matches on `e`'s text too).
     pub fn fatal_message(mut self, text: impl Into<String>) -> Self {
         self.rules
             .push((Matcher::MessageContains(text.into()), ErrorKind::Fatal));
