@@ -144,7 +144,8 @@ fn check_id(id: &str) -> Result<&str, EnvelopeError> {
     Ok(id)
 }
 
-fn json_kind(v: &Value) -> &'static str {
+/// A JSON value's kind, as error texts name it ("an object", "a string", …).
+pub(crate) fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

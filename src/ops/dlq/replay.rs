@@ -372,11 +372,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                     Ok(url) => by_target.entry(url).or_default().push(m),
                     Err(reason) => {
                         bar.inc(1);
-                        st.not_moved.push(NotMoved {
-                            message_id: m.message_id.clone(),
-                            job_id: m.body_job_id().to_owned(),
-                            reason,
-                        });
+                        st.not_moved(&m, reason);
                     }
                 }
             }
@@ -396,11 +392,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                         Ok(o) => outgoing.push(o),
                         Err(reason) => {
                             bar.inc(1);
-                            st.not_moved.push(NotMoved {
-                                message_id: m.message_id.clone(),
-                                job_id: m.body_job_id().to_owned(),
-                                reason,
-                            });
+                            st.not_moved(m, reason);
                         }
                     }
                 }
@@ -485,6 +477,15 @@ struct ReplayState {
 }
 
 impl ReplayState {
+    /// Reports `m` as not moved, and why.
+    fn not_moved(&mut self, m: &DlqMessage, reason: String) {
+        self.not_moved.push(NotMoved {
+            message_id: m.message_id.clone(),
+            job_id: m.body_job_id().to_owned(),
+            reason,
+        });
+    }
+
     /// The queue a message goes back to: `--to`, else the record's source queue once its
     /// redrive policy is checked to name this DLQ (once per queue).
     async fn target_for(&mut self, ctx: &Ctx, m: &DlqMessage, to: Option<&str>) -> Result<String, String> {
@@ -536,11 +537,7 @@ impl ReplayState {
         let sent = sqs.send(target, batch, None).await;
         for (k, why) in &sent.failed {
             if let Some(m) = ms.get(*k) {
-                self.not_moved.push(NotMoved {
-                    message_id: m.message_id.clone(),
-                    job_id: m.body_job_id().to_owned(),
-                    reason: why.clone(),
-                });
+                self.not_moved(m, why.clone());
             }
         }
         let accepted: Vec<(String, String)> = sent

@@ -7,7 +7,7 @@ use aws_sdk_sqs::types::MessageAttributeValue;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::core::envelope::{JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE};
+use crate::core::envelope::{JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE, json_kind};
 use crate::processor::Incoming;
 use crate::processor::record::parse_count;
 
@@ -214,17 +214,6 @@ fn clean_message_attribute(v: &Value) -> (Option<Value>, Vec<String>) {
         return (None, problems);
     }
     (Some(Value::Object(clean)), problems)
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]
