@@ -12,10 +12,13 @@
 use crate::support;
 use crate::support::fault_proxy::{Fault, FaultProxy};
 
+use std::collections::HashMap;
 use std::process::{Command, Output, Stdio};
 
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use serde_json::{Value, json};
+use sqs_triage::core::failure::{FailureClass, FailureRecord};
+use sqs_triage::effects::dlq::dlq_copy;
 use sqs_triage::ops::setup::SetupReport;
 
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
@@ -84,6 +87,7 @@ async fn dlq_answer_with_source(sqs: &aws_sdk_sqs::Client, stack: &SetupReport, 
         .visibility_timeout(300)
         .wait_time_seconds(1)
         .message_system_attribute_names(MessageSystemAttributeName::All)
+        .message_attribute_names("All")
         .send()
         .await
         .unwrap();
@@ -99,11 +103,23 @@ async fn dlq_answer_with_source(sqs: &aws_sdk_sqs::Client, stack: &SetupReport, 
         .get(&MessageSystemAttributeName::SentTimestamp)
         .cloned()
         .unwrap_or_else(|| "0".into());
+    let attributes: serde_json::Map<String, Value> = m
+        .message_attributes()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                json!({"DataType": v.data_type(), "StringValue": v.string_value()}),
+            )
+        })
+        .collect();
     json!({"Messages": [{
         "MessageId": m.message_id(),
         "ReceiptHandle": m.receipt_handle(),
         "MD5OfBody": m.md5_of_body(),
         "Body": m.body(),
+        "MessageAttributes": attributes,
         "Attributes": {
             "SentTimestamp": sent,
             "ApproximateReceiveCount": "2",
@@ -209,5 +225,64 @@ async fn a_source_arn_whose_queue_does_not_feed_this_dlq_is_not_trusted() {
         reason.contains("not this DLQ") && reason.contains("--to"),
         "{reason}"
     );
+    assert_eq!(support::queue_depth(&sqs, &other.queue_url).await.total(), 0);
+}
+
+#[tokio::test]
+async fn a_failure_records_source_wins_over_the_one_sqs_names() {
+    let stack = support::fresh_resources("dlqsrc-rec", false).await;
+    let other = support::fresh_resources("dlqsrc-rec2", false).await;
+    let sqs = support::sqs_client().await;
+    let body = json!({"type": "report.build", "id": "rec-1", "payload": {}}).to_string();
+    let record = FailureRecord {
+        class: FailureClass::Fatal,
+        error: "boom".into(),
+        attempts: 1,
+        job_type: Some("report.build".into()),
+        job_id: "rec-1".into(),
+        source_queue: stack.queue_url.clone(),
+        original_message_id: "orig-rec-1".into(),
+        first_received_at: 1,
+        failed_at: sqs_triage::clock::now_ms(),
+    };
+    let copy = dlq_copy(&body, &HashMap::new(), &record, 1 << 20).unwrap();
+    sqs.send_message()
+        .queue_url(&stack.dlq_url)
+        .message_body(copy.body)
+        .set_message_attributes(Some(copy.attributes))
+        .send()
+        .await
+        .unwrap();
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+
+    // SQS's attribute names a queue that does not feed this DLQ; the record names one that does.
+    inject_once(
+        &proxy,
+        dlq_answer_with_source(&sqs, &stack, &other.queue_arn).await,
+    );
+    let list = ok_json(&triage(
+        &stack,
+        &proxy.url(),
+        &["dlq", "list", "--messages", "--json"],
+    ));
+    assert_eq!(list["messages"][0]["class"], "fatal", "{list}");
+    assert_eq!(
+        list["messages"][0]["source_queue"],
+        stack.queue_url.as_str(),
+        "{list}"
+    );
+
+    inject_once(
+        &proxy,
+        dlq_answer_with_source(&sqs, &stack, &other.queue_arn).await,
+    );
+    let report = ok_json(&triage(&stack, &proxy.url(), &["dlq", "replay", "--json"]));
+    assert_eq!(report["moved"], 1, "{report}");
+    assert_eq!(
+        report["targets"][0]["queue_url"],
+        stack.queue_url.as_str(),
+        "{report}"
+    );
+    assert_eq!(support::drain(&sqs, &stack.queue_url, 1).await.len(), 1);
     assert_eq!(support::queue_depth(&sqs, &other.queue_url).await.total(), 0);
 }
