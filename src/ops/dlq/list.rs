@@ -56,7 +56,8 @@ pub struct MessageSummary {
     pub age_s: u64,
     /// Error text.
     pub error: String,
-    /// The queue it came from, when recorded.
+    /// The queue it came from: the failure record's source queue, else (for a message SQS
+    /// dead-lettered itself) the ARN SQS gives as `DeadLetterQueueSourceArn`.
     pub source_queue: Option<String>,
 }
 
@@ -70,7 +71,7 @@ impl MessageSummary {
             attempts: m.record.as_ref().map(|r| r.attempts),
             age_s: now.saturating_sub(m.failed_at_ms()) / 1000,
             error: m.error(),
-            source_queue: m.record.as_ref().map(|r| r.source_queue.clone()),
+            source_queue: m.source_queue().map(str::to_owned),
         }
     }
 }
@@ -113,7 +114,7 @@ impl Report for ListReport {
         out.push_str(&t.render());
         if let Some(messages) = &self.messages {
             out.push('\n');
-            let mut t = Table::new(["JOB ID", "TYPE", "CLASS", "ATTEMPTS", "AGE", "ERROR"]);
+            let mut t = Table::new(["JOB ID", "TYPE", "CLASS", "ATTEMPTS", "AGE", "SOURCE", "ERROR"]);
             for m in messages {
                 t.row([
                     m.job_id.clone(),
@@ -121,6 +122,7 @@ impl Report for ListReport {
                     m.class.clone(),
                     m.attempts.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
                     output::age(Duration::from_secs(m.age_s)),
+                    m.source_queue.clone().unwrap_or_else(|| "-".into()),
                     m.error.clone(),
                 ]);
             }
@@ -233,8 +235,10 @@ impl Report for ShowReport {
             ]);
             t.row(["age".to_string(), output::age(Duration::from_secs(s.age_s))]);
             t.row(["error", s.error.as_str()]);
+            if let Some(source) = &s.source_queue {
+                t.row(["source queue", source.as_str()]);
+            }
             if let Some(r) = &m.record {
-                t.row(["source queue", r.source_queue.as_str()]);
                 t.row(["original message", r.original_message_id.as_str()]);
             }
             for (k, v) in &m.attributes {

@@ -48,6 +48,9 @@ pub struct DlqMessage {
     pub sent_at_ms: u64,
     /// The FIFO message group, on FIFO DLQs.
     pub group_id: Option<String>,
+    /// The queue SQS moved the message from (its `DeadLetterQueueSourceArn` system
+    /// attribute), set when SQS's own redrive dead-lettered it after `maxReceiveCount`.
+    pub source_arn: Option<String>,
     /// The job type: from the record, else the `job-type` attribute, else the envelope
     /// (`-` when none says).
     pub job_type: String,
@@ -110,6 +113,10 @@ impl DlqMessage {
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0),
             group_id: system.get(&MessageSystemAttributeName::MessageGroupId).cloned(),
+            source_arn: system
+                .get(&MessageSystemAttributeName::DeadLetterQueueSourceArn)
+                .filter(|a| !a.is_empty())
+                .cloned(),
             attributes,
             job_type,
             job_id,
@@ -120,6 +127,15 @@ impl DlqMessage {
     /// The failure class (`fatal`, `exhausted`, `invalid`, or `unrecorded`).
     pub fn class(&self) -> &'static str {
         self.record.as_ref().map_or(UNRECORDED, |r| r.class.as_str())
+    }
+
+    /// The queue the message came from: the failure record's source queue, else the queue
+    /// SQS names as the one it dead-lettered the message from.
+    pub fn source_queue(&self) -> Option<&str> {
+        self.record
+            .as_ref()
+            .map(|r| r.source_queue.as_str())
+            .or(self.source_arn.as_deref())
     }
 
     /// The error text, or a note for messages SQS moved itself.
@@ -265,6 +281,8 @@ impl<'a> Sweep<'a> {
                     // early).
                     .wait_time_seconds(1)
                     .visibility_timeout(self.visibility)
+                    // All includes DeadLetterQueueSourceArn, the source queue of a message
+                    // SQS dead-lettered itself.
                     .message_system_attribute_names(MessageSystemAttributeName::All)
                     .message_attribute_names("All")
                     .send()
@@ -414,5 +432,61 @@ mod tests {
         assert_eq!((junk.job_type.as_str(), junk.job_id.as_str()), ("-", "dlq-1"));
         assert_eq!(junk.body_job, None);
         assert_eq!(junk.class(), UNRECORDED);
+    }
+
+    #[test]
+    fn the_source_queue_is_the_records_else_the_one_sqs_names() {
+        let arn = "arn:aws:sqs:us-east-1:123456789012:jobs";
+        let body = r#"{"type": "email.send", "id": "j-1", "payload": {}}"#;
+        let sqs_moved = |system: Option<&str>, attributes: &[(&str, &str)]| {
+            let mut m = Message::builder()
+                .message_id("dlq-1")
+                .receipt_handle("h")
+                .body(body);
+            if let Some(a) = system {
+                m = m.attributes(MessageSystemAttributeName::DeadLetterQueueSourceArn, a);
+            }
+            for (k, v) in attributes {
+                m = m.message_attributes(
+                    *k,
+                    MessageAttributeValue::builder()
+                        .data_type("String")
+                        .string_value(*v)
+                        .build()
+                        .unwrap(),
+                );
+            }
+            DlqMessage::from_sdk(m.build()).unwrap()
+        };
+
+        let m = sqs_moved(Some(arn), &[]);
+        assert_eq!(m.source_arn.as_deref(), Some(arn));
+        assert_eq!(m.source_queue(), Some(arn));
+        assert_eq!(m.class(), UNRECORDED);
+
+        assert_eq!(sqs_moved(None, &[]).source_queue(), None);
+        assert_eq!(
+            sqs_moved(Some(""), &[]).source_queue(),
+            None,
+            "an empty attribute names nothing"
+        );
+
+        // A failure record's source queue wins over SQS's attribute.
+        let record = FailureRecord {
+            class: crate::core::failure::FailureClass::Fatal,
+            error: "boom".into(),
+            attempts: 1,
+            job_type: Some("email.send".into()),
+            job_id: "j-1".into(),
+            source_queue: "http://sqs/123456789012/recorded".into(),
+            original_message_id: "orig-1".into(),
+            first_received_at: 1,
+            failed_at: 2,
+        };
+        let json = record.to_json_within(usize::MAX).unwrap();
+        let both = sqs_moved(Some(arn), &[(crate::core::failure::FAILURE_ATTRIBUTE, &json)]);
+        assert!(both.record.is_some(), "the record is read");
+        assert_eq!(both.source_queue(), Some("http://sqs/123456789012/recorded"));
+        assert_eq!(both.source_arn.as_deref(), Some(arn));
     }
 }

@@ -23,7 +23,7 @@ use crate::effects::sqs::{Outgoing, Sqs, batches};
 pub struct ReplayOptions {
     /// Which messages.
     pub filter: Filter,
-    /// Target queue (URL, ARN or name) instead of each record's source queue.
+    /// Target queue (URL, ARN or name) instead of each message's source queue.
     pub to: Option<String>,
     /// Move at most this many.
     pub limit: Option<usize>,
@@ -208,16 +208,42 @@ async fn check_queue(ctx: &Ctx, queue: &str, var: &str) -> OpsResult<String> {
     Ok(url)
 }
 
-/// Checks that `source` (a failure record's source queue) sends its dead letters to the DLQ
-/// `dlq_arn` (its RedrivePolicy's `deadLetterTargetArn`); returns its URL. A record is only
-/// trusted to name a queue that feeds this DLQ: anything else could be a producer's forgery
-/// pointing at any queue the operator can write to.
-async fn verified_source(ctx: &Ctx, source: &str, dlq_arn: &str) -> Result<String, String> {
-    let url = resolve_queue(ctx, source, "the failure record")
+/// Where a message's source queue comes from, for the messages that say why it is not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SourceOrigin {
+    /// The failure record the processor wrote.
+    Record,
+    /// SQS's `DeadLetterQueueSourceArn`: SQS's own redrive moved the message.
+    Sqs,
+}
+
+impl SourceOrigin {
+    fn who(self) -> &'static str {
+        match self {
+            SourceOrigin::Record => "the failure record",
+            SourceOrigin::Sqs => "SQS's DeadLetterQueueSourceArn",
+        }
+    }
+}
+
+/// Checks that `source` (a failure record's source queue, or the queue SQS says it
+/// dead-lettered the message from) sends its dead letters to the DLQ `dlq_arn` (its
+/// RedrivePolicy's `deadLetterTargetArn`); returns its URL. A record is only trusted to name
+/// a queue that feeds this DLQ: anything else could be a producer's forgery pointing at any
+/// queue the operator can write to. SQS's attribute gets the same check: the queue may have
+/// been pointed at another DLQ since, and then this DLQ is not where its failures belong.
+async fn verified_source(
+    ctx: &Ctx,
+    source: &str,
+    origin: SourceOrigin,
+    dlq_arn: &str,
+) -> Result<String, String> {
+    let who = origin.who();
+    let url = resolve_queue(ctx, source, who)
         .await
         .map_err(|e| format!("{e}; pass --to QUEUE"))?;
     let out = ctx
-        .sqs_call("GetQueueAttributes", Some((&url, "the failure record")), || {
+        .sqs_call("GetQueueAttributes", Some((&url, who)), || {
             ctx.sqs
                 .get_queue_attributes()
                 .queue_url(&url)
@@ -234,12 +260,12 @@ async fn verified_source(ctx: &Ctx, source: &str, dlq_arn: &str) -> Result<Strin
     match target {
         Some(arn) if arn == dlq_arn => Ok(url),
         Some(arn) => Err(format!(
-            "the failure record names source queue {url}, whose dead-letter queue is {arn}, not this DLQ: \
-             the record is not trusted; pass --to QUEUE"
+            "{who} names source queue {url}, whose dead-letter queue is {arn}, not this DLQ: \
+             the source is not trusted; pass --to QUEUE"
         )),
         None => Err(format!(
-            "the failure record names source queue {url}, which has no redrive policy naming this DLQ as \
-             its dead-letter queue: the record is not trusted; pass --to QUEUE"
+            "{who} names source queue {url}, which has no redrive policy naming this DLQ as \
+             its dead-letter queue: the source is not trusted; pass --to QUEUE"
         )),
     }
 }
@@ -256,8 +282,9 @@ enum Fate {
 
 /// `dlq replay`: moves selected DLQ messages back to their source queue (or `--to`).
 ///
-/// Without `--to`, a message goes back to its failure record's source queue only when that
-/// queue's RedrivePolicy names this DLQ (checked once per queue); otherwise it stays and is
+/// Without `--to`, a message goes back to its failure record's source queue (a message SQS
+/// dead-lettered itself, without a record: the queue its `DeadLetterQueueSourceArn` names)
+/// only when that queue's RedrivePolicy names this DLQ (checked once per queue); otherwise it stays and is
 /// reported. The job whose ledger is reset is the one the body names (read as the processor
 /// reads it), never the record's; a record that disagrees with its body is reported as
 /// unverified.
@@ -486,19 +513,27 @@ impl ReplayState {
         });
     }
 
-    /// The queue a message goes back to: `--to`, else the record's source queue once its
-    /// redrive policy is checked to name this DLQ (once per queue).
+    /// The queue a message goes back to: `--to`, else the record's source queue, else the
+    /// queue SQS says it dead-lettered the message from (`DeadLetterQueueSourceArn`), once
+    /// that queue's redrive policy is checked to name this DLQ (once per queue URL or ARN).
     async fn target_for(&mut self, ctx: &Ctx, m: &DlqMessage, to: Option<&str>) -> Result<String, String> {
         if let Some(to) = to {
             return Ok(to.to_owned());
         }
-        let Some(source) = m.record.as_ref().map(|r| r.source_queue.clone()) else {
-            return Err("no failure record, so no source queue: pass --to QUEUE".into());
+        let (source, origin) = match (&m.record, &m.source_arn) {
+            (Some(r), _) => (r.source_queue.clone(), SourceOrigin::Record),
+            (None, Some(arn)) => (arn.clone(), SourceOrigin::Sqs),
+            (None, None) => {
+                return Err(
+                    "no failure record and no DeadLetterQueueSourceArn from SQS, so no source queue: pass --to QUEUE"
+                        .into(),
+                );
+            }
         };
         if let Some(r) = self.target_cache.get(&source) {
             return r.clone();
         }
-        let r = verified_source(ctx, &source, &self.dlq_arn).await;
+        let r = verified_source(ctx, &source, origin, &self.dlq_arn).await;
         self.target_cache.insert(source, r.clone());
         r
     }
