@@ -315,34 +315,10 @@ mod pipeline {
 
         // A consumer receives all ten and crashes before running anything: the next delivery
         // is a redelivery (receive count 2) whose ledger must be read.
-        for m in receive_all(&h, 10).await {
-            h.sqs
-                .change_message_visibility()
-                .queue_url(&h.queue_url)
-                .receipt_handle(m.receipt_handle().unwrap())
-                .visibility_timeout(0)
-                .send()
-                .await
-                .unwrap();
-        }
+        h.release(&h.queue_url, &receive_all(&h, 10).await).await;
         let batch = receive_all(&h, 10).await;
         let response = h.invoke_with(&batch, Duration::from_secs(60)).await.unwrap();
-        let failed: Vec<&str> = response
-            .batch_item_failures
-            .iter()
-            .map(|f| f.item_identifier.as_str())
-            .collect();
-        for m in &batch {
-            if !failed.contains(&m.message_id().unwrap()) {
-                h.sqs
-                    .delete_message()
-                    .queue_url(&h.queue_url)
-                    .receipt_handle(m.receipt_handle().unwrap())
-                    .send()
-                    .await
-                    .unwrap();
-            }
-        }
+        h.delete_settled(&batch, &response).await;
         for id in &ordinary {
             assert_eq!(
                 h.executions(id),

@@ -11,7 +11,7 @@ use serde_json::json;
 use sqs_triage::core::failure::FailureClass;
 use sqs_triage::effects::dlq::failure_record;
 use support::fault_proxy::{Fault, FaultProxy};
-use support::pipeline::{Harness, Options, fast_policy, quiet_breaker};
+use support::pipeline::{Harness, Options, failed_ids, fast_policy, quiet_breaker};
 
 fn record_of(m: &aws_sdk_sqs::types::Message) -> sqs_triage::core::failure::FailureRecord {
     failure_record(&m.message_attributes().cloned().unwrap_or_default())
@@ -182,25 +182,15 @@ async fn a_deferral_on_the_last_receive_is_dead_lettered_with_a_record() {
         }
         deliveries += messages.len();
         let response = h.invoke_env(&env, &messages, Duration::from_secs(30)).await;
-        let failed: Vec<&str> = response
-            .batch_item_failures
-            .iter()
-            .map(|f| f.item_identifier.as_str())
-            .collect();
+        let failed = failed_ids(&response);
         // A forced-open breaker defers for ~12 h: make it visible again to go on.
-        for m in messages
-            .iter()
-            .filter(|m| failed.contains(&m.message_id().unwrap()))
-        {
-            h.sqs
-                .change_message_visibility()
-                .queue_url(&h.queue_url)
-                .receipt_handle(m.receipt_handle().unwrap())
-                .visibility_timeout(0)
-                .send()
-                .await
-                .unwrap();
-        }
+        h.release(
+            &h.queue_url,
+            messages
+                .iter()
+                .filter(|m| failed.contains(&m.message_id().unwrap())),
+        )
+        .await;
     }
     assert_eq!(deliveries, 2, "delivered up to maxReceiveCount");
     let dlq = h.dlq_messages().await;
@@ -285,14 +275,7 @@ async fn a_refused_count_after_many_deferrals_does_not_dead_letter_early() {
     // Seven receives that ran nothing (as deferrals would be), then the ledger refuses counts.
     for _ in 0..7 {
         let m = take(&h, 1).await;
-        h.sqs
-            .change_message_visibility()
-            .queue_url(&h.queue_url)
-            .receipt_handle(m[0].receipt_handle().unwrap())
-            .visibility_timeout(0)
-            .send()
-            .await
-            .unwrap();
+        h.release(&h.queue_url, &m).await;
     }
     proxy.fail_always("UpdateItem", Fault::Status500);
     let m = take(&h, 1).await;
@@ -341,14 +324,7 @@ async fn fifo_records_held_back_on_their_last_receive_are_dead_lettered_with_a_r
                     .await
                     .unwrap();
             } else {
-                h.sqs
-                    .change_message_visibility()
-                    .queue_url(&h.queue_url)
-                    .receipt_handle(m.receipt_handle().unwrap())
-                    .visibility_timeout(0)
-                    .send()
-                    .await
-                    .unwrap();
+                h.release(&h.queue_url, [m]).await;
             }
         }
     }
@@ -383,11 +359,7 @@ async fn a_stalled_dlq_send_cannot_hold_the_response_past_the_deadline() {
         .await
         .expect("answered before the deadline")
         .expect("a batch response");
-    let failed: Vec<&str> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.as_str())
-        .collect();
+    let failed = failed_ids(&response);
     let fatal_id = messages
         .iter()
         .find(|m| m.body().unwrap().contains("\"f\""))

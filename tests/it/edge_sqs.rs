@@ -227,11 +227,7 @@ async fn an_empty_success_answer_settles_nothing() {
     h.send_jobs(&[("job-empty", json!({"outcome": "fatal"}))]).await;
     let (messages, response) = h.invoke_once(Duration::from_secs(2)).await.expect("a batch");
     assert_eq!(h.executions("job-empty"), vec![1]);
-    let failed: Vec<&str> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.as_str())
-        .collect();
+    let failed = support::pipeline::failed_ids(&response);
     assert_eq!(
         failed,
         vec![messages[0].message_id().unwrap()],

@@ -296,11 +296,7 @@ async fn a_body_over_the_limit_is_reported_failed_not_dropped() {
     )
     .await
     .unwrap();
-    let failed: Vec<&str> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.as_str())
-        .collect();
+    let failed = support::pipeline::failed_ids(&response);
     assert_eq!(failed, ["over-1"]);
     assert!(r.all(&r.dlq_url, 0).await.is_empty());
 }

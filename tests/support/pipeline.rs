@@ -239,11 +239,7 @@ impl Harness {
         messages: &[Message],
         response: &'a SqsBatchResponse,
     ) -> Vec<&'a str> {
-        let failed: Vec<&str> = response
-            .batch_item_failures
-            .iter()
-            .map(|f| f.item_identifier.as_str())
-            .collect();
+        let failed = failed_ids(response);
         for m in messages
             .iter()
             .filter(|m| !failed.contains(&m.message_id().unwrap()))
@@ -309,6 +305,21 @@ impl Harness {
         invoke(&self.env, messages, &self.queue_url, time_left).await
     }
 
+    /// Makes received messages visible again at once (visibility 0), as a consumer that gives
+    /// them back does.
+    pub async fn release<'a>(&self, queue_url: &str, messages: impl IntoIterator<Item = &'a Message>) {
+        for m in messages {
+            self.sqs
+                .change_message_visibility()
+                .queue_url(queue_url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .visibility_timeout(0)
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+
     /// Approximate visible + in-flight + delayed messages in a queue.
     pub async fn depth(&self, queue_url: &str) -> u64 {
         super::queue_depth(&self.sqs, queue_url).await.total()
@@ -322,15 +333,8 @@ impl Harness {
             if batch.is_empty() {
                 break;
             }
+            self.release(&self.dlq_url, &batch).await;
             for m in batch {
-                self.sqs
-                    .change_message_visibility()
-                    .queue_url(&self.dlq_url)
-                    .receipt_handle(m.receipt_handle().unwrap())
-                    .visibility_timeout(0)
-                    .send()
-                    .await
-                    .ok();
                 all.insert(m.message_id().unwrap().to_owned(), m);
             }
         }
@@ -353,6 +357,15 @@ pub async fn invoke(
     lambda::handle(&env.processor, LambdaEvent::new(event, context))
         .await
         .map_err(|e| e.to_string())
+}
+
+/// The message ids a batch response reports failed.
+pub fn failed_ids(response: &SqsBatchResponse) -> Vec<&str> {
+    response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect()
 }
 
 /// A handler error for tests that need one.

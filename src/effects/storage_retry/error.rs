@@ -213,7 +213,7 @@ impl fmt::Display for FailureKind {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use aws_sdk_dynamodb::operation::get_item::GetItemError;
     use aws_smithy_runtime_api::client::result::{ConnectorError, SdkError};
     use aws_smithy_runtime_api::http::StatusCode;
@@ -222,9 +222,11 @@ mod tests {
 
     use super::*;
 
-    type Err = SdkError<GetItemError, HttpResponse>;
+    /// An SDK error as a storage call returns it (the policy's tests use these too).
+    pub(in crate::effects::storage_retry) type Err = SdkError<GetItemError, HttpResponse>;
 
-    fn service(code: &str, status: u16) -> Err {
+    /// A service error with this code and HTTP status.
+    pub(in crate::effects::storage_retry) fn service(code: &str, status: u16) -> Err {
         let meta = ErrorMetadata::builder()
             .code(code)
             .message("boom\nsecond line")
@@ -233,7 +235,8 @@ mod tests {
         SdkError::service_error(GetItemError::generic(meta), resp)
     }
 
-    fn reset() -> Err {
+    /// A connection reset before any answer.
+    pub(in crate::effects::storage_retry) fn reset() -> Err {
         SdkError::dispatch_failure(ConnectorError::io("connection reset".into()))
     }
 

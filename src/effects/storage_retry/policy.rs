@@ -413,30 +413,11 @@ impl StorageRetry {
 mod tests {
     use std::sync::atomic::AtomicU32;
 
-    use aws_sdk_dynamodb::operation::get_item::GetItemError;
-    use aws_smithy_runtime_api::client::result::{ConnectorError, SdkError};
-    use aws_smithy_runtime_api::http::StatusCode;
-    use aws_smithy_types::body::SdkBody;
-    use aws_smithy_types::error::ErrorMetadata;
     use rand::SeedableRng;
     use rand::rngs::SmallRng;
 
+    use super::super::error::tests::{reset, service};
     use super::*;
-
-    type Err = SdkError<GetItemError, HttpResponse>;
-
-    fn service(code: &str, status: u16) -> Err {
-        let meta = ErrorMetadata::builder()
-            .code(code)
-            .message("boom\nsecond line")
-            .build();
-        let resp = HttpResponse::new(StatusCode::try_from(status).unwrap(), SdkBody::empty());
-        SdkError::service_error(GetItemError::generic(meta), resp)
-    }
-
-    fn reset() -> Err {
-        SdkError::dispatch_failure(ConnectorError::io("connection reset".into()))
-    }
 
     fn quick(capacity: u32) -> StorageRetry {
         StorageRetry::new(StorageRetryConfig {
