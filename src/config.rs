@@ -39,6 +39,11 @@ pub struct Config {
     pub concurrency: usize,
     /// `TRIAGE_LOG_PAYLOADS`: include bodies in logs (default off).
     pub log_payloads: bool,
+    /// `TRIAGE_DONE_MARKER_TYPES`: job types with a completion marker (comma-separated; default
+    /// none). See [`Registry::done_marker`](crate::processor::registry::Registry::done_marker).
+    pub done_marker_types: Vec<String>,
+    /// `TRIAGE_DONE_MARKER_TTL_S`: how long a completion marker lives (default 1 day).
+    pub done_marker_ttl: Duration,
 }
 
 /// A number type a variable is read as: whole numbers (`u32`, `u64`, `usize`) or any number
@@ -138,6 +143,8 @@ pub struct Vars {
     pub breaker_cache_ms: Var<u64>,
     /// `TRIAGE_CONCURRENCY`
     pub concurrency: Var<usize>,
+    /// `TRIAGE_DONE_MARKER_TTL_S`
+    pub done_marker_ttl_s: Var<u64>,
 }
 
 /// The numeric variables, their defaults and accepted ranges: the table the parser reads with.
@@ -161,6 +168,9 @@ pub fn vars() -> Vars {
             300_000,
         ),
         concurrency: var("TRIAGE_CONCURRENCY", 10, 1, 1000),
+        // A minute to 15 days (the attempt ledger's own lifetime: SQS's longest retention and
+        // a day).
+        done_marker_ttl_s: var("TRIAGE_DONE_MARKER_TTL_S", 86_400, 60, 1_296_000),
     }
 }
 
@@ -189,6 +199,7 @@ pub fn limits() -> Vec<Limit> {
         breaker_successes,
         breaker_cache_ms,
         concurrency,
+        done_marker_ttl_s,
     } = vars();
     vec![
         max_attempts.limit(),
@@ -203,6 +214,7 @@ pub fn limits() -> Vec<Limit> {
         breaker_successes.limit(),
         breaker_cache_ms.limit(),
         concurrency.limit(),
+        done_marker_ttl_s.limit(),
     ]
 }
 
@@ -232,6 +244,29 @@ fn invalid(var: &'static str, value: impl ToString, expected: impl ToString) -> 
         value: value.to_string(),
         expected: expected.to_string(),
     }
+}
+
+/// `TRIAGE_DONE_MARKER_TYPES`: job types separated by commas, blanks around each ignored; an
+/// empty entry (`a,,b`) or one longer than a job type may be (256 characters) is refused.
+fn done_marker_types(raw: Option<&str>) -> Result<Vec<String>, ConfigError> {
+    const VAR: &str = "TRIAGE_DONE_MARKER_TYPES";
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
+    let mut out: Vec<String> = Vec::new();
+    for t in raw.split(',').map(str::trim) {
+        if t.is_empty() || t.chars().count() > 256 {
+            return Err(invalid(
+                VAR,
+                raw,
+                "job types separated by commas (each 1 to 256 characters), e.g. billing.charge,email.send",
+            ));
+        }
+        if !out.iter().any(|o| o == t) {
+            out.push(t.to_owned());
+        }
+    }
+    Ok(out)
 }
 
 impl Config {
@@ -286,6 +321,8 @@ impl Config {
             Some("1" | "true" | "yes") => true,
             Some(other) => return Err(invalid("TRIAGE_LOG_PAYLOADS", other, "true or false")),
         };
+        let done_marker_types = done_marker_types(text("TRIAGE_DONE_MARKER_TYPES").as_deref())?;
+        let done_marker_ttl = Duration::from_secs(v.done_marker_ttl_s.read(lookup)?);
         Ok(Self {
             queue_url: text("TRIAGE_QUEUE_URL"),
             dlq_url: text("TRIAGE_DLQ_URL"),
@@ -294,6 +331,8 @@ impl Config {
             breaker,
             concurrency: v.concurrency.read(lookup)?,
             log_payloads,
+            done_marker_types,
+            done_marker_ttl,
         })
     }
 
@@ -344,6 +383,32 @@ mod tests {
     }
 
     #[test]
+    fn done_markers_are_off_unless_types_are_listed() {
+        let c = with(&[]).unwrap();
+        assert!(c.done_marker_types.is_empty());
+        assert_eq!(c.done_marker_ttl, Duration::from_secs(86_400));
+        let c = with(&[
+            (
+                "TRIAGE_DONE_MARKER_TYPES",
+                " billing.charge, email.send,billing.charge ",
+            ),
+            ("TRIAGE_DONE_MARKER_TTL_S", "3600"),
+        ])
+        .unwrap();
+        assert_eq!(c.done_marker_types, ["billing.charge", "email.send"]);
+        assert_eq!(c.done_marker_ttl, Duration::from_secs(3600));
+        for bad in ["a,,b", ",", &"x".repeat(257)] {
+            let e = with(&[("TRIAGE_DONE_MARKER_TYPES", bad)]).unwrap_err();
+            assert_eq!(e.var, "TRIAGE_DONE_MARKER_TYPES", "{bad}");
+        }
+        let e = with(&[("TRIAGE_DONE_MARKER_TTL_S", "5")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "TRIAGE_DONE_MARKER_TTL_S=\"5\" is not valid: expected a number from 60 to 1296000"
+        );
+    }
+
+    #[test]
     fn limits_are_the_ranges_the_parser_enforces() {
         let all = limits();
         // Every variable the parser reads as a number is in the table, and nothing else.
@@ -359,7 +424,11 @@ mod tests {
             .filter(|k| {
                 !matches!(
                     k.as_str(),
-                    "TRIAGE_QUEUE_URL" | "TRIAGE_DLQ_URL" | "TRIAGE_TABLE" | "TRIAGE_LOG_PAYLOADS"
+                    "TRIAGE_QUEUE_URL"
+                        | "TRIAGE_DLQ_URL"
+                        | "TRIAGE_TABLE"
+                        | "TRIAGE_LOG_PAYLOADS"
+                        | "TRIAGE_DONE_MARKER_TYPES"
                 )
             })
             .collect();

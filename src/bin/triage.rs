@@ -56,6 +56,9 @@ enum Command {
     /// Show attempt ledgers.
     #[command(subcommand)]
     Attempts(AttemptsCommand),
+    /// Move a job that waits for its next retry to the DLQ now (class `parked`, with the
+    /// attempts it used), without running it again.
+    Park(ParkArgs),
     /// Run the long-polling worker with the built-in demo job type `triage.chaos` only (needs
     /// --demo-handlers); TRIAGE_QUEUE_URL, TRIAGE_DLQ_URL, TRIAGE_TABLE from the environment;
     /// until Ctrl-C or SIGTERM. Your own job types run in your own binary: see
@@ -139,6 +142,18 @@ enum AttemptsCommand {
 }
 
 #[derive(Debug, Args)]
+struct ParkArgs {
+    /// Job id (the envelope `id`, else the SQS message id).
+    job_id: String,
+    /// Job type; needed only when several job types have a ledger for this id.
+    #[arg(long = "type", value_name = "TYPE")]
+    job_type: Option<String>,
+    /// Why, kept on the ledger and in the failure record.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
+}
+
+#[derive(Debug, Args)]
 struct SetupArgs {
     /// Source queue name (`.fifo` is added for FIFO queues).
     #[arg(long, value_name = "NAME")]
@@ -203,7 +218,7 @@ struct FilterArgs {
     #[arg(long = "type", value_name = "TYPE")]
     job_type: Vec<String>,
     /// Only this failure class (repeatable).
-    #[arg(long, value_name = "CLASS", value_parser = ["fatal", "exhausted", "invalid", "expiring", "unrecorded"])]
+    #[arg(long, value_name = "CLASS", value_parser = ["fatal", "exhausted", "invalid", "expiring", "parked", "unrecorded"])]
     class: Vec<String>,
     /// Only messages whose error text contains this (case-insensitive).
     #[arg(long, value_name = "TEXT")]
@@ -515,6 +530,21 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
             let ctx = Ctx::from_env().await?;
             let r = breaker::attempts(&ctx, table, job_type.as_deref(), job_id).await?;
+            Ok(print(&r, json))
+        }
+        Command::Park(a) => {
+            let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
+            let ctx = Ctx::from_env().await?;
+            let by = ["USER", "USERNAME"]
+                .iter()
+                .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()));
+            let opts = ops::park::ParkOptions {
+                job_id: a.job_id.clone(),
+                job_type: a.job_type.clone(),
+                by,
+                reason: a.reason.clone(),
+            };
+            let r = ops::park::park(&ctx, table, &opts).await?;
             Ok(print(&r, json))
         }
         Command::Worker(a) => {

@@ -49,7 +49,22 @@ pub enum Ledger {
     /// Read from the ledger (`None`: no item, so no counted attempts).
     Stored(Option<StoredAttempts>),
     /// The ledger could not be read after storage retries: fall back to the receive count.
+    /// Its completion marker and a park cannot be seen either.
     Unavailable,
+    /// The job's completion marker (job types that opt in): it already succeeded, at
+    /// `at_ms` (epoch ms). This delivery is a duplicate and does not run.
+    Done {
+        /// When it succeeded.
+        at_ms: u64,
+    },
+    /// An operator parked the job (`triage park`) while it waited for its next retry: it
+    /// goes to the DLQ, class `parked`, without running.
+    Parked {
+        /// Handler executions counted before the park.
+        attempts: u32,
+        /// When it was parked (epoch ms).
+        at_ms: u64,
+    },
 }
 
 /// A job's stored attempt state.
@@ -157,6 +172,12 @@ pub enum Decision {
         /// Executions including this one.
         attempts: u32,
     },
+    /// The job already succeeded (its completion marker says so): delete the message without
+    /// running the handler. No attempt spent.
+    Duplicate {
+        /// When the job succeeded (epoch ms).
+        done_at_ms: u64,
+    },
     /// Transient failure with attempts left: come back after `delay`.
     Retry {
         /// Executions so far, this one included.
@@ -193,11 +214,11 @@ pub enum Decision {
 impl Decision {
     /// True when this decision spends no attempt.
     pub fn spends_no_attempt(&self) -> bool {
-        matches!(self, Self::Defer { .. } | Self::Release)
+        matches!(self, Self::Defer { .. } | Self::Release | Self::Duplicate { .. })
             || matches!(
                 self,
                 Self::DeadLetter {
-                    class: FailureClass::Invalid,
+                    class: FailureClass::Invalid | FailureClass::Parked,
                     ..
                 }
             )
@@ -207,6 +228,7 @@ impl Decision {
     pub fn name(&self) -> &'static str {
         match self {
             Self::Done { .. } => "succeeded",
+            Self::Duplicate { .. } => "duplicate",
             Self::Retry { .. } => "retried",
             Self::Defer { .. } => "deferred",
             Self::Release => "released",
@@ -226,6 +248,10 @@ impl Decision {
                 class: FailureClass::Expiring,
                 ..
             } => "dead_lettered_expiring",
+            Self::DeadLetter {
+                class: FailureClass::Parked,
+                ..
+            } => "dead_lettered_parked",
         }
     }
 }
@@ -238,6 +264,8 @@ pub(crate) fn attempts_before(record: RecordFacts, ledger: Ledger) -> u32 {
         // Every earlier receive may have run the handler: an upper bound, so nothing retries
         // forever while the ledger is down.
         Ledger::Unavailable => record.receive_count.saturating_sub(1),
+        Ledger::Done { .. } => 0,
+        Ledger::Parked { attempts, .. } => attempts,
     }
 }
 
@@ -275,10 +303,35 @@ pub fn invalid(reason: &str) -> Decision {
 /// draws give the same verdict, and every input gets exactly one.
 pub fn admit(inputs: &Inputs<'_>, rng: &mut dyn RngCore) -> Verdict {
     let prior = attempts_before(inputs.record, inputs.ledger);
+    // The ledger's facts come first: a finished job is never run again, and a parked one
+    // goes to the DLQ whatever else holds (its retry time, the breaker, the time left).
+    match inputs.ledger {
+        Ledger::Done { at_ms } => {
+            return Verdict::Settled(Decision::Duplicate { done_at_ms: at_ms });
+        }
+        Ledger::Parked { at_ms, .. } => return Verdict::Settled(parked(prior, at_ms)),
+        _ => {}
+    }
     match before_run(inputs, prior, rng) {
         Ok(attempt) => Verdict::Run { attempt },
         Err(d) => Verdict::Settled(finish(inputs, prior, d)),
     }
+}
+
+/// The decision for a job an operator parked at `at_ms`: dead-lettered, class `parked`, with
+/// the attempts it had used.
+pub fn parked(attempts: u32, at_ms: u64) -> Decision {
+    Decision::DeadLetter {
+        class: FailureClass::Parked,
+        attempts,
+        error: format!("parked by an operator at {}", rfc3339_ms(at_ms)),
+    }
+}
+
+/// An epoch-ms instant as RFC 3339 (UTC, seconds).
+pub fn rfc3339_ms(at_ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(at_ms);
+    humantime::format_rfc3339_seconds(t).to_string()
 }
 
 /// Decides, after the handler ran, what happens to the record: classifies the handler's error
@@ -502,4 +555,82 @@ fn after_run(
         }
     };
     (decision, Some(kind))
+}
+
+#[cfg(test)]
+mod ledger_fact_tests {
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+
+    const NOW: u64 = 1_800_000_000_000;
+
+    fn inputs(policy: &RetryPolicy, ledger: Ledger, gate: Gate, receive_count: u32) -> Inputs<'_> {
+        Inputs {
+            record: RecordFacts {
+                receive_count,
+                received_at_ms: NOW,
+                receive_limit: Some(receive_count),
+                expires_at_ms: Some(NOW),
+            },
+            ledger,
+            gate,
+            time_left: Some(Duration::ZERO),
+            policy,
+            now_ms: NOW,
+        }
+    }
+
+    #[test]
+    fn a_completed_job_is_a_duplicate_whatever_else_holds() {
+        let policy = RetryPolicy::default();
+        // Breaker open, no time left, last receive, retention over: still a duplicate, no
+        // attempt spent, no DLQ copy.
+        let i = inputs(
+            &policy,
+            Ledger::Done { at_ms: NOW - 5 },
+            Gate::Open { until_ms: NOW + 1 },
+            3,
+        );
+        let v = admit(&i, &mut StdRng::seed_from_u64(1));
+        assert_eq!(v, Verdict::Settled(Decision::Duplicate { done_at_ms: NOW - 5 }));
+        let Verdict::Settled(d) = v else { unreachable!() };
+        assert!(d.spends_no_attempt());
+        assert_eq!(d.name(), "duplicate");
+    }
+
+    #[test]
+    fn a_parked_job_is_dead_lettered_with_its_attempts_before_its_retry_time() {
+        let policy = RetryPolicy::default();
+        let ledger = Ledger::Parked {
+            attempts: 2,
+            at_ms: 1_700_000_000_000,
+        };
+        for gate in [
+            Gate::Closed,
+            Gate::Open {
+                until_ms: NOW + 60_000,
+            },
+        ] {
+            let i = inputs(&policy, ledger, gate, 3);
+            match admit(&i, &mut StdRng::seed_from_u64(1)) {
+                Verdict::Settled(Decision::DeadLetter {
+                    class,
+                    attempts,
+                    error,
+                }) => {
+                    assert_eq!((class, attempts), (FailureClass::Parked, 2));
+                    assert_eq!(error, "parked by an operator at 2023-11-14T22:13:20Z");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(
+            attempts_before(inputs(&policy, ledger, Gate::Closed, 9).record, ledger),
+            2
+        );
+        assert!(parked(2, NOW).spends_no_attempt());
+        assert_eq!(parked(2, NOW).name(), "dead_lettered_parked");
+    }
 }

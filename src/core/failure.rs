@@ -20,6 +20,9 @@ pub enum FailureClass {
     /// (`maxReceiveCount`) came while it was waiting (deferred, released or between
     /// retries), so it is dead-lettered with a record instead of being moved without one.
     Expiring,
+    /// An operator parked it (`triage park`) while it waited for its next retry: moved to the
+    /// DLQ at its next delivery without running, with the attempts it had used.
+    Parked,
 }
 
 impl FailureClass {
@@ -30,8 +33,20 @@ impl FailureClass {
             Self::Exhausted => "exhausted",
             Self::Invalid => "invalid",
             Self::Expiring => "expiring",
+            Self::Parked => "parked",
         }
     }
+}
+
+impl FailureClass {
+    /// Every class, in the order the CLI lists them.
+    pub const ALL: [FailureClass; 5] = [
+        Self::Fatal,
+        Self::Exhausted,
+        Self::Invalid,
+        Self::Expiring,
+        Self::Parked,
+    ];
 }
 
 impl std::fmt::Display for FailureClass {
@@ -47,7 +62,8 @@ pub struct FailureRecord {
     pub class: FailureClass,
     /// The last error, truncated to fit SQS's limits.
     pub error: String,
-    /// Handler executions so far (0 for `invalid`).
+    /// Handler executions so far (0 for `invalid`; for `parked`, the attempts used before the
+    /// park).
     pub attempts: u32,
     /// The job type, if the envelope named one.
     pub job_type: Option<String>,

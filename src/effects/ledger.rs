@@ -18,7 +18,9 @@ use std::time::Duration;
 use crate::clock::now_ms;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, KeysAndAttributes, ReturnValue, WriteRequest};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, DeleteRequest, KeysAndAttributes, PutRequest, ReturnValue, WriteRequest,
+};
 use tokio::time::Instant;
 
 use super::storage_retry::{BatchStep, StorageError, StorageRetry};
@@ -26,7 +28,7 @@ use super::table::{
     LEDGER_SK_DIGEST_PREFIX, LEDGER_SK_PREFIX, PK, SK, TTL_ATTRIBUTE, get_consistent, ledger_key, ledger_pk,
     ledger_sk,
 };
-use crate::core::decision::StoredAttempts;
+use crate::core::decision::{Ledger, StoredAttempts};
 
 /// Most keys one `BatchGetItem` accepts.
 pub(crate) const BATCH_GET_MAX: usize = 100;
@@ -98,6 +100,68 @@ pub struct LedgerItem {
     pub updated_at_ms: Option<u64>,
     /// When DynamoDB's TTL may remove it (epoch s).
     pub expires_at_s: Option<u64>,
+    /// Completion marker: the job succeeded at this instant (epoch ms). Job types that opt in.
+    pub done_at_ms: Option<u64>,
+    /// Parked by an operator at this instant (epoch ms): dead-lettered at its next delivery.
+    pub parked_at_ms: Option<u64>,
+    /// Who parked it, as the CLI was told.
+    pub parked_by: Option<String>,
+    /// Why it was parked, as the CLI was told.
+    pub parked_reason: Option<String>,
+    /// The receipt handle of the delivery whose retry it waits for (for `triage park`).
+    pub receipt_handle: Option<String>,
+    /// The queue that delivery came from.
+    pub queue_url: Option<String>,
+}
+
+/// What a batch needs from one job's ledger item: its attempts, and the facts that settle a
+/// delivery without running it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LedgerFacts {
+    /// Attempts and the earliest next attempt.
+    pub stored: StoredAttempts,
+    /// The completion marker, when it has not expired (epoch ms of the success).
+    pub done_at_ms: Option<u64>,
+    /// When an operator parked the job (epoch ms).
+    pub parked_at_ms: Option<u64>,
+    /// Who parked it and why, for the failure record.
+    pub park_note: Option<String>,
+}
+
+impl LedgerFacts {
+    /// The decision's view of a redelivery with this item: done, parked, or its attempts.
+    pub fn ledger(&self) -> Ledger {
+        match (self.done_at_ms, self.parked_at_ms) {
+            (Some(at_ms), _) => Ledger::Done { at_ms },
+            (None, Some(at_ms)) => Ledger::Parked {
+                attempts: self.stored.attempts,
+                at_ms,
+            },
+            (None, None) => Ledger::Stored(Some(self.stored)),
+        }
+    }
+}
+
+/// Where a message waiting for its retry can be reached: the receipt handle of the delivery
+/// that scheduled the retry and its queue. Stored with the count so `triage park` can make
+/// the message visible at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting<'a> {
+    /// The delivery's receipt handle.
+    pub receipt_handle: &'a str,
+    /// The queue URL it came from.
+    pub queue_url: &'a str,
+}
+
+/// The answer of [`AttemptLedger::park`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parked {
+    /// Parked now, or already parked (the item as it is after the write).
+    Parked(LedgerItem),
+    /// The job has a ledger but does not wait for a retry (no `next_attempt_at`), or is done.
+    NotWaiting(LedgerItem),
+    /// The job has no ledger item.
+    NoLedger,
 }
 
 impl LedgerItem {
@@ -131,7 +195,36 @@ impl LedgerItem {
             deliveries,
             updated_at_ms: n(item, "updated_at"),
             expires_at_s: n(item, TTL_ATTRIBUTE),
+            done_at_ms: n(item, "done_at"),
+            parked_at_ms: n(item, "parked_at"),
+            parked_by: s(item, "parked_by").map(str::to_owned),
+            parked_reason: s(item, "parked_reason").map(str::to_owned),
+            receipt_handle: s(item, "receipt_handle").map(str::to_owned),
+            queue_url: s(item, "queue_url").map(str::to_owned),
         })
+    }
+
+    /// The facts a batch reads at `now_ms`. A completion marker counts until its
+    /// `expires_at` (DynamoDB's TTL deletes items up to days late).
+    pub fn facts(&self, now_ms: u64) -> LedgerFacts {
+        let alive = self.expires_at_s.is_none_or(|e| e.saturating_mul(1000) > now_ms);
+        let note = match (&self.parked_by, &self.parked_reason) {
+            (Some(by), Some(why)) => Some(format!("by {by}: {why}")),
+            (Some(by), None) => Some(format!("by {by}")),
+            (None, Some(why)) => Some(why.clone()),
+            (None, None) => None,
+        };
+        LedgerFacts {
+            stored: self.stored(),
+            done_at_ms: self.done_at_ms.filter(|_| alive),
+            parked_at_ms: self.parked_at_ms,
+            park_note: self.parked_at_ms.and(note),
+        }
+    }
+
+    /// True when the job waits for its next retry (what `triage park` needs).
+    pub fn is_waiting(&self) -> bool {
+        self.next_attempt_at_ms.is_some() && self.done_at_ms.is_none()
     }
 }
 
@@ -226,6 +319,25 @@ impl AttemptLedger {
         I: IntoIterator,
         I::Item: JobRef,
     {
+        Ok(self
+            .read_facts(jobs, deadline)
+            .await?
+            .into_iter()
+            .map(|(k, f)| (k, f.stored))
+            .collect())
+    }
+
+    /// Like [`read_many`](Self::read_many), with every fact the batch needs from each item:
+    /// its attempts, its completion marker (unexpired) and its park. Same calls.
+    pub async fn read_facts<I>(
+        &self,
+        jobs: I,
+        deadline: Option<Instant>,
+    ) -> Result<HashMap<JobKey, LedgerFacts>, StorageError>
+    where
+        I: IntoIterator,
+        I::Item: JobRef,
+    {
         let ids = distinct(jobs);
         let chunks = ids
             .chunks(BATCH_GET_MAX)
@@ -241,7 +353,8 @@ impl AttemptLedger {
         &self,
         ids: Vec<JobKey>,
         deadline: Option<Instant>,
-    ) -> Result<Vec<(JobKey, StoredAttempts)>, StorageError> {
+    ) -> Result<Vec<(JobKey, LedgerFacts)>, StorageError> {
+        let now = now_ms();
         // Answers are matched to jobs by their key, not by the stored attributes: a key may be
         // a digest, and the key is what was asked for.
         let by_key: HashMap<(String, String), JobKey> = ids
@@ -272,7 +385,7 @@ impl AttemptLedger {
                     for item in items {
                         let job = key_strings(item).and_then(|k| by_key.get(&k));
                         if let (Some(job), Some(parsed)) = (job, LedgerItem::parse(item)) {
-                            step.succeeded.push((job.clone(), parsed.stored()));
+                            step.succeeded.push((job.clone(), parsed.facts(now)));
                         }
                     }
                 }
@@ -306,6 +419,33 @@ impl AttemptLedger {
         last_error: &str,
         deadline: Option<Instant>,
     ) -> Result<Counted, StorageError> {
+        self.count_waiting(
+            job_type,
+            job_id,
+            delivery,
+            next_attempt_at_ms,
+            None,
+            last_error,
+            deadline,
+        )
+        .await
+    }
+
+    /// [`count`](Self::count), storing as well, for a retry, where its message can be reached
+    /// while it waits (`waiting`: the delivery's receipt handle and queue), in the same write.
+    /// A count without `next_attempt_at_ms` removes them.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn count_waiting(
+        &self,
+        job_type: &str,
+        job_id: &str,
+        delivery: Delivery<'_>,
+        next_attempt_at_ms: Option<u64>,
+        waiting: Option<Waiting<'_>>,
+        last_error: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Counted, StorageError> {
+        let waiting = waiting.filter(|_| next_attempt_at_ms.is_some());
         let now = now_ms();
         let receive_count = delivery.receive_count;
         // Keyed by message as well as receive count: a producer's re-send of the same job id
@@ -317,9 +457,14 @@ impl AttemptLedger {
         if next_attempt_at_ms.is_some() {
             set.push_str(", next_attempt_at = :next");
         }
+        if waiting.is_some() {
+            set.push_str(", receipt_handle = :rh, queue_url = :q");
+        }
         let mut expr = format!("ADD attempts :one, deliveries :dset {set}");
-        if next_attempt_at_ms.is_none() {
-            expr.push_str(" REMOVE next_attempt_at");
+        match (next_attempt_at_ms, waiting) {
+            (None, _) => expr.push_str(" REMOVE next_attempt_at, receipt_handle, queue_url"),
+            (Some(_), None) => expr.push_str(" REMOVE receipt_handle, queue_url"),
+            (Some(_), Some(_)) => {}
         }
         let resp = self
             .retry
@@ -347,6 +492,11 @@ impl AttemptLedger {
                 if let Some(at) = next_attempt_at_ms {
                     req = req.expression_attribute_values(":next", num(at));
                 }
+                if let Some(w) = waiting {
+                    req = req
+                        .expression_attribute_values(":rh", AttributeValue::S(w.receipt_handle.to_owned()))
+                        .expression_attribute_values(":q", AttributeValue::S(w.queue_url.to_owned()));
+                }
                 req.send()
             })
             .await;
@@ -370,26 +520,76 @@ impl AttemptLedger {
         I: IntoIterator,
         I::Item: JobRef,
     {
-        let ids = distinct(jobs);
-        let chunks = ids
+        self.finish(jobs, Vec::new(), deadline).await
+    }
+
+    /// Finishes jobs in one batched write: deletes the ledgers of `forget` (as
+    /// [`forget`](Self::forget)) and replaces the items of `done` — each with its marker's
+    /// lifetime — with a completion marker (`done_at`). Both kinds share `BatchWriteItem`
+    /// calls, at most 25 requests each, chunks in parallel, unprocessed items sent again. The
+    /// puts are unconditional: every writer of a marker writes the same fact (see
+    /// `docs/state.md`). A job in both lists is marked, not deleted.
+    pub async fn finish<I>(
+        &self,
+        forget: I,
+        done: Vec<(JobKey, Duration)>,
+        deadline: Option<Instant>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator,
+        I::Item: JobRef,
+    {
+        let mut writes: Vec<(JobKey, Option<Duration>)> = Vec::new();
+        let mut seen: HashSet<JobKey> = HashSet::new();
+        for (k, ttl) in done {
+            if seen.insert(k.clone()) {
+                writes.push((k, Some(ttl)));
+            }
+        }
+        for k in distinct(forget) {
+            if seen.insert(k.clone()) {
+                writes.push((k, None));
+            }
+        }
+        let now = now_ms();
+        let chunks = writes
             .chunks(BATCH_WRITE_MAX)
-            .map(|c| self.forget_chunk(c.to_vec(), deadline));
+            .map(|c| self.write_chunk(c.to_vec(), now, deadline));
         futures::future::try_join_all(chunks).await?;
         Ok(())
     }
 
-    async fn forget_chunk(&self, ids: Vec<JobKey>, deadline: Option<Instant>) -> Result<(), StorageError> {
-        let by_key: HashMap<(String, String), JobKey> = ids
+    /// One `BatchWriteItem` of deletes (`None`) and completion markers (`Some(lifetime)`).
+    async fn write_chunk(
+        &self,
+        ids: Vec<(JobKey, Option<Duration>)>,
+        now: u64,
+        deadline: Option<Instant>,
+    ) -> Result<(), StorageError> {
+        let by_key: HashMap<(String, String), (JobKey, Option<Duration>)> = ids
             .iter()
-            .map(|(t, id)| ((ledger_pk(id), ledger_sk(t)), (t.clone(), id.clone())))
+            .map(|((t, id), mark)| ((ledger_pk(id), ledger_sk(t)), ((t.clone(), id.clone()), *mark)))
             .collect();
         let by_key = &by_key;
-        let result: super::storage_retry::BatchResult<JobKey, ()> = self
+        let result: super::storage_retry::BatchResult<(JobKey, Option<Duration>), ()> = self
             .retry
             .batch("BatchWriteItem", deadline, ids, |pending| async move {
                 let requests: Vec<WriteRequest> = pending
                     .iter()
-                    .map(|(t, id)| {
+                    .map(|((t, id), mark)| {
+                        if let Some(ttl) = mark {
+                            let mut item = ledger_key(t, id);
+                            item.insert("job_id".into(), AttributeValue::S(id.clone()));
+                            item.insert("job_type".into(), AttributeValue::S(t.clone()));
+                            item.insert("done_at".into(), num(now));
+                            item.insert("updated_at".into(), num(now));
+                            item.insert(TTL_ATTRIBUTE.into(), num(now / 1000 + ttl.as_secs().max(1)));
+                            let put = PutRequest::builder()
+                                .set_item(Some(item))
+                                .build()
+                                .expect("item is set");
+                            return WriteRequest::builder().put_request(put).build();
+                        }
                         let del = DeleteRequest::builder()
                             .set_key(Some(ledger_key(t, id)))
                             .build()
@@ -410,11 +610,11 @@ impl AttemptLedger {
                 let mut step = BatchStep::default();
                 if let Some(un) = resp.unprocessed_items().and_then(|u| u.get(&self.table)) {
                     for w in un {
-                        if let Some(job) = w
+                        let key = w
                             .delete_request()
                             .and_then(|d| key_strings(d.key()))
-                            .and_then(|k| by_key.get(&k))
-                        {
+                            .or_else(|| w.put_request().and_then(|p| key_strings(p.item())));
+                        if let Some(job) = key.and_then(|k| by_key.get(&k)) {
                             step.retry.push(job.clone());
                         }
                     }
@@ -425,6 +625,70 @@ impl AttemptLedger {
         match result.error {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// Parks a job that waits for its next retry: sets `parked_at` (kept when already set),
+    /// `parked_by` and `parked_reason` with one conditional `UpdateItem` (the item must exist
+    /// and have a `next_attempt_at`, and no completion marker). The processor dead-letters a
+    /// parked job at its next delivery. When the condition fails, one consistent read says
+    /// whether the job has a ledger at all.
+    pub async fn park(
+        &self,
+        job_type: &str,
+        job_id: &str,
+        by: Option<&str>,
+        reason: Option<&str>,
+    ) -> Result<Parked, StorageError> {
+        let now = now_ms();
+        let mut set = "SET parked_at = if_not_exists(parked_at, :now), updated_at = :now".to_owned();
+        if by.is_some() {
+            set.push_str(", parked_by = :by");
+        }
+        if reason.is_some() {
+            set.push_str(", parked_reason = :why");
+        }
+        let resp = self
+            .retry
+            .call("UpdateItem", None, || {
+                let mut req = self
+                    .client
+                    .update_item()
+                    .table_name(&self.table)
+                    .set_key(Some(ledger_key(job_type, job_id)))
+                    .update_expression(&set)
+                    .condition_expression(
+                        "attribute_exists(pk) AND attribute_exists(next_attempt_at) AND attribute_not_exists(done_at)",
+                    )
+                    .expression_attribute_values(":now", num(now))
+                    .return_values(ReturnValue::AllNew);
+                if let Some(by) = by {
+                    req = req.expression_attribute_values(":by", AttributeValue::S(truncate(by, 256).to_owned()));
+                }
+                if let Some(why) = reason {
+                    req = req.expression_attribute_values(
+                        ":why",
+                        AttributeValue::S(truncate(why, LAST_ERROR_MAX).to_owned()),
+                    );
+                }
+                req.send()
+            })
+            .await;
+        let fill = |mut i: LedgerItem| {
+            i.job_id = job_id.to_owned();
+            i.job_type.get_or_insert_with(|| job_type.to_owned());
+            i
+        };
+        match resp {
+            Ok(out) => Ok(match out.attributes().and_then(LedgerItem::parse) {
+                Some(i) => Parked::Parked(fill(i)),
+                None => Parked::NoLedger,
+            }),
+            Err(e) if e.is_conditional_check_failed() => match self.show(job_type, job_id).await? {
+                Some(i) => Ok(Parked::NotWaiting(i)),
+                None => Ok(Parked::NoLedger),
+            },
+            Err(e) => Err(e.with_resource(&self.table)),
         }
     }
 

@@ -55,6 +55,7 @@ impl Metrics {
     pub fn decision(&mut self, job_type: &str, d: &Decision) {
         let name = match d {
             Decision::Done { .. } => "Succeeded",
+            Decision::Duplicate { .. } => "Duplicate",
             Decision::Retry { delay, .. } => {
                 self.entry(job_type).retry_delay_ms.push(delay.as_millis() as u64);
                 "Retried"
@@ -68,6 +69,7 @@ impl Metrics {
                     crate::core::FailureClass::Exhausted => "DeadLetteredExhausted",
                     crate::core::FailureClass::Invalid => "DeadLetteredInvalid",
                     crate::core::FailureClass::Expiring => "DeadLetteredExpiring",
+                    crate::core::FailureClass::Parked => "DeadLetteredParked",
                 }
             }
         };

@@ -8,6 +8,7 @@ pub mod breaker;
 pub mod dlq;
 pub mod hints;
 pub mod output;
+pub mod park;
 pub mod send;
 pub mod setup;
 

@@ -12,7 +12,7 @@ use super::plan::{Plan, Step};
 use super::{BatchOutcome, Deadline, Processor, loggable};
 use crate::core::Decision;
 use crate::core::breaker::Phase;
-use crate::effects::ledger::Delivery;
+use crate::effects::ledger::{Delivery, Waiting};
 
 impl Processor {
     /// Step 4: performs `plan`.
@@ -41,6 +41,11 @@ impl Processor {
             .filter(|s| s.effects.forget)
             .map(|s| s.record.ledger_key())
             .collect();
+        let done: Vec<((String, String), std::time::Duration)> = steps
+            .iter()
+            .filter(|s| s.effects.settled && s.effects.mark_done)
+            .filter_map(|s| s.record.done_marker.map(|ttl| (s.record.ledger_key(), ttl)))
+            .collect();
         let reports = futures::future::join_all(breaker_reports.iter().map(|(t, a)| async move {
             let Some(b) = self.breakers.get(t) else {
                 return false;
@@ -60,8 +65,14 @@ impl Processor {
             self.count(&steps, deadline),
             reports,
             async {
-                if !forget.is_empty() {
-                    if let Err(e) = self.ledger.forget(&forget, deadline).await {
+                if forget.is_empty() && done.is_empty() {
+                    return;
+                }
+                let marks = done.len();
+                if let Err(e) = self.ledger.finish(&forget, done, deadline).await {
+                    if marks > 0 {
+                        warn!(error = %e, completed = marks, "completion markers not written: a duplicate of these jobs would run again; the ledger items left expire by TTL");
+                    } else {
                         warn!(error = %e, "attempt ledger cleanup failed; the items expire by TTL");
                     }
                 }
@@ -129,8 +140,9 @@ impl Processor {
         }
     }
 
-    /// Counts executions in the ledger (one conditional write each, in parallel). Returns
-    /// the steps whose count could not be written.
+    /// Counts executions in the ledger (one conditional write each, in parallel); a retry's
+    /// count also stores where its message can be reached while it waits (for `triage
+    /// park`). Returns the steps whose count could not be written.
     async fn count(&self, steps: &[Step], deadline: Option<Instant>) -> Vec<usize> {
         let counted: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].effects.count).collect();
         let writes = futures::future::join_all(counted.iter().map(|&i| {
@@ -148,11 +160,16 @@ impl Processor {
                 message_id: &s.record.inc.message_id,
                 receive_count: s.record.inc.receive_count,
             };
-            self.ledger.count(
+            let waiting = Waiting {
+                receipt_handle: &s.record.inc.receipt_handle,
+                queue_url: &self.source_queue,
+            };
+            self.ledger.count_waiting(
                 s.record.job_type().unwrap_or_default(),
                 &s.record.job_id,
                 delivery,
                 next,
+                Some(waiting).filter(|w| !w.receipt_handle.is_empty()),
                 error,
                 deadline,
             )
@@ -210,5 +227,9 @@ fn log_decision(d: &Decision, body: Option<&str>, log_payloads: bool) {
         }
         Decision::Release => tracing::info!("released"),
         Decision::Done { attempts } => tracing::debug!(attempt = attempts, "succeeded"),
+        Decision::Duplicate { done_at_ms } => tracing::info!(
+            done_at_ms,
+            "duplicate of a completed job (its completion marker): deleted without running"
+        ),
     }
 }

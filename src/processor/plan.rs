@@ -63,6 +63,8 @@ pub struct Effects {
     pub count: bool,
     /// The job's ledger item is deleted.
     pub forget: bool,
+    /// The job's ledger item is replaced by its completion marker (job types that opt in).
+    pub mark_done: bool,
     /// Dead-lettered with a record on its last receive and refused by the DLQ: SQS's redrive
     /// moves it without a record (logged as an error, metric `ExpiringUnrecorded`).
     pub unrecorded: bool,
@@ -103,7 +105,8 @@ impl Processor {
     /// and the copy's answer decides the rest — accepted, it is settled (a bare copy's
     /// execution is counted so the ledger keeps the error); refused, it stays, and its
     /// execution, if it ran, is counted. A settled job's ledger item is deleted (unless it
-    /// keeps a bare copy's record).
+    /// keeps a bare copy's record); a success of a job type with a completion marker replaces
+    /// it with the marker instead, and a duplicate of a completed job is settled with no write.
     fn step(&self, key: usize, ran: Ran, now_ms: u64) -> Step {
         let Ran {
             record,
@@ -119,12 +122,21 @@ impl Processor {
         };
         let (copy, effects, refused) = match &decision {
             Decision::Done { .. } => {
+                let marks = record.done_marker.is_some();
                 let done = Effects {
                     settled: true,
-                    forget: has_item,
+                    forget: has_item && !marks,
+                    mark_done: marks,
                     ..Effects::default()
                 };
                 (None, done, done)
+            }
+            Decision::Duplicate { .. } => {
+                let dup = Effects {
+                    settled: true,
+                    ..Effects::default()
+                };
+                (None, dup, dup)
             }
             Decision::Retry { visibility, .. } => (None, stays(*visibility, true), stays(*visibility, true)),
             Decision::Defer { visibility, .. } => {
@@ -140,7 +152,11 @@ impl Processor {
                 attempts,
                 error,
             } => {
-                let copy = self.dlq_copy(key, &record, *class, *attempts, error, now_ms);
+                let error = match (class, &record.park_note) {
+                    (FailureClass::Parked, Some(note)) => format!("{error} ({note})"),
+                    _ => error.clone(),
+                };
+                let copy = self.dlq_copy(key, &record, *class, *attempts, &error, now_ms);
                 let bare = copy.bare.is_some();
                 let sent = Effects {
                     settled: true,
@@ -401,6 +417,7 @@ mod tests {
             visibility,
             count,
             forget,
+            mark_done: false,
             unrecorded: false,
         };
         assert_eq!(
@@ -443,5 +460,73 @@ mod tests {
         assert_eq!(plan.metrics.total("DeadLettered"), 2);
         assert_eq!(plan.metrics.by_type["t"].handler_ms.len(), 4);
         assert!(plan.steps.iter().all(|s| s.report.settled == s.effects.settled));
+    }
+
+    #[test]
+    fn completion_markers_replace_deletes_and_duplicates_write_nothing() {
+        let p = processor();
+        let mut marked = ran(&p, 0, Decision::Done { attempts: 2 }, ran_with(None, None), true);
+        marked.record.done_marker = Some(Duration::from_secs(60));
+        let mut first = ran(&p, 1, Decision::Done { attempts: 1 }, ran_with(None, None), false);
+        first.record.done_marker = Some(Duration::from_secs(60));
+        let dup = ran(&p, 2, Decision::Duplicate { done_at_ms: NOW - 1 }, None, false);
+        let plain = ran(&p, 3, Decision::Done { attempts: 2 }, ran_with(None, None), true);
+        let plan = p.plan(vec![marked, first, dup, plain], NOW);
+        let effects: Vec<(bool, bool, bool, bool)> = plan
+            .steps
+            .iter()
+            .map(|s| {
+                (
+                    s.effects.settled,
+                    s.effects.forget,
+                    s.effects.mark_done,
+                    s.effects.count,
+                )
+            })
+            .collect();
+        assert_eq!(
+            effects,
+            vec![
+                (true, false, true, false),
+                (true, false, true, false),
+                (true, false, false, false),
+                (true, true, false, false),
+            ]
+        );
+        assert!(
+            plan.steps
+                .iter()
+                .all(|s| s.copy.is_none() && s.effects.visibility.is_none())
+        );
+        assert_eq!(plan.metrics.total("Duplicate"), 1);
+        assert_eq!(plan.metrics.total("Succeeded"), 3);
+    }
+
+    #[test]
+    fn a_parked_job_gets_a_copy_of_class_parked_with_who_and_why() {
+        let p = processor();
+        let mut parked = ran(&p, 0, crate::core::decision::parked(3, NOW - 1_000), None, true);
+        parked.record.park_note = Some("by ops: vendor down".into());
+        let plan = p.plan(vec![parked], NOW);
+        let step = &plan.steps[0];
+        assert_eq!(
+            (step.effects.settled, step.effects.forget, step.effects.count),
+            (true, true, false)
+        );
+        assert!(
+            !step.refused.count,
+            "it never ran: nothing to count if the DLQ refuses it"
+        );
+        let copy = step.copy.as_ref().unwrap();
+        let record: crate::core::failure::FailureRecord =
+            serde_json::from_str(copy.message.attributes[FAILURE_ATTRIBUTE].string_value().unwrap()).unwrap();
+        assert_eq!((record.class, record.attempts), (FailureClass::Parked, 3));
+        assert!(
+            record.error.starts_with("parked by an operator at ")
+                && record.error.ends_with("(by ops: vendor down)"),
+            "{}",
+            record.error
+        );
+        assert_eq!(plan.metrics.total("DeadLetteredParked"), 1);
     }
 }

@@ -1,6 +1,7 @@
 //! Step 1, read: each record's envelope parsed and its job type routed, then what the batch
-//! needs from storage — the attempt ledger for redeliveries (one batched read) and one breaker
-//! state per job type.
+//! needs from storage — the attempt ledger for redeliveries and for first deliveries of job
+//! types with a completion marker (one batched read: attempts, completion markers and parks
+//! come back together) — and one breaker state per job type.
 
 use std::collections::HashMap;
 
@@ -30,6 +31,10 @@ pub struct Record {
     pub(super) received_at_ms: u64,
     pub(super) ledger: Ledger,
     pub(super) had_ledger_item: bool,
+    /// The lifetime of its job type's completion marker, when the type has one.
+    pub(super) done_marker: Option<std::time::Duration>,
+    /// Who parked the job and why, when the ledger says it is parked.
+    pub(super) park_note: Option<String>,
 }
 
 impl Record {
@@ -52,9 +57,10 @@ impl Record {
         (t, id, self.inc.message_id.clone())
     }
 
-    /// A redelivery of a runnable job: its ledger is read.
+    /// A redelivery of a runnable job, or any delivery of a job type with a completion
+    /// marker: its ledger is read.
     fn reads_ledger(&self) -> bool {
-        self.job.is_ok() && self.inc.receive_count > 1
+        self.job.is_ok() && (self.inc.receive_count > 1 || self.done_marker.is_some())
     }
 }
 
@@ -77,6 +83,10 @@ impl Processor {
             _ => inc.message_id.clone(),
         };
         let named_type = parsed.as_ref().ok().map(|j| j.job_type.clone());
+        let done_marker = parsed
+            .as_ref()
+            .ok()
+            .and_then(|j| self.registry.done_marker_ttl(&j.job_type));
         let job =
             parsed
                 .map_err(|e| e.to_string())
@@ -92,11 +102,15 @@ impl Processor {
             received_at_ms: now_ms(),
             ledger: Ledger::FirstDelivery,
             had_ledger_item: false,
+            done_marker,
+            park_note: None,
         }
     }
 
-    /// Reads the ledger for redeliveries, in one batched call, adding back the counts this
-    /// environment could not write. An unreadable ledger falls back to the receive count.
+    /// Reads the ledger for redeliveries and for first deliveries of job types with a
+    /// completion marker, in one batched call, adding back the counts this environment could
+    /// not write. An unreadable ledger falls back to the receive count (and then neither a
+    /// completion marker nor a park can be seen).
     pub(super) async fn load_ledger(
         &self,
         records: &mut [Record],
@@ -111,40 +125,49 @@ impl Processor {
         if ids.is_empty() {
             return;
         }
-        let stored = match self.ledger.read_many(&ids, deadline.admission()).await {
+        let stored = match self.ledger.read_facts(&ids, deadline.admission()).await {
             Ok(m) => Some(m),
             Err(e) => {
-                warn!(error = %e, records = ids.len(), "attempt ledger unavailable: falling back to ApproximateReceiveCount");
+                warn!(error = %e, records = ids.len(), "attempt ledger unavailable: falling back to ApproximateReceiveCount; completion markers and parks cannot be seen, so such jobs run as if neither were set");
                 None
             }
         };
         for r in records.iter_mut().filter(|r| r.reads_ledger()) {
-            r.ledger = match &stored {
-                Some(m) => {
-                    let item = m.get(&r.ledger_key()).copied();
-                    r.had_ledger_item = item.is_some();
-                    // Counts this environment could not write are added back.
-                    let lost = self
-                        .lost_counts
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get(&r.lost_key());
-                    Ledger::Stored(match (item, lost) {
-                        (item, 0) => item,
-                        (Some(i), n) => Some(StoredAttempts {
-                            attempts: i.attempts.saturating_add(n),
-                            ..i
-                        }),
-                        (None, n) => Some(StoredAttempts {
-                            attempts: n,
-                            next_attempt_at_ms: None,
-                        }),
-                    })
+            let redelivery = r.inc.receive_count > 1;
+            let Some(m) = &stored else {
+                metrics.add(self.dimension(r.job_type()), "LedgerFallback", 1);
+                if redelivery {
+                    r.ledger = Ledger::Unavailable;
                 }
-                None => {
-                    metrics.add(self.dimension(r.job_type()), "LedgerFallback", 1);
-                    Ledger::Unavailable
+                continue;
+            };
+            let facts = m.get(&r.ledger_key()).cloned();
+            if !redelivery {
+                // A first delivery reads only the completion marker: its attempts start at 0
+                // as without one.
+                if let Some(at_ms) = facts.and_then(|f| f.done_at_ms) {
+                    r.ledger = Ledger::Done { at_ms };
                 }
+                continue;
+            }
+            r.had_ledger_item = facts.is_some();
+            // Counts this environment could not write are added back.
+            let lost = self
+                .lost_counts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&r.lost_key());
+            r.ledger = match facts {
+                Some(mut f) => {
+                    f.stored.attempts = f.stored.attempts.saturating_add(lost);
+                    r.park_note = f.park_note.clone();
+                    f.ledger()
+                }
+                None if lost == 0 => Ledger::Stored(None),
+                None => Ledger::Stored(Some(StoredAttempts {
+                    attempts: lost,
+                    next_attempt_at_ms: None,
+                })),
             };
         }
     }

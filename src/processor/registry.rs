@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
@@ -80,6 +81,8 @@ pub struct Registry {
     default_breaker: BreakerConfig,
     /// The defaults are the runtime configuration's (see [`Registry::default`]).
     configured_defaults: bool,
+    /// Job types with a completion marker, and how long each marker lives.
+    done_markers: HashMap<String, Duration>,
 }
 
 impl Default for Registry {
@@ -107,7 +110,51 @@ impl Registry {
             default_policy,
             default_breaker,
             configured_defaults: false,
+            done_markers: HashMap::new(),
         }
+    }
+
+    /// Opts `job_type` in to a completion marker living `ttl`: after a success its ledger item
+    /// is replaced by a marker saying the job id is done (one batched write per batch of
+    /// successes), and a later delivery of the same job type and id while the marker lives (a
+    /// duplicate delivery, a producer's re-send, a rerun after a lost delete) is deleted
+    /// without running the handler. Off by default: without it a success makes no write.
+    /// Costs one ledger read per batch holding such a job type, first deliveries included.
+    /// Wins over `TRIAGE_DONE_MARKER_TYPES` / `TRIAGE_DONE_MARKER_TTL_S` for this job type.
+    pub fn done_marker(mut self, job_type: impl Into<String>, ttl: Duration) -> Self {
+        self.done_markers
+            .insert(job_type.into(), ttl.max(Duration::from_secs(1)));
+        self
+    }
+
+    /// Opts the listed job types in to a completion marker living `ttl`, unless code already
+    /// chose one for them ([`done_marker`](Self::done_marker)). The runtimes call it at
+    /// start-up with `TRIAGE_DONE_MARKER_TYPES` and `TRIAGE_DONE_MARKER_TTL_S`.
+    pub fn configured_done_markers(mut self, job_types: &[String], ttl: Duration) -> Self {
+        for t in job_types {
+            self.done_markers
+                .entry(t.clone())
+                .or_insert(ttl.max(Duration::from_secs(1)));
+        }
+        self
+    }
+
+    /// The lifetime of `job_type`'s completion marker, when it has one.
+    pub fn done_marker_ttl(&self, job_type: &str) -> Option<Duration> {
+        self.done_markers.get(job_type).copied()
+    }
+
+    /// Job types with a completion marker whose type has no handler (a typo in
+    /// `TRIAGE_DONE_MARKER_TYPES`, say), sorted.
+    pub fn unrouted_done_markers(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self
+            .done_markers
+            .keys()
+            .filter(|t| !self.routes.contains_key(*t))
+            .map(String::as_str)
+            .collect();
+        v.sort_unstable();
+        v
     }
 
     /// Whether the defaults follow the runtime's configuration ([`Registry::default`]) rather
@@ -231,8 +278,6 @@ impl Registry {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     async fn ok(_: serde_json::Value, _: JobContext) -> Result<(), JobError> {
@@ -275,5 +320,21 @@ mod tests {
         assert!(!r.follows_configuration());
         assert_eq!(r.default_policy().max_attempts(), 4);
         assert_eq!(r.route("t").unwrap().policy.max_attempts(), 4);
+    }
+
+    #[test]
+    fn done_markers_are_off_by_default_and_code_wins_over_the_configuration() {
+        let r = Registry::default()
+            .handle("a", ok)
+            .handle("b", ok)
+            .handle("c", ok);
+        assert_eq!(r.done_marker_ttl("a"), None, "off by default");
+        let r = r
+            .done_marker("a", Duration::from_secs(60))
+            .configured_done_markers(&["a".into(), "b".into(), "typo".into()], Duration::from_secs(600));
+        assert_eq!(r.done_marker_ttl("a"), Some(Duration::from_secs(60)));
+        assert_eq!(r.done_marker_ttl("b"), Some(Duration::from_secs(600)));
+        assert_eq!(r.done_marker_ttl("c"), None);
+        assert_eq!(r.unrouted_done_markers(), vec!["typo"]);
     }
 }

@@ -77,7 +77,7 @@ impl Processor {
                     };
                     // A dead-lettered record blocks its group too: its DLQ copy is sent after
                     // the handlers, and a later record must not run before that copy exists.
-                    blocked |= !matches!(r.decision, Decision::Done { .. });
+                    blocked |= !matches!(r.decision, Decision::Done { .. } | Decision::Duplicate { .. });
                     out.push((i, r));
                 }
                 out

@@ -79,7 +79,9 @@ pub async fn build_with(
     sqs_conf: aws_sdk_sqs::config::Builder,
     ddb_conf: aws_sdk_dynamodb::config::Builder,
 ) -> Result<Environment, RuntimeError> {
-    let registry = registry.configured(&config.policy, config.breaker);
+    let registry = registry
+        .configured(&config.policy, config.breaker)
+        .configured_done_markers(&config.done_marker_types, config.done_marker_ttl);
     let queue_url = Config::require(&config.queue_url, "TRIAGE_QUEUE_URL")?.to_owned();
     let dlq_url = Config::require(&config.dlq_url, "TRIAGE_DLQ_URL")?.to_owned();
     let table = Config::require(&config.table, "TRIAGE_TABLE")?.to_owned();
@@ -180,6 +182,11 @@ pub async fn build_with(
             ));
         }
         Err(e) => return Err(table_error(e, &table).into()),
+    }
+    for t in registry.unrouted_done_markers() {
+        warnings.push(format!(
+            "TRIAGE_DONE_MARKER_TYPES names `{t}`, which has no handler here: no completion marker is written for it"
+        ));
     }
     for w in &warnings {
         tracing::warn!(startup_check = "degraded", "{w}");

@@ -209,9 +209,9 @@ impl Filter {
     /// Checks the class names.
     pub fn validate(&self) -> OpsResult<()> {
         for c in &self.classes {
-            if !["fatal", "exhausted", "invalid", "expiring", UNRECORDED].contains(&c.as_str()) {
+            if !["fatal", "exhausted", "invalid", "expiring", "parked", UNRECORDED].contains(&c.as_str()) {
                 return Err(OpsError::usage(format!(
-                    "unknown failure class `{c}`: use fatal, exhausted, invalid, expiring or {UNRECORDED}"
+                    "unknown failure class `{c}`: use fatal, exhausted, invalid, expiring, parked or {UNRECORDED}"
                 )));
             }
         }
