@@ -646,6 +646,11 @@ fn any_ledger() -> impl Strategy<Value = Ledger> {
         Just(Ledger::Stored(None)),
         (any::<u32>(), proptest::option::of(0u64..200_000_000))
             .prop_map(|(a, n)| stored(a, n.map(|n| NOW - 100_000_000 + n))),
+        (0u64..100_000_000).prop_map(|d| Ledger::Done { at_ms: NOW - d }),
+        (any::<u32>(), 0u64..100_000_000).prop_map(|(attempts, d)| Ledger::Parked {
+            attempts,
+            at_ms: NOW - d
+        }),
     ]
 }
 
@@ -730,8 +735,9 @@ proptest! {
                 prop_assert!(*attempts < policy.max_attempts());
             }
             Decision::Defer { visibility, .. } => prop_assert!(*visibility <= limit),
-            Decision::Release => prop_assert!(outcome.is_none()),
+            Decision::Release | Decision::Duplicate { .. } => prop_assert!(outcome.is_none()),
             Decision::DeadLetter { class: FailureClass::Invalid, attempts, .. } => prop_assert_eq!(*attempts, 0),
+            Decision::DeadLetter { class: FailureClass::Parked, .. } => prop_assert!(outcome.is_none()),
             Decision::DeadLetter { attempts, .. } | Decision::Done { attempts } => {
                 prop_assert!(*attempts >= 1 || outcome.is_none())
             }

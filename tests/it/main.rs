@@ -36,6 +36,7 @@ mod hostile;
 mod incident;
 mod lambda_events;
 mod ledger;
+mod ledger_facts;
 mod library_env;
 mod pipeline;
 mod stack;
