@@ -42,6 +42,8 @@ struct Workload {
     failing: Value,
     breaker: BreakerConfig,
     until: Until,
+    /// The job type opts in to a completion marker.
+    marker: bool,
 }
 
 fn workloads() -> Vec<Workload> {
@@ -59,6 +61,7 @@ fn workloads() -> Vec<Workload> {
             failing: json!({"outcome": "ok"}),
             breaker: quiet,
             until: Until::Settled,
+            marker: false,
         },
         Workload {
             name: "10% transient (succeed on the 2nd attempt)",
@@ -67,6 +70,7 @@ fn workloads() -> Vec<Workload> {
             failing: json!({"outcome": "transient", "fail_times": 1}),
             breaker: quiet,
             until: Until::Settled,
+            marker: false,
         },
         Workload {
             name: "10% fatal",
@@ -75,6 +79,7 @@ fn workloads() -> Vec<Workload> {
             failing: json!({"outcome": "fatal"}),
             breaker: quiet,
             until: Until::Settled,
+            marker: false,
         },
         Workload {
             name: "dependency outage, breaker opens (every job transient)",
@@ -83,6 +88,16 @@ fn workloads() -> Vec<Workload> {
             failing: json!({"outcome": "transient"}),
             breaker: BreakerConfig::default(),
             until: Until::Seen,
+            marker: false,
+        },
+        Workload {
+            name: "all succeed, completion marker on",
+            tag: "marker",
+            share: 0.0,
+            failing: json!({"outcome": "ok"}),
+            breaker: quiet,
+            until: Until::Settled,
+            marker: true,
         },
     ]
 }
@@ -235,6 +250,11 @@ async fn measure(w: &Workload, n: usize, quick: bool) -> Result<Measured, String
     config.table = Some(created.table.clone());
     let p = policy();
     let registry = chaos::register(Registry::new(p.clone(), w.breaker), p, w.breaker);
+    let registry = if w.marker {
+        registry.done_marker(CHAOS, Duration::from_secs(86_400))
+    } else {
+        registry
+    };
     let env = build(&config, registry, &sdk)
         .await
         .map_err(|e| format!("build: {e}"))?;

@@ -268,6 +268,7 @@ impl Report {
             ("transient", "10% transient"),
             ("fatal", "10% fatal"),
             ("outage", "dependency outage, breaker opens"),
+            ("marker", "all succeed, completion marker on"),
         ] {
             row(
                 format!("AWS calls per 1,000 messages: {name}"),

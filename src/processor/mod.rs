@@ -20,11 +20,13 @@
 //! a `Record`, admitted and run into a `Ran`, planned into a `Step`, executed into its
 //! [`RecordReport`].
 //!
-//! Per invocation it makes at most: one ledger read for all redeliveries (none when every
-//! record is a first delivery), one cached breaker read per job type, and then, only for
-//! records that need them, batched DLQ sends, batched visibility changes, one conditional
-//! ledger write per retried record, one batched ledger delete, and one breaker report per job
-//! type. A batch of first deliveries that all succeed makes no AWS call at all.
+//! Per invocation it makes at most: one ledger read for all redeliveries and for the records
+//! of job types with a completion marker (none when every record is a first delivery of a
+//! type without one), one cached breaker read per job type, and then, only for records that
+//! need them, batched DLQ sends, batched visibility changes, one conditional ledger write per
+//! retried record, one batched ledger write (deletes and completion markers), and one breaker
+//! report per job type. A batch of first deliveries that all succeed, of job types without a
+//! completion marker, makes no AWS call at all.
 
 mod execute;
 mod lost;
