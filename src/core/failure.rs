@@ -38,17 +38,6 @@ impl FailureClass {
     }
 }
 
-impl FailureClass {
-    /// Every class, in the order the CLI lists them.
-    pub const ALL: [FailureClass; 5] = [
-        Self::Fatal,
-        Self::Exhausted,
-        Self::Invalid,
-        Self::Expiring,
-        Self::Parked,
-    ];
-}
-
 impl std::fmt::Display for FailureClass {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
