@@ -223,15 +223,8 @@ async fn park_refuses_what_it_cannot_park_in_one_clear_line() {
     let human = triage(&h, &["park", "shared", "--type", "b"]);
     let text = String::from_utf8_lossy(&human.stdout);
     assert!(text.contains("at its scheduled retry"), "{text}");
-    assert_eq!(
-        l.show("b", "shared")
-            .await
-            .unwrap()
-            .unwrap()
-            .parked_at_ms
-            .is_some(),
-        true
-    );
+    let b = l.show("b", "shared").await.unwrap().unwrap();
+    assert!(b.parked_at_ms.is_some(), "{b:?}");
     assert_eq!(
         l.show("a", "shared").await.unwrap().unwrap().parked_at_ms,
         None,
