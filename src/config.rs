@@ -39,6 +39,10 @@ pub struct Config {
     pub concurrency: usize,
     /// `TRIAGE_LOG_PAYLOADS`: include bodies in logs (default off).
     pub log_payloads: bool,
+    /// `TRIAGE_HEARTBEAT_S`: seconds between the visibility heartbeat's ticks while a batch
+    /// runs (0 to 3600, default 5); `None` (`0`): no heartbeat. See
+    /// [`Processor::with_heartbeat`](crate::processor::Processor::with_heartbeat).
+    pub heartbeat: Option<Duration>,
 }
 
 /// A number type a variable is read as: whole numbers (`u32`, `u64`, `usize`) or any number
@@ -138,6 +142,8 @@ pub struct Vars {
     pub breaker_cache_ms: Var<u64>,
     /// `TRIAGE_CONCURRENCY`
     pub concurrency: Var<usize>,
+    /// `TRIAGE_HEARTBEAT_S`
+    pub heartbeat_s: Var<u64>,
 }
 
 /// The numeric variables, their defaults and accepted ranges: the table the parser reads with.
@@ -161,6 +167,12 @@ pub fn vars() -> Vars {
             300_000,
         ),
         concurrency: var("TRIAGE_CONCURRENCY", 10, 1, 1000),
+        heartbeat_s: var(
+            "TRIAGE_HEARTBEAT_S",
+            crate::processor::DEFAULT_HEARTBEAT.as_secs(),
+            0,
+            3_600,
+        ),
     }
 }
 
@@ -189,6 +201,7 @@ pub fn limits() -> Vec<Limit> {
         breaker_successes,
         breaker_cache_ms,
         concurrency,
+        heartbeat_s,
     } = vars();
     vec![
         max_attempts.limit(),
@@ -203,6 +216,7 @@ pub fn limits() -> Vec<Limit> {
         breaker_successes.limit(),
         breaker_cache_ms.limit(),
         concurrency.limit(),
+        heartbeat_s.limit(),
     ]
 }
 
@@ -294,6 +308,7 @@ impl Config {
             breaker,
             concurrency: v.concurrency.read(lookup)?,
             log_payloads,
+            heartbeat: Some(Duration::from_secs(v.heartbeat_s.read(lookup)?)).filter(|d| !d.is_zero()),
         })
     }
 
@@ -325,6 +340,23 @@ mod tests {
         assert_eq!(c.breaker.threshold(), 5);
         assert_eq!(c.concurrency, 10);
         assert!(!c.log_payloads);
+        assert_eq!(c.heartbeat, Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn the_heartbeat_is_off_at_zero_and_bad_values_name_the_variable() {
+        assert_eq!(with(&[("TRIAGE_HEARTBEAT_S", "0")]).unwrap().heartbeat, None);
+        assert_eq!(
+            with(&[("TRIAGE_HEARTBEAT_S", "12")]).unwrap().heartbeat,
+            Some(Duration::from_secs(12))
+        );
+        for bad in ["-1", "3601", "2.5", "often"] {
+            let e = with(&[("TRIAGE_HEARTBEAT_S", bad)]).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("TRIAGE_HEARTBEAT_S={bad:?} is not valid: expected a number from 0 to 3600")
+            );
+        }
     }
 
     #[test]

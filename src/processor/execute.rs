@@ -101,6 +101,7 @@ impl Processor {
             records,
             metrics,
             whole_batch_failed,
+            visible_until: None,
         }
     }
 
