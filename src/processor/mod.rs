@@ -27,7 +27,9 @@
 //! record is a first delivery), one cached breaker read per job type, and then, only for
 //! records that need them, batched DLQ sends, batched visibility changes, one conditional
 //! ledger write per retried record, one batched ledger delete, and one breaker report per job
-//! type. A batch of first deliveries that all succeed makes no AWS call at all.
+//! type; and, per heartbeat tick while handlers still run, one visibility change per ten
+//! messages. A batch of first deliveries that all succeed before the first tick makes no AWS
+//! call at all.
 
 mod execute;
 mod heartbeat;

@@ -2,11 +2,12 @@
 //! and for hosts outside Lambda.
 //!
 //! Each batch has a deadline tied to the source queue's visibility timeout (read once, at
-//! start-up, and passed on every receive): the processor stops a handler still running at
+//! start-up, and passed on every receive), moved forward by the processor's visibility
+//! heartbeat as SQS accepts its extensions: the processor stops a handler still running at
 //! its report margin before that deadline (a transient failure, counted), settles the batch
 //! and the worker deletes what is settled, all before the messages could be handed to
-//! another consumer. On SIGINT/SIGTERM it stops receiving, releases the records not started
-//! and waits for the running batches at most until their deadline. Receives that fail are
+//! another consumer. On SIGINT/SIGTERM it stops receiving, releases the records not started,
+//! stops extending, and waits for the running batches at most until their deadline. Receives that fail are
 //! retried with capped exponential backoff; a permanent failure (queue deleted, access
 //! denied) that lasts longer than [`Worker::with_give_up_after`] ends the worker with an
 //! error.
