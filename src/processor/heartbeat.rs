@@ -14,9 +14,12 @@
 //!   so a message is visible again no later than [`DEADLINE_SLACK`] after the invocation's
 //!   deadline, and always within SQS's 12-hour limit counted from the receive.
 //! - **When it stops**: when the run step ends, before the plan is made: the tick in flight,
-//!   if any, is awaited, never dropped, so no extension can reach SQS after the execute step
-//!   set a record's final visibility or deleted it (ordering, not timing). A draining worker
-//!   stops ticking at once, so its batches end by their deadline.
+//!   if any, is awaited to its answer, never dropped, so no extension can reach SQS after the
+//!   execute step set a record's final visibility or deleted it (ordering, not timing). A
+//!   tick's call is given up only after as long as its extension lasts (or at the report margin
+//!   before the deadline); a request given up then that still reaches SQS late makes its
+//!   message come back early, where the early-arrival check defers it without spending an
+//!   attempt. A draining worker stops ticking at once, so its batches end by their deadline.
 //! - **When it fails**: a tick whose call or entries fail (throttling after the storage
 //!   retries, a receipt handle SQS no longer knows) is logged; it fails neither the batch nor
 //!   the record. A worker's batch deadline moves only with extensions SQS accepted for every
@@ -173,10 +176,12 @@ impl Processor {
         if entries.is_empty() {
             return;
         }
-        // A slow tick may take until one tick before its extension would run out (the next
-        // waits for it), and must end before the batch settles.
-        let patience = sent + every.saturating_mul(TICKS_AHEAD - 1);
-        let call_deadline = deadline.settle().map_or(patience, |s| s.min(patience));
+        // A slow tick is waited for as long as its extension would last (the next tick waits
+        // for it), but not past the report margin before the deadline, so the batch still
+        // settles in time. One abandoned then may still reach SQS later: its message then
+        // comes back before its retry delay and the early-arrival check defers it, unspent.
+        let patience = sent + every.saturating_mul(TICKS_AHEAD);
+        let call_deadline = deadline.admission().map_or(patience, |s| s.min(patience));
         let secs: std::collections::HashMap<usize, i32> = entries.iter().map(|e| (e.0, e.2)).collect();
         let asked = entries.len();
         let answer = self
