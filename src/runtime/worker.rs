@@ -605,6 +605,7 @@ async fn serve(
     tracing::info!(
         queue = %worker.env.queue_url,
         visibility_s = visibility.as_secs(),
+        heartbeat_s = worker.env.processor.heartbeat().map_or(0, |d| d.as_secs()),
         batches = worker.batches,
         "worker started"
     );
