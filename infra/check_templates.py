@@ -56,7 +56,7 @@ LOG_ACTIONS = {"logs:CreateLogStream", "logs:PutLogEvents"}
 # Which queue each SQS action of the function's code goes to (the source queue's URL is
 # TRIAGE_QUEUE_URL, the DLQ's TRIAGE_DLQ_URL; see src/processor/mod.rs and src/runtime/env.rs).
 QUEUES_OF_SQS_ACTION = {
-    "sqs:ChangeMessageVisibility": {"source"},   # retries and deferrals
+    "sqs:ChangeMessageVisibility": {"source"},   # retries, deferrals, the heartbeat
     "sqs:DeleteMessage": {"source"},
     "sqs:ReceiveMessage": {"source"},
     "sqs:SendMessage": {"dlq"},                  # dead-lettered copies

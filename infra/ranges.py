@@ -60,6 +60,9 @@ NOT_DEPLOYED = {
     # Tuning knobs of the breaker kept at their defaults in the reference stacks.
     "TRIAGE_BREAKER_SUCCESSES": "half-open successes to close; the default suits the reference stacks",
     "TRIAGE_BREAKER_CACHE_MS": "breaker read cache; the default suits the reference stacks",
+    # The stacks' visibility timeout is 6 x the function timeout: the heartbeat's default
+    # (5 s) only matters for messages that waited in a batching window.
+    "TRIAGE_HEARTBEAT_S": "visibility heartbeat; the default suits the reference stacks",
 }
 
 PARITY_SETTINGS = ROOT / "infra/parity-settings.json"

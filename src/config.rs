@@ -44,6 +44,10 @@ pub struct Config {
     pub done_marker_types: Vec<String>,
     /// `TRIAGE_DONE_MARKER_TTL_S`: how long a completion marker lives (default 1 day).
     pub done_marker_ttl: Duration,
+    /// `TRIAGE_HEARTBEAT_S`: seconds between the visibility heartbeat's ticks while a batch
+    /// runs (0 to 3600, default 5); `None` (`0`): no heartbeat. See
+    /// [`Processor::with_heartbeat`](crate::processor::Processor::with_heartbeat).
+    pub heartbeat: Option<Duration>,
 }
 
 /// A number type a variable is read as: whole numbers (`u32`, `u64`, `usize`) or any number
@@ -145,6 +149,8 @@ pub struct Vars {
     pub concurrency: Var<usize>,
     /// `TRIAGE_DONE_MARKER_TTL_S`
     pub done_marker_ttl_s: Var<u64>,
+    /// `TRIAGE_HEARTBEAT_S`
+    pub heartbeat_s: Var<u64>,
 }
 
 /// The numeric variables, their defaults and accepted ranges: the table the parser reads with.
@@ -171,6 +177,12 @@ pub fn vars() -> Vars {
         // A minute to 15 days (the attempt ledger's own lifetime: SQS's longest retention and
         // a day).
         done_marker_ttl_s: var("TRIAGE_DONE_MARKER_TTL_S", 86_400, 60, 1_296_000),
+        heartbeat_s: var(
+            "TRIAGE_HEARTBEAT_S",
+            crate::processor::DEFAULT_HEARTBEAT.as_secs(),
+            0,
+            3_600,
+        ),
     }
 }
 
@@ -200,6 +212,7 @@ pub fn limits() -> Vec<Limit> {
         breaker_cache_ms,
         concurrency,
         done_marker_ttl_s,
+        heartbeat_s,
     } = vars();
     vec![
         max_attempts.limit(),
@@ -215,6 +228,7 @@ pub fn limits() -> Vec<Limit> {
         breaker_cache_ms.limit(),
         concurrency.limit(),
         done_marker_ttl_s.limit(),
+        heartbeat_s.limit(),
     ]
 }
 
@@ -333,6 +347,7 @@ impl Config {
             log_payloads,
             done_marker_types,
             done_marker_ttl,
+            heartbeat: Some(Duration::from_secs(v.heartbeat_s.read(lookup)?)).filter(|d| !d.is_zero()),
         })
     }
 
@@ -364,6 +379,23 @@ mod tests {
         assert_eq!(c.breaker.threshold(), 5);
         assert_eq!(c.concurrency, 10);
         assert!(!c.log_payloads);
+        assert_eq!(c.heartbeat, Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn the_heartbeat_is_off_at_zero_and_bad_values_name_the_variable() {
+        assert_eq!(with(&[("TRIAGE_HEARTBEAT_S", "0")]).unwrap().heartbeat, None);
+        assert_eq!(
+            with(&[("TRIAGE_HEARTBEAT_S", "12")]).unwrap().heartbeat,
+            Some(Duration::from_secs(12))
+        );
+        for bad in ["-1", "3601", "2.5", "often"] {
+            let e = with(&[("TRIAGE_HEARTBEAT_S", bad)]).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("TRIAGE_HEARTBEAT_S={bad:?} is not valid: expected a number from 0 to 3600")
+            );
+        }
     }
 
     #[test]

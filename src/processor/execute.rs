@@ -112,6 +112,7 @@ impl Processor {
             records,
             metrics,
             whole_batch_failed,
+            visible_until: None,
         }
     }
 

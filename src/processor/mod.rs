@@ -8,6 +8,9 @@
 //! 2. **Admit and run** (`run.rs`): record by record — a FIFO group in order, everything else
 //!    side by side — admission (the decision before the handler, with a probe permit when the
 //!    breaker is half-open), the handler in its own task, and the decision after it: a `Ran`.
+//!    Meanwhile the visibility heartbeat (`heartbeat.rs`) keeps the batch's messages hidden
+//!    while handlers outlast their visibility timeout; it has stopped, its last call answered,
+//!    before step 3.
 //! 3. **Plan** (`plan.rs`): a pure function of the records and their decisions that returns
 //!    every effect: DLQ copies, visibility changes, ledger counts and deletes, breaker reports,
 //!    metrics and the per-record reports — a `Plan`.
@@ -25,10 +28,12 @@
 //! type without one), one cached breaker read per job type, and then, only for records that
 //! need them, batched DLQ sends, batched visibility changes, one conditional ledger write per
 //! retried record, one batched ledger write (deletes and completion markers), and one breaker
-//! report per job type. A batch of first deliveries that all succeed, of job types without a
-//! completion marker, makes no AWS call at all.
+//! report per job type; and, per heartbeat tick while handlers still run, one visibility
+//! change per ten messages. A batch of first deliveries that all succeed before the first
+//! tick, of job types without a completion marker, makes no AWS call at all.
 
 mod execute;
+mod heartbeat;
 mod lost;
 mod plan;
 mod read;
@@ -50,6 +55,8 @@ use crate::effects::breaker_store::BreakerStore;
 use crate::effects::ledger::AttemptLedger;
 use crate::effects::metrics::Metrics;
 use crate::effects::sqs::Sqs;
+use heartbeat::Hold;
+pub use heartbeat::{DEADLINE_SLACK, DEFAULT_HEARTBEAT, TICKS_AHEAD, extension};
 use lost::LostCounts;
 #[doc(hidden)]
 pub use plan::{Effects, Plan, Step};
@@ -68,38 +75,77 @@ pub(crate) const REPORT_MARGIN: Duration = Duration::from_millis(1_500);
 /// last effect.
 pub(crate) const SETTLE_MARGIN: Duration = Duration::from_millis(250);
 
-/// The invocation's deadline (none for the worker) and the deadlines derived from it, carried
-/// through a batch as one value.
+/// The batch's deadline and the deadlines derived from it, carried through a batch as one
+/// value: a Lambda invocation's deadline, fixed; or a worker's, `margin` before its messages'
+/// visibility timeout ends, which the visibility heartbeat moves as it extends them.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Deadline(Option<Instant>);
+pub struct Deadline {
+    at: Option<Instant>,
+    /// `Some`: the deadline is this long before the batch's messages may be visible again,
+    /// and follows them.
+    margin: Option<Duration>,
+}
 
 impl Deadline {
-    /// The invocation must answer by `at` (`None`: no deadline).
+    /// The invocation must answer by `at` (`None`: no deadline). It does not move.
     pub fn new(at: Option<Instant>) -> Self {
-        Self(at)
+        Self { at, margin: None }
     }
 
-    /// The invocation's deadline itself.
+    /// A batch of received messages hidden until `visible_until`, to settle `margin` before
+    /// that: when the heartbeat extends every message's visibility, the deadline moves with it.
+    pub fn visibility(visible_until: Instant, margin: Duration) -> Self {
+        Self {
+            at: Some(visible_until.checked_sub(margin).unwrap_or(visible_until)),
+            margin: Some(margin),
+        }
+    }
+
+    /// The deadline itself.
     pub fn at(self) -> Option<Instant> {
-        self.0
+        self.at
+    }
+
+    /// The invocation's fixed deadline, which no extension may outlast by more than
+    /// [`DEADLINE_SLACK`] (`None` for a deadline that follows visibility, or no deadline).
+    pub fn invocation(self) -> Option<Instant> {
+        self.at.filter(|_| self.margin.is_none())
+    }
+
+    /// When the batch's messages may be visible again at the earliest, for a deadline that
+    /// follows visibility.
+    pub fn visible_until(self) -> Option<Instant> {
+        self.at.zip(self.margin).map(|(at, m)| at + m)
+    }
+
+    /// The deadline once every message is known hidden until `until`: moved later for a
+    /// deadline that follows visibility, never earlier; a fixed one stays.
+    pub fn held_until(self, until: Instant) -> Self {
+        match (self.at, self.margin) {
+            (Some(at), Some(m)) => Self {
+                at: Some(at.max(until.checked_sub(m).unwrap_or(until))),
+                margin: Some(m),
+            },
+            _ => self,
+        }
     }
 
     /// The latest moment a call before the handlers may end, and when a handler still running
     /// is stopped: the report margin before the deadline, so a stalled read or probe request
     /// leaves time to settle the batch (its records are then released, unspent).
     pub fn admission(self) -> Option<Instant> {
-        self.0.map(|d| d.checked_sub(REPORT_MARGIN).unwrap_or(d))
+        self.at.map(|d| d.checked_sub(REPORT_MARGIN).unwrap_or(d))
     }
 
     /// The latest moment an effect after the handlers may end: the settle margin before the
     /// deadline, so the batch response still goes out in time.
     pub fn settle(self) -> Option<Instant> {
-        self.0.map(|d| d.checked_sub(SETTLE_MARGIN).unwrap_or(d))
+        self.at.map(|d| d.checked_sub(SETTLE_MARGIN).unwrap_or(d))
     }
 
     /// Time left before the deadline.
     pub fn time_left(self) -> Option<Duration> {
-        self.0.map(|d| d.saturating_duration_since(Instant::now()))
+        self.at.map(|d| d.saturating_duration_since(Instant::now()))
     }
 
     /// The deadline in epoch ms, `now_ms` being now: how long a probe permit is held.
@@ -126,6 +172,8 @@ pub struct Processor {
     retention: Option<Duration>,
     lost_counts: Arc<std::sync::Mutex<LostCounts>>,
     draining: Arc<AtomicBool>,
+    heartbeat: Option<Duration>,
+    visibility: Option<Duration>,
 }
 
 /// The processor's settings.
@@ -177,6 +225,10 @@ pub struct BatchOutcome {
     /// True when a record that must be reported failed has no message id: an empty
     /// `itemIdentifier` is never sent, so the whole batch is failed instead.
     pub whole_batch_failed: bool,
+    /// For a batch whose deadline follows visibility ([`Deadline::visibility`]): when its
+    /// messages may be visible again at the earliest, after the heartbeat's extensions (the
+    /// worker deletes the settled ones by then).
+    pub visible_until: Option<Instant>,
 }
 
 impl BatchOutcome {
@@ -214,7 +266,28 @@ impl Processor {
             retention: config.retention,
             lost_counts: Arc::default(),
             draining: Arc::new(AtomicBool::new(false)),
+            heartbeat: Some(DEFAULT_HEARTBEAT),
+            visibility: None,
         }
+    }
+
+    /// Sets the visibility heartbeat: every `every`, while a batch's handlers run, the
+    /// visibility timeout of the batch's messages is extended (see `TRIAGE_HEARTBEAT_S`);
+    /// `None` (or zero): no heartbeat. Default: [`DEFAULT_HEARTBEAT`].
+    pub fn with_heartbeat(mut self, every: Option<Duration>) -> Self {
+        self.heartbeat = every.filter(|d| !d.is_zero());
+        self
+    }
+
+    /// The source queue's visibility timeout, when known: an extension never sets less.
+    pub fn with_visibility_timeout(mut self, visibility: Option<Duration>) -> Self {
+        self.visibility = visibility;
+        self
+    }
+
+    /// The heartbeat's interval (`None`: off).
+    pub fn heartbeat(&self) -> Option<Duration> {
+        self.heartbeat
     }
 
     /// Stops starting records: from now on every record not yet started is released
@@ -239,12 +312,18 @@ impl Processor {
     /// exact for Lambda (one invocation at a time); a worker running batches side by side on
     /// one environment may count a neighbour's retry in either batch.
     pub async fn process(&self, records: Vec<Incoming>, deadline: Option<Instant>) -> BatchOutcome {
-        let deadline = Deadline::new(deadline);
+        self.process_within(records, Deadline::new(deadline)).await
+    }
+
+    /// Processes one batch by `deadline`: [`process`](Self::process) with a deadline that may
+    /// follow the messages' visibility (the worker's).
+    pub async fn process_within(&self, records: Vec<Incoming>, deadline: Deadline) -> BatchOutcome {
         let before = self.sqs.retry().stats();
-        let (ran, read_metrics) = self.admit_and_run(records, deadline).await;
+        let (ran, read_metrics, deadline) = self.admit_and_run_held(records, deadline).await;
         let mut plan = self.plan(ran, now_ms());
         plan.metrics.merge(read_metrics);
         let mut outcome = self.execute(plan, deadline).await;
+        outcome.visible_until = deadline.visible_until();
         let after = self.sqs.retry().stats();
         outcome.metrics.storage_retries = after.retries.saturating_sub(before.retries);
         outcome.metrics.storage_failures = after.failures.saturating_sub(before.failures);
@@ -256,11 +335,37 @@ impl Processor {
     /// the reading (ledger fallbacks).
     #[doc(hidden)]
     pub async fn admit_and_run(&self, records: Vec<Incoming>, deadline: Deadline) -> (Vec<Ran>, Metrics) {
+        let (ran, metrics, _) = self.admit_and_run_held(records, deadline).await;
+        (ran, metrics)
+    }
+
+    /// Steps 1 and 2 with the heartbeat beside them; also returns the deadline as the
+    /// heartbeat left it. The heartbeat has stopped, its last call answered, on return.
+    async fn admit_and_run_held(
+        &self,
+        records: Vec<Incoming>,
+        deadline: Deadline,
+    ) -> (Vec<Ran>, Metrics, Deadline) {
         let mut metrics = Metrics::default();
         let mut records: Vec<Record> = records.into_iter().map(|r| self.read(r)).collect();
-        self.load_ledger(&mut records, deadline, &mut metrics).await;
-        let states = self.load_breakers(&records, deadline).await;
-        (self.run(records, &states, deadline).await, metrics)
+        let hold = Hold::new(deadline);
+        let (done, stopped) = tokio::sync::watch::channel(false);
+        let held = self.heartbeat.map(|every| (every, self.held(&records, deadline)));
+        let beat = async {
+            if let Some((every, held)) = held {
+                self.beat(held, every, &hold, stopped).await;
+            }
+        };
+        let work = async {
+            self.load_ledger(&mut records, hold.deadline(), &mut metrics)
+                .await;
+            let states = self.load_breakers(&records, hold.deadline()).await;
+            let ran = self.run(records, &states, &hold).await;
+            let _ = done.send(true);
+            ran
+        };
+        let (ran, ()) = tokio::join!(work, beat);
+        (ran, metrics, hold.deadline())
     }
 
     /// The metric dimension of a job type: the type when registered, else

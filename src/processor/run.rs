@@ -12,6 +12,7 @@ use futures::stream;
 use tokio::time::Instant;
 use tracing::{Instrument, warn};
 
+use super::heartbeat::Hold;
 use super::read::{Record, no_handler};
 use super::registry::{JobContext, Route};
 use super::{Deadline, Processor};
@@ -54,12 +55,13 @@ impl Ran {
 }
 
 impl Processor {
-    /// Admits and runs every record; returns them in input order.
+    /// Admits and runs every record by the deadline `hold` keeps (the heartbeat may move a
+    /// worker's); returns them in input order.
     pub(super) async fn run(
         &self,
         records: Vec<Record>,
         states: &HashMap<String, BreakerState>,
-        deadline: Deadline,
+        hold: &Hold,
     ) -> Vec<Ran> {
         let groups = self.groups(records);
         let mut ran: Vec<(usize, Ran)> = stream::iter(groups)
@@ -73,7 +75,7 @@ impl Processor {
                         let decision = held_back(facts, attempts_before(facts, record.ledger));
                         Ran::without_run(record, decision)
                     } else {
-                        self.run_one(record, states, deadline).await
+                        self.run_one(record, states, hold).await
                     };
                     // A dead-lettered record blocks its group too: its DLQ copy is sent after
                     // the handlers, and a later record must not run before that copy exists.
@@ -112,12 +114,8 @@ impl Processor {
     }
 
     /// One record through admission, its handler and the decision after it.
-    async fn run_one(
-        &self,
-        record: Record,
-        states: &HashMap<String, BreakerState>,
-        deadline: Deadline,
-    ) -> Ran {
+    async fn run_one(&self, record: Record, states: &HashMap<String, BreakerState>, hold: &Hold) -> Ran {
+        let deadline = hold.deadline();
         let job = match &record.job {
             Ok(job) => job,
             Err(reason) => {
@@ -143,10 +141,10 @@ impl Processor {
         };
         tracing::debug!(message_id = %record.inc.message_id, job_id = %record.job_id, attempt, "handler started");
         let started = Instant::now();
-        let outcome = run_handler(route, job.payload.clone(), ctx, deadline).await;
+        let outcome = run_handler(route, job.payload.clone(), ctx, hold).await;
         let time = started.elapsed();
         let settled = settle(
-            &self.inputs(&record, route, admission.gate, now_ms(), deadline),
+            &self.inputs(&record, route, admission.gate, now_ms(), hold.deadline()),
             &outcome,
             &mut rand::rng(),
         );
@@ -223,25 +221,29 @@ impl Processor {
 }
 
 /// Runs a handler in its own task so a panic fails only this record, and stops it at the
-/// report margin before the deadline.
+/// report margin before the deadline — the deadline as it is then: a worker's moves while the
+/// heartbeat keeps the batch's messages hidden.
 async fn run_handler(
     route: &Route,
     payload: serde_json::Value,
     ctx: JobContext,
-    deadline: Deadline,
+    hold: &Hold,
 ) -> Result<(), JobError> {
     let mut task = tokio::spawn(route.call(payload, ctx).instrument(tracing::Span::current()));
-    let joined = match deadline.admission() {
-        None => (&mut task).await,
-        Some(stop) => match tokio::time::timeout_at(stop, &mut task).await {
-            Ok(j) => j,
+    let joined = loop {
+        let Some(stop) = hold.deadline().admission() else {
+            break (&mut task).await;
+        };
+        match tokio::time::timeout_at(stop, &mut task).await {
+            Ok(j) => break j,
+            Err(_) if hold.deadline().admission().is_some_and(|later| later > stop) => continue,
             Err(_) => {
                 task.abort();
                 return Err(JobError::transient(
                     "handler still running at the batch's deadline",
                 ));
             }
-        },
+        }
     };
     match joined {
         Ok(r) => r,

@@ -117,6 +117,7 @@ pub async fn build_with(
                 QueueAttributeName::MessageRetentionPeriod,
                 QueueAttributeName::RedrivePolicy,
                 QueueAttributeName::QueueArn,
+                QueueAttributeName::VisibilityTimeout,
             ]
         ),
         attrs(
@@ -139,6 +140,20 @@ pub async fn build_with(
         registry
             .check_retention(retention)
             .map_err(|e| format!("retry policy rejected for {queue_url}: {e}"))?;
+    }
+    let visibility = source
+        .get(&QueueAttributeName::VisibilityTimeout)
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    if let (Some(every), Some(v)) = (config.heartbeat, visibility) {
+        if every >= v {
+            warnings.push(format!(
+                "TRIAGE_HEARTBEAT_S ({} s) is not shorter than the source queue's visibility timeout ({} s): \
+                 a message may be visible again before the heartbeat's first tick extends it; lower TRIAGE_HEARTBEAT_S",
+                every.as_secs(),
+                v.as_secs()
+            ));
+        }
     }
     let redrive_policy = source.get(&QueueAttributeName::RedrivePolicy);
     let receive_limit = redrive_policy.and_then(|p| max_receive_count(p));
@@ -222,7 +237,9 @@ pub async fn build_with(
             receive_limit,
             retention,
         },
-    );
+    )
+    .with_heartbeat(config.heartbeat)
+    .with_visibility_timeout(visibility);
     Ok(Environment {
         processor,
         queue_url,

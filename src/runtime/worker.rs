@@ -2,11 +2,12 @@
 //! and for hosts outside Lambda.
 //!
 //! Each batch has a deadline tied to the source queue's visibility timeout (read once, at
-//! start-up, and passed on every receive): the processor stops a handler still running at
+//! start-up, and passed on every receive), moved forward by the processor's visibility
+//! heartbeat as SQS accepts its extensions: the processor stops a handler still running at
 //! its report margin before that deadline (a transient failure, counted), settles the batch
 //! and the worker deletes what is settled, all before the messages could be handed to
-//! another consumer. On SIGINT/SIGTERM it stops receiving, releases the records not started
-//! and waits for the running batches at most until their deadline. Receives that fail are
+//! another consumer. On SIGINT/SIGTERM it stops receiving, releases the records not started,
+//! stops extending, and waits for the running batches at most until their deadline. Receives that fail are
 //! retried with capped exponential backoff; a permanent failure (queue deleted, access
 //! denied) that lasts longer than [`Worker::with_give_up_after`] ends the worker with an
 //! error.
@@ -30,7 +31,7 @@ use crate::clock::now_ms;
 use crate::config::Config;
 use crate::effects::storage_retry::{FailureKind, StorageError, classify};
 use crate::processor::registry::Registry;
-use crate::processor::{BatchOutcome, Incoming};
+use crate::processor::{BatchOutcome, Deadline, Incoming};
 
 /// The shortest visibility timeout the worker receives with: a batch needs that long to
 /// start, run and settle a handler within the margins it keeps — a message that arrives
@@ -191,6 +192,16 @@ impl Worker {
         self
     }
 
+    /// Sets the visibility heartbeat of this worker's batches (see
+    /// [`Processor::with_heartbeat`](crate::processor::Processor::with_heartbeat); `None`: off).
+    /// With it, a handler runs past the receive's visibility timeout while every extension
+    /// succeeds, up to SQS's 12-hour limit; without it, a handler still running near the end of
+    /// the visibility timeout is stopped (a transient failure).
+    pub fn with_heartbeat(mut self, every: Option<Duration>) -> Self {
+        self.env.processor = self.env.processor.with_heartbeat(every);
+        self
+    }
+
     /// The environment (processor, queue, call counter).
     pub fn env(&self) -> &Environment {
         &self.env
@@ -324,11 +335,14 @@ impl Worker {
             .iter()
             .map(|r| r.receipt_handle.clone())
             .collect();
-        let deadline = received
-            .visible_until
-            .checked_sub(DELETE_MARGIN)
-            .unwrap_or(received.visible_until);
-        let outcome = self.env.processor.process(received.records, Some(deadline)).await;
+        // The batch's deadline follows its messages' visibility: the heartbeat moves both.
+        let deadline = Deadline::visibility(received.visible_until, DELETE_MARGIN);
+        let outcome = self
+            .env
+            .processor
+            .process_within(received.records, deadline)
+            .await;
+        let visible_until = outcome.visible_until.unwrap_or(received.visible_until);
         let settled: Vec<(usize, String)> = outcome
             .records
             .iter()
@@ -337,7 +351,7 @@ impl Worker {
             .map(|(i, _)| (i, receipts[i].clone()))
             .collect();
         let deleted = sqs
-            .delete(&self.env.queue_url, settled, Some(received.visible_until))
+            .delete(&self.env.queue_url, settled, Some(visible_until))
             .await;
         for (i, why) in deleted.failed {
             tracing::warn!(message_id = %outcome.records[i].message_id, error = %why, "delete failed; the message will be seen again");
@@ -591,6 +605,7 @@ async fn serve(
     tracing::info!(
         queue = %worker.env.queue_url,
         visibility_s = visibility.as_secs(),
+        heartbeat_s = worker.env.processor.heartbeat().map_or(0, |d| d.as_secs()),
         batches = worker.batches,
         "worker started"
     );

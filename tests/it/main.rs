@@ -32,6 +32,7 @@ mod edge_sqs;
 mod edge_worker;
 mod fault_proxy;
 mod fuzz;
+mod heartbeat;
 mod hostile;
 mod incident;
 mod lambda_events;

@@ -63,6 +63,10 @@ pub enum Fault {
     Reset,
     /// Wait this long, then forward the request normally (latency injection).
     Delay(Duration),
+    /// Wait this long, then forward the request even if the client has stopped waiting for
+    /// it: a request already on its way that reaches the service late, after requests the
+    /// client sent later.
+    LateDelivery(Duration),
     /// Any error response: `code` is the short error code (e.g. `AccessDeniedException`,
     /// `InvalidParameterValue`, `ConditionalCheckFailedException`); it goes into `__type`
     /// and, for SQS, into `x-amzn-query-error`.
@@ -83,6 +87,7 @@ impl Fault {
             Fault::Status503 => "Status503".into(),
             Fault::Reset => "Reset".into(),
             Fault::Delay(_) => "Delay".into(),
+            Fault::LateDelivery(_) => "LateDelivery".into(),
             Fault::Error { code, .. } => format!("Error:{code}"),
             Fault::Body { status, .. } => format!("Body:{status}"),
         }
@@ -473,7 +478,7 @@ async fn handle(
     kill: tokio::sync::mpsc::Sender<()>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (service, mut op) = classify(&req);
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => {
@@ -494,6 +499,17 @@ async fn handle(
     match fault {
         None => {}
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
+        Some(Fault::LateDelivery(d)) => {
+            // Its own task: dropping this request's future (the client went away) does not
+            // stop it.
+            let late = tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                forward(&ctx, parts, body).await
+            });
+            return Ok(late
+                .await
+                .unwrap_or_else(|e| proxy_error(&format!("late delivery: {e}"))));
+        }
         Some(Fault::Reset) => {
             let _ = kill.try_send(());
             // Never answer; the connection task drops the socket.
@@ -505,7 +521,11 @@ async fn handle(
     if let Some(resp) = over_batch_cap(&ctx.shared, service, &op, &body, &request_id) {
         return Ok(resp);
     }
+    Ok(forward(&ctx, parts, body).await)
+}
 
+/// Forwards a request upstream and returns the answer.
+async fn forward(ctx: &Ctx, mut parts: hyper::http::request::Parts, body: Bytes) -> Response<Full<Bytes>> {
     // Forward unchanged: same method, path and query, headers (the signed Host
     // included; hyper-util keeps an existing Host header), body.
     let path = parts
@@ -528,12 +548,12 @@ async fn handle(
             match body.collect().await {
                 Ok(b) => {
                     strip_hop_by_hop(&mut parts.headers);
-                    Ok(Response::from_parts(parts, Full::new(b.to_bytes())))
+                    Response::from_parts(parts, Full::new(b.to_bytes()))
                 }
-                Err(e) => Ok(proxy_error(&format!("upstream body: {e}"))),
+                Err(e) => proxy_error(&format!("upstream body: {e}")),
             }
         }
-        Err(e) => Ok(proxy_error(&format!("upstream request: {e}"))),
+        Err(e) => proxy_error(&format!("upstream request: {e}")),
     }
 }
 
@@ -628,7 +648,7 @@ fn error_parts(service: Service, fault: &Fault) -> (u16, String, String, String)
                 format!("{code} (injected by fault proxy)"),
             )
         }
-        (_, Fault::Reset | Fault::Delay(_) | Fault::Body { .. }) => {
+        (_, Fault::Reset | Fault::Delay(_) | Fault::LateDelivery(_) | Fault::Body { .. }) => {
             unreachable!("not an error response")
         }
     };

@@ -229,8 +229,9 @@ export class TriageStack extends Stack {
               resources: [logGroup.logGroupArn],
             }),
             // ReceiveMessage, DeleteMessage, GetQueueAttributes: the event source mapping's (it
-            // polls and deletes with this role); ChangeMessageVisibility: retries and deferrals;
-            // GetQueueAttributes: the retention check at start-up too.
+            // polls and deletes with this role); ChangeMessageVisibility: retries, deferrals and
+            // the visibility heartbeat; GetQueueAttributes: the retention and visibility timeout
+            // checks at start-up too.
             new iam.PolicyStatement({
               sid: 'ConsumeSourceQueue',
               actions: [

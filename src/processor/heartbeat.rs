@@ -1,0 +1,255 @@
+//! The visibility heartbeat: while a batch's handlers run, every `every` the visibility timeout
+//! of each message the batch holds is extended, one `ChangeMessageVisibilityBatch` call per
+//! ten messages, so a handler that outlasts the queue's visibility timeout is not delivered
+//! to a second consumer meanwhile. It spends no attempt and writes nothing to the ledger.
+//!
+//! - **What is extended**: every message of the batch, from its read until the run step ends
+//!   — the records whose handlers run, the ones already finished (they are settled, deleted
+//!   or given their retry delay, only in the execute step, after every handler of the batch),
+//!   and, on a FIFO queue, the ones waiting behind an earlier record of their group (held by
+//!   this consumer as much as the running one).
+//! - **How far**: [`TICKS_AHEAD`] ticks from now, or the queue's own visibility timeout when
+//!   that is longer (an extension never makes a message reappear sooner than a plain receive
+//!   would), so one lost tick does not let a message reappear; cut, for a Lambda invocation,
+//!   so a message is visible again no later than [`DEADLINE_SLACK`] after the invocation's
+//!   deadline, and always within SQS's 12-hour limit counted from the receive.
+//! - **When it stops**: when the run step ends, before the plan is made: the tick in flight,
+//!   if any, is awaited to its answer, never dropped, so no extension can reach SQS after the
+//!   execute step set a record's final visibility or deleted it (ordering, not timing). A
+//!   tick's call is given up only after as long as its extension lasts (or at the report margin
+//!   before the deadline); a request given up then that still reaches SQS late makes its
+//!   message come back early, where the early-arrival check defers it without spending an
+//!   attempt. A draining worker stops ticking at once, so its batches end by their deadline.
+//! - **When it fails**: a tick whose call or entries fail (throttling after the storage
+//!   retries, a receipt handle SQS no longer knows) is logged; it fails neither the batch nor
+//!   the record. A worker's batch deadline moves only with extensions SQS accepted for every
+//!   message of the batch, so a handler whose message is no longer held is still stopped in
+//!   time.
+//!
+//! A batch whose handlers all finish before the first tick makes no call at all.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::read::Record;
+use super::{Deadline, Processor};
+use crate::clock::now_ms;
+use crate::core::decision::{RecordFacts, visibility_limit};
+
+/// Seconds between ticks by default (`TRIAGE_HEARTBEAT_S`): the first tick comes well inside
+/// the shortest visibility timeout the worker receives with (10 s) and SQS's default (30 s);
+/// a tick costs one call per ten held messages, and only batches with a handler still running
+/// after it pay it.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// How many ticks ahead an extension reaches: two ticks may be lost (throttled, slow) before
+/// a message could reappear.
+pub const TICKS_AHEAD: u32 = 3;
+
+/// How long after a Lambda invocation's deadline an extended message may stay hidden at most:
+/// the time the event source mapping needs to delete the records the response settled. A
+/// record the invocation did not settle (it timed out or crashed) is visible again by then.
+pub const DEADLINE_SLACK: Duration = Duration::from_secs(5);
+
+/// SQS's largest visibility timeout, in seconds.
+const MAX_VISIBILITY_S: u64 = 43_200;
+
+/// The visibility timeout, in whole seconds, a tick sets on one message: [`TICKS_AHEAD`] ticks
+/// of `every`, or `queue_visibility` when longer; at most `to_deadline` (the time left before
+/// the invocation's deadline, when there is one) plus [`DEADLINE_SLACK`], and at most `limit`
+/// (what SQS's 12-hour limit leaves). `None`: the message cannot be extended any more.
+pub fn extension(
+    every: Duration,
+    queue_visibility: Option<Duration>,
+    to_deadline: Option<Duration>,
+    limit: Duration,
+) -> Option<i32> {
+    let mut ext = every
+        .saturating_mul(TICKS_AHEAD)
+        .max(queue_visibility.unwrap_or_default());
+    if let Some(left) = to_deadline {
+        ext = ext.min(left.saturating_add(DEADLINE_SLACK));
+    }
+    let secs = ext.min(limit).as_secs().min(MAX_VISIBILITY_S);
+    (secs > 0).then_some(secs as i32)
+}
+
+/// The batch's deadline as the heartbeat moves it: a worker's deadline follows the
+/// visibility of the messages it holds; a Lambda invocation's stays put.
+#[derive(Debug)]
+pub(super) struct Hold(Mutex<Deadline>);
+
+impl Hold {
+    pub(super) fn new(deadline: Deadline) -> Self {
+        Self(Mutex::new(deadline))
+    }
+
+    /// The deadline now.
+    pub(super) fn deadline(&self) -> Deadline {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every message of the batch is hidden until at least `until`.
+    fn held_until(&self, until: Instant) {
+        let mut d = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *d = d.held_until(until);
+    }
+}
+
+/// One message the heartbeat keeps hidden.
+#[derive(Debug)]
+pub(super) struct Held {
+    receipt: String,
+    facts: RecordFacts,
+    /// Hidden until at least then, as far as known (a worker knows its receive's end).
+    until: Option<Instant>,
+}
+
+impl Processor {
+    /// The messages of `records` the heartbeat holds (every one with a receipt handle).
+    pub(super) fn held(&self, records: &[Record], deadline: Deadline) -> Vec<Held> {
+        records
+            .iter()
+            .filter(|r| !r.inc.receipt_handle.is_empty())
+            .map(|r| Held {
+                receipt: r.inc.receipt_handle.clone(),
+                facts: self.facts(r),
+                until: deadline.visible_until(),
+            })
+            .collect()
+    }
+
+    /// Ticks every `every` until `done` is set (or dropped), or the processor drains. A tick
+    /// is awaited to its end before `done` is looked at again. Returns the number of ticks.
+    pub(super) async fn beat(
+        &self,
+        mut held: Vec<Held>,
+        every: Duration,
+        hold: &Hold,
+        mut done: watch::Receiver<bool>,
+    ) -> u32 {
+        let mut ticks = 0;
+        if held.is_empty() {
+            return ticks;
+        }
+        let mut next = Instant::now() + every;
+        loop {
+            tokio::select! {
+                biased;
+                _ = done.wait_for(|d| *d) => return ticks,
+                () = tokio::time::sleep_until(next) => {}
+            }
+            if self.draining.load(std::sync::atomic::Ordering::SeqCst) {
+                debug!("heartbeat stopped: draining");
+                return ticks;
+            }
+            self.tick(&mut held, every, hold).await;
+            ticks += 1;
+            next = Instant::now() + every;
+        }
+    }
+
+    /// One tick: extends every held message, in batches of ten; moves a worker's deadline to
+    /// what SQS accepted for all of them.
+    async fn tick(&self, held: &mut [Held], every: Duration, hold: &Hold) {
+        let sent = Instant::now();
+        let now = now_ms();
+        let deadline = hold.deadline();
+        let to_deadline = deadline.invocation().map(|d| d.saturating_duration_since(sent));
+        let entries: Vec<(usize, String, i32)> = held
+            .iter()
+            .enumerate()
+            .filter_map(|(k, h)| {
+                extension(
+                    every,
+                    self.visibility,
+                    to_deadline,
+                    visibility_limit(h.facts, now),
+                )
+                .map(|secs| (k, h.receipt.clone(), secs))
+            })
+            .collect();
+        if entries.is_empty() {
+            return;
+        }
+        // A slow tick is waited for as long as its extension would last (the next tick waits
+        // for it), but not past the report margin before the deadline, so the batch still
+        // settles in time. One abandoned then may still reach SQS later: its message then
+        // comes back before its retry delay and the early-arrival check defers it, unspent.
+        let patience = sent + every.saturating_mul(TICKS_AHEAD);
+        let call_deadline = deadline.admission().map_or(patience, |s| s.min(patience));
+        let secs: std::collections::HashMap<usize, i32> = entries.iter().map(|e| (e.0, e.2)).collect();
+        let asked = entries.len();
+        let answer = self
+            .sqs
+            .change_visibility(&self.source_queue, entries, Some(call_deadline))
+            .await;
+        for k in &answer.accepted {
+            if let (Some(h), Some(&s)) = (held.get_mut(*k), secs.get(k)) {
+                // SQS counts the timeout from when it took the call: no sooner than it was sent.
+                let until = sent + Duration::from_secs(s as u64);
+                h.until = Some(h.until.map_or(until, |u| u.max(until)));
+            }
+        }
+        if let Some((_, why)) = answer.failed.first() {
+            warn!(
+                extended = answer.accepted.len(),
+                failed = answer.failed.len(),
+                error = %why,
+                "heartbeat: visibility not extended for some records; they run on, and may be delivered again if they outlast their visibility timeout"
+            );
+        } else {
+            debug!(extended = asked, "heartbeat: visibility extended");
+        }
+        // A worker's deadline follows the message hidden the shortest time.
+        let until: Option<Vec<Instant>> = held.iter().map(|h| h.until).collect();
+        if let Some(until) = until.and_then(|u| u.into_iter().min()) {
+            hold.held_until(until);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+    const LONG: Duration = Duration::from_secs(40_000);
+
+    #[test]
+    fn an_extension_reaches_three_ticks_or_the_queue_timeout() {
+        assert_eq!(extension(S(5), None, None, LONG), Some(15));
+        assert_eq!(extension(S(5), Some(S(8)), None, LONG), Some(15));
+        // Never sooner than a plain receive would make it reappear.
+        assert_eq!(extension(S(5), Some(S(300)), None, LONG), Some(300));
+        assert_eq!(extension(S(2), Some(S(8)), None, LONG), Some(8));
+    }
+
+    #[test]
+    fn an_extension_ends_shortly_after_the_invocation_deadline() {
+        assert_eq!(extension(S(5), Some(S(300)), Some(S(60)), LONG), Some(65));
+        assert_eq!(extension(S(5), None, Some(S(3)), LONG), Some(8));
+        assert_eq!(
+            extension(S(5), None, Some(Duration::from_millis(2_900)), LONG),
+            Some(7),
+            "whole seconds, rounded down: never past the deadline's slack"
+        );
+        assert_eq!(extension(S(5), None, Some(Duration::ZERO), LONG), Some(5));
+    }
+
+    #[test]
+    fn an_extension_stays_within_sqs_limits() {
+        assert_eq!(extension(S(5), None, None, S(10)), Some(10));
+        assert_eq!(extension(S(5), None, None, Duration::from_millis(999)), None);
+        assert_eq!(extension(S(5), None, None, Duration::ZERO), None);
+        assert_eq!(extension(S(3_600), Some(S(50_000)), None, LONG), Some(40_000));
+        assert_eq!(
+            extension(S(3_600), Some(S(50_000)), None, S(90_000)),
+            Some(43_200)
+        );
+    }
+}
