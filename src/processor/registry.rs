@@ -23,6 +23,7 @@ use serde::de::DeserializeOwned;
 
 use crate::core::JobError;
 use crate::core::breaker::BreakerConfig;
+use crate::core::envelope::EventBridgeTypes;
 use crate::core::policy::RetryPolicy;
 
 /// What a handler knows about the job it runs, besides its payload.
@@ -80,6 +81,8 @@ pub struct Registry {
     default_breaker: BreakerConfig,
     /// The defaults are the runtime configuration's (see [`Registry::default`]).
     configured_defaults: bool,
+    /// Job types of EventBridge events by `detail-type`.
+    eventbridge_types: EventBridgeTypes,
 }
 
 impl Default for Registry {
@@ -107,6 +110,7 @@ impl Registry {
             default_policy,
             default_breaker,
             configured_defaults: false,
+            eventbridge_types: EventBridgeTypes::new(),
         }
     }
 
@@ -195,6 +199,29 @@ impl Registry {
             },
         );
         self
+    }
+
+    /// Runs EventBridge events whose `detail-type` is `detail_type` as `job_type`, with the
+    /// event's `detail` as the payload (and the event's `id` as the job id). Without a mapping,
+    /// an event whose `detail` is an envelope runs as that envelope, and any other runs as its
+    /// `detail-type`, verbatim. Mappings given here win over `TRIAGE_EVENTBRIDGE_TYPES` for the
+    /// detail-types they name; the runtimes check them at start-up.
+    pub fn eventbridge_type(mut self, detail_type: impl Into<String>, job_type: impl Into<String>) -> Self {
+        self.eventbridge_types.insert(detail_type, job_type);
+        self
+    }
+
+    /// Adds a configuration's EventBridge mappings (`TRIAGE_EVENTBRIDGE_TYPES`) for the
+    /// detail-types this registry does not map itself. The runtimes call it once, at start-up,
+    /// whatever the registry's defaults follow: a mapping is routing, not a default policy.
+    pub fn with_configured_eventbridge_types(mut self, configured: &EventBridgeTypes) -> Self {
+        self.eventbridge_types = std::mem::take(&mut self.eventbridge_types).or(configured);
+        self
+    }
+
+    /// Job types of EventBridge events by `detail-type`.
+    pub fn eventbridge_types(&self) -> &EventBridgeTypes {
+        &self.eventbridge_types
     }
 
     /// The route for a job type.
