@@ -293,6 +293,21 @@ mod tests {
     }
 
     #[test]
+    fn eventbridge_mappings_in_code_win_over_the_configuration() {
+        let configured = EventBridgeTypes::parse("A=env.a;B=env.b").unwrap();
+        for r in [
+            Registry::default(),
+            Registry::new(RetryPolicy::default(), BreakerConfig::default()),
+        ] {
+            let r = r
+                .eventbridge_type("A", "code.a")
+                .with_configured_eventbridge_types(&configured);
+            assert_eq!(r.eventbridge_types().get("A"), Some("code.a"));
+            assert_eq!(r.eventbridge_types().get("B"), Some("env.b"));
+        }
+    }
+
+    #[test]
     fn defaults_given_to_new_win_over_the_configuration() {
         let (policy, breaker) = configured();
         let mine = RetryPolicy::builder().max_attempts(4).build().unwrap();

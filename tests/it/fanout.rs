@@ -51,7 +51,10 @@ async fn jobs_inside_sns_notifications_and_eventbridge_events_run_and_dead_lette
     let created = support::fresh_resources("fanout", false).await;
     let lambda = Lambda::start(
         &created,
-        &[("TRIAGE_EVENTBRIDGE_TYPES", "Chaos Requested=triage.chaos")],
+        &[(
+            "TRIAGE_EVENTBRIDGE_TYPES",
+            "Chaos Requested=triage.chaos;Refund Requested=billing.refund",
+        )],
     )
     .await;
 
@@ -190,6 +193,14 @@ async fn jobs_inside_sns_notifications_and_eventbridge_events_run_and_dead_lette
         dlq["eb-unmapped"].1.error,
         "no handler for job type `Order Placed`"
     );
+    // A mapping to a job type without a handler is named at start-up.
+    let output = lambda.output();
+    assert!(
+        output.contains(
+            "detail-type `Refund Requested` map to job type `billing.refund`, which has no handler"
+        ),
+        "{output}"
+    );
     assert_eq!(
         dlq["sns-malformed"].1.error,
         "SNS notification `Message` is an object, not a string"
@@ -219,5 +230,25 @@ fn a_bad_eventbridge_mapping_stops_the_lambda_binary_at_start_up() {
         stderr.contains("TRIAGE_EVENTBRIDGE_TYPES=")
             && stderr.contains("`Order Placed` is not `Detail Type=job.type`"),
         "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_registry_mapping_to_an_impossible_job_type_is_refused_at_start_up() {
+    use sqs_triage::config::Config;
+    use sqs_triage::processor::registry::Registry;
+    let config = Config::from_lookup(&|_| None).unwrap();
+    let registry = Registry::default().eventbridge_type("Order Placed", " ");
+    let e = sqs_triage::runtime::env::build_with(
+        &config,
+        registry,
+        aws_sdk_sqs::config::Builder::new(),
+        aws_sdk_dynamodb::config::Builder::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        e.to_string().starts_with("EventBridge job types (Registry::eventbridge_type / TRIAGE_EVENTBRIDGE_TYPES): `Order Placed` maps to \" \": job type must be"),
+        "{e}"
     );
 }
