@@ -390,7 +390,10 @@ fn sns(mut map: Map<String, Value>, eventbridge: &EventBridgeTypes) -> Result<Jo
         } else {
             ""
         };
-        return Err(bad(w, format!("is a {kind}, not a job{hint}")));
+        return Err(bad(
+            w,
+            format!("is of `Type` {kind}, not Notification: it holds no job{hint}"),
+        ));
     }
     let message = match map.remove("Message") {
         Some(Value::String(s)) => s,
@@ -726,7 +729,9 @@ mod tests {
         let (w, problem) = bad_wrapper(p(&n.to_string()));
         assert_eq!(w, Wrapper::Sns);
         assert!(
-            problem.starts_with("is a SubscriptionConfirmation, not a job: confirm"),
+            problem.starts_with(
+                "is of `Type` SubscriptionConfirmation, not Notification: it holds no job: confirm"
+            ),
             "{problem}"
         );
     }
