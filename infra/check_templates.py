@@ -858,7 +858,8 @@ def events_facts(events_dir: Path, schema_path: Path, report: Report) -> None:
 
     report.check("[schema] envelope.schema.json is a valid 2020-12 schema that accepts its examples and rejects bad envelopes", schema_ok)
     validator = jsonschema.Draft202012Validator(schema)
-    expected = ["fatal", "fifo", "malformed", "mixed", "retry-after", "success", "transient", "unknown-type"]
+    expected = ["eventbridge", "fatal", "fifo", "malformed", "mixed", "retry-after", "sns", "success", "transient",
+                "unknown-type"]
     have = sorted(p.stem for p in events_dir.glob("*.json"))
     report.fact("[events] one file per case: " + ", ".join(expected), have == expected, f"found {have}")
     for path in sorted(events_dir.glob("*.json")):
@@ -885,6 +886,30 @@ def events_facts(events_dir: Path, schema_path: Path, report: Report) -> None:
                     body = None
                 if "job-type" in r["messageAttributes"]:
                     continue  # any body: the job type travels in the attribute
+                if path.stem == "sns":
+                    # SNS's notification around the job (raw message delivery off).
+                    if not (isinstance(body, dict) and body.get("Type") == "Notification"
+                            and isinstance(body.get("TopicArn"), str) and isinstance(body.get("Message"), str)
+                            and isinstance(body.get("MessageId"), str)):
+                        problems.append(f"{r['messageId']}: body is not an SNS notification")
+                        continue
+                    if "job-type" in body.get("MessageAttributes", {}):
+                        continue  # any message: the job type travels in SNS's attribute
+                    try:
+                        body = json.loads(body["Message"])
+                    except ValueError:
+                        body = None
+                elif path.stem == "eventbridge":
+                    # EventBridge's event around the job: an envelope as the detail is checked,
+                    # any other detail's job type is its detail-type (TRIAGE_EVENTBRIDGE_TYPES).
+                    keys = {"version", "id", "detail-type", "source", "account", "time", "region", "resources", "detail"}
+                    if not (isinstance(body, dict) and keys <= set(body) and "type" not in body):
+                        problems.append(f"{r['messageId']}: body is not an EventBridge event")
+                        continue
+                    detail = body["detail"]
+                    if not (isinstance(detail, dict) and "type" in detail and "payload" in detail):
+                        continue
+                    body = detail
                 if path.stem == "malformed" or (body is None and path.stem == "mixed"):
                     if body is not None:
                         problems.append(f"{r['messageId']}: body should not be JSON")

@@ -8,6 +8,7 @@ use thiserror::Error;
 
 use crate::core::backoff::Backoff;
 use crate::core::breaker::BreakerConfig;
+use crate::core::envelope::EventBridgeTypes;
 use crate::core::policy::RetryPolicy;
 
 /// A configuration value that cannot be used.
@@ -48,6 +49,11 @@ pub struct Config {
     /// runs (0 to 3600, default 5); `None` (`0`): no heartbeat. See
     /// [`Processor::with_heartbeat`](crate::processor::Processor::with_heartbeat).
     pub heartbeat: Option<Duration>,
+    /// `TRIAGE_EVENTBRIDGE_TYPES`: job types of EventBridge events by `detail-type`
+    /// (`Detail Type=job.type;…` or a JSON object; default none). Mappings given in code
+    /// ([`Registry::eventbridge_type`](crate::processor::registry::Registry::eventbridge_type))
+    /// win for the detail-types they name.
+    pub eventbridge_types: EventBridgeTypes,
 }
 
 /// A number type a variable is read as: whole numbers (`u32`, `u64`, `usize`) or any number
@@ -337,6 +343,16 @@ impl Config {
         };
         let done_marker_types = done_marker_types(text("TRIAGE_DONE_MARKER_TYPES").as_deref())?;
         let done_marker_ttl = Duration::from_secs(v.done_marker_ttl_s.read(lookup)?);
+        let eventbridge_types = match text("TRIAGE_EVENTBRIDGE_TYPES") {
+            None => EventBridgeTypes::new(),
+            Some(spec) => EventBridgeTypes::parse(&spec).map_err(|e| {
+                invalid(
+                    "TRIAGE_EVENTBRIDGE_TYPES",
+                    &spec,
+                    format!("`Detail Type=job.type` pairs separated by `;`, or a JSON object ({e})"),
+                )
+            })?,
+        };
         Ok(Self {
             queue_url: text("TRIAGE_QUEUE_URL"),
             dlq_url: text("TRIAGE_DLQ_URL"),
@@ -348,6 +364,7 @@ impl Config {
             done_marker_types,
             done_marker_ttl,
             heartbeat: Some(Duration::from_secs(v.heartbeat_s.read(lookup)?)).filter(|d| !d.is_zero()),
+            eventbridge_types,
         })
     }
 
@@ -441,6 +458,27 @@ mod tests {
     }
 
     #[test]
+    fn eventbridge_types_are_read_and_a_bad_mapping_stops_start_up() {
+        assert!(with(&[]).unwrap().eventbridge_types.is_empty());
+        let c = with(&[(
+            "TRIAGE_EVENTBRIDGE_TYPES",
+            "Order Placed=billing.charge; Refund=billing.refund",
+        )])
+        .unwrap();
+        assert_eq!(c.eventbridge_types.get("Order Placed"), Some("billing.charge"));
+        assert_eq!(c.eventbridge_types.get("Refund"), Some("billing.refund"));
+        let e = with(&[("TRIAGE_EVENTBRIDGE_TYPES", "Order Placed")]).unwrap_err();
+        assert_eq!(e.var, "TRIAGE_EVENTBRIDGE_TYPES");
+        assert!(
+            e.to_string()
+                .contains("(`Order Placed` is not `Detail Type=job.type`)"),
+            "{e}"
+        );
+        let e = with(&[("TRIAGE_EVENTBRIDGE_TYPES", "A=x;A=y")]).unwrap_err();
+        assert!(e.to_string().contains("listed twice"), "{e}");
+    }
+
+    #[test]
     fn limits_are_the_ranges_the_parser_enforces() {
         let all = limits();
         // Every variable the parser reads as a number is in the table, and nothing else.
@@ -461,6 +499,7 @@ mod tests {
                         | "TRIAGE_TABLE"
                         | "TRIAGE_LOG_PAYLOADS"
                         | "TRIAGE_DONE_MARKER_TYPES"
+                        | "TRIAGE_EVENTBRIDGE_TYPES"
                 )
             })
             .collect();

@@ -4,8 +4,27 @@
 //! body at all with the job type in the message attribute `job-type` (and optionally the job id
 //! in `job-id`). In the second form the whole body is the payload: parsed as JSON when it is
 //! JSON, else carried as a JSON string.
+//!
+//! Producers behind SNS or EventBridge reach the queue wrapped in the service's own JSON; both
+//! wrappers are recognised and unwrapped (see [`parse_with`]):
+//! - an SNS notification (raw message delivery off: `Type` `"Notification"`, a `TopicArn` and the
+//!   published message as the string `Message`) is read as the same message delivered raw would
+//!   be: the `Message` as the body and the notification's `MessageAttributes` `job-type` /
+//!   `job-id` as the message attributes. Without an id of its own the job's id is the
+//!   notification's `MessageId`, which SNS keeps when it delivers the notification again.
+//! - an EventBridge event (`detail-type`, `source`, `id`, `detail`, …): the job type is the
+//!   `detail-type` mapped by [`EventBridgeTypes`] with the `detail` as payload; else, when the
+//!   `detail` is an envelope (a string `type` and a `payload`), that envelope; else the
+//!   `detail-type` itself with the `detail` as payload. The job id is the envelope's `id`, else
+//!   the event's `id`.
+//!
+//! Only bodies that cannot be jobs otherwise are candidates: a JSON object with a `type` field is
+//! always read as an envelope, and a `job-type` message attribute on the SQS message keeps the
+//! whole body, wrapper and all, as the payload.
 
-use serde_json::Value;
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
 use thiserror::Error;
 
 /// Message attribute that names the job type for bodies that are not envelopes.
@@ -62,6 +81,132 @@ pub enum EnvelopeError {
     /// `id` is empty or too long.
     #[error("job id must be 1 to {MAX_JOB_ID_LEN} characters (got {0})")]
     BadIdLength(usize),
+    /// An SNS notification or EventBridge event that cannot be unwrapped (a field missing or
+    /// of the wrong kind, an SNS message that is no notification).
+    #[error("{wrapper} {problem}")]
+    BadWrapper {
+        /// Which wrapper.
+        wrapper: Wrapper,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The job inside an SNS notification or EventBridge event is not valid.
+    #[error("{wrapper}: {error}")]
+    Wrapped {
+        /// Which wrapper.
+        wrapper: Wrapper,
+        /// What is wrong with the job inside.
+        error: Box<EnvelopeError>,
+    },
+}
+
+/// A service's JSON around a producer's message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wrapper {
+    /// An SNS notification (SNS → SQS with raw message delivery off).
+    Sns,
+    /// An EventBridge event (an EventBridge rule with an SQS target).
+    EventBridge,
+}
+
+impl std::fmt::Display for Wrapper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Sns => "SNS notification",
+            Self::EventBridge => "EventBridge event",
+        })
+    }
+}
+
+/// Job types of EventBridge events by `detail-type`: an event whose `detail-type` is listed
+/// runs as the listed job type with its `detail` as the payload. Set with
+/// `TRIAGE_EVENTBRIDGE_TYPES` or [`Registry::eventbridge_type`](crate::processor::registry::Registry::eventbridge_type).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventBridgeTypes(BTreeMap<String, String>);
+
+impl EventBridgeTypes {
+    /// No mapping: every event's job type is its envelope's or its `detail-type`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Maps `detail_type` to `job_type`, replacing an earlier mapping of that `detail_type`.
+    pub fn insert(&mut self, detail_type: impl Into<String>, job_type: impl Into<String>) {
+        self.0.insert(detail_type.into(), job_type.into());
+    }
+
+    /// The job type `detail_type` maps to.
+    pub fn get(&self, detail_type: &str) -> Option<&str> {
+        self.0.get(detail_type).map(String::as_str)
+    }
+
+    /// Whether nothing is mapped.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The mappings, `(detail_type, job_type)`, by `detail_type`.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(d, t)| (d.as_str(), t.as_str()))
+    }
+
+    /// Adds `other`'s mappings of the detail-types this one does not map.
+    pub fn or(mut self, other: &Self) -> Self {
+        for (d, t) in other.iter() {
+            self.0.entry(d.to_owned()).or_insert_with(|| t.to_owned());
+        }
+        self
+    }
+
+    /// Checks every mapping: a detail-type is 1 to 256 characters, not only whitespace, and a job
+    /// type is what an envelope's `type` may be.
+    pub fn check(&self) -> Result<(), String> {
+        for (d, t) in self.iter() {
+            check_type(d).map_err(|_| {
+                format!("detail-type {d:?} must be 1 to {MAX_JOB_TYPE_LEN} characters, not only whitespace")
+            })?;
+            check_type(t).map_err(|e| format!("`{d}` maps to {t:?}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Reads `TRIAGE_EVENTBRIDGE_TYPES`: `Detail Type=job.type` pairs separated by `;`
+    /// (blanks around names ignored, the job type after the last `=`), or a JSON object
+    /// `{"Detail Type": "job.type", …}` for names that hold `;` or `=`. A detail-type listed twice
+    /// is an error.
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let mut out = Self::new();
+        let mut add = |d: String, t: String| {
+            if out.0.contains_key(&d) {
+                return Err(format!("detail-type `{d}` is listed twice"));
+            }
+            out.0.insert(d, t);
+            Ok(())
+        };
+        let spec = spec.trim();
+        if spec.starts_with('{') {
+            let Value::Object(map) =
+                serde_json::from_str(spec).map_err(|e| format!("not a JSON object: {e}"))?
+            else {
+                return Err("not a JSON object".into());
+            };
+            for (d, t) in map {
+                let Value::String(t) = t else {
+                    return Err(format!("`{d}` maps to {}, not a string", json_kind(&t)));
+                };
+                add(d, t)?;
+            }
+        } else {
+            for pair in spec.split(';').filter(|p| !p.trim().is_empty()) {
+                let Some((d, t)) = pair.rsplit_once('=') else {
+                    return Err(format!("`{}` is not `Detail Type=job.type`", pair.trim()));
+                };
+                add(d.trim().to_owned(), t.trim().to_owned())?;
+            }
+        }
+        out.check()?;
+        Ok(out)
+    }
 }
 
 /// Limits applied while reading an envelope.
@@ -79,12 +224,32 @@ impl Default for EnvelopeLimits {
     }
 }
 
-/// Reads a job from a record body and its `job-type` / `job-id` attributes.
+/// Reads a job from a record body and its `job-type` / `job-id` attributes, unwrapping SNS
+/// notifications and EventBridge events (with no [`EventBridgeTypes`] mapping: see
+/// [`parse_with`]).
 pub fn parse(
     body: &str,
     type_attribute: Option<&str>,
     id_attribute: Option<&str>,
     limits: EnvelopeLimits,
+) -> Result<Job, EnvelopeError> {
+    parse_with(
+        body,
+        type_attribute,
+        id_attribute,
+        limits,
+        &EventBridgeTypes::default(),
+    )
+}
+
+/// Reads a job from a record body and its `job-type` / `job-id` attributes; EventBridge events'
+/// job types by `eventbridge` (see the [module documentation](self) for the rules).
+pub fn parse_with(
+    body: &str,
+    type_attribute: Option<&str>,
+    id_attribute: Option<&str>,
+    limits: EnvelopeLimits,
+    eventbridge: &EventBridgeTypes,
 ) -> Result<Job, EnvelopeError> {
     if body.len() > limits.max_body_bytes {
         return Err(EnvelopeError::TooLarge {
@@ -92,6 +257,25 @@ pub fn parse(
             limit: limits.max_body_bytes,
         });
     }
+    read(body, type_attribute, id_attribute, eventbridge, Nesting::Top)
+}
+
+/// Which wrappers a body may still be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Nesting {
+    /// The SQS body: SNS or EventBridge.
+    Top,
+    /// An SNS notification's message: EventBridge (an EventBridge rule with an SNS target).
+    InSns,
+}
+
+fn read(
+    body: &str,
+    type_attribute: Option<&str>,
+    id_attribute: Option<&str>,
+    eventbridge: &EventBridgeTypes,
+    nesting: Nesting,
+) -> Result<Job, EnvelopeError> {
     if let Some(job_type) = type_attribute {
         let payload = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned()));
         return Ok(Job {
@@ -101,9 +285,24 @@ pub fn parse(
         });
     }
     let value: Value = serde_json::from_str(body).map_err(|e| EnvelopeError::NotJson(e.to_string()))?;
-    let Value::Object(mut map) = value else {
+    let Value::Object(map) = value else {
         return Err(EnvelopeError::NotObject(json_kind(&value)));
     };
+    // An object with a `type` field is an envelope, whatever else it holds: a wrapper is only
+    // ever recognised in a body that could not be a job without unwrapping.
+    if !map.contains_key("type") {
+        if nesting == Nesting::Top && is_sns(&map) {
+            return sns(map, eventbridge);
+        }
+        if is_eventbridge(&map) {
+            return self::eventbridge(map, eventbridge);
+        }
+    }
+    envelope(map, id_attribute)
+}
+
+/// The envelope an object is, `id_attribute` standing in for a missing `id`.
+fn envelope(mut map: Map<String, Value>, id_attribute: Option<&str>) -> Result<Job, EnvelopeError> {
     let job_type = match map.remove("type") {
         None | Some(Value::Null) => return Err(EnvelopeError::MissingType),
         Some(Value::String(s)) => {
@@ -126,6 +325,162 @@ pub fn parse(
         id,
         payload,
     })
+}
+
+/// SNS's JSON around a message: `Type` and `TopicArn` strings, `Type` one SNS sends to an SQS
+/// subscriber.
+fn is_sns(map: &Map<String, Value>) -> bool {
+    let kind = map.get("Type").and_then(Value::as_str);
+    matches!(
+        kind,
+        Some("Notification" | "SubscriptionConfirmation" | "UnsubscribeConfirmation")
+    ) && map.get("TopicArn").and_then(Value::as_str).is_some()
+}
+
+/// EventBridge's JSON around an event: its `detail-type` and `source` fields.
+fn is_eventbridge(map: &Map<String, Value>) -> bool {
+    map.contains_key("detail-type") && map.contains_key("source")
+}
+
+fn bad(wrapper: Wrapper, problem: impl Into<String>) -> EnvelopeError {
+    EnvelopeError::BadWrapper {
+        wrapper,
+        problem: problem.into(),
+    }
+}
+
+fn wrapped(wrapper: Wrapper) -> impl Fn(EnvelopeError) -> EnvelopeError {
+    move |e| match e {
+        // An EventBridge event inside an SNS notification names itself.
+        e @ (EnvelopeError::BadWrapper { .. } | EnvelopeError::Wrapped { .. }) => e,
+        e => EnvelopeError::Wrapped {
+            wrapper,
+            error: Box::new(e),
+        },
+    }
+}
+
+/// A wrapper's string field, required.
+fn string_field(map: &mut Map<String, Value>, wrapper: Wrapper, name: &str) -> Result<String, EnvelopeError> {
+    match map.remove(name) {
+        Some(Value::String(s)) => Ok(s),
+        None | Some(Value::Null) => Err(bad(wrapper, format!("has no `{name}`"))),
+        Some(other) => Err(bad(
+            wrapper,
+            format!("`{name}` is {}, not a string", json_kind(&other)),
+        )),
+    }
+}
+
+/// A wrapper's id, as a job id.
+fn wrapper_id(map: &mut Map<String, Value>, wrapper: Wrapper, name: &str) -> Result<String, EnvelopeError> {
+    let id = string_field(map, wrapper, name)?;
+    check_id(&id).map_err(wrapped(wrapper))?;
+    Ok(id)
+}
+
+/// An SNS notification: its `Message` read with its `job-type` / `job-id` message attributes,
+/// as SNS would deliver it raw; the `MessageId` is the job id unless the message names one.
+fn sns(mut map: Map<String, Value>, eventbridge: &EventBridgeTypes) -> Result<Job, EnvelopeError> {
+    let w = Wrapper::Sns;
+    let kind = string_field(&mut map, w, "Type")?;
+    if kind != "Notification" {
+        let hint = if kind == "SubscriptionConfirmation" {
+            ": confirm the subscription with its SubscribeURL (or `aws sns confirm-subscription`)"
+        } else {
+            ""
+        };
+        return Err(bad(
+            w,
+            format!("is of `Type` {kind}, not Notification: it holds no job{hint}"),
+        ));
+    }
+    let message = match map.remove("Message") {
+        Some(Value::String(s)) => s,
+        None | Some(Value::Null) => return Err(bad(w, "has no `Message`")),
+        Some(other) => {
+            return Err(bad(
+                w,
+                format!("`Message` is {}, not a string", json_kind(&other)),
+            ));
+        }
+    };
+    let message_id = wrapper_id(&mut map, w, "MessageId")?;
+    let attributes = match map.remove("MessageAttributes") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(a)) => a,
+        Some(other) => {
+            return Err(bad(
+                w,
+                format!("`MessageAttributes` is {}, not an object", json_kind(&other)),
+            ));
+        }
+    };
+    let attribute = |name: &str| -> Result<Option<&str>, EnvelopeError> {
+        let Some(a) = attributes.get(name) else {
+            return Ok(None);
+        };
+        match (
+            a.get("Type").and_then(Value::as_str),
+            a.get("Value").and_then(Value::as_str),
+        ) {
+            (Some("String"), Some(v)) => Ok(Some(v)),
+            (Some(t), _) if t != "String" => Err(bad(
+                w,
+                format!("message attribute `{name}` is of Type {t}, not String"),
+            )),
+            _ => Err(bad(
+                w,
+                format!("message attribute `{name}` has no string `Type` and `Value`"),
+            )),
+        }
+    };
+    let job_type = attribute(JOB_TYPE_ATTRIBUTE)?;
+    let job_id = attribute(JOB_ID_ATTRIBUTE)?;
+    let mut job = read(&message, job_type, job_id, eventbridge, Nesting::InSns).map_err(wrapped(w))?;
+    job.id.get_or_insert(message_id);
+    Ok(job)
+}
+
+/// An EventBridge event: its `detail-type` mapped, else its `detail` when that is an envelope,
+/// else its `detail-type` as it is; the event's `id` is the job id unless an envelope names one.
+fn eventbridge(mut map: Map<String, Value>, types: &EventBridgeTypes) -> Result<Job, EnvelopeError> {
+    let w = Wrapper::EventBridge;
+    let detail_type = string_field(&mut map, w, "detail-type")?;
+    string_field(&mut map, w, "source")?;
+    let id = wrapper_id(&mut map, w, "id")?;
+    let detail = match map.remove("detail") {
+        None => return Err(bad(w, "has no `detail`")),
+        Some(d) => d,
+    };
+    let mapped = types.get(&detail_type);
+    let job = match detail {
+        Value::Object(d) if mapped.is_none() && is_envelope(&d) => envelope(d, None).map_err(wrapped(w))?,
+        detail => {
+            let job_type = mapped.unwrap_or(&detail_type);
+            check_type(job_type).map_err(|e| match mapped {
+                Some(_) => bad(w, format!("`detail-type` maps to a bad job type: {e}")),
+                None => bad(
+                    w,
+                    format!("`detail-type` cannot be a job type ({e}): map it with TRIAGE_EVENTBRIDGE_TYPES"),
+                ),
+            })?;
+            Job {
+                job_type: job_type.to_owned(),
+                id: None,
+                payload: detail,
+            }
+        }
+    };
+    Ok(Job {
+        id: job.id.or(Some(id)),
+        ..job
+    })
+}
+
+/// An EventBridge `detail` that is a job envelope: a string `type` and a `payload`.
+fn is_envelope(detail: &Map<String, Value>) -> bool {
+    detail.get("type").is_some_and(Value::is_string) && detail.contains_key("payload")
 }
 
 fn check_type(t: &str) -> Result<&str, EnvelopeError> {
@@ -209,6 +564,367 @@ mod tests {
             p(&format!(r#"{{"type":"{long}"}}"#)),
             Err(EnvelopeError::BadTypeLength(MAX_JOB_TYPE_LEN + 1))
         );
+    }
+
+    const TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:jobs";
+
+    /// An SNS notification as SNS delivers it to an SQS subscriber with raw delivery off.
+    fn sns_body(message: &str, attributes: Value) -> String {
+        let mut n = json!({
+            "Type": "Notification",
+            "MessageId": "5f2b7a9e-0000-4000-8000-000000000001",
+            "TopicArn": TOPIC,
+            "Subject": "ignored",
+            "Message": message,
+            "Timestamp": "2026-01-01T00:00:00.000Z",
+            "SignatureVersion": "1",
+            "Signature": "EXAMPLE==",
+            "SigningCertURL": "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-x.pem",
+            "UnsubscribeURL": "https://sns.us-east-1.amazonaws.com/?Action=Unsubscribe",
+        });
+        if !attributes.is_null() {
+            n["MessageAttributes"] = attributes;
+        }
+        n.to_string()
+    }
+
+    fn sns_attrs(pairs: &[(&str, &str)]) -> Value {
+        Value::Object(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), json!({"Type": "String", "Value": v})))
+                .collect(),
+        )
+    }
+
+    /// An EventBridge event as a rule delivers it to an SQS target.
+    fn event(detail_type: &str, detail: Value) -> Value {
+        json!({
+            "version": "0",
+            "id": "7bf73129-1428-4cd3-a780-95db273d1602",
+            "detail-type": detail_type,
+            "source": "com.example.orders",
+            "account": "123456789012",
+            "time": "2026-01-01T00:00:00Z",
+            "region": "us-east-1",
+            "resources": [],
+            "detail": detail,
+        })
+    }
+
+    fn eb(body: &Value, types: &EventBridgeTypes) -> Result<Job, EnvelopeError> {
+        parse_with(&body.to_string(), None, None, EnvelopeLimits::default(), types)
+    }
+
+    fn types(spec: &str) -> EventBridgeTypes {
+        EventBridgeTypes::parse(spec).unwrap()
+    }
+
+    fn bad_wrapper(e: Result<Job, EnvelopeError>) -> (Wrapper, String) {
+        match e {
+            Err(EnvelopeError::BadWrapper { wrapper, problem }) => (wrapper, problem),
+            other => panic!("expected a bad wrapper, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_sns_notification_carries_an_envelope_and_its_message_id_is_the_fallback_id() {
+        let inner = r#"{"type":"email.send","payload":{"to":"a@b"},"id":"j-1"}"#;
+        let job = p(&sns_body(inner, Value::Null)).unwrap();
+        assert_eq!(job, p(inner).unwrap());
+        let job = p(&sns_body(r#"{"type":"email.send","payload":1}"#, Value::Null)).unwrap();
+        assert_eq!(job.job_type, "email.send");
+        assert_eq!(job.payload, json!(1));
+        assert_eq!(job.id.as_deref(), Some("5f2b7a9e-0000-4000-8000-000000000001"));
+    }
+
+    #[test]
+    fn an_sns_notification_reads_as_the_same_message_delivered_raw() {
+        // Raw delivery on: the message is the body and SNS's attributes are SQS attributes.
+        let lim = EnvelopeLimits::default();
+        let cases = [
+            ("plain text", vec![("job-type", "legacy.import"), ("job-id", "k")]),
+            (r#"{"a":1}"#, vec![("job-type", "t")]),
+            // The attribute wins over an envelope, as it does on an SQS message.
+            (r#"{"type":"other","payload":2}"#, vec![("job-type", "t")]),
+            (r#"{"type":"t","payload":2}"#, vec![("job-id", "from-attr")]),
+        ];
+        for (message, attrs) in cases {
+            let get = |n: &str| attrs.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
+            let raw = parse(message, get("job-type"), get("job-id"), lim).unwrap();
+            let wrapped = p(&sns_body(message, sns_attrs(&attrs))).unwrap();
+            let expected = Job {
+                id: raw
+                    .id
+                    .clone()
+                    .or(Some("5f2b7a9e-0000-4000-8000-000000000001".into())),
+                ..raw
+            };
+            assert_eq!(wrapped, expected, "{message}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_sns_notification_is_invalid_with_a_clear_error() {
+        let mut n: Value = serde_json::from_str(&sns_body("{}", Value::Null)).unwrap();
+        n["Message"] = json!({"type": "t"});
+        assert_eq!(
+            bad_wrapper(p(&n.to_string())),
+            (Wrapper::Sns, "`Message` is an object, not a string".into())
+        );
+        n.as_object_mut().unwrap().remove("Message");
+        assert_eq!(bad_wrapper(p(&n.to_string())).1, "has no `Message`");
+        let mut n: Value = serde_json::from_str(&sns_body(r#"{"type":"t"}"#, Value::Null)).unwrap();
+        n.as_object_mut().unwrap().remove("MessageId");
+        assert_eq!(bad_wrapper(p(&n.to_string())).1, "has no `MessageId`");
+        n["MessageId"] = json!("x".repeat(MAX_JOB_ID_LEN + 1));
+        assert_eq!(
+            p(&n.to_string()),
+            Err(EnvelopeError::Wrapped {
+                wrapper: Wrapper::Sns,
+                error: Box::new(EnvelopeError::BadIdLength(MAX_JOB_ID_LEN + 1))
+            })
+        );
+        let binary = json!({"job-type": {"Type": "Binary", "Value": "dA=="}});
+        assert_eq!(
+            bad_wrapper(p(&sns_body("x", binary))).1,
+            "message attribute `job-type` is of Type Binary, not String"
+        );
+        let no_value = json!({"job-type": {"Type": "String"}});
+        assert!(
+            bad_wrapper(p(&sns_body("x", no_value)))
+                .1
+                .contains("no string `Type` and `Value`")
+        );
+        assert_eq!(
+            bad_wrapper(p(&sns_body("x", json!(["job-type"])))).1,
+            "`MessageAttributes` is an array, not an object"
+        );
+        // A message that is no job: the error names the notification and what is missing.
+        let e = p(&sns_body("hello", Value::Null)).unwrap_err();
+        assert!(
+            matches!(&e, EnvelopeError::Wrapped { wrapper: Wrapper::Sns, error } if matches!(**error, EnvelopeError::NotJson(_)))
+        );
+        assert!(
+            e.to_string().starts_with("SNS notification: body is not JSON"),
+            "{e}"
+        );
+        // The unwrapped values meet the envelope's limits.
+        let long = "x".repeat(MAX_JOB_TYPE_LEN + 1);
+        assert_eq!(
+            p(&sns_body("x", sns_attrs(&[("job-type", &long)]))),
+            Err(EnvelopeError::Wrapped {
+                wrapper: Wrapper::Sns,
+                error: Box::new(EnvelopeError::BadTypeLength(MAX_JOB_TYPE_LEN + 1))
+            })
+        );
+    }
+
+    #[test]
+    fn an_sns_subscription_confirmation_is_no_job() {
+        let mut n: Value =
+            serde_json::from_str(&sns_body("You have chosen to subscribe", Value::Null)).unwrap();
+        n["Type"] = json!("SubscriptionConfirmation");
+        n["SubscribeURL"] = json!("https://sns.us-east-1.amazonaws.com/?Action=ConfirmSubscription");
+        let (w, problem) = bad_wrapper(p(&n.to_string()));
+        assert_eq!(w, Wrapper::Sns);
+        assert!(
+            problem.starts_with(
+                "is of `Type` SubscriptionConfirmation, not Notification: it holds no job: confirm"
+            ),
+            "{problem}"
+        );
+    }
+
+    #[test]
+    fn an_eventbridge_event_is_mapped_else_its_detail_envelope_else_its_detail_type() {
+        let none = EventBridgeTypes::new();
+        let order = json!({"order": 7});
+        // Mapped: the detail is the payload, the event id the job id.
+        let job = eb(
+            &event("Order Placed", order.clone()),
+            &types("Order Placed=billing.charge"),
+        )
+        .unwrap();
+        assert_eq!(
+            job,
+            Job {
+                job_type: "billing.charge".into(),
+                id: Some("7bf73129-1428-4cd3-a780-95db273d1602".into()),
+                payload: order.clone(),
+            }
+        );
+        // Not mapped: the detail-type as it is.
+        let job = eb(&event("Order Placed", order.clone()), &none).unwrap();
+        assert_eq!(job.job_type, "Order Placed");
+        assert_eq!(job.payload, order);
+        // A detail that is an envelope, with and without its own id.
+        let env = json!({"type": "email.send", "payload": {"to": "a@b"}, "id": "j-9"});
+        let job = eb(&event("Job", env), &none).unwrap();
+        assert_eq!(
+            (job.job_type.as_str(), job.id.as_deref()),
+            ("email.send", Some("j-9"))
+        );
+        assert_eq!(job.payload, json!({"to": "a@b"}));
+        let job = eb(
+            &event("Job", json!({"type": "email.send", "payload": null})),
+            &none,
+        )
+        .unwrap();
+        assert_eq!(job.id.as_deref(), Some("7bf73129-1428-4cd3-a780-95db273d1602"));
+        // An ordinary detail with a `type` field is no envelope without a `payload`.
+        let job = eb(&event("Order Placed", json!({"type": "premium"})), &none).unwrap();
+        assert_eq!(job.job_type, "Order Placed");
+        assert_eq!(job.payload, json!({"type": "premium"}));
+        // A mapping wins over a detail that looks like an envelope.
+        let looks = json!({"type": "premium", "payload": 1});
+        let job = eb(
+            &event("Order Placed", looks.clone()),
+            &types("Order Placed=billing.charge"),
+        )
+        .unwrap();
+        assert_eq!(job.job_type, "billing.charge");
+        assert_eq!(job.payload, looks);
+    }
+
+    #[test]
+    fn a_malformed_eventbridge_event_is_invalid_with_a_clear_error() {
+        let none = EventBridgeTypes::new();
+        let mut e = event("Order Placed", json!({}));
+        e.as_object_mut().unwrap().remove("detail");
+        assert_eq!(
+            bad_wrapper(eb(&e, &none)),
+            (Wrapper::EventBridge, "has no `detail`".into())
+        );
+        let mut e = event("Order Placed", json!({}));
+        e["id"] = json!(5);
+        assert_eq!(bad_wrapper(eb(&e, &none)).1, "`id` is a number, not a string");
+        let mut e = event("Order Placed", json!({}));
+        e["detail-type"] = json!(null);
+        assert_eq!(bad_wrapper(eb(&e, &none)).1, "has no `detail-type`");
+        let long = "x".repeat(MAX_JOB_TYPE_LEN + 1);
+        let problem = bad_wrapper(eb(&event(&long, json!({})), &none)).1;
+        assert!(problem.contains("cannot be a job type") && problem.contains("TRIAGE_EVENTBRIDGE_TYPES"));
+        let e = eb(&event("Job", json!({"type": "t", "payload": 1, "id": 7})), &none).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "EventBridge event: envelope `id` is a number, not a string"
+        );
+    }
+
+    #[test]
+    fn an_envelope_or_a_job_type_attribute_is_never_read_as_a_wrapper() {
+        // A `type` field makes the body an envelope, whatever wrapper fields it also carries.
+        let mut n: Value = serde_json::from_str(&sns_body(r#"{"type":"inner"}"#, Value::Null)).unwrap();
+        n["type"] = json!("outer");
+        n["payload"] = json!(1);
+        let job = p(&n.to_string()).unwrap();
+        assert_eq!((job.job_type.as_str(), job.id), ("outer", None));
+        n["type"] = json!(null);
+        assert_eq!(p(&n.to_string()), Err(EnvelopeError::MissingType));
+        let mut e = event("Order Placed", json!({}));
+        e["type"] = json!("outer");
+        assert_eq!(p(&e.to_string()).unwrap().job_type, "outer");
+        // The SQS `job-type` attribute keeps the whole wrapper as the payload.
+        let lim = EnvelopeLimits::default();
+        let body = sns_body(r#"{"type":"inner"}"#, Value::Null);
+        let job = parse(&body, Some("sns.audit"), None, lim).unwrap();
+        assert_eq!(job.job_type, "sns.audit");
+        assert_eq!(job.payload, serde_json::from_str::<Value>(&body).unwrap());
+        // Near misses are not wrappers: their errors are the envelope's.
+        let near = [
+            json!({"Type": "Notification", "Message": "{\"type\":\"t\"}"}),
+            json!({"Type": "Notice", "TopicArn": TOPIC, "Message": "{\"type\":\"t\"}"}),
+            json!({"Type": "Notification", "TopicArn": 5, "Message": "{\"type\":\"t\"}"}),
+            json!({"detail-type": "X", "detail": {}}),
+            json!({"source": "x", "detail": {}}),
+        ];
+        for body in near {
+            assert_eq!(p(&body.to_string()), Err(EnvelopeError::MissingType), "{body}");
+        }
+    }
+
+    #[test]
+    fn wrappers_nest_once_eventbridge_inside_sns() {
+        let none = EventBridgeTypes::new();
+        let inner = event("Job", json!({"type": "email.send", "payload": 1}));
+        let job = parse_with(
+            &sns_body(&inner.to_string(), Value::Null),
+            None,
+            None,
+            EnvelopeLimits::default(),
+            &none,
+        )
+        .unwrap();
+        assert_eq!(job.job_type, "email.send");
+        assert_eq!(job.id.as_deref(), Some("7bf73129-1428-4cd3-a780-95db273d1602"));
+        // An SNS notification inside one is not unwrapped again.
+        let twice = sns_body(&sns_body(r#"{"type":"t"}"#, Value::Null), Value::Null);
+        assert_eq!(
+            p(&twice),
+            Err(EnvelopeError::Wrapped {
+                wrapper: Wrapper::Sns,
+                error: Box::new(EnvelopeError::MissingType)
+            })
+        );
+    }
+
+    #[test]
+    fn eventbridge_types_read_pairs_or_json_and_refuse_what_they_cannot_use() {
+        let t = types(" Order Placed = billing.charge ;Refund=billing.refund;");
+        assert_eq!(
+            t.iter().collect::<Vec<_>>(),
+            [("Order Placed", "billing.charge"), ("Refund", "billing.refund")]
+        );
+        let t = types(r#"{"a=b;c": "x.y"}"#);
+        assert_eq!(t.get("a=b;c"), Some("x.y"));
+        assert!(types("").is_empty());
+        let err = |s: &str| EventBridgeTypes::parse(s).unwrap_err();
+        assert_eq!(
+            err("Order Placed"),
+            "`Order Placed` is not `Detail Type=job.type`"
+        );
+        assert_eq!(err("A=x;A=y"), "detail-type `A` is listed twice");
+        assert!(
+            err("A=").starts_with("`A` maps to \"\": job type must be"),
+            "{}",
+            err("A=")
+        );
+        assert!(err("=x").starts_with("detail-type \"\" must be"));
+        assert_eq!(err(r#"{"A": 1}"#), "`A` maps to a number, not a string");
+        assert!(err("{nope").starts_with("not a JSON object"));
+        // Code's mappings win over the configuration's.
+        let code = types("A=code");
+        let merged = code.or(&types("A=env;B=env"));
+        assert_eq!(merged.get("A"), Some("code"));
+        assert_eq!(merged.get("B"), Some("env"));
+    }
+
+    proptest::proptest! {
+        /// Whatever wrapper fields an envelope also holds, it is read as that envelope.
+        #[test]
+        fn an_envelope_with_wrapper_fields_stays_that_envelope(
+            job_type in "[a-z.]{1,20}",
+            extra in proptest::sample::subsequence(
+                vec!["Type", "TopicArn", "Message", "MessageId", "MessageAttributes",
+                     "detail-type", "source", "detail", "version", "account"],
+                0..=10,
+            ),
+        ) {
+            let mut body = json!({"type": job_type, "payload": {"k": 1}});
+            for k in extra {
+                body[k] = match k {
+                    "Type" => json!("Notification"),
+                    "MessageAttributes" => sns_attrs(&[("job-type", "other")]),
+                    "detail" => json!({"type": "other", "payload": 2}),
+                    _ => json!("arn:aws:sns:us-east-1:1:t"),
+                };
+            }
+            let types = types("arn:aws:sns:us-east-1:1:t=mapped");
+            let job = parse_with(&body.to_string(), None, None, EnvelopeLimits::default(), &types).unwrap();
+            proptest::prop_assert_eq!(job.job_type, job_type);
+            proptest::prop_assert_eq!(job.payload, json!({"k": 1}));
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub use decision::{
     Decision, DeferReason, Gate, Inputs, Ledger, RecordFacts, Settled, StoredAttempts, Verdict, admit,
     invalid, settle,
 };
-pub use envelope::{EnvelopeError, EnvelopeLimits, Job};
+pub use envelope::{EnvelopeError, EnvelopeLimits, EventBridgeTypes, Job, Wrapper};
 pub use error::{ErrorKind, JobError, Rules};
 pub use failure::{FailureClass, FailureRecord};
 pub use policy::{PolicyError, RetryPolicy};

@@ -72,11 +72,12 @@ pub(super) fn no_handler(job_type: &str) -> String {
 impl Processor {
     /// Reads one record: parses its envelope and routes its job type.
     pub(super) fn read(&self, inc: Incoming) -> Record {
-        let parsed = envelope::parse(
+        let parsed = envelope::parse_with(
             &inc.body,
             inc.job_type_attribute(),
             inc.job_id_attribute(),
             self.limits,
+            self.registry.eventbridge_types(),
         );
         let job_id = match &parsed {
             Ok(Job { id: Some(id), .. }) => id.clone(),

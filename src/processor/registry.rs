@@ -24,6 +24,7 @@ use serde::de::DeserializeOwned;
 
 use crate::core::JobError;
 use crate::core::breaker::BreakerConfig;
+use crate::core::envelope::EventBridgeTypes;
 use crate::core::policy::RetryPolicy;
 
 /// What a handler knows about the job it runs, besides its payload.
@@ -83,6 +84,8 @@ pub struct Registry {
     configured_defaults: bool,
     /// Job types with a completion marker, and how long each marker lives.
     done_markers: HashMap<String, Duration>,
+    /// Job types of EventBridge events by `detail-type`.
+    eventbridge_types: EventBridgeTypes,
 }
 
 impl Default for Registry {
@@ -111,6 +114,7 @@ impl Registry {
             default_breaker,
             configured_defaults: false,
             done_markers: HashMap::new(),
+            eventbridge_types: EventBridgeTypes::new(),
         }
     }
 
@@ -244,6 +248,29 @@ impl Registry {
         self
     }
 
+    /// Runs EventBridge events whose `detail-type` is `detail_type` as `job_type`, with the
+    /// event's `detail` as the payload (and the event's `id` as the job id). Without a mapping,
+    /// an event whose `detail` is an envelope runs as that envelope, and any other runs as its
+    /// `detail-type`, verbatim. Mappings given here win over `TRIAGE_EVENTBRIDGE_TYPES` for the
+    /// detail-types they name; the runtimes check them at start-up.
+    pub fn eventbridge_type(mut self, detail_type: impl Into<String>, job_type: impl Into<String>) -> Self {
+        self.eventbridge_types.insert(detail_type, job_type);
+        self
+    }
+
+    /// Adds a configuration's EventBridge mappings (`TRIAGE_EVENTBRIDGE_TYPES`) for the
+    /// detail-types this registry does not map itself. The runtimes call it once, at start-up,
+    /// whatever the registry's defaults follow: a mapping is routing, not a default policy.
+    pub fn with_configured_eventbridge_types(mut self, configured: &EventBridgeTypes) -> Self {
+        self.eventbridge_types = std::mem::take(&mut self.eventbridge_types).or(configured);
+        self
+    }
+
+    /// Job types of EventBridge events by `detail-type`.
+    pub fn eventbridge_types(&self) -> &EventBridgeTypes {
+        &self.eventbridge_types
+    }
+
     /// The route for a job type.
     pub fn route(&self, job_type: &str) -> Option<&Route> {
         self.routes.get(job_type)
@@ -308,6 +335,21 @@ mod tests {
         let own_route = r.route("own").unwrap();
         assert_eq!(own_route.policy.max_attempts(), 9);
         assert_eq!(own_route.breaker.open_for(), BreakerConfig::default().open_for());
+    }
+
+    #[test]
+    fn eventbridge_mappings_in_code_win_over_the_configuration() {
+        let configured = EventBridgeTypes::parse("A=env.a;B=env.b").unwrap();
+        for r in [
+            Registry::default(),
+            Registry::new(RetryPolicy::default(), BreakerConfig::default()),
+        ] {
+            let r = r
+                .eventbridge_type("A", "code.a")
+                .with_configured_eventbridge_types(&configured);
+            assert_eq!(r.eventbridge_types().get("A"), Some("code.a"));
+            assert_eq!(r.eventbridge_types().get("B"), Some("env.b"));
+        }
     }
 
     #[test]

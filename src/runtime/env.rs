@@ -81,7 +81,11 @@ pub async fn build_with(
 ) -> Result<Environment, RuntimeError> {
     let registry = registry
         .configured(&config.policy, config.breaker)
-        .configured_done_markers(&config.done_marker_types, config.done_marker_ttl);
+        .configured_done_markers(&config.done_marker_types, config.done_marker_ttl)
+        .with_configured_eventbridge_types(&config.eventbridge_types);
+    registry.eventbridge_types().check().map_err(|e| {
+        format!("EventBridge job types (Registry::eventbridge_type / TRIAGE_EVENTBRIDGE_TYPES): {e}")
+    })?;
     let queue_url = Config::require(&config.queue_url, "TRIAGE_QUEUE_URL")?.to_owned();
     let dlq_url = Config::require(&config.dlq_url, "TRIAGE_DLQ_URL")?.to_owned();
     let table = Config::require(&config.table, "TRIAGE_TABLE")?.to_owned();
@@ -129,7 +133,17 @@ pub async fn build_with(
         ),
         probe_table(&ddb_client, &retry, &table),
     );
-    let mut warnings = Vec::new();
+    let mut warnings: Vec<String> = registry
+        .eventbridge_types()
+        .iter()
+        .filter(|(_, t)| registry.route(t).is_none())
+        .map(|(d, t)| {
+            format!(
+                "EventBridge events of detail-type `{d}` map to job type `{t}`, which has no handler: \
+                 they will be dead-lettered as invalid (check TRIAGE_EVENTBRIDGE_TYPES)"
+            )
+        })
+        .collect();
     let mut skipped = 0u64;
     let source = source.map_err(|e| queue_error(e, "TRIAGE_QUEUE_URL", "the source queue", &queue_url))?;
     let retention = source

@@ -18,7 +18,7 @@ use sqs_triage::ops::setup::SetupReport;
 use support::runtime_api::{Outcome, RuntimeApi};
 
 /// One `triage-lambda` process and the Runtime API it polls; its stdout and stderr go to files.
-struct Lambda {
+pub(crate) struct Lambda {
     api: RuntimeApi,
     child: Child,
     stdout: PathBuf,
@@ -26,7 +26,7 @@ struct Lambda {
 }
 
 impl Lambda {
-    async fn start(created: &SetupReport, vars: &[(&str, &str)]) -> Lambda {
+    pub(crate) async fn start(created: &SetupReport, vars: &[(&str, &str)]) -> Lambda {
         let api = RuntimeApi::start().await;
         let base = std::env::temp_dir().join(support::unique_name("edge-lambda"));
         let stdout = base.with_extension("out");
@@ -65,7 +65,7 @@ impl Lambda {
         lambda
     }
 
-    async fn invoke(&self, event: &Value) -> Outcome {
+    pub(crate) async fn invoke(&self, event: &Value) -> Outcome {
         self.api
             .invoke(
                 event.to_string(),
@@ -77,7 +77,7 @@ impl Lambda {
     }
 
     /// Everything the process wrote so far, stdout then stderr.
-    fn output(&self) -> String {
+    pub(crate) fn output(&self) -> String {
         let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
         format!("{}{}", read(&self.stdout), read(&self.stderr))
     }
@@ -99,14 +99,14 @@ impl Drop for Lambda {
     }
 }
 
-fn response(outcome: Outcome) -> Value {
+pub(crate) fn response(outcome: Outcome) -> Value {
     match outcome {
         Outcome::Response(body) => serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}")),
         other => panic!("expected a batch response, got {other:?}"),
     }
 }
 
-fn failures(v: &Value) -> BTreeSet<String> {
+pub(crate) fn failures(v: &Value) -> BTreeSet<String> {
     v["batchItemFailures"]
         .as_array()
         .unwrap_or_else(|| panic!("no batchItemFailures in {v}"))
@@ -120,7 +120,7 @@ fn job(id: &str, outcome: &str) -> String {
 }
 
 /// A well-formed record, as the event source mapping would build it.
-fn record(id: &str, body: &str) -> Value {
+pub(crate) fn record(id: &str, body: &str) -> Value {
     json!({
         "messageId": id,
         "receiptHandle": format!("AQEB{id}receipt=="),

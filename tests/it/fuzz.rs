@@ -215,6 +215,63 @@ fn envelope_like() -> impl Strategy<Value = String> {
         })
 }
 
+/// A body SNS or EventBridge could have wrapped a job in: each field the unwrapping reads is
+/// either what the service writes or a value of any shape, and the message inside is an
+/// envelope-like body, a nested wrapper or anything.
+fn wrapper_like() -> impl Strategy<Value = String> {
+    let or_any = |good: serde_json::Value| prop_oneof![3 => Just(good), 1 => any_json()];
+    let inner = prop_oneof![
+        envelope_like(),
+        Just(r#"{"version":"0","id":"e","detail-type":"D","source":"s","detail":{"type":"triage.chaos","payload":{}}}"#.to_owned()),
+        ".{0,40}",
+    ];
+    let attrs = prop_oneof![
+        Just(serde_json::Value::Null),
+        Just(serde_json::json!({"job-type": {"Type": "String", "Value": REGISTERED}})),
+        Just(
+            serde_json::json!({"job-type": {"Type": "Binary", "Value": "AA=="}, "job-id": {"Type": "String"}})
+        ),
+        any_json(),
+    ];
+    let sns = (
+        or_any(serde_json::json!("Notification")),
+        or_any(serde_json::json!("arn:aws:sns:us-east-1:1:t")),
+        or_any(serde_json::json!("m-1")),
+        inner.clone().prop_map(serde_json::Value::from),
+        any_json(),
+        attrs,
+    )
+        .prop_map(|(kind, topic, id, message, any_message, attrs)| {
+            let mut o =
+                serde_json::json!({"Type": kind, "TopicArn": topic, "MessageId": id, "Message": message});
+            if !attrs.is_null() {
+                o["MessageAttributes"] = attrs;
+            }
+            if any_message.is_boolean() {
+                o["Message"] = any_message;
+            }
+            o.to_string()
+        });
+    let eventbridge = (
+        or_any(serde_json::json!("Order Placed")),
+        or_any(serde_json::json!("e-1")),
+        prop_oneof![
+            inner.prop_map(|s| serde_json::from_str(&s).unwrap_or(serde_json::Value::String(s))),
+            any_json()
+        ],
+        any::<bool>(),
+    )
+        .prop_map(|(detail_type, id, detail, drop_detail)| {
+            let mut o = serde_json::json!({"version": "0", "id": id, "detail-type": detail_type,
+                "source": "s", "account": "1", "time": "t", "region": "r", "resources": [], "detail": detail});
+            if drop_detail {
+                o.as_object_mut().unwrap().remove("detail");
+            }
+            o.to_string()
+        });
+    prop_oneof![sns, eventbridge]
+}
+
 /// An SQS event whose records have fields of any shape.
 fn event_like() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(
@@ -265,6 +322,13 @@ proptest! {
     #[test]
     fn envelope_parser_takes_any_envelope_shape(body in envelope_like()) {
         envelope_bytes(body.as_bytes(), None);
+    }
+
+    #[test]
+    fn envelope_parser_takes_any_sns_or_eventbridge_shape(body in wrapper_like()) {
+        envelope_bytes(body.as_bytes(), None);
+        let mapped = envelope::EventBridgeTypes::parse("Order Placed=triage.chaos").unwrap();
+        let _ = envelope::parse_with(&body, None, None, EnvelopeLimits::default(), &mapped);
     }
 
     #[test]

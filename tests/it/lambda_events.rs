@@ -104,6 +104,11 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
         "AWS_REGION=us-east-1".into(),
         "AWS_ACCESS_KEY_ID=test".into(),
         "AWS_SECRET_ACCESS_KEY=test".into(),
+        // The samples are independent cases: their transient failures together would open
+        // `triage.chaos`'s breaker and defer the later files' records.
+        "TRIAGE_BREAKER_THRESHOLD=1000".into(),
+        // eventbridge.json's `Chaos Requested` events are `triage.chaos` jobs.
+        "TRIAGE_EVENTBRIDGE_TYPES=Chaos Requested=triage.chaos".into(),
         format!(
             "RUST_LOG={}",
             std::env::var("TRIAGE_TEST_LAMBDA_LOG").unwrap_or_else(|_| "warn".into())
@@ -151,7 +156,7 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
     let success = invoke(port, &first).unwrap();
     assert_eq!(failures(&success), BTreeSet::new(), "success.json: {success}");
 
-    let cases: [(&str, &[usize]); 7] = [
+    let cases: [(&str, &[usize]); 9] = [
         ("fatal.json", &[]),
         ("transient.json", &[0]),
         ("retry-after.json", &[0]),
@@ -159,17 +164,29 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
         ("unknown-type.json", &[]),
         ("mixed.json", &[2, 3]),
         ("fifo.json", &[1, 2]),
+        ("sns.json", &[2]),
+        ("eventbridge.json", &[1]),
     ];
     for (file, failing) in cases {
         let v = invoke(port, &root().join("events").join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert_eq!(failures(&v), ids(file, failing), "{file}: {v}");
     }
-    // The dead-lettered records really are in the DLQ: fatal, malformed, unknown type, and
-    // mixed.json's fatal, malformed, unknown-type and attribute-typed records.
-    let seen: BTreeSet<String> = support::read_all(&support::sqs_client().await, &created.dlq_url, 60, 1)
-        .await
-        .into_iter()
-        .filter_map(|m| m.message_id)
-        .collect();
-    assert_eq!(seen.len(), 7, "DLQ copies: {seen:?}");
+    // The dead-lettered records really are in the DLQ: fatal, malformed, unknown type,
+    // mixed.json's fatal, malformed, unknown-type and attribute-typed records, sns.json's fatal
+    // job and eventbridge.json's unmapped `Order Placed` event — these two as SQS delivered
+    // them, wrapper and all.
+    let dlq = support::read_all(&support::sqs_client().await, &created.dlq_url, 60, 1).await;
+    let seen: BTreeSet<String> = dlq.iter().filter_map(|m| m.message_id.clone()).collect();
+    assert_eq!(seen.len(), 9, "DLQ copies: {seen:?}");
+    let bodies: BTreeSet<&str> = dlq.iter().filter_map(|m| m.body.as_deref()).collect();
+    for (file, i) in [("sns.json", 1), ("eventbridge.json", 2)] {
+        let v: Value =
+            serde_json::from_str(&std::fs::read_to_string(root().join("events").join(file)).unwrap())
+                .unwrap();
+        let body = v["Records"][i]["body"].as_str().unwrap();
+        assert!(
+            bodies.contains(body),
+            "{file}: record {i}'s body is not in the DLQ as delivered"
+        );
+    }
 }

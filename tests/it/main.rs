@@ -30,6 +30,7 @@ mod edge_send;
 mod edge_setup;
 mod edge_sqs;
 mod edge_worker;
+mod fanout;
 mod fault_proxy;
 mod fuzz;
 mod heartbeat;
