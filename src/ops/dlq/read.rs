@@ -46,7 +46,8 @@ pub struct DlqMessage {
     pub record: Option<FailureRecord>,
     /// When the message entered the DLQ (epoch ms, SQS's SentTimestamp).
     pub sent_at_ms: u64,
-    /// The FIFO message group, on FIFO DLQs.
+    /// The message group: a FIFO group on FIFO DLQs, or a fair queue's tenant (a standard
+    /// queue's `MessageGroupId`), kept on the DLQ copy and restored on replay.
     pub group_id: Option<String>,
     /// The queue SQS moved the message from (its `DeadLetterQueueSourceArn` system
     /// attribute), set when SQS's own redrive dead-lettered it after `maxReceiveCount`.

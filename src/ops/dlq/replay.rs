@@ -15,7 +15,7 @@ use super::super::{Ctx, OpsError, OpsResult, is_fifo, queue_arn, resolve_queue};
 use super::list::{Group, group};
 use super::read::{DlqMessage, Filter, Sweep, approximate_count, delete, release};
 use crate::clock::now_ms;
-use crate::effects::dlq::original_attributes;
+use crate::effects::dlq::{group_for, original_attributes};
 use crate::effects::sqs::{Outgoing, Sqs, batches};
 
 /// How `dlq replay` runs.
@@ -482,7 +482,9 @@ fn replay_copy(key: usize, m: &DlqMessage, fifo: bool) -> Result<Outgoing, Strin
         // A fresh deduplication id per DLQ message: the original one may still be inside
         // SQS's 5-minute window, and a repeated replay of the same DLQ message (after a crash
         // between send and delete) is then deduplicated.
-        group_id: fifo.then(|| m.group_id.clone().unwrap_or_else(|| m.body_job_id().to_owned())),
+        // The message's group goes back with it: a FIFO group, or a fair queue's tenant on a
+        // standard queue.
+        group_id: group_for(fifo, m.group_id.as_deref(), || m.body_job_id().to_owned()),
         dedup_id: fifo.then(|| format!("replay-{}", m.message_id)),
         delay_seconds: None,
     })
