@@ -285,6 +285,29 @@ enum DlqCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Edit one DLQ message's body (in $EDITOR, else $VISUAL; or --body / --patch), then
+    /// replay the edited copy as `replay` would and delete the original once it is sent.
+    Edit {
+        /// Job id, DLQ message id or original message id (as `show` takes it); it must name
+        /// one DLQ message.
+        id: String,
+        /// Take the new body from this file (`-` for stdin) instead of an editor.
+        #[arg(long, value_name = "FILE", conflicts_with = "patch")]
+        body: Option<PathBuf>,
+        /// Apply this RFC 6902 JSON Patch to the body parsed as JSON, e.g.
+        /// '[{"op":"replace","path":"/payload/n","value":2}]'.
+        #[arg(long, value_name = "JSON-PATCH")]
+        patch: Option<String>,
+        /// Send to this queue instead of the message's source queue.
+        #[arg(long, value_name = "QUEUE")]
+        to: Option<String>,
+        /// Replay the body even when the edit left it unchanged.
+        #[arg(long)]
+        force: bool,
+        /// Read at most this many DLQ messages looking for it.
+        #[arg(long, default_value_t = 100_000, value_name = "N")]
+        max_scan: usize,
+    },
     /// Delete selected DLQ messages (asks first unless --yes).
     Purge {
         #[command(flatten)]
@@ -606,6 +629,24 @@ async fn run_dlq(
             let r = dlq::replay(ctx, dlq_url, &opts).await?;
             Ok(print(&r, json))
         }
+        DlqCommand::Edit {
+            id,
+            body,
+            patch,
+            to,
+            force,
+            max_scan,
+        } => {
+            let opts = dlq::EditOptions {
+                to: to.clone(),
+                table: nonempty(&cli.table).map(str::to_owned),
+                force: *force,
+                max_scan: *max_scan,
+                ..dlq::EditOptions::new(id.clone(), edit_source(body.as_deref(), patch.as_deref())?)
+            };
+            let r = dlq::edit(ctx, dlq_url, &opts).await?;
+            Ok(print(&r, json))
+        }
         DlqCommand::Purge { filter, limit, yes } => {
             let r = dlq::purge(ctx, dlq_url, &filter.filter(), *limit, filter.max_scan, |plan| {
                 confirmed(*yes, &plan.question())
@@ -629,6 +670,37 @@ async fn run_dlq(
             Ok(print(&r, json))
         }
     }
+}
+
+/// Where `dlq edit` takes the new body from: `--body FILE` (`-` for stdin), `--patch`, else
+/// the editor `$EDITOR` names, else `$VISUAL`.
+fn edit_source(body: Option<&std::path::Path>, patch: Option<&str>) -> OpsResult<dlq::EditSource> {
+    if let Some(p) = patch {
+        return Ok(dlq::EditSource::Patch(p.to_owned()));
+    }
+    if let Some(path) = body {
+        let text = if path.as_os_str() == "-" {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| OpsError::usage(format!("cannot read the new body from stdin: {e}")))?;
+            s
+        } else {
+            std::fs::read_to_string(path).map_err(|e| {
+                OpsError::usage(format!("cannot read the new body from {}: {e}", path.display()))
+            })?
+        };
+        return Ok(dlq::EditSource::Body(text));
+    }
+    ["EDITOR", "VISUAL"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|e| !e.trim().is_empty()))
+        .map(dlq::EditSource::Editor)
+        .ok_or_else(|| {
+            OpsError::usage(
+                "no editor: set $EDITOR (or $VISUAL), or pass the new body with --body FILE or a JSON Patch with --patch",
+            )
+        })
 }
 
 /// A runtime's error as one line: configuration problems (a bad variable, or a start-up

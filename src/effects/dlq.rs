@@ -6,6 +6,10 @@
 //! lost; replay unpacks them. The message size limit counts the body and every attribute's
 //! name, type and value; the record's error text is cut to fit, never the body.
 //!
+//! The message's `MessageGroupId` travels with the copy: on a FIFO DLQ it orders the copy as
+//! before, and on a standard queue it is the tenant of an SQS fair queue, which replay
+//! restores ([`group_for`] is the one rule for both).
+//!
 //! Both names are reserved: a producer's own `triage-failure` or `triage-attributes` is
 //! dropped from the copy, and replay unpacks `triage-attributes` only from a message shaped
 //! as the processor packs it (those two attributes and nothing else).
@@ -37,6 +41,18 @@ fn without_reserved(
         .filter(|(k, _)| !is_reserved(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
+}
+
+/// The `MessageGroupId` of a copy of a message (its DLQ copy, or a replayed copy) sent to
+/// a FIFO queue (`fifo`) or a standard one: on a FIFO queue the message's group, else `fallback()` (a FIFO queue needs
+/// one); on a standard queue the message's group when it has one (a fair queue's tenant, kept
+/// so the copy counts against the same tenant), else none.
+pub fn group_for(fifo: bool, group: Option<&str>, fallback: impl FnOnce() -> String) -> Option<String> {
+    match group {
+        Some(g) => Some(g.to_owned()),
+        None if fifo => Some(fallback()),
+        None => None,
+    }
 }
 
 /// A message ready to send to the DLQ.
@@ -230,6 +246,18 @@ mod tests {
                 .iter()
                 .map(|(k, v)| attribute_size(k, v))
                 .sum::<usize>()
+    }
+
+    #[test]
+    fn the_group_travels_to_fifo_and_fair_queues_alike() {
+        let fallback = || "f".to_owned();
+        assert_eq!(group_for(true, Some("g"), fallback).as_deref(), Some("g"));
+        assert_eq!(group_for(true, None, fallback).as_deref(), Some("f"));
+        assert_eq!(
+            group_for(false, Some("tenant"), fallback).as_deref(),
+            Some("tenant")
+        );
+        assert_eq!(group_for(false, None, fallback), None);
     }
 
     #[test]

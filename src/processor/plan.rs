@@ -11,7 +11,7 @@ use crate::core::breaker::Aggregate;
 use crate::core::error::ErrorKind;
 use crate::core::failure::{FailureClass, FailureRecord};
 use crate::core::{Decision, Ledger};
-use crate::effects::dlq::{dlq_copy, is_reserved};
+use crate::effects::dlq::{dlq_copy, group_for, is_reserved};
 use crate::effects::metrics::Metrics;
 use crate::effects::sqs::Outgoing;
 
@@ -231,7 +231,8 @@ impl Processor {
                 key,
                 body,
                 attributes,
-                group_id: fifo_dlq.then(|| inc.group_id.clone().unwrap_or_else(|| "triage".into())),
+                // A FIFO group, or a fair queue's tenant on a standard queue: kept either way.
+                group_id: group_for(fifo_dlq, inc.group_id.as_deref(), || "triage".into()),
                 dedup_id: fifo_dlq.then(|| inc.message_id.clone()),
                 delay_seconds: None,
             },

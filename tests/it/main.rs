@@ -21,6 +21,7 @@ mod bench_smoke;
 mod breaker;
 mod cli;
 mod decision;
+mod dlq_edit;
 mod dlq_source;
 mod edge_breaker;
 mod edge_lambda;

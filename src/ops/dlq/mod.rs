@@ -8,14 +8,16 @@
 //! listed as successful count.
 //!
 //! One module per verb: `read` (a message as read, the filter, the sweep), `list` (list
-//! and show), `replay`, `purge`, `redrive`.
+//! and show), `replay`, `edit` (edit one message's body, then replay it), `purge`, `redrive`.
 
+pub mod edit;
 pub mod list;
 pub mod purge;
 pub mod read;
 pub mod redrive;
 pub mod replay;
 
+pub use edit::{EditOptions, EditReport, EditSource, edit};
 pub use list::{ErrorCount, Group, ListReport, MessageSummary, ShowReport, ShownMessage, group, list, show};
 pub use purge::{PurgeOptions, PurgePlan, PurgeReport, purge, purge_with};
 pub use read::{BodyJob, DlqMessage, Filter, UNRECORDED, read_all};

@@ -46,7 +46,8 @@ pub struct DlqMessage {
     pub record: Option<FailureRecord>,
     /// When the message entered the DLQ (epoch ms, SQS's SentTimestamp).
     pub sent_at_ms: u64,
-    /// The FIFO message group, on FIFO DLQs.
+    /// The message group: a FIFO group on FIFO DLQs, or a fair queue's tenant (a standard
+    /// queue's `MessageGroupId`), kept on the DLQ copy and restored on replay.
     pub group_id: Option<String>,
     /// The queue SQS moved the message from (its `DeadLetterQueueSourceArn` system
     /// attribute), set when SQS's own redrive dead-lettered it after `maxReceiveCount`.
@@ -61,7 +62,43 @@ pub struct DlqMessage {
     pub body_job: Option<BodyJob>,
 }
 
+/// The job `body` is, read as the processor reads it: the envelope, or the body with the
+/// `job-type` / `job-id` attributes among the original ones (`attributes` as they are in the
+/// DLQ). Why it is no job, when it is not.
+pub(crate) fn body_job(
+    body: &str,
+    attributes: &HashMap<String, MessageAttributeValue>,
+) -> Result<BodyJob, String> {
+    let attrs = original_attributes(attributes).map_err(|e| e.to_string())?;
+    let attr = |name: &str| attrs.get(name).and_then(|v| v.string_value());
+    envelope::parse(
+        body,
+        attr(JOB_TYPE_ATTRIBUTE),
+        attr(JOB_ID_ATTRIBUTE),
+        EnvelopeLimits::default(),
+    )
+    .map(|j| BodyJob {
+        job_type: j.job_type,
+        id: j.id,
+    })
+    .map_err(|e| e.to_string())
+}
+
 impl DlqMessage {
+    /// This message with another body (an operator's edit), its job read from that body as
+    /// the processor will read it. Refused, with why, when the body is no job: neither an
+    /// envelope nor a body named by the message's `job-type` attribute.
+    pub(crate) fn with_body(&self, body: String) -> Result<Self, String> {
+        let job = body_job(&body, &self.attributes)?;
+        Ok(Self {
+            job_type: job.job_type.clone(),
+            job_id: job.id.clone().unwrap_or_else(|| self.job_id.clone()),
+            body_job: Some(job),
+            body,
+            ..self.clone()
+        })
+    }
+
     fn from_sdk(m: aws_sdk_sqs::types::Message) -> Option<Self> {
         let attributes = m.message_attributes.unwrap_or_default();
         let system = m.attributes.unwrap_or_default();
@@ -89,20 +126,7 @@ impl DlqMessage {
                 .and_then(|j| j.id.clone())
                 .unwrap_or_else(|| message_id.clone()),
         };
-        let body_job = original_attributes(&attributes).ok().and_then(|attrs| {
-            let attr = |name: &str| attrs.get(name).and_then(|v| v.string_value());
-            envelope::parse(
-                &body,
-                attr(JOB_TYPE_ATTRIBUTE),
-                attr(JOB_ID_ATTRIBUTE),
-                EnvelopeLimits::default(),
-            )
-            .ok()
-            .map(|j| BodyJob {
-                job_type: j.job_type,
-                id: j.id,
-            })
-        });
+        let body_job = body_job(&body, &attributes).ok();
         Some(Self {
             message_id,
             receipt_handle: m.receipt_handle?,

@@ -15,7 +15,7 @@ use super::super::{Ctx, OpsError, OpsResult, is_fifo, queue_arn, resolve_queue};
 use super::list::{Group, group};
 use super::read::{DlqMessage, Filter, Sweep, approximate_count, delete, release};
 use crate::clock::now_ms;
-use crate::effects::dlq::original_attributes;
+use crate::effects::dlq::{group_for, original_attributes};
 use crate::effects::sqs::{Outgoing, Sqs, batches};
 
 /// How `dlq replay` runs.
@@ -193,7 +193,7 @@ impl Pacer {
     }
 }
 
-async fn check_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
+pub(super) async fn check_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
     ctx.ddb_call("DescribeTable", table, || {
         ctx.ddb.describe_table().table_name(table).send()
     })
@@ -202,7 +202,7 @@ async fn check_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
 }
 
 /// Checks a queue exists; returns its URL.
-async fn check_queue(ctx: &Ctx, queue: &str, var: &str) -> OpsResult<String> {
+pub(super) async fn check_queue(ctx: &Ctx, queue: &str, var: &str) -> OpsResult<String> {
     let url = resolve_queue(ctx, queue, var).await?;
     queue_arn(ctx, &url, var).await?;
     Ok(url)
@@ -341,8 +341,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         targets: BTreeMap::new(),
         not_moved: Vec::new(),
         unverified: Vec::new(),
-        target_cache: HashMap::new(),
-        dlq_arn,
+        sources: Sources::new(dlq_arn),
         scanned: 0,
     };
     let sqs = ctx.sqs_effects();
@@ -395,7 +394,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
             // Group by target queue, keeping DLQ order within each.
             let mut by_target: BTreeMap<String, Vec<DlqMessage>> = BTreeMap::new();
             for m in chosen {
-                match st.target_for(ctx, &m, to.as_deref()).await {
+                match st.sources.target_for(ctx, &m, to.as_deref()).await {
                     Ok(url) => by_target.entry(url).or_default().push(m),
                     Err(reason) => {
                         bar.inc(1);
@@ -473,7 +472,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
 
 /// The message replay sends for DLQ message `m`: the body byte for byte and the original
 /// attributes (unpacked when the processor packed them).
-fn replay_copy(key: usize, m: &DlqMessage, fifo: bool) -> Result<Outgoing, String> {
+pub(super) fn replay_copy(key: usize, m: &DlqMessage, fifo: bool) -> Result<Outgoing, String> {
     let attributes = original_attributes(&m.attributes).map_err(|e| e.to_string())?;
     Ok(Outgoing {
         key,
@@ -482,7 +481,9 @@ fn replay_copy(key: usize, m: &DlqMessage, fifo: bool) -> Result<Outgoing, Strin
         // A fresh deduplication id per DLQ message: the original one may still be inside
         // SQS's 5-minute window, and a repeated replay of the same DLQ message (after a crash
         // between send and delete) is then deduplicated.
-        group_id: fifo.then(|| m.group_id.clone().unwrap_or_else(|| m.body_job_id().to_owned())),
+        // The message's group goes back with it: a FIFO group, or a fair queue's tenant on a
+        // standard queue.
+        group_id: group_for(fifo, m.group_id.as_deref(), || m.body_job_id().to_owned()),
         dedup_id: fifo.then(|| format!("replay-{}", m.message_id)),
         delay_seconds: None,
     })
@@ -498,25 +499,34 @@ struct ReplayState {
     targets: BTreeMap<String, usize>,
     not_moved: Vec<NotMoved>,
     unverified: Vec<NotMoved>,
-    target_cache: HashMap<String, Result<String, String>>,
-    dlq_arn: String,
+    sources: Sources,
     scanned: usize,
 }
 
-impl ReplayState {
-    /// Reports `m` as not moved, and why.
-    fn not_moved(&mut self, m: &DlqMessage, reason: String) {
-        self.not_moved.push(NotMoved {
-            message_id: m.message_id.clone(),
-            job_id: m.body_job_id().to_owned(),
-            reason,
-        });
+/// The queues DLQ messages go back to, each source checked once.
+pub(super) struct Sources {
+    cache: HashMap<String, Result<String, String>>,
+    dlq_arn: String,
+}
+
+impl Sources {
+    /// For the DLQ whose ARN is `dlq_arn`.
+    pub(super) fn new(dlq_arn: String) -> Self {
+        Self {
+            cache: HashMap::new(),
+            dlq_arn,
+        }
     }
 
     /// The queue a message goes back to: `--to`, else the record's source queue, else the
     /// queue SQS says it dead-lettered the message from (`DeadLetterQueueSourceArn`), once
     /// that queue's redrive policy is checked to name this DLQ (once per queue URL or ARN).
-    async fn target_for(&mut self, ctx: &Ctx, m: &DlqMessage, to: Option<&str>) -> Result<String, String> {
+    pub(super) async fn target_for(
+        &mut self,
+        ctx: &Ctx,
+        m: &DlqMessage,
+        to: Option<&str>,
+    ) -> Result<String, String> {
         if let Some(to) = to {
             return Ok(to.to_owned());
         }
@@ -530,12 +540,35 @@ impl ReplayState {
                 );
             }
         };
-        if let Some(r) = self.target_cache.get(&source) {
+        if let Some(r) = self.cache.get(&source) {
             return r.clone();
         }
         let r = verified_source(ctx, &source, origin, &self.dlq_arn).await;
-        self.target_cache.insert(source, r.clone());
+        self.cache.insert(source, r.clone());
         r
+    }
+}
+
+/// Deletes the attempt ledgers of `jobs` (type, id), batched; returns how many.
+pub(super) async fn reset_ledgers(ctx: &Ctx, table: &str, jobs: &BTreeSet<(&str, &str)>) -> OpsResult<usize> {
+    if jobs.is_empty() {
+        return Ok(0);
+    }
+    ctx.ledger(table)
+        .forget(jobs, None)
+        .await
+        .map_err(|e| ctx.storage_error(e, table))?;
+    Ok(jobs.len())
+}
+
+impl ReplayState {
+    /// Reports `m` as not moved, and why.
+    fn not_moved(&mut self, m: &DlqMessage, reason: String) {
+        self.not_moved.push(NotMoved {
+            message_id: m.message_id.clone(),
+            job_id: m.body_job_id().to_owned(),
+            reason,
+        });
     }
 
     /// Resets the ledgers of the batch's jobs, sends the batch to `target`, then deletes what
@@ -561,13 +594,7 @@ impl ReplayState {
                 .filter_map(|o| ms.get(o.key).and_then(|m| m.body_job.as_ref()))
                 .filter_map(|j| j.id.as_deref().map(|id| (j.job_type.as_str(), id)))
                 .collect();
-            if !jobs.is_empty() {
-                ctx.ledger(table)
-                    .forget(&jobs, None)
-                    .await
-                    .map_err(|e| ctx.storage_error(e, table))?;
-                self.ledgers_reset += jobs.len();
-            }
+            self.ledgers_reset += reset_ledgers(ctx, table, &jobs).await?;
         }
         let sent = sqs.send(target, batch, None).await;
         for (k, why) in &sent.failed {

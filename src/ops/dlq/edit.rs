@@ -1,0 +1,694 @@
+//! `dlq edit ID`: change one DLQ message's body (in `$EDITOR`, from a file, or with an RFC 6902
+//! JSON Patch), then replay the edited copy exactly as `dlq replay` would and delete the
+//! original only after the send succeeded.
+//!
+//! The message is found and held the way every DLQ read holds what it sees (received,
+//! invisible), and its hold is renewed while the editor is open, so no other reader gets it
+//! meanwhile. Whatever stops the edit before the send (the editor exits non-zero, an empty or
+//! unchanged body, a body that is no job, a body over SQS's size limit, no target queue, a
+//! send that fails) makes it visible again at once and sends nothing. The edited copy goes
+//! where `dlq replay` would send the message (the checked source queue, or `--to`), with the
+//! original attributes, the message's group, and a fresh attempt ledger.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::super::output::{Report, Table};
+use super::super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, queue_arn};
+use super::read::{DlqMessage, Filter, Sweep, release};
+use super::replay::{Sources, check_queue, check_table, replay_copy, reset_ledgers};
+use crate::clock::now_ms;
+use crate::core::envelope::SQS_MAX_MESSAGE_BYTES;
+use crate::core::failure::FailureRecord;
+
+/// Where the edited body comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EditSource {
+    /// The edited body itself (`--body FILE`, `-` for stdin).
+    Body(String),
+    /// An RFC 6902 JSON Patch, as JSON text, applied to the body parsed as JSON (`--patch`).
+    Patch(String),
+    /// An editor command (`$EDITOR`, else `$VISUAL`), run by `sh -c` with the file to edit as
+    /// its last argument, so a command with flags (`code --wait`) works.
+    Editor(String),
+}
+
+impl EditSource {
+    fn how(&self) -> &'static str {
+        match self {
+            EditSource::Body(_) => "body",
+            EditSource::Patch(_) => "patch",
+            EditSource::Editor(_) => "editor",
+        }
+    }
+}
+
+/// How `dlq edit` runs.
+#[derive(Debug, Clone)]
+pub struct EditOptions {
+    /// Job id, DLQ message id or original message id, as `dlq show` takes it. It must name one
+    /// DLQ message.
+    pub id: String,
+    /// Where the edited body comes from.
+    pub source: EditSource,
+    /// Target queue (URL, ARN or name) instead of the message's source queue.
+    pub to: Option<String>,
+    /// State table, for the fresh attempt ledger (required).
+    pub table: Option<String>,
+    /// Replay the body even when the edit left it unchanged.
+    pub force: bool,
+    /// Read at most this many DLQ messages looking for the message.
+    pub max_scan: usize,
+    /// How long each hold of the message lasts (renewed every third of it while the edit
+    /// runs); 60 s by default.
+    pub hold: Duration,
+}
+
+impl EditOptions {
+    /// Options for `id` from `source`, with the defaults (60 s holds, 100 000 messages read at
+    /// most, no `--to`, no `--force`).
+    pub fn new(id: impl Into<String>, source: EditSource) -> Self {
+        Self {
+            id: id.into(),
+            source,
+            to: None,
+            table: None,
+            force: false,
+            max_scan: 100_000,
+            hold: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What `dlq edit` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct EditReport {
+    /// The DLQ.
+    pub dlq_url: String,
+    /// The id asked for.
+    pub id: String,
+    /// How the body was edited: `editor`, `body` or `patch`.
+    pub how: String,
+    /// The DLQ message that was edited.
+    pub original_message_id: String,
+    /// The original's failure record, if it had one (for the audit trail).
+    pub record: Option<FailureRecord>,
+    /// False when the body was replayed unchanged (`--force`).
+    pub changed: bool,
+    /// The edited job's type, read from the edited body as the processor will read it.
+    pub job_type: String,
+    /// The edited job's id, when the body (or the `job-id` attribute) gives one.
+    pub job_id: Option<String>,
+    /// Size of the edited body, in bytes.
+    pub body_bytes: usize,
+    /// Where the edited copy was sent.
+    pub target: String,
+    /// The SQS message id of the edited copy.
+    pub new_message_id: String,
+    /// The message group the copy carries (FIFO, or a fair queue's tenant).
+    pub group_id: Option<String>,
+    /// The edited job's attempt ledger was reset (false for a job without an id: it gets a
+    /// new message id, hence a fresh ledger, when sent).
+    pub ledger_reset: bool,
+    /// The original left the DLQ. When false, two copies exist: the edited one in `target`
+    /// and the original, still in the DLQ.
+    pub original_deleted: bool,
+    /// Why the original could not be deleted.
+    pub delete_error: Option<String>,
+    /// Wall time, in milliseconds.
+    pub elapsed_ms: u64,
+}
+
+impl Report for EditReport {
+    fn human(&self) -> String {
+        let mut t = Table::new(["FIELD", "VALUE"]).max_width(200);
+        t.row([
+            "edited",
+            &format!("DLQ message {} (by {})", self.original_message_id, self.how),
+        ]);
+        if !self.changed {
+            t.row(["body", "unchanged (--force)"]);
+        }
+        t.row(["job type", self.job_type.as_str()]);
+        t.row(["job id", self.job_id.as_deref().unwrap_or("-")]);
+        t.row(["sent to", self.target.as_str()]);
+        t.row(["new message id", self.new_message_id.as_str()]);
+        if let Some(g) = &self.group_id {
+            t.row(["group", g.as_str()]);
+        }
+        t.row([
+            "ledger reset",
+            if self.ledger_reset {
+                "yes"
+            } else {
+                "no (job without id)"
+            },
+        ]);
+        if let Some(r) = &self.record {
+            t.row([
+                "was",
+                &format!(
+                    "{} after {} attempt(s): {}",
+                    r.class.as_str(),
+                    r.attempts,
+                    r.error
+                ),
+            ]);
+        }
+        let original = if self.original_deleted {
+            "deleted from the DLQ".to_owned()
+        } else {
+            format!(
+                "STILL IN THE DLQ (delete failed: {}): two copies exist",
+                self.delete_error.as_deref().unwrap_or("unknown")
+            )
+        };
+        t.row(["original", &original]);
+        t.render()
+    }
+
+    fn problem(&self) -> Option<String> {
+        (!self.original_deleted).then(|| {
+            format!(
+                "the edited copy was sent to {} as message {}, but the original DLQ message {} \
+                 could not be deleted ({}): two copies exist; delete the original with \
+                 `triage dlq purge --id {} --yes`",
+                self.target,
+                self.new_message_id,
+                self.original_message_id,
+                self.delete_error.as_deref().unwrap_or("unknown"),
+                self.original_message_id
+            )
+        })
+    }
+}
+
+/// `dlq edit ID`: edits one DLQ message's body and replays the edited copy (see the module
+/// docs). Nothing is sent and nothing deleted unless the edited body is a job that fits SQS's
+/// size limit; the original is deleted only after the send succeeded.
+pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<EditReport> {
+    let started = Instant::now();
+    let id = opts.id.trim();
+    if id.is_empty() {
+        return Err(OpsError::usage(
+            "no message id: pass a job id or DLQ message id (see `triage dlq list --messages`)",
+        ));
+    }
+    // Checks that need no DLQ message, before touching the DLQ.
+    let patch = match &opts.source {
+        EditSource::Patch(text) => Some(parse_patch(text)?),
+        EditSource::Body(b) if b.trim().is_empty() => {
+            return Err(OpsError::usage("the new body is empty: nothing was sent"));
+        }
+        _ => None,
+    };
+    let table = opts
+        .table
+        .as_deref()
+        .filter(|t| !t.trim().is_empty())
+        .ok_or_else(|| OpsError::missing_var("TRIAGE_TABLE", "--table"))?;
+    let dlq_arn = queue_arn(ctx, dlq_url, "TRIAGE_DLQ_URL").await?;
+    check_table(ctx, table).await?;
+    let to = match &opts.to {
+        Some(q) => Some(check_queue(ctx, q, "--to").await?),
+        None => None,
+    };
+
+    let found = find(ctx, dlq_url, id, opts.hold, opts.max_scan).await?;
+    let hold = Hold {
+        ctx,
+        url: dlq_url,
+        handle: found.receipt_handle.clone(),
+        seconds: opts.hold.as_secs().clamp(1, 43_200) as i32,
+    };
+    let mut draft: Option<Draft> = None;
+    let result = async {
+        // The sweep may have taken a while: hold the message for a full period from now, and
+        // learn at once if it slipped away.
+        hold.renew().await.map_err(|e| {
+            OpsError::new(
+                ErrorKind::Failed,
+                format!("the DLQ message could not be held for the edit ({e}); run the command again"),
+            )
+        })?;
+        // Where it goes, known before anyone edits anything.
+        let target = Sources::new(dlq_arn)
+            .target_for(ctx, &found, to.as_deref())
+            .await
+            .map_err(|why| OpsError::usage(format!("{why}; nothing was sent")))?;
+        let body = match &opts.source {
+            EditSource::Body(b) => trim_added_newline(&found.body, b.clone()),
+            EditSource::Patch(_) => apply_patch(&found.body, patch.as_ref().expect("parsed above"))?,
+            EditSource::Editor(cmd) => {
+                let d = Draft::create(&found)?;
+                let path = d.path.clone();
+                draft = Some(d);
+                let edited = match hold.during(run_editor(cmd, &path)).await {
+                    Ok(text) => text,
+                    Err(e) => {
+                        // Aborted on purpose (or no editor ran): nothing to keep.
+                        draft.take();
+                        return Err(e);
+                    }
+                };
+                // Still ours after the editor: otherwise another reader may have it now.
+                hold.renew().await.map_err(|e| {
+                    OpsError::new(
+                        ErrorKind::Failed,
+                        format!("the DLQ message's hold was lost while editing ({e}): nothing was sent"),
+                    )
+                })?;
+                if edited.trim().is_empty() {
+                    draft.take();
+                    return Err(OpsError::usage(
+                        "the edited body is empty: edit aborted, nothing was sent",
+                    ));
+                }
+                trim_added_newline(&found.body, edited)
+            }
+        };
+        let changed = body != found.body;
+        if !changed && !opts.force {
+            draft.take();
+            return Err(OpsError::usage(
+                "the body is unchanged: nothing was sent (pass --force to replay it as it is)",
+            ));
+        }
+        let too_large = |size: usize| {
+            OpsError::usage(format!(
+                "the edited message is {size} bytes with its attributes, over SQS's \
+                 {SQS_MAX_MESSAGE_BYTES}-byte limit: nothing was sent"
+            ))
+        };
+        if body.len() > SQS_MAX_MESSAGE_BYTES {
+            return Err(too_large(body.len()));
+        }
+        let edited = found.with_body(body).map_err(|why| {
+            OpsError::usage(format!("the edited body is not a job: {why}; nothing was sent"))
+        })?;
+        let fifo = is_fifo(&target);
+        let mut outgoing = replay_copy(0, &edited, fifo)
+            .map_err(|why| OpsError::usage(format!("{why}; nothing was sent")))?;
+        let size = outgoing.payload_bytes();
+        if size > SQS_MAX_MESSAGE_BYTES {
+            return Err(too_large(size));
+        }
+        // Not replay's `replay-<id>`: a replay of this message that landed minutes ago must
+        // not swallow the edit. The same edit sent twice (a retry whose first try landed, or
+        // the command run again) is deduplicated by a FIFO queue.
+        outgoing.dedup_id = fifo.then(|| edit_dedup_id(&found.message_id, &edited.body));
+
+        // A fresh attempt ledger for the job the edited body names, before the send (as replay).
+        let job = edited.body_job.as_ref().expect("with_body reads the job");
+        let jobs: BTreeSet<(&str, &str)> = job
+            .id
+            .as_deref()
+            .map(|i| (job.job_type.as_str(), i))
+            .into_iter()
+            .collect();
+        let ledger_reset = reset_ledgers(ctx, table, &jobs).await? > 0;
+
+        let group_id = outgoing.group_id.clone();
+        let sent = ctx.sqs_effects().send(&target, vec![outgoing], None).await;
+        let Some(new_message_id) = sent.message_ids.get(&0).cloned() else {
+            let why = sent
+                .failed
+                .first()
+                .map(|(_, why)| why.clone())
+                .unwrap_or_else(|| "no answer".into());
+            // A missing queue (3) or an unreachable SQS (4) says so; anything else is a
+            // message not sent (5), as for `replay`.
+            let kind = match &sent.error {
+                Some(e) => match ctx.sqs_storage_error(e, Some((&target, "the target queue"))).kind {
+                    ErrorKind::Failed => ErrorKind::Incomplete,
+                    k => k,
+                },
+                None => ErrorKind::Incomplete,
+            };
+            // No answer (a 5xx, a timeout, an entry SQS did not mention) may hide a copy that
+            // landed; a refusal does not.
+            let unclear = match &sent.error {
+                Some(e) => e.status.is_none_or(|s| s >= 500),
+                None => !sent.codes.contains_key(&0),
+            };
+            let maybe = if unclear {
+                " (SQS gave no clear answer, so it may have stored it: look at the target before \
+                 editing again; on a FIFO queue the same edit run again within 5 minutes is \
+                 stored once)"
+            } else {
+                ""
+            };
+            return Err(OpsError::new(
+                kind,
+                format!("the edited copy was not sent to {target} ({why}){maybe}: nothing was deleted"),
+            ));
+        };
+        draft.take();
+        Ok(EditReport {
+            dlq_url: dlq_url.to_owned(),
+            id: id.to_owned(),
+            how: opts.source.how().to_owned(),
+            original_message_id: found.message_id.clone(),
+            record: found.record.clone(),
+            changed,
+            job_type: job.job_type.clone(),
+            job_id: job.id.clone(),
+            body_bytes: edited.body.len(),
+            target,
+            new_message_id,
+            group_id,
+            ledger_reset,
+            original_deleted: false,
+            delete_error: None,
+            elapsed_ms: 0,
+        })
+    }
+    .await;
+    let mut report = match result {
+        Ok(r) => r,
+        Err(mut e) => {
+            // Nothing was sent: the message goes back to the DLQ's readers at once.
+            release(ctx, dlq_url, [found.receipt_handle.clone()]).await;
+            e.message.push_str("; the message is back in the DLQ");
+            if let Some(d) = draft.as_mut() {
+                e.message.push_str(&format!(
+                    "; your edit is kept in {} (pass it with --body)",
+                    d.keep().display()
+                ));
+            }
+            return Err(e);
+        }
+    };
+    // Delete only now that the send succeeded.
+    let deleted = ctx
+        .sqs_effects()
+        .delete(dlq_url, vec![(0, found.receipt_handle.clone())], None)
+        .await;
+    report.original_deleted = deleted.accepted.contains(&0);
+    report.delete_error = (!report.original_deleted).then(|| {
+        deleted
+            .failed
+            .first()
+            .map(|(_, why)| why.clone())
+            .unwrap_or_else(|| "no answer".into())
+    });
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
+}
+
+/// Finds the one DLQ message `id` names and holds it; every other message the search saw is
+/// made visible again. Not found, or more than one, is an error (and nothing stays held).
+async fn find(ctx: &Ctx, dlq_url: &str, id: &str, hold: Duration, max_scan: usize) -> OpsResult<DlqMessage> {
+    let filter = Filter {
+        ids: vec![id.to_owned()],
+        ..Filter::default()
+    };
+    let mut sweep = Sweep::new(ctx, dlq_url, hold, max_scan);
+    // Latest receipt handle of everything seen, and the matches as last received.
+    let mut held: HashMap<String, String> = HashMap::new();
+    let mut matches: HashMap<String, DlqMessage> = HashMap::new();
+    let now = now_ms();
+    let swept = async {
+        while let Some((new, again)) = sweep.next().await? {
+            for m in new.into_iter().chain(again) {
+                held.insert(m.message_id.clone(), m.receipt_handle.clone());
+                if filter.matches(&m, now) {
+                    matches.insert(m.message_id.clone(), m);
+                }
+            }
+            // A DLQ message id names one message: no need to read further.
+            if matches.contains_key(id) {
+                break;
+            }
+        }
+        Ok::<_, OpsError>(())
+    }
+    .await;
+    let one = match (&swept, matches.len()) {
+        (Ok(()), 1) => matches.values().next().cloned(),
+        _ => None,
+    };
+    let keep = one.as_ref().map(|m| m.message_id.as_str());
+    let others: Vec<String> = held
+        .iter()
+        .filter(|(mid, _)| Some(mid.as_str()) != keep)
+        .map(|(_, h)| h.clone())
+        .collect();
+    release(ctx, dlq_url, others).await;
+    swept?;
+    if let Some(m) = one {
+        return Ok(m);
+    }
+    if matches.is_empty() {
+        return Err(OpsError::new(
+            ErrorKind::NotFound,
+            format!(
+                "no DLQ message with job id or message id `{id}` in {dlq_url}: see `triage dlq list --messages`"
+            ),
+        ));
+    }
+    let mut ids: Vec<&str> = matches.keys().map(String::as_str).collect();
+    ids.sort_unstable();
+    Err(OpsError::usage(format!(
+        "`{id}` names {} DLQ messages ({}): pass the DLQ message id of the one to edit",
+        ids.len(),
+        ids.join(", ")
+    )))
+}
+
+/// The hold on the DLQ message being edited: renewed to a full period on demand, and every
+/// third of a period while something runs.
+struct Hold<'a> {
+    ctx: &'a Ctx,
+    url: &'a str,
+    handle: String,
+    seconds: i32,
+}
+
+impl Hold<'_> {
+    /// Makes the message invisible for a full period from now (one `ChangeMessageVisibility`).
+    async fn renew(&self) -> OpsResult<()> {
+        self.ctx
+            .sqs_call(
+                "ChangeMessageVisibility",
+                Some((self.url, "TRIAGE_DLQ_URL")),
+                || {
+                    self.ctx
+                        .sqs
+                        .change_message_visibility()
+                        .queue_url(self.url)
+                        .receipt_handle(&self.handle)
+                        .visibility_timeout(self.seconds)
+                        .send()
+                },
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// Runs `work`, renewing the hold every third of a period until it ends. A renewal that
+    /// fails is tried again at the next tick; the caller renews once more afterwards to learn
+    /// whether the message is still held.
+    async fn during<T>(&self, work: impl std::future::Future<Output = T>) -> T {
+        let period = Duration::from_secs(self.seconds as u64) / 3;
+        let period = period.max(Duration::from_millis(500));
+        let keep = async {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            loop {
+                tick.tick().await;
+                let _ = self.renew().await;
+            }
+        };
+        tokio::pin!(work);
+        tokio::select! {
+            out = &mut work => out,
+            never = keep => never,
+        }
+    }
+}
+
+/// The file an editor edits: the body, private to the user (mode 0600), removed when the
+/// edit is sent or abandoned, kept when the edited body is refused so the work is not lost.
+struct Draft {
+    path: PathBuf,
+    kept: bool,
+}
+
+impl Draft {
+    fn create(m: &DlqMessage) -> OpsResult<Self> {
+        let safe: String = m
+            .message_id
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .take(64)
+            .collect();
+        let ext = if serde_json::from_str::<serde_json::Value>(&m.body).is_ok() {
+            "json"
+        } else {
+            "txt"
+        };
+        let path = std::env::temp_dir().join(format!(
+            "triage-edit-{safe}-{}-{}.{ext}",
+            std::process::id(),
+            now_ms()
+        ));
+        let mut open = std::fs::OpenOptions::new();
+        open.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            open.mode(0o600);
+        }
+        let write = |path: &Path| -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = open.open(path)?;
+            f.write_all(m.body.as_bytes())?;
+            f.sync_all()
+        };
+        write(&path).map_err(|e| {
+            OpsError::new(
+                ErrorKind::Failed,
+                format!("cannot write the body to {} for the editor: {e}", path.display()),
+            )
+        })?;
+        Ok(Self { path, kept: false })
+    }
+
+    /// Keeps the file (the caller tells the operator where).
+    fn keep(&mut self) -> &Path {
+        self.kept = true;
+        &self.path
+    }
+}
+
+impl Drop for Draft {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Runs `cmd` on `path` (through `sh -c`, so `$EDITOR` may carry flags) with the terminal,
+/// and returns the edited text. A non-zero exit aborts the edit. Ctrl-C reaches the editor
+/// (same process group); this process ignores it meanwhile, so the abort path still runs.
+async fn run_editor(cmd: &str, path: &Path) -> OpsResult<String> {
+    #[cfg(unix)]
+    let _sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    let status = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{cmd} \"$@\""))
+        .arg("sh")
+        .arg(path)
+        .status()
+        .await
+        .map_err(|e| OpsError::usage(format!("cannot run the editor `{cmd}`: {e}")))?;
+    if !status.success() {
+        let how = status.code().map_or_else(
+            || "was stopped by a signal".to_owned(),
+            |c| format!("exited with {c}"),
+        );
+        return Err(OpsError::usage(format!(
+            "the editor `{cmd}` {how}: edit aborted, nothing was sent"
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| {
+        OpsError::new(
+            ErrorKind::Failed,
+            format!("cannot read the edited body back from {}: {e}", path.display()),
+        )
+    })?;
+    String::from_utf8(bytes)
+        .map_err(|_| OpsError::usage("the edited body is not UTF-8 text (SQS bodies are): nothing was sent"))
+}
+
+/// Drops the one final newline an editor or a file adds, when the original body had none.
+fn trim_added_newline(original: &str, mut edited: String) -> String {
+    if !original.ends_with('\n') && edited.ends_with('\n') {
+        edited.pop();
+        if !original.ends_with('\r') && edited.ends_with('\r') {
+            edited.pop();
+        }
+    }
+    edited
+}
+
+/// Reads `--patch`: an RFC 6902 JSON Patch (an array of operations).
+fn parse_patch(text: &str) -> OpsResult<json_patch::Patch> {
+    serde_json::from_str(text).map_err(|e| {
+        OpsError::usage(format!(
+            "--patch is not an RFC 6902 JSON Patch ({e}): pass an array of operations, e.g. \
+             '[{{\"op\": \"replace\", \"path\": \"/payload/n\", \"value\": 2}}]'"
+        ))
+    })
+}
+
+/// Applies `patch` to `body` parsed as JSON; the result is compact JSON.
+fn apply_patch(body: &str, patch: &json_patch::Patch) -> OpsResult<String> {
+    let mut doc: serde_json::Value = serde_json::from_str(body).map_err(|e| {
+        OpsError::usage(format!(
+            "the body is not JSON ({e}), so a JSON Patch cannot apply to it: edit it with --body or in $EDITOR; nothing was sent"
+        ))
+    })?;
+    json_patch::patch(&mut doc, patch).map_err(|e| {
+        OpsError::usage(format!(
+            "--patch does not apply to the body: {e}; nothing was sent"
+        ))
+    })?;
+    serde_json::to_string(&doc)
+        .map_err(|e| OpsError::new(ErrorKind::Failed, format!("cannot write the patched body: {e}")))
+}
+
+/// The FIFO deduplication id of an edited copy: one per DLQ message and edited body.
+fn edit_dedup_id(message_id: &str, body: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(message_id.as_bytes());
+    h.update([0]);
+    h.update(body.as_bytes());
+    let hex: String = h.finalize().iter().take(20).map(|b| format!("{b:02x}")).collect();
+    format!("edit-{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_newline_the_original_lacked_is_dropped() {
+        assert_eq!(trim_added_newline("{}", "{\"a\":1}\n".into()), "{\"a\":1}");
+        assert_eq!(trim_added_newline("{}", "{}\r\n".into()), "{}");
+        assert_eq!(trim_added_newline("{}", "{}\n\n".into()), "{}\n");
+        assert_eq!(trim_added_newline("line\n", "line\n".into()), "line\n");
+        assert_eq!(trim_added_newline("{}", "{}".into()), "{}");
+    }
+
+    #[test]
+    fn a_patch_applies_to_a_json_body_or_is_refused() {
+        let p = parse_patch(r#"[{"op": "replace", "path": "/payload/n", "value": 2}]"#).unwrap();
+        let out = apply_patch(r#"{"type": "t", "payload": {"n": 1}}"#, &p).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v, serde_json::json!({"type": "t", "payload": {"n": 2}}));
+        assert_eq!(apply_patch("not json", &p).unwrap_err().kind, ErrorKind::Usage);
+        let missing = parse_patch(r#"[{"op": "remove", "path": "/nope"}]"#).unwrap();
+        let e = apply_patch("{}", &missing).unwrap_err();
+        assert!(e.message.contains("does not apply"), "{e}");
+        assert!(
+            parse_patch(r#"{"op": "add"}"#).is_err(),
+            "an object is not a patch"
+        );
+        assert!(parse_patch(r#"[{"op": "frobnicate", "path": "/a"}]"#).is_err());
+    }
+
+    #[test]
+    fn the_dedup_id_is_one_per_message_and_body() {
+        let a = edit_dedup_id("m-1", "{}");
+        assert_eq!(a, edit_dedup_id("m-1", "{}"), "a retry is deduplicated");
+        assert_ne!(a, edit_dedup_id("m-1", "{\"a\":1}"), "another edit is not");
+        assert_ne!(a, edit_dedup_id("m-2", "{}"));
+        assert!(a.len() <= 128);
+    }
+}
