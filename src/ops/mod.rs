@@ -237,7 +237,12 @@ impl Ctx {
             .to_builder()
             .region(aws_config::Region::new(region))
             .build();
-        Self::from_config(&sdk)
+        let mut ctx = Self::from_config(&sdk)?;
+        // Who is calling and where actions are audited do not depend on the region.
+        ctx.audit_table = self.audit_table.clone();
+        ctx.audit_retention = self.audit_retention;
+        ctx.actor = self.actor.clone();
+        Ok(ctx)
     }
 
     /// The storage retry policy of operator calls: the product's policy with fewer tries
