@@ -38,6 +38,8 @@ pub const UNKNOWN_ACTOR: &str = "unknown";
 pub const NOT_AUDITED_EXIT: u8 = 7;
 
 const DAY_MS: u64 = 86_400_000;
+/// The longest `--since`: ten years, 3,661 queries at most.
+const MAX_SINCE: Duration = Duration::from_secs(3660 * 86_400);
 
 /// What an operator did, for [`record`]. The action is a free string (`dlq.replay`,
 /// `breaker.open`, `park`, `dlq.edit`…); the rest is optional.
@@ -478,6 +480,12 @@ pub async fn list(
 ) -> OpsResult<AuditReport> {
     if limit == 0 {
         return Err(OpsError::usage("--limit must be at least 1"));
+    }
+    // One query per day: a typo like `--since 1000y` must not become 365,000 queries.
+    if since > MAX_SINCE {
+        return Err(OpsError::usage(
+            "--since is at most 3660d (ten years): audit items are kept for TRIAGE_AUDIT_RETENTION (default 400d)",
+        ));
     }
     let now = now_ms();
     let since_ms = now.saturating_sub(since.as_millis().min(u128::from(u64::MAX)) as u64);

@@ -460,6 +460,9 @@ async fn audit_lists_newest_first_within_the_period_and_by_action() {
     assert_eq!(lines.len(), 5, "{text}");
     let o = run(&stack, &sts, &["audit", "--since", "soon"]);
     assert_eq!(o.status.code(), Some(2));
+    let o = run(&stack, &sts, &["audit", "--since", "20y"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--since"), "{}", stderr(&o));
     let o = run(&stack, &sts, &["audit", "--limit", "0"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--limit"), "{}", stderr(&o));
