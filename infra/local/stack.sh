@@ -295,6 +295,7 @@ cmd_env() {
   cat <<EOF
 export AWS_ENDPOINT_URL_SQS=http://127.0.0.1:$MOTO_PORT
 export AWS_ENDPOINT_URL_DYNAMODB=http://127.0.0.1:$DDB_PORT
+export AWS_ENDPOINT_URL_STS=http://127.0.0.1:$MOTO_PORT
 export AWS_REGION=us-east-1
 export AWS_ACCESS_KEY_ID=test
 export AWS_SECRET_ACCESS_KEY=test

@@ -12,13 +12,14 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use sqs_triage::ops::breaker::{self, Force};
 use sqs_triage::ops::output::{Report, render};
-use sqs_triage::ops::{self, Ctx, OpsError, OpsResult, dlq, send, setup};
+use sqs_triage::ops::{self, Ctx, OpsError, OpsResult, audit, dlq, send, setup};
 
 /// Operate sqs-triage: create queues, send jobs, inspect and replay the DLQ, run a worker.
 ///
 /// Exit codes: 0 ok, 1 AWS or other failure, 2 bad input or configuration (or a refused
 /// confirmation), 3 queue/table/message not found, 4 endpoint unreachable, 5 some selected
-/// messages were not sent/moved/deleted, 6 operation not supported by the endpoint.
+/// messages were not sent/moved/deleted, 6 operation not supported by the endpoint, 7 the
+/// action was done but its audit item could not be written.
 #[derive(Debug, Parser)]
 #[command(name = "triage", version, max_term_width = 100)]
 struct Cli {
@@ -59,6 +60,8 @@ enum Command {
     /// Move a job that waits for its next retry to the DLQ now (class `parked`, with the
     /// attempts it used), without running it again.
     Park(ParkArgs),
+    /// The audit trail: who replayed, purged, redrove or forced what, newest first.
+    Audit(AuditArgs),
     /// Run the long-polling worker with the built-in demo job type `triage.chaos` only (needs
     /// --demo-handlers); TRIAGE_QUEUE_URL, TRIAGE_DLQ_URL, TRIAGE_TABLE from the environment;
     /// until Ctrl-C or SIGTERM. Your own job types run in your own binary: see
@@ -70,6 +73,19 @@ enum Command {
         #[arg(long, default_value_t = 50)]
         jobs: usize,
     },
+}
+
+#[derive(Debug, Args)]
+struct AuditArgs {
+    /// Items of this last period (e.g. 2h, 1d, 30d).
+    #[arg(long, default_value = "1d", value_name = "DURATION", value_parser = ops::parse_duration)]
+    since: Duration,
+    /// Only this action and its sub-actions (e.g. dlq.purge, breaker, dlq.redrive).
+    #[arg(long, value_name = "ACTION")]
+    action: Option<String>,
+    /// At most this many items (the newest).
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    limit: usize,
 }
 
 #[derive(Debug, Args)]
@@ -433,13 +449,40 @@ fn print<R: Report>(report: &R, json: bool) -> ExitCode {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(render(report, json).as_bytes());
     let _ = out.flush();
-    match report.problem() {
-        Some(p) => {
-            eprintln!("error: {p}");
-            ExitCode::from(OpsError::new(ops::ErrorKind::Incomplete, "").exit_code())
-        }
-        None => ExitCode::SUCCESS,
+    // An action that changed state and was not audited says so: after the action's own
+    // problem (exit 5, which wins), or alone (exit 7).
+    let audit = report.audit();
+    if let Some(w) = audit.and_then(|a| a.warning()) {
+        eprintln!("warning: {w}");
     }
+    let not_audited = audit.and_then(|a| a.problem());
+    let code = |kind| ExitCode::from(OpsError::new(kind, "").exit_code());
+    match (report.problem(), not_audited) {
+        (Some(p), a) => {
+            eprintln!("error: {p}");
+            if let Some(a) = a {
+                eprintln!("error: {a}");
+            }
+            code(ops::ErrorKind::Incomplete)
+        }
+        (None, Some(a)) => {
+            eprintln!("error: {a}");
+            code(ops::ErrorKind::NotAudited)
+        }
+        (None, None) => ExitCode::SUCCESS,
+    }
+}
+
+/// The state table an audited command records its action in, and the retention: checked
+/// before anything is changed. Every action that changes state is audited, so it needs the
+/// table even when it does not otherwise use it (purge, redrive).
+fn audit_table(cli: &Cli) -> OpsResult<(&str, Duration)> {
+    let table = require(&cli.table, "TRIAGE_TABLE", "--table").map_err(|e| {
+        OpsError::usage(format!(
+            "{e} (the action is recorded in the state table's audit trail)"
+        ))
+    })?;
+    Ok((table, audit::retention_from_env()?))
 }
 
 async fn run(cli: Cli) -> OpsResult<ExitCode> {
@@ -520,7 +563,21 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                 }) => can_confirm(*yes, "redrive")?,
                 _ => {}
             }
-            let ctx = Ctx::from_env().await?.for_queue(dlq_arg, "TRIAGE_DLQ_URL")?;
+            let audited = match cmd {
+                DlqCommand::Replay { dry_run, .. } => !dry_run,
+                DlqCommand::Purge { .. } => true,
+                DlqCommand::Redrive(a) => !matches!(a.action, Some(RedriveAction::Status)),
+                DlqCommand::List { .. } | DlqCommand::Show { .. } => false,
+            };
+            let trail = audited.then(|| audit_table(&cli)).transpose()?;
+            let mut ctx = Ctx::from_env().await?.for_queue(dlq_arg, "TRIAGE_DLQ_URL")?;
+            if let Some((table, retention)) = trail {
+                // Replay checks its table itself; purge and redrive use it only to audit.
+                if !matches!(cmd, DlqCommand::Replay { .. }) {
+                    audit::check_table(&ctx, table).await?;
+                }
+                ctx = ctx.audited(table, retention);
+            }
             let dlq_url = ops::resolve_queue(&ctx, dlq_arg, "TRIAGE_DLQ_URL").await?;
             run_dlq(&cli, cmd, &ctx, &dlq_url, json, progress).await
         }
@@ -536,6 +593,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                 BreakerCommand::Close { job_type, yes } => (job_type, Force::Close, *yes),
                 BreakerCommand::Reset { job_type, yes } => (job_type, Force::Reset, *yes),
             };
+            let (_, retention) = audit_table(&cli)?;
             can_confirm(yes, "force a breaker")?;
             let question = format!(
                 "force the breaker of {job_type} {} for every consumer? [y/N] ",
@@ -544,8 +602,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             if !confirmed(yes, &question) {
                 return Err(OpsError::usage("cancelled: the breaker was not changed"));
             }
-            init_audit_log();
-            let ctx = Ctx::from_env().await?;
+            let ctx = Ctx::from_env().await?.audited(table, retention);
             let r = breaker::force(&ctx, table, job_type, what).await?;
             Ok(print(&r, json))
         }
@@ -568,6 +625,12 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                 reason: a.reason.clone(),
             };
             let r = ops::park::park(&ctx, table, &opts).await?;
+            Ok(print(&r, json))
+        }
+        Command::Audit(a) => {
+            let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
+            let ctx = Ctx::from_env().await?;
+            let r = audit::list(&ctx, table, a.since, a.action.as_deref(), a.limit).await?;
             Ok(print(&r, json))
         }
         Command::Worker(a) => {
@@ -720,17 +783,6 @@ fn runtime_error(e: sqs_triage::runtime::RuntimeError) -> OpsError {
         _ => ops::ErrorKind::Failed,
     };
     OpsError::new(kind, e.to_string())
-}
-
-/// Operator forces are logged to stderr (target `triage::audit`; `RUST_LOG` can widen it).
-fn init_audit_log() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("triage::audit=info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
 }
 
 /// A flag set by the first Ctrl-C (the replay then stops after its batch in progress and

@@ -9,6 +9,7 @@
 //! | attempt ledger, id too long for the key | `job-sha256#<hex of SHA-256(job_id)>` | as above |
 //! | attempt ledger, type too long for the key | as above | `ledger-sha256#<hex of SHA-256(job_type)>` |
 //! | breaker | `breaker#<job_type>` | `state` |
+//! | audit item (`ops::audit`) | `audit#<UTC day YYYY-MM-DD>` | `<epoch ms, 13 digits>#<16 hex>` |
 //!
 //! A ledger is keyed by job type *and* job id: the id goes into the partition key, the type
 //! into the sort key, so no separator has to be escaped and two types sharing an id never

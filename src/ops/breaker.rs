@@ -1,13 +1,14 @@
 //! `triage breaker` and `triage attempts`: read and force breaker state, show a job's
 //! attempt ledger. Forcing goes through [`BreakerStore`](crate::effects::breaker_store::BreakerStore),
-//! so it is a conditional write like any other, and every force is logged (target
-//! `triage::audit`).
+//! so it is a conditional write like any other, and every force is audited (one item in the
+//! state table, see [`super::audit`]) when the context audits.
 
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde::Serialize;
 
+use super::audit::{self, AuditEntry, AuditStatus};
 use super::output::{Report, Table, age_ms};
 use super::{Ctx, OpsError, OpsResult};
 use crate::clock::now_ms;
@@ -62,6 +63,9 @@ pub struct BreakerReport {
     pub table: String,
     /// The breakers (for a force: the state written).
     pub breakers: Vec<BreakerView>,
+    /// Whether the force was audited (forces through an auditing context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditStatus>,
 }
 
 impl Report for BreakerReport {
@@ -97,6 +101,10 @@ impl Report for BreakerReport {
         }
         out.push_str(&t.render());
         out
+    }
+
+    fn audit(&self) -> Option<&AuditStatus> {
+        self.audit.as_ref()
     }
 }
 
@@ -158,6 +166,7 @@ pub async fn status(ctx: &Ctx, table: &str, job_type: Option<&str>) -> OpsResult
         action: "status".into(),
         table: table.to_owned(),
         breakers,
+        audit: None,
     })
 }
 
@@ -183,7 +192,9 @@ impl Force {
     }
 }
 
-/// `breaker open|close|reset TYPE`: a conditional write through the breaker store, logged.
+/// `breaker open|close|reset TYPE`: a conditional write through the breaker store, then one
+/// audit item (`breaker.open`, `breaker.close` or `breaker.reset`, target the job type) when
+/// the context audits.
 pub async fn force(ctx: &Ctx, table: &str, job_type: &str, what: Force) -> OpsResult<BreakerReport> {
     if job_type.trim().is_empty() {
         return Err(OpsError::usage("the job type must not be empty"));
@@ -200,23 +211,21 @@ pub async fn force(ctx: &Ctx, table: &str, job_type: &str, what: Force) -> OpsRe
         Force::Reset => store.reset(job_type).await,
     }
     .map_err(|e| ctx.storage_error(e, table))?;
-    let operator = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-    tracing::warn!(
-        target: "triage::audit",
-        job_type,
-        action = what.name(),
-        operator,
-        table,
-        from = before.phase.as_str(),
-        to = after.phase.as_str(),
-        generation = after.generation,
-        version = after.version,
-        "breaker forced by an operator"
-    );
+    let mut detail = serde_json::json!({
+        "from": before.phase.as_str(),
+        "to": after.phase.as_str(),
+        "generation": after.generation,
+        "version": after.version,
+    });
+    if let Force::Open(Some(period)) = what {
+        detail["for"] = humantime::format_duration(period).to_string().into();
+    }
+    let entry = AuditEntry::new(format!("breaker.{}", what.name()), job_type).detail(detail);
     Ok(BreakerReport {
         action: what.name().into(),
         table: table.to_owned(),
         breakers: vec![BreakerView::of(job_type, &after)],
+        audit: audit::record_action(ctx, entry).await,
     })
 }
 

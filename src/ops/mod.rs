@@ -1,9 +1,11 @@
-//! Operator actions: setup, send, DLQ inspection and replay, breaker control.
+//! Operator actions: setup, send, DLQ inspection and replay, breaker control, and the audit
+//! trail of the actions that change state.
 //!
 //! Every action returns a report (plain data, `Serialize`) that [`output`] renders as a
 //! human table or as JSON, or an [`OpsError`]: one line saying what is wrong and how to fix
 //! it, with the exit code the CLI returns.
 
+pub mod audit;
 pub mod breaker;
 pub mod dlq;
 pub mod hints;
@@ -14,6 +16,7 @@ pub mod setup;
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_config::{BehaviorVersion, SdkConfig};
@@ -40,6 +43,8 @@ pub enum ErrorKind {
     Incomplete,
     /// The endpoint does not implement the operation (exit 6).
     Unsupported,
+    /// The action was done, but its audit item was not written (exit 7).
+    NotAudited,
     /// Any other AWS or I/O failure (exit 1).
     Failed,
 }
@@ -81,6 +86,7 @@ impl OpsError {
             ErrorKind::Unreachable => 4,
             ErrorKind::Incomplete => 5,
             ErrorKind::Unsupported => 6,
+            ErrorKind::NotAudited => audit::NOT_AUDITED_EXIT,
         }
     }
 }
@@ -122,8 +128,16 @@ pub struct Ctx {
     pub custom_endpoint: bool,
     /// The SDK configuration the clients were built from.
     pub sdk: SdkConfig,
+    /// STS client (the SDK's retries disabled), for the caller's identity in audit items.
+    pub sts: aws_sdk_sts::Client,
     /// The retry policy of this command's calls (clones share its budget).
     retry: StorageRetry,
+    /// The state table the actions of this context are audited to ([`Ctx::audited`]).
+    audit_table: Option<String>,
+    /// How long audit items are kept.
+    audit_retention: Duration,
+    /// The caller's identity, asked of STS at most once (clones share it).
+    actor: Arc<tokio::sync::OnceCell<audit::Actor>>,
 }
 
 /// Calls per operator request (the first included): a few quick tries, then a clear error.
@@ -166,9 +180,40 @@ impl Ctx {
             sqs_endpoint: sqs_custom.unwrap_or_else(|| format!("sqs.{region}.amazonaws.com")),
             ddb_endpoint: ddb_custom.unwrap_or_else(|| format!("dynamodb.{region}.amazonaws.com")),
             custom_endpoint,
+            sts: audit::sts_client(config),
             sdk: config.clone(),
             retry,
+            audit_table: None,
+            audit_retention: audit::DEFAULT_RETENTION,
+            actor: Arc::default(),
         })
+    }
+
+    /// This context, auditing the state-changing actions made through it (replay, purge,
+    /// redrive, breaker forces) to `table`, keeping each item for `retention`.
+    pub fn audited(mut self, table: &str, retention: Duration) -> Self {
+        self.audit_table = Some(table.to_owned());
+        self.audit_retention = retention;
+        self
+    }
+
+    /// The table actions are audited to, when they are.
+    pub fn audit_table(&self) -> Option<&str> {
+        self.audit_table.as_deref()
+    }
+
+    /// How long audit items written through this context are kept.
+    pub fn audit_retention(&self) -> Duration {
+        self.audit_retention
+    }
+
+    /// Who is calling, from STS `GetCallerIdentity`: asked once per context (and its
+    /// clones), on the first audit item; `unknown` with the reason when STS does not answer.
+    pub async fn actor(&self) -> audit::Actor {
+        self.actor
+            .get_or_init(|| audit::caller_identity(self))
+            .await
+            .clone()
     }
 
     /// The region SQS calls go to.
@@ -193,7 +238,12 @@ impl Ctx {
             .to_builder()
             .region(aws_config::Region::new(region))
             .build();
-        Self::from_config(&sdk)
+        let mut ctx = Self::from_config(&sdk)?;
+        // Who is calling and where actions are audited do not depend on the region.
+        ctx.audit_table = self.audit_table.clone();
+        ctx.audit_retention = self.audit_retention;
+        ctx.actor = self.actor.clone();
+        Ok(ctx)
     }
 
     /// The storage retry policy of operator calls: the product's policy with fewer tries

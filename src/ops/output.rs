@@ -15,6 +15,12 @@ pub trait Report: Serialize {
     fn problem(&self) -> Option<String> {
         None
     }
+
+    /// Whether the action was audited, for the actions that change state; the CLI reports an
+    /// audit item that was not written as an error (exit code 7).
+    fn audit(&self) -> Option<&crate::ops::audit::AuditStatus> {
+        None
+    }
 }
 
 /// The report as it should be printed: JSON (one document, pretty) or the human text.

@@ -17,6 +17,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod audit;
 mod bench_smoke;
 mod breaker;
 mod cli;

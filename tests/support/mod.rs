@@ -37,6 +37,16 @@ pub fn ddb_endpoint() -> String {
     required_env("AWS_ENDPOINT_URL_DYNAMODB")
 }
 
+/// STS for the local stack: `AWS_ENDPOINT_URL_STS`, else moto's SQS endpoint (moto's server
+/// answers STS too). Tests that run `triage` pass it to the child, so audited commands know
+/// who is calling whether or not the shell's environment predates the variable.
+pub fn sts_endpoint() -> String {
+    std::env::var("AWS_ENDPOINT_URL_STS")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(sqs_endpoint)
+}
+
 /// The SDK configuration from the environment that `stack.sh env` prints (region,
 /// fake credentials, per-service endpoints). Panics with instructions when the
 /// stack's variables are missing.

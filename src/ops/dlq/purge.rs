@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::super::audit::{self, AuditEntry, AuditStatus};
 use super::super::output::Report;
 use super::super::{Ctx, OpsError, OpsResult};
 use super::list::{Group, group};
@@ -38,6 +39,9 @@ pub struct PurgeReport {
     /// Of those, messages whose hold had expired when the purge was confirmed and that could
     /// not be received again (another reader holds them, or they are gone).
     pub lost_hold: usize,
+    /// Whether the purge was audited (purges through an auditing context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditStatus>,
 }
 
 impl Report for PurgeReport {
@@ -59,6 +63,27 @@ impl Report for PurgeReport {
             }
             p
         })
+    }
+
+    fn audit(&self) -> Option<&AuditStatus> {
+        self.audit.as_ref()
+    }
+}
+
+impl PurgeReport {
+    /// Audits this purge (`dlq.purge` on the DLQ, the count deleted) when `ctx` audits.
+    async fn audited(mut self, ctx: &Ctx, opts: &PurgeOptions) -> Self {
+        let entry = AuditEntry::new("dlq.purge", &self.plan.dlq_url)
+            .count(self.deleted as u64)
+            .filter(audit::filter_json(&opts.filter, opts.limit, opts.max_scan))
+            .detail(serde_json::json!({
+                "scanned": self.plan.scanned,
+                "selected": self.plan.selected,
+                "failed": self.failed,
+                "lost_hold": self.lost_hold,
+            }));
+        self.audit = audit::record_action(ctx, entry).await;
+        self
     }
 }
 
@@ -173,12 +198,14 @@ pub async fn purge_with(
     };
     if plan.selected == 0 {
         release(ctx, dlq_url, handles(held)).await;
-        return Ok(PurgeReport {
+        let report = PurgeReport {
             plan,
             deleted: 0,
             failed: 0,
             lost_hold: 0,
-        });
+            audit: None,
+        };
+        return Ok(report.audited(ctx, opts).await);
     }
     if !confirm(&plan) {
         release(ctx, dlq_url, handles(held)).await;
@@ -214,12 +241,14 @@ pub async fn purge_with(
     let failed_ids = delete(ctx, dlq_url, &targets).await;
     release(ctx, dlq_url, still_held).await;
     let deleted = targets.len() - failed_ids.len();
-    Ok(PurgeReport {
+    let report = PurgeReport {
         deleted,
         failed: plan.selected - deleted,
         lost_hold: stale.len(),
         plan,
-    })
+        audit: None,
+    };
+    Ok(report.audited(ctx, opts).await)
 }
 
 /// Receives the DLQ again looking for the messages in `wanted` (by message id), to delete them

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use super::super::audit::{self, AuditEntry, AuditStatus};
 use super::super::output::{Report, Table};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult, queue_arn, resolve_queue};
 use super::read::approximate_count;
@@ -56,6 +57,9 @@ pub struct RedriveReport {
     pub moved: Option<i64>,
     /// Tasks (status).
     pub tasks: Vec<MoveTask>,
+    /// Whether a start or cancel was audited (through an auditing context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditStatus>,
 }
 
 impl Report for RedriveReport {
@@ -94,6 +98,10 @@ impl Report for RedriveReport {
                 t.render()
             }
         }
+    }
+
+    fn audit(&self) -> Option<&AuditStatus> {
+        self.audit.as_ref()
     }
 }
 
@@ -216,12 +224,21 @@ pub async fn redrive_start_confirmed(
         })
         .await
         .map_err(|e| move_task_error(ctx, "StartMessageMoveTask", e, dlq_url))?;
+    // The count of a task just started is SQS's approximate number of messages in the DLQ.
+    let mut entry = AuditEntry::new("dlq.redrive.start", dlq_url).detail(serde_json::json!({
+        "task_handle": out.task_handle,
+        "to": plan.to,
+        "rate": rate,
+        "count_is": "approximate messages in the DLQ when the task started",
+    }));
+    entry.count = plan.approximate_messages;
     Ok(RedriveReport {
         action: RedriveAction::Started,
         dlq_url: dlq_url.to_owned(),
         task_handle: out.task_handle,
         moved: None,
         tasks: Vec::new(),
+        audit: audit::record_action(ctx, entry).await,
     })
 }
 
@@ -260,6 +277,7 @@ pub async fn redrive_status(ctx: &Ctx, dlq_url: &str) -> OpsResult<RedriveReport
         task_handle: None,
         moved: None,
         tasks,
+        audit: None,
     })
 }
 
@@ -283,12 +301,17 @@ pub async fn redrive_cancel(ctx: &Ctx, dlq_url: &str, handle: Option<&str>) -> O
         })
         .await
         .map_err(|e| move_task_error(ctx, "CancelMessageMoveTask", e, dlq_url))?;
+    let moved = out.approximate_number_of_messages_moved;
+    let entry = AuditEntry::new("dlq.redrive.cancel", dlq_url)
+        .count(u64::try_from(moved).unwrap_or(0))
+        .detail(serde_json::json!({ "task_handle": handle }));
     Ok(RedriveReport {
         action: RedriveAction::Cancelled,
         dlq_url: dlq_url.to_owned(),
         task_handle: Some(handle),
-        moved: Some(out.approximate_number_of_messages_moved),
+        moved: Some(moved),
         tasks: Vec::new(),
+        audit: audit::record_action(ctx, entry).await,
     })
 }
 

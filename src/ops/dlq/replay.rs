@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde::Serialize;
 
+use super::super::audit::{self, AuditEntry, AuditStatus};
 use super::super::output::{Report, Table, progress};
 use super::super::{Ctx, OpsError, OpsResult, is_fifo, queue_arn, resolve_queue};
 use super::list::{Group, group};
@@ -92,6 +93,9 @@ pub struct ReplayReport {
     pub interrupted: bool,
     /// Wall time, in milliseconds.
     pub elapsed_ms: u64,
+    /// Whether the replay was audited (replays through an auditing context, not dry runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditStatus>,
 }
 
 impl Report for ReplayReport {
@@ -166,6 +170,10 @@ impl Report for ReplayReport {
                 self.delete_failed
             )
         })
+    }
+
+    fn audit(&self) -> Option<&AuditStatus> {
+        self.audit.as_ref()
     }
 }
 
@@ -446,7 +454,14 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         .filter_map(|(id, _)| st.handles.get(id).cloned())
         .collect();
     release(ctx, dlq_url, held).await;
-    run?;
+    // What was moved is audited, also when an error stopped the replay part-way.
+    let audit = match opts.dry_run {
+        true => None,
+        false => audit::record_action(ctx, replay_entry(dlq_url, opts, &st, run.as_ref().err())).await,
+    };
+    if let Err(e) = run {
+        return Err(audit::error_with_status(e, audit.as_ref()));
+    }
 
     let now = now_ms();
     Ok(ReplayReport {
@@ -467,6 +482,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         unverified: st.unverified,
         interrupted: stopped(),
         elapsed_ms: started.elapsed().as_millis() as u64,
+        audit,
     })
 }
 
@@ -620,4 +636,27 @@ impl ReplayState {
         }
         Ok(())
     }
+}
+
+/// The audit entry of a replay: `dlq.replay` on the DLQ, the count moved.
+fn replay_entry(
+    dlq_url: &str,
+    opts: &ReplayOptions,
+    st: &ReplayState,
+    error: Option<&OpsError>,
+) -> AuditEntry {
+    AuditEntry::new("dlq.replay", dlq_url)
+        .count(st.moved as u64)
+        .filter(audit::filter_json(&opts.filter, opts.limit, opts.max_scan))
+        .detail(serde_json::json!({
+            "to": opts.to,
+            "rate": opts.rate,
+            "targets": st.targets,
+            "selected": st.selected.len(),
+            "not_moved": st.not_moved.len(),
+            "delete_failed": st.delete_failed,
+            "ledgers_reset": st.ledgers_reset,
+            "interrupted": opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)),
+            "error": error.map(|e| e.message.clone()),
+        }))
 }
