@@ -556,6 +556,8 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
         }
         Command::Dlq(cmd) => {
             let dlq_arg = require(&cli.dlq_url, "TRIAGE_DLQ_URL", "--dlq-url")?;
+            // DLQ messages are read as the consumers read them, EventBridge mapping included.
+            dlq::check_eventbridge_types()?;
             match cmd {
                 DlqCommand::Purge { yes, .. } => can_confirm(*yes, "purge")?,
                 DlqCommand::Redrive(RedriveArgs {
@@ -565,7 +567,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             }
             let audited = match cmd {
                 DlqCommand::Replay { dry_run, .. } => !dry_run,
-                DlqCommand::Purge { .. } => true,
+                DlqCommand::Purge { .. } | DlqCommand::Edit { .. } => true,
                 DlqCommand::Redrive(a) => !matches!(a.action, Some(RedriveAction::Status)),
                 DlqCommand::List { .. } | DlqCommand::Show { .. } => false,
             };
@@ -613,8 +615,8 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             Ok(print(&r, json))
         }
         Command::Park(a) => {
-            let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
-            let ctx = Ctx::from_env().await?;
+            let (table, retention) = audit_table(&cli)?;
+            let ctx = Ctx::from_env().await?.audited(table, retention);
             let by = ["USER", "USERNAME"]
                 .iter()
                 .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()));

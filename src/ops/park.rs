@@ -14,6 +14,7 @@
 
 use serde::Serialize;
 
+use super::audit::{self, AuditEntry, AuditStatus};
 use super::output::{Report, Table, age_ms};
 use super::{Ctx, ErrorKind, OpsError, OpsResult};
 use crate::clock::now_ms;
@@ -61,9 +62,16 @@ pub struct ParkReport {
     pub released_now: bool,
     /// Why its message could not be made visible now, when it could not.
     pub release_error: Option<String>,
+    /// Whether the park was audited (through an auditing context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditStatus>,
 }
 
 impl Report for ParkReport {
+    fn audit(&self) -> Option<&AuditStatus> {
+        self.audit.as_ref()
+    }
+
     fn human(&self) -> String {
         let now = now_ms();
         let mut t = Table::new(["FIELD", "VALUE"]).max_width(200);
@@ -154,7 +162,7 @@ pub async fn park(ctx: &Ctx, table: &str, opts: &ParkOptions) -> OpsResult<ParkR
             Some("no receipt handle stored with its retry (counted by an earlier version)".to_owned()),
         ),
     };
-    Ok(ParkReport {
+    let mut report = ParkReport {
         table: table.to_owned(),
         job_id: id.to_owned(),
         job_type,
@@ -167,7 +175,25 @@ pub async fn park(ctx: &Ctx, table: &str, opts: &ParkOptions) -> OpsResult<ParkR
         queue_url: item.queue_url,
         released_now,
         release_error,
-    })
+        audit: None,
+    };
+    report.audit = audit::record_action(ctx, park_entry(&report)).await;
+    Ok(report)
+}
+
+/// The audit entry of a park: `park` on the job type, one job.
+fn park_entry(r: &ParkReport) -> AuditEntry {
+    AuditEntry::new("park", r.job_type.as_str())
+        .count(1)
+        .filter(serde_json::json!({ "job_id": r.job_id, "type": r.job_type }))
+        .detail(serde_json::json!({
+            "attempts": r.attempts,
+            "already_parked": r.already_parked,
+            "reason": r.reason,
+            "queue_url": r.queue_url,
+            "released_now": r.released_now,
+            "release_error": r.release_error,
+        }))
 }
 
 /// Makes the waiting message visible now (one `ChangeMessageVisibility`), through a context

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use super::super::audit::{self, AuditEntry, AuditStatus};
 use super::super::output::{Report, Table};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, queue_arn};
 use super::read::{DlqMessage, Filter, Sweep, release};
@@ -121,9 +122,16 @@ pub struct EditReport {
     pub delete_error: Option<String>,
     /// Wall time, in milliseconds.
     pub elapsed_ms: u64,
+    /// Whether the edit was audited (through an auditing context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditStatus>,
 }
 
 impl Report for EditReport {
+    fn audit(&self) -> Option<&AuditStatus> {
+        self.audit.as_ref()
+    }
+
     fn human(&self) -> String {
         let mut t = Table::new(["FIELD", "VALUE"]).max_width(200);
         t.row([
@@ -365,6 +373,7 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
             original_deleted: false,
             delete_error: None,
             elapsed_ms: 0,
+            audit: None,
         })
     }
     .await;
@@ -397,7 +406,28 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
             .unwrap_or_else(|| "no answer".into())
     });
     report.elapsed_ms = started.elapsed().as_millis() as u64;
+    // The edited copy was sent: that is audited, with the original's failure record.
+    report.audit = audit::record_action(ctx, edit_entry(&report)).await;
     Ok(report)
+}
+
+/// The audit entry of an edit: `dlq.edit` on the DLQ, one message, the original's record.
+fn edit_entry(r: &EditReport) -> AuditEntry {
+    AuditEntry::new("dlq.edit", r.dlq_url.as_str())
+        .count(1)
+        .filter(serde_json::json!({ "id": r.id }))
+        .detail(serde_json::json!({
+            "how": r.how,
+            "changed": r.changed,
+            "original_message_id": r.original_message_id,
+            "original_record": r.record,
+            "job_type": r.job_type,
+            "job_id": r.job_id,
+            "to": r.target,
+            "new_message_id": r.new_message_id,
+            "original_deleted": r.original_deleted,
+            "delete_error": r.delete_error,
+        }))
 }
 
 /// Finds the one DLQ message `id` names and holds it; every other message the search saw is

@@ -20,7 +20,7 @@ pub mod replay;
 pub use edit::{EditOptions, EditReport, EditSource, edit};
 pub use list::{ErrorCount, Group, ListReport, MessageSummary, ShowReport, ShownMessage, group, list, show};
 pub use purge::{PurgeOptions, PurgePlan, PurgeReport, purge, purge_with};
-pub use read::{BodyJob, DlqMessage, Filter, UNRECORDED, read_all};
+pub use read::{BodyJob, DlqMessage, Filter, UNRECORDED, check_eventbridge_types, read_all};
 pub use redrive::{
     MoveTask, RedriveAction, RedrivePlan, RedriveReport, redrive_cancel, redrive_start,
     redrive_start_confirmed, redrive_status,

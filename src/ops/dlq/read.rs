@@ -2,12 +2,13 @@
 //! receives a queue once, and the batched releases and deletes every verb ends with.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 
 use super::super::{Ctx, OpsError, OpsResult};
-use crate::core::envelope::{self, EnvelopeLimits, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE};
+use crate::core::envelope::{self, EnvelopeLimits, EventBridgeTypes, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE};
 use crate::core::failure::FailureRecord;
 use crate::effects::dlq::{failure_record, original_attributes};
 
@@ -62,6 +63,31 @@ pub struct DlqMessage {
     pub body_job: Option<BodyJob>,
 }
 
+/// The EventBridge detail-type mapping the consumers read (`TRIAGE_EVENTBRIDGE_TYPES`), so
+/// a DLQ message is read as the processor read it. Mappings a consumer sets in code are not
+/// known here: give the CLI the same mapping through the variable. A bad value reads as no
+/// mapping; the CLI refuses it at start ([`check_eventbridge_types`]).
+pub(crate) fn eventbridge_types() -> &'static EventBridgeTypes {
+    static TYPES: OnceLock<EventBridgeTypes> = OnceLock::new();
+    TYPES.get_or_init(|| check_eventbridge_types().ok().flatten().unwrap_or_default())
+}
+
+/// `TRIAGE_EVENTBRIDGE_TYPES`, parsed: `None` when unset, a usage error naming the variable
+/// when it cannot be read.
+pub fn check_eventbridge_types() -> OpsResult<Option<EventBridgeTypes>> {
+    let Some(spec) = std::env::var("TRIAGE_EVENTBRIDGE_TYPES")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    else {
+        return Ok(None);
+    };
+    EventBridgeTypes::parse(&spec).map(Some).map_err(|e| {
+        OpsError::usage(format!(
+            "TRIAGE_EVENTBRIDGE_TYPES={spec:?} is not valid: expected `Detail Type=job.type` pairs separated by `;`, or a JSON object ({e})"
+        ))
+    })
+}
+
 /// The job `body` is, read as the processor reads it: the envelope, or the body with the
 /// `job-type` / `job-id` attributes among the original ones (`attributes` as they are in the
 /// DLQ). Why it is no job, when it is not.
@@ -71,11 +97,12 @@ pub(crate) fn body_job(
 ) -> Result<BodyJob, String> {
     let attrs = original_attributes(attributes).map_err(|e| e.to_string())?;
     let attr = |name: &str| attrs.get(name).and_then(|v| v.string_value());
-    envelope::parse(
+    envelope::parse_with(
         body,
         attr(JOB_TYPE_ATTRIBUTE),
         attr(JOB_ID_ATTRIBUTE),
         EnvelopeLimits::default(),
+        eventbridge_types(),
     )
     .map(|j| BodyJob {
         job_type: j.job_type,
@@ -108,8 +135,11 @@ impl DlqMessage {
         // The envelope alone, without attributes, read at most once and only when the record
         // and the attributes do not say.
         let plain = std::cell::OnceCell::new();
-        let plain =
-            || plain.get_or_init(|| envelope::parse(&body, None, None, EnvelopeLimits::default()).ok());
+        let plain = || {
+            plain.get_or_init(|| {
+                envelope::parse_with(&body, None, None, EnvelopeLimits::default(), eventbridge_types()).ok()
+            })
+        };
         let job_type = match record.as_ref().and_then(|r| r.job_type.clone()) {
             Some(t) => t,
             None => match attributes.get(JOB_TYPE_ATTRIBUTE).and_then(|v| v.string_value()) {
