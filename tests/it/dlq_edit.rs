@@ -144,6 +144,7 @@ fn triage(
         .env("TRIAGE_DLQ_URL", &stack.dlq_url)
         .env("TRIAGE_TABLE", &stack.table)
         .env("AWS_ENDPOINT_URL_SQS", sqs_endpoint)
+        .env("AWS_ENDPOINT_URL_STS", support::sts_endpoint())
         .env_remove("EDITOR")
         .env_remove("VISUAL")
         .env_remove("RUST_BACKTRACE")
@@ -388,6 +389,30 @@ async fn edit_with_a_body_file_replays_the_edited_copy_and_then_deletes_the_orig
         !has_ledger(&stack, "report.build", "e-1").await,
         "fresh attempt ledger"
     );
+
+    // The edit is audited, with the original's failure record.
+    assert_eq!(report["audit"]["written"], true, "{report}");
+    let trail = ok_json(&triage(
+        &stack,
+        &support::sqs_endpoint(),
+        &["audit", "--json"],
+        &[],
+        "",
+    ));
+    let entries = trail["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{trail}");
+    let e = &entries[0];
+    assert_eq!(e["action"], "dlq.edit", "{e}");
+    assert_eq!(e["target"], stack.dlq_url.as_str(), "{e}");
+    assert_eq!(e["count"], 1, "{e}");
+    assert_eq!(e["filter"]["id"], "e-1", "{e}");
+    assert_eq!(e["detail"]["new_message_id"], new_id, "{e}");
+    assert_eq!(e["detail"]["original_record"]["class"], "fatal", "{e}");
+    assert_eq!(
+        e["detail"]["original_record"]["error"], "report.build broke: bad n",
+        "{e}"
+    );
+    assert!(e["actor"].as_str().unwrap().starts_with("arn:"), "{e}");
 }
 
 #[tokio::test]
@@ -828,4 +853,60 @@ async fn a_send_sqs_refuses_deletes_nothing_and_releases_the_message() {
     assert_refused(&o, 5, "may have stored it");
     assert_eq!(proxy.count("DeleteMessageBatch"), 0, "nothing deleted");
     untouched(&stack).await;
+}
+
+#[tokio::test]
+async fn replay_reads_an_eventbridge_body_with_the_consumers_mapping() {
+    let stack = support::fresh_resources("edit-eb", false).await;
+    let event = json!({
+        "version": "0",
+        "id": "ev-1",
+        "detail-type": "Report Wanted",
+        "source": "shop.orders",
+        "account": "123456789012",
+        "time": "2026-12-01T00:00:00Z",
+        "region": "us-east-1",
+        "resources": [],
+        "detail": {"n": 1}
+    })
+    .to_string();
+    seed(&stack, "ev-1", &event, &[], None).await;
+    put_ledger(&stack, "report.build", "ev-1").await;
+    let mapping = [("TRIAGE_EVENTBRIDGE_TYPES", "Report Wanted=report.build")];
+
+    // A mapping the CLI cannot read is refused before any message is touched.
+    let bad = triage(
+        &stack,
+        &support::sqs_endpoint(),
+        &["dlq", "list"],
+        &[("TRIAGE_EVENTBRIDGE_TYPES", "Report Wanted")],
+        "",
+    );
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("TRIAGE_EVENTBRIDGE_TYPES"),
+        "{}",
+        stderr(&bad)
+    );
+    untouched(&stack).await;
+
+    // With the consumers' mapping the replay resets the ledger of the job the event is.
+    let report = ok_json(&triage(
+        &stack,
+        &support::sqs_endpoint(),
+        &["dlq", "replay", "--json"],
+        &mapping,
+        "",
+    ));
+    assert_eq!(report["moved"], 1, "{report}");
+    assert!(
+        !has_ledger(&stack, "report.build", "ev-1").await,
+        "the mapped job type's ledger is reset: {report}"
+    );
+    let back = support::read_all(&support::sqs_client().await, &stack.queue_url, 60, 1).await;
+    assert_eq!(
+        back[0].body(),
+        Some(event.as_str()),
+        "the event goes back byte for byte"
+    );
 }

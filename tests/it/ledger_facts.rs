@@ -44,6 +44,7 @@ fn triage(h: &Harness, args: &[&str]) -> Output {
         .env("TRIAGE_DLQ_URL", &h.dlq_url)
         .env("TRIAGE_TABLE", &h.table)
         .env("USER", "ops-alice")
+        .env("AWS_ENDPOINT_URL_STS", support::sts_endpoint())
         .env_remove("RUST_BACKTRACE")
         .stdin(Stdio::null())
         .output()
@@ -110,6 +111,17 @@ async fn a_parked_job_reaches_the_dlq_long_before_its_retry_without_running_agai
     assert_eq!(report["reason"], "vendor down");
     assert_eq!(report["already_parked"], false);
     assert_eq!(report["queue_url"], h.queue_url.as_str());
+
+    // The park is audited: one item on the job type, the job in its filter.
+    assert_eq!(report["audit"]["written"], true, "{report}");
+    let trail = json_of(&triage(&h, &["audit", "--action", "park", "--json"]));
+    let entries = trail["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{trail}");
+    assert_eq!(entries[0]["target"], RECORDED, "{trail}");
+    assert_eq!(entries[0]["count"], 1, "{trail}");
+    assert_eq!(entries[0]["filter"]["job_id"], "p-1", "{trail}");
+    assert_eq!(entries[0]["detail"]["reason"], "vendor down", "{trail}");
+    assert_eq!(entries[0]["detail"]["attempts"], 1, "{trail}");
 
     // Parking again keeps the first time and says so.
     let again = json_of(&triage(&h, &["park", "p-1", "--json"]));
