@@ -579,6 +579,8 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                     audit::check_table(&ctx, table).await?;
                 }
                 ctx = ctx.audited(table, retention);
+                // Who is asking is known before the action, so the audit item follows it at once.
+                ctx.actor().await;
             }
             let dlq_url = ops::resolve_queue(&ctx, dlq_arg, "TRIAGE_DLQ_URL").await?;
             run_dlq(&cli, cmd, &ctx, &dlq_url, json, progress).await
@@ -605,6 +607,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                 return Err(OpsError::usage("cancelled: the breaker was not changed"));
             }
             let ctx = Ctx::from_env().await?.audited(table, retention);
+            ctx.actor().await;
             let r = breaker::force(&ctx, table, job_type, what).await?;
             Ok(print(&r, json))
         }
@@ -617,6 +620,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
         Command::Park(a) => {
             let (table, retention) = audit_table(&cli)?;
             let ctx = Ctx::from_env().await?.audited(table, retention);
+            ctx.actor().await;
             let by = ["USER", "USERNAME"]
                 .iter()
                 .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()));

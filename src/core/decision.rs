@@ -330,8 +330,7 @@ pub fn parked(attempts: u32, at_ms: u64) -> Decision {
 
 /// An epoch-ms instant as RFC 3339 (UTC, seconds).
 pub fn rfc3339_ms(at_ms: u64) -> String {
-    let t = std::time::UNIX_EPOCH + Duration::from_millis(at_ms);
-    humantime::format_rfc3339_seconds(t).to_string()
+    crate::clock::rfc3339_seconds(at_ms)
 }
 
 /// Decides, after the handler ran, what happens to the record: classifies the handler's error

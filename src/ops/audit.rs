@@ -14,7 +14,7 @@
 //! per day, newest first, and never a `Scan`.
 
 use std::collections::HashMap;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde::Serialize;
@@ -28,6 +28,9 @@ use crate::effects::table::{PK, SK, TTL_ATTRIBUTE};
 /// How long an audit item is kept when `TRIAGE_AUDIT_RETENTION` is not set: 400 days, so a
 /// yearly review still finds the whole year.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(400 * 86_400);
+/// The longest audit retention: 100 years (a longer one would be a typo, and the TTL must stay
+/// a time DynamoDB can hold).
+pub const MAX_RETENTION: Duration = Duration::from_secs(36_500 * 86_400);
 /// The variable that sets the retention (a duration: `400d`, `90d`, `2y`).
 pub const RETENTION_VAR: &str = "TRIAGE_AUDIT_RETENTION";
 /// Partition key prefix of audit items: `audit#<YYYY-MM-DD>` (UTC).
@@ -141,9 +144,9 @@ pub fn retention_from_env() -> OpsResult<Duration> {
         return Ok(DEFAULT_RETENTION);
     };
     let d = super::parse_duration(&v).map_err(|e| OpsError::usage(format!("{RETENTION_VAR}: {e}")))?;
-    if d < Duration::from_secs(86_400) {
+    if d < Duration::from_secs(86_400) || d > MAX_RETENTION {
         return Err(OpsError::usage(format!(
-            "{RETENTION_VAR} must be at least 1d (got {v})"
+            "{RETENTION_VAR} must be from 1d to 100y (got {v})"
         )));
     }
     Ok(d)
@@ -157,6 +160,25 @@ pub async fn check_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
     })
     .await?;
     Ok(())
+}
+
+/// The longest `filter` or `detail` an item stores, in bytes of JSON text: an item stays far
+/// below DynamoDB's 400 KB whatever the action carries (a failure record's error text can be
+/// close to SQS's 1 MiB, and a forged one is as long as its producer likes).
+pub const MAX_JSON_BYTES: usize = 16 * 1024;
+
+/// `v` as JSON text, or, when longer than [`MAX_JSON_BYTES`], a JSON object saying so with the
+/// text's first bytes (cut at a character boundary).
+fn capped(v: &Value) -> String {
+    let text = v.to_string();
+    if text.len() <= MAX_JSON_BYTES {
+        return text;
+    }
+    serde_json::json!({
+        "truncated_from_bytes": text.len(),
+        "prefix": crate::effects::ledger::truncate(&text, MAX_JSON_BYTES - 256),
+    })
+    .to_string()
 }
 
 /// Records `entry` in `table`, now. Never fails: what went wrong is in the status, which the
@@ -177,7 +199,7 @@ pub async fn record_at(ctx: &Ctx, table: &str, entry: AuditEntry, at_ms: u64) ->
     let actor = ctx.actor().await;
     let day = utc_day(at_ms);
     let sk = format!("{at_ms:013}#{:016x}", rand::random::<u64>());
-    let expires_at = at_ms / 1000 + ctx.audit_retention().as_secs();
+    let expires_at = (at_ms / 1000).saturating_add(ctx.audit_retention().as_secs());
     let s = |v: &str| AttributeValue::S(v.to_owned());
     let n = |v: u64| AttributeValue::N(v.to_string());
     let mut item = HashMap::from([
@@ -193,10 +215,10 @@ pub async fn record_at(ctx: &Ctx, table: &str, entry: AuditEntry, at_ms: u64) ->
         item.insert("count".into(), n(c));
     }
     if let Some(f) = &entry.filter {
-        item.insert("filter".into(), s(&f.to_string()));
+        item.insert("filter".into(), s(&capped(f)));
     }
     if let Some(d) = &entry.detail {
-        item.insert("detail".into(), s(&d.to_string()));
+        item.insert("detail".into(), s(&capped(d)));
     }
     if let Some(e) = &actor.error {
         item.insert("actor_error".into(), s(e));
@@ -407,7 +429,7 @@ impl AuditRecord {
         Some(Self {
             id: format!("{day}/{sk}"),
             at_ms,
-            at: humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at_ms)).to_string(),
+            at: crate::clock::rfc3339_millis(at_ms),
             actor: s("actor").unwrap_or_else(|| UNKNOWN_ACTOR.into()),
             actor_error: s("actor_error"),
             local_user: s("local_user"),
@@ -443,13 +465,13 @@ impl Report for AuditReport {
             return format!(
                 "no audit items in {} since {}\n",
                 self.table,
-                humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(self.since_ms))
+                crate::clock::rfc3339_seconds(self.since_ms)
             );
         }
         let mut t = Table::new(["AT", "ACTOR", "ACTION", "TARGET", "COUNT", "FILTER"]).max_width(80);
         for e in &self.entries {
             t.row([
-                humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(e.at_ms)).to_string(),
+                crate::clock::rfc3339_seconds(e.at_ms),
                 e.actor.clone(),
                 e.action.clone(),
                 e.target.clone(),

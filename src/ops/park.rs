@@ -152,7 +152,19 @@ pub async fn park(ctx: &Ctx, table: &str, opts: &ParkOptions) -> OpsResult<ParkR
         Parked::NotWaiting(item) => return Err(not_waiting(id, &job_type, &item)),
     };
     let parked_at_ms = item.parked_at_ms.unwrap_or(started);
+    let due = item.next_attempt_at_ms.filter(|&t| t <= now_ms());
     let (released_now, release_error) = match (&item.receipt_handle, &item.queue_url) {
+        // Its retry is due: the message may be running under a newer receipt than the one
+        // stored, and making a running message visible would hand it to a second consumer.
+        _ if due.is_some() => (
+            false,
+            Some(format!(
+                "its retry was due at {}: it may be running now (if that run succeeds, the job \
+                 is done and the park is moot; if it fails, the job goes to the DLQ at its next \
+                 delivery), so it was not made visible",
+                rfc3339_ms(due.unwrap_or_default())
+            )),
+        ),
         (Some(receipt), Some(queue)) => match release(ctx, queue, receipt).await {
             Ok(()) => (true, None),
             Err(e) => (false, Some(e.message)),

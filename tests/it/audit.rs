@@ -642,3 +642,66 @@ async fn a_replay_stopped_by_an_error_audits_what_it_moved() {
         "{detail}"
     );
 }
+
+/// Whatever an action carries, its item fits DynamoDB; a stored time no clock wrote, or a
+/// retention no one meant, never breaks the trail.
+#[tokio::test]
+async fn oversized_details_odd_times_and_absurd_retentions_keep_the_trail_working() {
+    let stack = fresh("audit-odd").await;
+    let ctx = Ctx::from_config(&support::sdk_config().await).unwrap();
+    // A failure record's error can be as long as an SQS message (and a forged one longer
+    // than DynamoDB's item limit): the detail is cut, the item written.
+    let huge = "x".repeat(600_000);
+    let entry = AuditEntry::new("dlq.edit", "q")
+        .count(1)
+        .detail(json!({"original_record": {"error": huge}}));
+    let status = audit::record(&ctx, &stack.table, entry).await;
+    assert!(status.written, "{status:?}");
+
+    // An item written by hand with a time past year 9999, in today's partition.
+    let now = sqs_triage::clock::now_ms();
+    support::ddb_client()
+        .await
+        .put_item()
+        .table_name(&stack.table)
+        .item("pk", AttributeValue::S(format!("audit#{}", audit::utc_day(now))))
+        .item("sk", AttributeValue::S("9999999999999#0".into()))
+        .item("at", AttributeValue::N(u64::MAX.to_string()))
+        .item("action", AttributeValue::S("forged".into()))
+        .send()
+        .await
+        .unwrap();
+
+    let listed = ok_json(&run(&stack, &support::sts_endpoint(), &["audit", "--json"]));
+    let entries = listed["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{listed}");
+    let edit = entries.iter().find(|e| e["action"] == "dlq.edit").unwrap();
+    assert_eq!(
+        edit["detail"]["truncated_from_bytes"]
+            .as_u64()
+            .map(|n| n > 600_000),
+        Some(true)
+    );
+    let forged = entries.iter().find(|e| e["action"] == "forged").unwrap();
+    assert_eq!(forged["at"], "9999-12-31T23:59:59.999Z", "{forged}");
+    let human = run(&stack, &support::sts_endpoint(), &["audit"]);
+    assert!(human.status.success(), "{}", stderr(&human));
+
+    // A retention that would overflow the TTL is refused before the action.
+    let o = triage(
+        &stack,
+        &support::sts_endpoint(),
+        &["breaker", "open", "t.odd", "--yes"],
+    )
+    .env("TRIAGE_AUDIT_RETENTION", "18446744073709551615")
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("TRIAGE_AUDIT_RETENTION"), "{}", stderr(&o));
+    let status = ok_json(&run(
+        &stack,
+        &support::sts_endpoint(),
+        &["breaker", "status", "t.odd", "--json"],
+    ));
+    assert!(!status.to_string().contains("\"open\""), "not forced: {status}");
+}

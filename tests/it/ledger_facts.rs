@@ -387,3 +387,49 @@ async fn an_unreadable_ledger_cannot_show_markers_or_parks_and_falls_back_as_bef
     let item = ledger(&h).await.show(RECORDED, "f-park").await.unwrap().unwrap();
     assert!(item.parked_at_ms.is_some(), "still parked: {item:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_park_whose_retry_is_due_does_not_release_a_message_that_may_be_running() {
+    let h = Harness::build(Options {
+        prefix: "park-due",
+        policy: slow_policy(),
+        ..Options::default()
+    })
+    .await;
+    h.send_jobs(&[("d-1", json!({"outcome": "transient"}))]).await;
+    let (_, response) = h.invoke_once(Duration::from_secs(5)).await.expect("delivered");
+    assert_eq!(failed_ids(&response).len(), 1, "a retry, 10 minutes away");
+
+    // Its retry falls due: from now on the message may be received and running, under a
+    // newer receipt handle than the stored one.
+    let past = sqs_triage::clock::now_ms() - 1_000;
+    support::ddb_client()
+        .await
+        .update_item()
+        .table_name(&h.table)
+        .set_key(Some(sqs_triage::effects::table::ledger_key(RECORDED, "d-1")))
+        .update_expression("SET next_attempt_at = :t")
+        .expression_attribute_values(":t", aws_sdk_dynamodb::types::AttributeValue::N(past.to_string()))
+        .send()
+        .await
+        .unwrap();
+
+    let report = json_of(&triage(&h, &["park", "d-1", "--json"]));
+    assert_eq!(report["released_now"], false, "{report}");
+    assert!(
+        report["release_error"]
+            .as_str()
+            .unwrap()
+            .contains("may be running now"),
+        "{report}"
+    );
+    let depth = support::queue_depth(&support::sqs_client().await, &h.queue_url).await;
+    assert_eq!(
+        (depth.visible, depth.in_flight),
+        (0, 1),
+        "the message was not made visible: {depth:?}"
+    );
+    // The park stands: the ledger says so.
+    let item = ledger(&h).await.show(RECORDED, "d-1").await.unwrap().unwrap();
+    assert!(item.parked_at_ms.is_some(), "{item:?}");
+}
