@@ -101,6 +101,114 @@ class Derived:
         return "; ".join(seen[a] for a in sorted(seen))
 
 
+# --------------------------------------------------------------------------- metrics the code emits
+
+METRICS_RS = "src/effects/metrics.rs"
+# The AWS metrics the dashboard and the alarms may name, per namespace, with the dimension that
+# points them at this stack's resource.
+AWS_METRICS = {
+    "AWS/SQS": ("QueueName", {"ApproximateNumberOfMessagesVisible", "ApproximateNumberOfMessagesNotVisible",
+                              "ApproximateNumberOfMessagesDelayed", "ApproximateAgeOfOldestMessage",
+                              "NumberOfMessagesSent", "NumberOfMessagesReceived", "NumberOfMessagesDeleted",
+                              "NumberOfEmptyReceives", "SentMessageSize"}),
+    "AWS/Lambda": ("FunctionName", {"Invocations", "Errors", "Throttles", "Duration", "ConcurrentExecutions",
+                                    "DeadLetterErrors", "RecursiveInvocationsDropped"}),
+}
+
+
+class Emitted:
+    """The EMF metrics triage-lambda writes (src/effects/metrics.rs and every `metrics.add(.., "Name", ..)`
+    in src/): their namespace, the names written per job type (dimension JobType) and the names
+    written without a dimension (the account-wide totals)."""
+
+    def __init__(self, root: Path):
+        text = (root / METRICS_RS).read_text()
+        m = re.search(r'const NAMESPACE: &str = "(\w+)";', text)
+        self.namespace = m.group(1) if m else None
+        self.problems: list[str] = []
+        per_type: set[str] = set()
+        dec = re.search(r"pub fn decision\(.*?\n    \}\n", text, re.S)
+        emf = re.search(r"pub fn emf_lines\(.*?\n    \}\n", text, re.S)
+        if not dec or not emf:
+            self.problems.append(f"{METRICS_RS}: no `fn decision` or `fn emf_lines` to read the names from")
+            self.per_type, self.totals = set(), set()
+            return
+        per_type |= set(re.findall(r'"([A-Z][A-Za-z]+)"', dec.group(0)))
+        for f in sorted((root / "src").rglob("*.rs")):
+            per_type |= set(re.findall(r'\.add\(\s*[^;]*?,\s*"([A-Z][A-Za-z]+)"\s*,', f.read_text()))
+        per_type |= set(re.findall(r'\("([A-Z][A-Za-z]+)", &m\.\w+\)', emf.group(0)))  # samples
+        alarmed = re.findall(r"\[([^\]]*)\]\.contains\(k\)", emf.group(0))
+        totals = set(re.findall(r'"(\w+)"', alarmed[0])) & per_type if alarmed else set()
+        totals |= set(re.findall(r'\("([A-Z][A-Za-z]+)", self\.\w+\)', emf.group(0)))
+        if not alarmed:
+            self.problems.append(f"{METRICS_RS}: the account-wide totals' list was not found")
+        self.per_type, self.totals = per_type, totals
+
+    def exists(self, name: str, dims: tuple[str, ...]) -> bool:
+        if dims == ("JobType",):
+            return name in self.per_type
+        if dims == ():
+            return name in self.totals
+        return False
+
+    def summary(self) -> str:
+        return (f"namespace {self.namespace}; per JobType {', '.join(sorted(self.per_type))}; "
+                f"without dimension {', '.join(sorted(self.totals))}")
+
+
+MAX_MESSAGE_SIZE = 1048576  # SQS's largest message, 1 MiB
+_EMITTED: "Emitted | None" = None
+
+
+def emitted() -> "Emitted":
+    global _EMITTED
+    if _EMITTED is None:
+        _EMITTED = Emitted(ROOT)
+    return _EMITTED
+
+
+def esm_scaling_ok(esm: dict) -> bool:
+    """Exactly one of ScalingConfig.MaximumConcurrency (2..1000) and ProvisionedPollerConfig (SQS's ranges)."""
+    mc = esm.get("ScalingConfig", {}).get("MaximumConcurrency")
+    pp = esm.get("ProvisionedPollerConfig")
+    if (mc is None) == (pp is None):
+        return False
+    if mc is not None:
+        return 2 <= num(mc) <= 1000
+    lo, hi = num(pp.get("MinimumPollers", 2)), num(pp.get("MaximumPollers", 200))
+    return 2 <= lo <= 200 and 2 <= hi <= 2000 and lo <= hi
+
+
+SEARCH_RE = re.compile(r"""^SEARCH\('\{(?P<ns>[^,}]+)(?P<dims>(?:,[^,}]+)*)\} MetricName="(?P<name>\w+)"', '(?P<stat>[\w.]+)', (?P<period>\d+)\)$""")
+
+
+def dashboard_metrics(body: dict) -> tuple[list[dict], list[str]]:
+    """Every metric a dashboard body graphs, as {ns, name, dims: {name: value}, search: bool}, and
+    the rows it cannot read."""
+    out, bad = [], []
+    for w in body.get("widgets", []):
+        if w.get("type") != "metric":
+            continue
+        for row in w.get("properties", {}).get("metrics", []):
+            if len(row) == 1 and isinstance(row[0], dict) and "expression" in row[0]:
+                m = SEARCH_RE.match(row[0]["expression"])
+                if not m:
+                    bad.append(f"{w['properties'].get('title')}: expression {row[0]['expression']!r} is not a SEARCH "
+                               "of one metric name")
+                    continue
+                dims = tuple(d for d in m.group("dims").split(",") if d)
+                out.append({"ns": m.group("ns"), "name": m.group("name"), "dims": {d: None for d in dims},
+                            "search": True, "title": w["properties"].get("title")})
+                continue
+            parts = [x for x in row if not isinstance(x, dict)]
+            if len(parts) < 2 or len(parts) % 2 or "." in parts:
+                bad.append(f"{w['properties'].get('title')}: row {row} (write every row in full, no '.')")
+                continue
+            out.append({"ns": parts[0], "name": parts[1], "dims": dict(zip(parts[2::2], parts[3::2])),
+                        "search": False, "title": w["properties"].get("title")})
+    return out, bad
+
+
 # --------------------------------------------------------------------------- the receive rule
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -393,6 +501,7 @@ class Template:
             "AWS::Logs::LogGroup": "LogGroupName",
             "AWS::Lambda::Function": "FunctionName",
             "AWS::IAM::Role": "RoleName",
+            "AWS::CloudWatch::Dashboard": "DashboardName",
         }.get(res["Type"])
         name = self.ev(props[key]) if key and key in props else f"{STACK}-{rid}"
         self._names[rid] = name
@@ -408,7 +517,8 @@ class Template:
         t = self.resources[rid]["Type"]
         if t == "AWS::SQS::Queue":
             return f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{self.name_of(rid)}"
-        if t in ("AWS::DynamoDB::Table", "AWS::Logs::LogGroup", "AWS::Lambda::Function", "AWS::IAM::Role"):
+        if t in ("AWS::DynamoDB::Table", "AWS::Logs::LogGroup", "AWS::Lambda::Function", "AWS::IAM::Role",
+                 "AWS::CloudWatch::Dashboard"):
             return self.name_of(rid)
         return f"ref:{rid}"
 
@@ -499,17 +609,22 @@ class Template:
 # --------------------------------------------------------------------------- checks
 
 class Report:
-    def __init__(self):
+    def __init__(self, quiet: bool = False):
         self.passed = 0
         self.failed = 0
+        self.quiet = quiet
+        self.failures: list[str] = []
 
     def fact(self, label: str, ok: bool, detail: str = "") -> None:
         if ok:
             self.passed += 1
-            print(f"ok   {label}")
+            if not self.quiet:
+                print(f"ok   {label}")
         else:
             self.failed += 1
-            print(f"FAIL {label}{': ' + detail if detail else ''}")
+            self.failures.append(label)
+            if not self.quiet:
+                print(f"FAIL {label}{': ' + detail if detail else ''}")
 
     def check(self, label: str, fn) -> None:
         try:
@@ -592,6 +707,11 @@ class Facts:
             and (num(esm["BatchSize"]) <= 10 or num(esm.get("MaximumBatchingWindowInSeconds", 0)) >= 1)
             and 2 <= num(esm["ScalingConfig"]["MaximumConcurrency"]) <= 1000,
             json.dumps({k: esm.get(k) for k in ("BatchSize", "MaximumBatchingWindowInSeconds", "ScalingConfig")})))
+        self.c("event source mapping: exactly one of MaximumConcurrency and provisioned pollers (SQS: 2 to 200 "
+               "minimum, up to 2000 maximum, minimum <= maximum)", lambda: (esm_scaling_ok(esm), json.dumps(
+                   {k: esm.get(k) for k in ("ScalingConfig", "ProvisionedPollerConfig")})))
+        self.c("event source mapping reports its event counts (MetricsConfig EventCount)", lambda: (
+            "EventCount" in esm.get("MetricsConfig", {}).get("Metrics", []), json.dumps(esm.get("MetricsConfig"))))
 
         srcp = t.props(self.src)
         dlqp = t.props(self.dlq)
@@ -611,6 +731,12 @@ class Facts:
             all(p.get("SqsManagedSseEnabled") in (True, "true") or p.get("KmsMasterKeyId")
                 for p in (srcp, dlqp)), ""))
         self.c("both queues deny requests without TLS", self.tls_only)
+        self.c(f"both queues take SQS's largest message ({MAX_MESSAGE_SIZE} bytes, 1 MiB)", lambda: (
+            all(num(p.get("MaximumMessageSize", 0)) == MAX_MESSAGE_SIZE for p in (srcp, dlqp)),
+            f"source {srcp.get('MaximumMessageSize')} dlq {dlqp.get('MaximumMessageSize')}"))
+        self.c("DLQ's MaximumMessageSize is never below the source queue's (every dead-lettered copy fits)", lambda: (
+            num(dlqp.get("MaximumMessageSize", 262144)) >= num(srcp.get("MaximumMessageSize", 262144)),
+            f"source {srcp.get('MaximumMessageSize')} dlq {dlqp.get('MaximumMessageSize')}"))
         self.c("DLQ keeps messages 14 days, source queue 4 days", lambda: (
             num(dlqp["MessageRetentionPeriod"]) == 1209600 and num(srcp["MessageRetentionPeriod"]) == 345600,
             f"dlq {dlqp.get('MessageRetentionPeriod')} source {srcp.get('MessageRetentionPeriod')}"))
@@ -636,6 +762,7 @@ class Facts:
 
         self.iam_facts(src_arn, dlq_arn, table_arn)
         self.alarm_facts()
+        self.dashboard_facts()
 
         outs = {k: t.ev(v["Value"]) for k, v in t.raw.get("Outputs", {}).items()}
         self.c("outputs: queue URL, DLQ URL, table name", lambda: (
@@ -766,10 +893,106 @@ class Facts:
                     return True, ""
             return False, json.dumps(alarms)
 
+        def alarm_with(ns, name, dims, stat):
+            for a in alarms:
+                if (a.get("Namespace") == ns and a.get("MetricName") == name and (a.get("Dimensions") or []) == dims
+                        and a.get("Statistic") == stat and num(a["Threshold"]) >= 1
+                        and a["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+                        and a.get("TreatMissingData") == "notBreaching"):
+                    return True, ""
+            return False, json.dumps(alarms)
+
+        src_name = t.getatt(self.src, "QueueName")
+        fn_dims = [{"Name": "FunctionName", "Value": t.ref(self.fn)}]
+        self.c("alarm on the source queue's age of oldest message (AWS/SQS ApproximateAgeOfOldestMessage Maximum)",
+               lambda: alarm_with("AWS/SQS", "ApproximateAgeOfOldestMessage",
+                                  [{"Name": "QueueName", "Value": src_name}], "Maximum"))
+        self.c("alarm on the function's throttles (AWS/Lambda Throttles Sum)",
+               lambda: alarm_with("AWS/Lambda", "Throttles", fn_dims, "Sum"))
+        self.c("alarm on storage failures (SqsTriage StorageFailures Sum, no dimension)",
+               lambda: alarm_with("SqsTriage", "StorageFailures", [], "Sum"))
+
+        def every_alarm_metric_exists():
+            bad = []
+            for a in alarms:
+                bad += self.metric_problems(a.get("Namespace"), a.get("MetricName"),
+                                            {d["Name"]: d["Value"] for d in a.get("Dimensions") or []})
+            return not bad and bool(alarms), "; ".join(bad) or f"{len(alarms)} alarms"
+
+        self.c("every alarm watches a metric that exists: an EMF metric the code writes with that dimension set "
+               "(src/effects/metrics.rs), or an AWS/SQS or AWS/Lambda metric of this stack's queue or function",
+               every_alarm_metric_exists)
         self.c("alarm on DLQ depth (ApproximateNumberOfMessagesVisible >= 1)", dlq_alarm)
         self.c("alarm on the function's errors (AWS/Lambda Errors Sum >= 1: failed invocations, "
                "and a start-up refused on bad configuration)", errors_alarm)
         self.c("alarm on breaker openings (SqsTriage BreakerOpened Sum >= 1, all job types)", breaker_alarm)
+
+
+    def metric_problems(self, ns, name, dims: dict, search: bool = False) -> list[str]:
+        """Why the metric ns/name with dimensions dims (a SEARCH's: names only) does not exist."""
+        t, em = self.t, emitted()
+        where = f"{ns}/{name} {dims or ''}"
+        if ns == em.namespace:
+            return [] if em.exists(name, tuple(sorted(dims))) else [
+                f"{where}: the code writes no such metric with dimensions {sorted(dims)} ({em.summary()})"]
+        if ns in AWS_METRICS:
+            dim, names = AWS_METRICS[ns]
+            own = ({t.getatt(self.src, "QueueName"), t.getatt(self.dlq, "QueueName")} if ns == "AWS/SQS"
+                   else {t.ref(self.fn)})
+            if name not in names:
+                return [f"{where}: not a {ns} metric"]
+            if set(dims) != {dim} or (not search and dims[dim] not in own):
+                return [f"{where}: not this stack's {dim} ({sorted(own)})"]
+            return []
+        return [f"{where}: unknown namespace"]
+
+    def dashboard_facts(self):
+        t = self.t
+        boards = t.of_type("AWS::CloudWatch::Dashboard")
+        self.c("one CloudWatch dashboard", lambda: (len(boards) == 1, f"{boards}"))
+        if len(boards) != 1:
+            return
+        props = t.props(boards[0])
+
+        def body():
+            return json.loads(props["DashboardBody"])
+
+        def names_exist():
+            ms, bad = dashboard_metrics(body())
+            for m in ms:
+                bad += self.metric_problems(m["ns"], m["name"], m["dims"], m["search"])
+            em = emitted()
+            return not bad and bool(ms) and not em.problems, "; ".join(bad + em.problems) or f"{len(ms)} metrics"
+
+        self.c("dashboard: every metric it graphs exists (EMF metrics the code writes, with their dimension set; "
+               "AWS/SQS and AWS/Lambda metrics of this stack's queues and function)", names_exist)
+
+        src, dlq, fn = t.getatt(self.src, "QueueName"), t.getatt(self.dlq, "QueueName"), t.ref(self.fn)
+        want = [("AWS/SQS", "ApproximateNumberOfMessagesVisible", src), ("AWS/SQS", "ApproximateNumberOfMessagesNotVisible", src),
+                ("AWS/SQS", "ApproximateAgeOfOldestMessage", src), ("AWS/SQS", "ApproximateNumberOfMessagesVisible", dlq),
+                ("AWS/Lambda", "Duration", fn), ("AWS/Lambda", "Errors", fn), ("AWS/Lambda", "Throttles", fn),
+                ("AWS/Lambda", "ConcurrentExecutions", fn),
+                ("SqsTriage", "StorageRetries", None), ("SqsTriage", "StorageFailures", None)]
+        want += [("SqsTriage", n, "JobType") for n in ("Succeeded", "Retried", "Deferred", "DeadLetteredFatal",
+                                                       "DeadLetteredExhausted", "DeadLetteredInvalid", "BreakerOpened")]
+
+        def shows_what_matters():
+            ms, _ = dashboard_metrics(body())
+            have = set()
+            for m in ms:
+                if m["search"]:
+                    have.add((m["ns"], m["name"], ",".join(sorted(m["dims"]))))
+                elif m["dims"]:
+                    have.add((m["ns"], m["name"], next(iter(m["dims"].values()))))
+                else:
+                    have.add((m["ns"], m["name"], None))
+            missing = [w for w in want if w not in have]
+            return not missing, f"missing {missing}"
+
+        self.c("dashboard shows the source queue (visible, in flight, age of oldest), the DLQ depth, per job type "
+               "(SEARCH over JobType) Succeeded, Retried, Deferred, DeadLettered{Fatal,Exhausted,Invalid}, "
+               "BreakerOpened, StorageRetries / StorageFailures, and the function's duration, errors, throttles "
+               "and concurrency", shows_what_matters)
 
 
 def sam_only_facts(sam_path: Path, sam_raw: dict, sam_cfn: dict, report: Report) -> None:
@@ -809,6 +1032,41 @@ def sam_only_facts(sam_path: Path, sam_raw: dict, sam_cfn: dict, report: Report)
         return not bad, "; ".join(bad)
 
     report.check("[sam] every alarm notifies AlarmTopicArn when it is set, none when it is empty", alarm_topic)
+
+    sam_only_facts_thresholds(sam_raw, sam_cfn, report)
+
+    def pollers():
+        tpl = Template(copy.deepcopy(sam_cfn), {"EventSourceScaling": "ProvisionedPollers", "MinimumPollers": "3",
+                                                 "MaximumPollers": "40"})
+        esm = tpl.props(tpl.of_type("AWS::Lambda::EventSourceMapping")[0])
+        return (esm.get("ProvisionedPollerConfig") == {"MinimumPollers": "3", "MaximumPollers": "40"}
+                and "ScalingConfig" not in esm and esm_scaling_ok(esm), json.dumps(esm))
+
+    report.check("[sam] EventSourceScaling=ProvisionedPollers sets ProvisionedPollerConfig and drops MaximumConcurrency",
+                 pollers)
+
+
+def sam_only_facts_thresholds(sam_raw: dict, sam_cfn: dict, report: Report) -> None:
+    thresholds = {"SourceAgeAlarmSeconds": "ApproximateAgeOfOldestMessage", "FunctionErrorsAlarmThreshold": "Errors",
+                  "FunctionThrottlesAlarmThreshold": "Throttles", "StorageFailuresAlarmThreshold": "StorageFailures",
+                  "BreakerOpenedAlarmThreshold": "BreakerOpened"}
+
+    def threshold_params():
+        bad = []
+        for param, metric in thresholds.items():
+            p = sam_raw["Parameters"].get(param)
+            if not p:
+                bad.append(f"no parameter {param}")
+                continue
+            value = str(int(p["MinValue"]) + 7)
+            tpl = Template(copy.deepcopy(sam_cfn), {param: value})
+            got = [tpl.props(a).get("Threshold") for a in tpl.of_type("AWS::CloudWatch::Alarm")
+                   if tpl.props(a).get("MetricName") == metric]
+            if [str(g) for g in got] != [value]:
+                bad.append(f"{param}={value}: {metric} alarm thresholds {got}")
+        return not bad, "; ".join(bad)
+
+    report.check("[sam] each alarm's threshold is its parameter (" + ", ".join(thresholds) + ")", threshold_params)
 
 
 def cdk_only_facts(cdk_out: Path, cdk_cfn: dict, report: Report) -> None:
@@ -957,6 +1215,8 @@ class Roles:
         for a in t.of_type("AWS::CloudWatch::Alarm"):
             p = t.props(a)
             self.claim(f"alarm {p.get('Namespace')}/{p.get('MetricName')}", "alarm", a)
+        for d in t.of_type("AWS::CloudWatch::Dashboard"):
+            self.claim("dashboard", "dashboard", d)
         # Queue policies: one per queue or one for both, compared per queue.
         self.policies = t.of_type("AWS::SQS::QueuePolicy")
         self.unclaimed -= set(self.policies)
@@ -977,7 +1237,10 @@ class Roles:
     def norm(self, x, key: str = ""):
         """Concrete values with resource names, ARNs and URLs as <role> tokens; numbers as numbers."""
         if isinstance(x, dict):
-            return {k: (sorted(self.norm(as_list(v))) if k in ("Action", "NotAction", "Resource") else self.norm(v, k))
+            # A dashboard's body is JSON text: compared as the JSON it holds, widget by widget.
+            return {k: (sorted(self.norm(as_list(v))) if k in ("Action", "NotAction", "Resource")
+                        else self.norm(json.loads(v), k) if k == "DashboardBody" and isinstance(v, str)
+                        else self.norm(v, k))
                     for k, v in x.items()}
         if isinstance(x, list):
             return [self.norm(i) for i in x]
@@ -1043,7 +1306,7 @@ def parity_facts(sam: Template, cdk: Template, report: Report, tag: str = "sam=c
     """SAM and CDK make the same resources with the same settings, resource by resource."""
     rs, rc = Roles("sam", sam), Roles("cdk", cdk)
     report.fact(f"[{tag}] every resource of either template has a counterpart role (queues, queue policies, table, "
-                "log group, role, function, mapping, alarms)", not rs.unclaimed and not rc.unclaimed,
+                "log group, role, function, mapping, alarms, dashboard)", not rs.unclaimed and not rc.unclaimed,
                 f"SAM {sorted(rs.unclaimed)}, CDK {sorted(rc.unclaimed)}")
     a, b = rs.records(), rc.records()
     used = set()
@@ -1065,6 +1328,150 @@ def parity_facts(sam: Template, cdk: Template, report: Report, tag: str = "sam=c
         report.fact(f"[{tag}] {key}: same settings{note}", not bad, "; ".join(bad))
     report.fact(f"[{tag}] every allowed difference still occurs (no stale allow-list entry)",
                 used == set(PARITY_ALLOWED), f"unused: {sorted(set(PARITY_ALLOWED) - used)}")
+
+
+# --------------------------------------------------------------------------- broken copies
+
+def _set_body(tpl: Template, edit) -> None:
+    """Replaces the dashboard's body by edit(body) (evaluated, so the copy holds plain JSON text)."""
+    d = tpl.of_type("AWS::CloudWatch::Dashboard")[0]
+    body = json.loads(tpl.props(d)["DashboardBody"])
+    edit(body)
+    tpl.resources[d]["Properties"]["DashboardBody"] = json.dumps(body)
+
+
+def _widget(body: dict, title_part: str) -> dict:
+    return next(w for w in body["widgets"] if title_part in w.get("properties", {}).get("title", ""))
+
+
+def _alarm(tpl: Template, metric: str) -> dict:
+    rid = next(a for a in tpl.of_type("AWS::CloudWatch::Alarm") if tpl.props(a).get("MetricName") == metric)
+    return tpl.resources[rid]["Properties"]
+
+
+def _esm(tpl: Template) -> dict:
+    return tpl.resources[tpl.of_type("AWS::Lambda::EventSourceMapping")[0]]["Properties"]
+
+
+def _queue(tpl: Template, which: str) -> dict:
+    f = Facts("x", tpl, Report(quiet=True))
+    return tpl.resources[f.src if which == "source" else f.dlq]["Properties"]
+
+
+def _renamed_metric_source(tmp: Path) -> Path:
+    """A copy of src/ whose metrics.rs writes `Postponed` where it wrote `Deferred`."""
+    import shutil
+
+    shutil.copytree(ROOT / "src", tmp / "src")
+    m = tmp / METRICS_RS
+    m.write_text(m.read_text().replace('"Deferred"', '"Postponed"'))
+    return tmp
+
+
+def _search_edit(metric: str, new: str):
+    def edit(body):
+        for w in body["widgets"]:
+            for row in w.get("properties", {}).get("metrics", []):
+                for x in row:
+                    if isinstance(x, dict) and "expression" in x:
+                        x["expression"] = x["expression"].replace(metric, new)
+    return edit
+
+
+# Each broken copy: (what is broken, how to break a template copy, the fact label part that must fail).
+MUTANTS = [
+    ("dashboard graphs a metric the code does not write (Succeded)",
+     lambda t: _set_body(t, _search_edit('MetricName="Succeeded"', 'MetricName="Succeded"')), "every metric it graphs exists"),
+    ("dashboard SEARCHes Retried without its JobType dimension",
+     lambda t: _set_body(t, _search_edit("{SqsTriage,JobType} MetricName=\"Retried\"", "{SqsTriage} MetricName=\"Retried\"")),
+     "every metric it graphs exists"),
+    ("dashboard graphs another queue's depth",
+     lambda t: _set_body(t, lambda b: _widget(b, "Dead-letter queue")["properties"]["metrics"][0].__setitem__(3, "other-dlq")),
+     "every metric it graphs exists"),
+    ("dashboard graphs an AWS/Lambda metric that does not exist",
+     lambda t: _set_body(t, lambda b: _widget(b, "concurrency")["properties"]["metrics"][0].__setitem__(1, "Concurrency")),
+     "every metric it graphs exists"),
+    ("dashboard lost its throttles",
+     lambda t: _set_body(t, lambda b: _widget(b, "errors and throttles")["properties"]["metrics"].pop()),
+     "dashboard shows the source queue"),
+    ("dashboard lost the DeadLetteredInvalid widget",
+     lambda t: _set_body(t, lambda b: b["widgets"].remove(_widget(b, "invalid"))), "dashboard shows the source queue"),
+    ("StorageFailures alarm with a JobType dimension (the code writes it without)",
+     lambda t: _alarm(t, "StorageFailures").__setitem__("Dimensions", [{"Name": "JobType", "Value": "email"}]),
+     "every alarm watches a metric that exists"),
+    ("age alarm on a misspelt SQS metric",
+     lambda t: _alarm(t, "ApproximateAgeOfOldestMessage").__setitem__("MetricName", "ApproximateAgeOfOldestMessages"),
+     "every alarm watches a metric that exists"),
+    ("throttles alarm on another function",
+     lambda t: _alarm(t, "Throttles").__setitem__("Dimensions", [{"Name": "FunctionName", "Value": "other"}]),
+     "every alarm watches a metric that exists"),
+    ("no age-of-oldest-message alarm",
+     lambda t: t.resources.pop(next(a for a in t.of_type("AWS::CloudWatch::Alarm")
+                                   if t.props(a).get("MetricName") == "ApproximateAgeOfOldestMessage")),
+     "alarm on the source queue's age"),
+    ("DLQ takes 256 KiB messages",
+     lambda t: _queue(t, "dlq").__setitem__("MaximumMessageSize", 262144), "both queues take SQS's largest message"),
+    ("DLQ smaller than its source",
+     lambda t: (_queue(t, "dlq").__setitem__("MaximumMessageSize", 2048),
+                _queue(t, "source").__setitem__("MaximumMessageSize", 4096)), "DLQ's MaximumMessageSize is never below"),
+    ("source queue without MaximumMessageSize",
+     lambda t: _queue(t, "source").pop("MaximumMessageSize"), "both queues take SQS's largest message"),
+    ("mapping with both MaximumConcurrency and provisioned pollers",
+     lambda t: _esm(t).__setitem__("ProvisionedPollerConfig", {"MinimumPollers": 2, "MaximumPollers": 10}),
+     "exactly one of MaximumConcurrency and provisioned pollers"),
+    ("mapping without MetricsConfig", lambda t: _esm(t).pop("MetricsConfig"), "MetricsConfig EventCount"),
+]
+
+
+def mutant_facts(sam_cfn: dict, cdk_cfn: dict, derived: "Derived", factor, limits, report: Report) -> None:
+    """Every new fact fails on a broken copy of either template (and the checks still pass on the real ones)."""
+    global _EMITTED
+    for tag, raw in (("sam", sam_cfn), ("cdk", cdk_cfn)):
+        for what, breaks, label in MUTANTS:
+            tpl = Template(copy.deepcopy(raw))
+            breaks(tpl)
+            rep = Report(quiet=True)
+            Facts(tag, tpl, rep, derived, factor, limits).run()
+            caught = [f for f in rep.failures if label in f]
+            report.fact(f"[broken copy] {tag}, {what}: caught by '{label}'", bool(caught), f"failed only {rep.failures}")
+
+    # Parity: a CDK dashboard widget or alarm threshold of its own is a difference.
+    for what, breaks in (("CDK dashboard with another widget title",
+                          lambda t: _set_body(t, lambda b: _widget(b, "Deferred")["properties"].__setitem__("title", "x"))),
+                         ("CDK throttles alarm with another threshold",
+                          lambda t: _alarm(t, "Throttles").__setitem__("Threshold", 9))):
+        cdk = Template(copy.deepcopy(cdk_cfn))
+        breaks(cdk)
+        rep = Report(quiet=True)
+        parity_facts(Template(copy.deepcopy(sam_cfn)), cdk, rep)
+        report.fact(f"[broken copy] {what}: caught by [sam=cdk]", rep.failed > 0, "no parity fact failed")
+
+    # The metric names come from the code: rename one there and the dashboard's graph of it fails.
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = _EMITTED
+        _EMITTED = Emitted(_renamed_metric_source(Path(tmp)))
+        try:
+            rep = Report(quiet=True)
+            Facts("sam", Template(copy.deepcopy(sam_cfn)), rep, derived, factor, limits).run()
+        finally:
+            _EMITTED = saved
+        report.fact("[broken copy] the code writes Postponed instead of Deferred: caught by 'every metric it graphs exists'",
+                    any("every metric it graphs exists" in f for f in rep.failures), f"failed only {rep.failures}")
+
+    # SAM: a threshold written as a number instead of its parameter.
+    def fixed_threshold():
+        broken = copy.deepcopy(sam_cfn)
+        for r in broken["Resources"].values():
+            if r["Type"] == "AWS::CloudWatch::Alarm" and r["Properties"].get("MetricName") == "Throttles":
+                r["Properties"]["Threshold"] = 1
+        rep = Report(quiet=True)
+        sam_only_facts_thresholds(load_yaml_template(ROOT / "infra/template.yaml"), broken, rep)
+        return rep.failed > 0, "not caught"
+
+    report.check("[broken copy] sam, a threshold that ignores its parameter: caught by 'threshold is its parameter'",
+                 fixed_threshold)
 
 
 def parity_settings(path: Path) -> list[dict]:
@@ -1161,6 +1568,7 @@ def main() -> int:
         other_settings_facts(sam_raw, sam_cfn, Path(args.cdk_other_out), Path(args.other_settings), report)
     if args.events and args.schema:
         events_facts(Path(args.events), Path(args.schema), report)
+    mutant_facts(sam_cfn, cdk_cfn, derived, factor, limits, report)
 
     print(f"{report.passed} passed, {report.failed} failed")
     return 1 if report.failed else 0

@@ -63,6 +63,8 @@ NOT_DEPLOYED = {
     # The stacks' visibility timeout is 6 x the function timeout: the heartbeat's default
     # (5 s) only matters for messages that waited in a batching window.
     "TRIAGE_HEARTBEAT_S": "visibility heartbeat; the default suits the reference stacks",
+    # Completion markers outlive any redelivery of a finished job by far at their default (1 day).
+    "TRIAGE_DONE_MARKER_TTL_S": "completion marker lifetime; the default suits the reference stacks",
 }
 
 PARITY_SETTINGS = ROOT / "infra/parity-settings.json"

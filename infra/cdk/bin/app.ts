@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 import { App, Validations } from 'aws-cdk-lib';
 import { AwsSolutionsChecks } from 'cdk-nag';
-import { TRIAGE_POLICY_DEFAULTS, TriageStack } from '../lib/triage-stack';
+import { EventSourceScaling, TRIAGE_POLICY_DEFAULTS, TriageStack } from '../lib/triage-stack';
 
 const app = new App();
 
@@ -40,10 +40,18 @@ new TriageStack(app, 'SqsTriage', {
   batchSize: num('batchSize', 10),
   maxBatchingWindowSeconds: num('maxBatchingWindowSeconds', 0),
   maxConcurrency: num('maxConcurrency', 5),
+  eventSourceScaling: ctx('eventSourceScaling', 'MaximumConcurrency') as EventSourceScaling,
+  minimumPollers: num('minimumPollers', 2),
+  maximumPollers: num('maximumPollers', 200),
   maxReceiveCount: num('maxReceiveCount', 100),
   sourceRetentionSeconds: num('sourceRetentionSeconds', 345600),
   pointInTimeRecovery: ctx('pointInTimeRecovery', 'true') !== 'false',
   alarmTopicArn: ctx('alarmTopicArn', ''),
+  sourceAgeAlarmSeconds: num('sourceAgeAlarmSeconds', 900),
+  functionErrorsAlarmThreshold: num('functionErrorsAlarmThreshold', 1),
+  functionThrottlesAlarmThreshold: num('functionThrottlesAlarmThreshold', 1),
+  storageFailuresAlarmThreshold: num('storageFailuresAlarmThreshold', 1),
+  breakerOpenedAlarmThreshold: num('breakerOpenedAlarmThreshold', 1),
   policy,
 });
 

@@ -16,10 +16,18 @@ const BASE: Omit<TriageStackProps, 'policy'> = {
   batchSize: 10,
   maxBatchingWindowSeconds: 0,
   maxConcurrency: 5,
+  eventSourceScaling: 'MaximumConcurrency',
+  minimumPollers: 2,
+  maximumPollers: 200,
   maxReceiveCount: 1000,
   sourceRetentionSeconds: 345600,
   pointInTimeRecovery: true,
   alarmTopicArn: '',
+  sourceAgeAlarmSeconds: 900,
+  functionErrorsAlarmThreshold: 1,
+  functionThrottlesAlarmThreshold: 1,
+  storageFailuresAlarmThreshold: 1,
+  breakerOpenedAlarmThreshold: 1,
 };
 
 let n = 0;
@@ -103,8 +111,31 @@ test('the other settings of infra/parity-settings.json synthesize', () => {
   for (const s of settings) {
     if (s.cdk in TRIAGE_POLICY_RANGES) policy[s.cdk] = s.value;
     else if (s.cdk === 'pointInTimeRecovery') props[s.cdk] = s.value === 'true';
-    else if (s.cdk === 'alarmTopicArn') props[s.cdk] = s.value;
+    else if (s.cdk === 'alarmTopicArn' || s.cdk === 'eventSourceScaling') props[s.cdk] = s.value;
     else props[s.cdk] = Number(s.value);
   }
   stack(policy, props as Partial<TriageStackProps>);
+});
+
+test('the mapping takes either maximum concurrency or provisioned pollers, never both, and reports event counts', () => {
+  const byConcurrency = Template.fromStack(stack()).findResources('AWS::Lambda::EventSourceMapping');
+  const [c] = Object.values(byConcurrency).map((r) => r.Properties);
+  assert.deepEqual(c.ScalingConfig, { MaximumConcurrency: 5 });
+  assert.equal(c.ProvisionedPollerConfig, undefined);
+  assert.deepEqual(c.MetricsConfig, { Metrics: ['EventCount'] });
+  const byPollers = Template.fromStack(stack({}, { eventSourceScaling: 'ProvisionedPollers', minimumPollers: 3, maximumPollers: 40 }))
+    .findResources('AWS::Lambda::EventSourceMapping');
+  const [p] = Object.values(byPollers).map((r) => r.Properties);
+  assert.equal(p.ScalingConfig, undefined);
+  assert.deepEqual(p.ProvisionedPollerConfig, { MinimumPollers: 3, MaximumPollers: 40 });
+  assert.throws(() => stack({}, { eventSourceScaling: 'Both' as never }), /eventSourceScaling/);
+  assert.throws(() => stack({}, { minimumPollers: 50, maximumPollers: 40 }), /minimumPollers/);
+});
+
+test('both queues take 1 MiB messages; one dashboard', () => {
+  const t = Template.fromStack(stack());
+  const queues = Object.values(t.findResources('AWS::SQS::Queue'));
+  assert.equal(queues.length, 2);
+  for (const q of queues) assert.equal(q.Properties.MaximumMessageSize, 1_048_576);
+  assert.equal(Object.keys(t.findResources('AWS::CloudWatch::Dashboard')).length, 1);
 });
