@@ -13,6 +13,11 @@ use super::{Ctx, ErrorKind, OpsError, OpsResult};
 /// investigated after a long weekend.
 const DLQ_RETENTION_S: &str = "1209600";
 
+/// Both queues take SQS's largest message (1 MiB), as the SAM and CDK stacks make them: the DLQ
+/// is never smaller than its source, so every dead-lettered copy (the body and its failure
+/// record) fits. Setup sets it on queues made before, at SQS's old 256 KiB default, too.
+const MAX_MESSAGE_SIZE: &str = "1048576";
+
 /// The one rule between the source queue's redrive `maxReceiveCount` and the retry policy's
 /// `max_attempts`: `maxReceiveCount >= RECEIVES_PER_ATTEMPT x max_attempts`. Deferrals (breaker
 /// open, early arrivals) and releases before the Lambda deadline are receives too, so SQS's own
@@ -284,10 +289,16 @@ pub async fn setup_with(ctx: &Ctx, opts: &SetupOptions, flags: &SetupFlags) -> O
     set_attributes(
         ctx,
         &dlq_url,
-        [(
-            QueueAttributeName::MessageRetentionPeriod,
-            DLQ_RETENTION_S.to_owned(),
-        )],
+        [
+            (
+                QueueAttributeName::MessageRetentionPeriod,
+                DLQ_RETENTION_S.to_owned(),
+            ),
+            (
+                QueueAttributeName::MaximumMessageSize,
+                MAX_MESSAGE_SIZE.to_owned(),
+            ),
+        ],
     )
     .await?;
 
@@ -315,7 +326,13 @@ pub async fn setup_with(ctx: &Ctx, opts: &SetupOptions, flags: &SetupFlags) -> O
         "deadLetterTargetArn": dlq_arn,
         "maxReceiveCount": opts.max_receive_count.to_string(),
     });
-    let mut source = vec![(QueueAttributeName::RedrivePolicy, redrive.to_string())];
+    let mut source = vec![
+        (QueueAttributeName::RedrivePolicy, redrive.to_string()),
+        (
+            QueueAttributeName::MaximumMessageSize,
+            MAX_MESSAGE_SIZE.to_owned(),
+        ),
+    ];
     if let Some(v) = flags.visibility_timeout {
         source.push((QueueAttributeName::VisibilityTimeout, v.to_string()));
     }

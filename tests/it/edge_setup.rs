@@ -679,3 +679,53 @@ async fn setup_says_when_a_queue_name_exists_with_other_attributes() {
     assert!(line.contains("exists with other attributes"), "{line}");
     assert_eq!(proxy.count("CreateQueue"), 1, "a refusal is not retried");
 }
+
+/// Both queues take SQS's largest message (1 MiB), as the SAM and CDK stacks make them: the DLQ
+/// is never smaller than its source, so every dead-lettered copy fits. Setup brings queues made
+/// before (SQS's old 256 KiB default) to the same size.
+#[tokio::test(flavor = "multi_thread")]
+async fn setup_makes_both_queues_take_1_mib_messages() {
+    let q = support::unique_name("su-size");
+    let (dlq, table) = (format!("{q}-dlq"), format!("{q}-t"));
+    let sqs = support::sqs_client().await;
+    let size = |sqs: aws_sdk_sqs::Client, url: String| async move {
+        sqs.get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::MaximumMessageSize)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap()[&QueueAttributeName::MaximumMessageSize]
+            .clone()
+    };
+    // Queues that exist already, at 256 KiB.
+    for name in [&q, &dlq] {
+        sqs.create_queue()
+            .queue_name(name.as_str())
+            .attributes(QueueAttributeName::MaximumMessageSize, "262144")
+            .send()
+            .await
+            .unwrap();
+    }
+    let v = ok_json(&run(&setup_args(&q, &dlq, &table, &[]), &[]));
+    let (url, dlq_url) = (
+        v["queue_url"].as_str().unwrap().to_owned(),
+        v["dlq_url"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(size(sqs.clone(), url).await, "1048576");
+    assert_eq!(size(sqs.clone(), dlq_url).await, "1048576");
+
+    // Fresh queues too.
+    let q = support::unique_name("su-size-new");
+    let (dlq, table) = (format!("{q}-dlq"), format!("{q}-t"));
+    let v = ok_json(&run(&setup_args(&q, &dlq, &table, &[]), &[]));
+    assert_eq!(
+        size(sqs.clone(), v["queue_url"].as_str().unwrap().to_owned()).await,
+        "1048576"
+    );
+    assert_eq!(
+        size(sqs.clone(), v["dlq_url"].as_str().unwrap().to_owned()).await,
+        "1048576"
+    );
+}
