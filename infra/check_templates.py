@@ -735,7 +735,8 @@ class Facts:
             all(num(p.get("MaximumMessageSize", 0)) == MAX_MESSAGE_SIZE for p in (srcp, dlqp)),
             f"source {srcp.get('MaximumMessageSize')} dlq {dlqp.get('MaximumMessageSize')}"))
         self.c("DLQ's MaximumMessageSize is never below the source queue's (every dead-lettered copy fits)", lambda: (
-            num(dlqp.get("MaximumMessageSize", 262144)) >= num(srcp.get("MaximumMessageSize", 262144)),
+            # Unset, the resource default applies: 1 MiB (it was 256 KiB before SQS raised its limit).
+            num(dlqp.get("MaximumMessageSize", MAX_MESSAGE_SIZE)) >= num(srcp.get("MaximumMessageSize", MAX_MESSAGE_SIZE)),
             f"source {srcp.get('MaximumMessageSize')} dlq {dlqp.get('MaximumMessageSize')}"))
         self.c("DLQ keeps messages 14 days, source queue 4 days", lambda: (
             num(dlqp["MessageRetentionPeriod"]) == 1209600 and num(srcp["MessageRetentionPeriod"]) == 345600,
