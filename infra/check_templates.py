@@ -1430,7 +1430,12 @@ def mutant_facts(sam_cfn: dict, cdk_cfn: dict, derived: "Derived", factor, limit
     for tag, raw in (("sam", sam_cfn), ("cdk", cdk_cfn)):
         for what, breaks, label in MUTANTS:
             tpl = Template(copy.deepcopy(raw))
-            breaks(tpl)
+            try:
+                breaks(tpl)
+            except (StopIteration, KeyError, IndexError, ValueError) as e:
+                report.fact(f"[broken copy] {tag}, {what}: caught by '{label}'", False,
+                            f"the template has nothing this breaks ({type(e).__name__} {e})")
+                continue
             rep = Report(quiet=True)
             Facts(tag, tpl, rep, derived, factor, limits).run()
             caught = [f for f in rep.failures if label in f]
@@ -1442,7 +1447,11 @@ def mutant_facts(sam_cfn: dict, cdk_cfn: dict, derived: "Derived", factor, limit
                          ("CDK throttles alarm with another threshold",
                           lambda t: _alarm(t, "Throttles").__setitem__("Threshold", 9))):
         cdk = Template(copy.deepcopy(cdk_cfn))
-        breaks(cdk)
+        try:
+            breaks(cdk)
+        except (StopIteration, KeyError, IndexError, ValueError) as e:
+            report.fact(f"[broken copy] {what}: caught by [sam=cdk]", False, f"nothing to break ({type(e).__name__})")
+            continue
         rep = Report(quiet=True)
         parity_facts(Template(copy.deepcopy(sam_cfn)), cdk, rep)
         report.fact(f"[broken copy] {what}: caught by [sam=cdk]", rep.failed > 0, "no parity fact failed")
