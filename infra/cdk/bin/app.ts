@@ -30,7 +30,7 @@ for (const [name, fallback] of Object.entries(TRIAGE_POLICY_DEFAULTS)) {
 
 new TriageStack(app, 'SqsTriage', {
   stackName: ctx('stackName', 'sqs-triage'),
-  description: 'sqs-triage: triage-lambda behind an SQS queue, its DLQ, the DynamoDB state table and alarms',
+  description: 'sqs-triage: triage-lambda behind an SQS queue, its DLQ, the DynamoDB state table, alarms and a dashboard',
   env: {
     account: process.env.CDK_DEFAULT_ACCOUNT,
     region: process.env.CDK_DEFAULT_REGION,
