@@ -44,7 +44,15 @@ if ! "$VENV/bin/python" -c 'import cfnlint, samtranslator' >/dev/null 2>&1; then
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PY_PINS[@]}"
 fi
 
-if [ ! -f "$CDK_DIR/node_modules/.package-lock.json" ] \
+if [ -L "$CDK_DIR/node_modules" ]; then
+  # A link to another checkout's install: never reinstall through it (npm ci would empty the
+  # folder it points at, under whoever else uses it). A fresh checkout's package-lock.json is
+  # newer than any install, so the test below would always fire here.
+  if [ ! -x "$CDK_DIR/node_modules/.bin/cdk" ]; then
+    echo "infra/cdk/node_modules links to $(readlink "$CDK_DIR/node_modules"), which has no cdk: install there" >&2
+    exit 1
+  fi
+elif [ ! -f "$CDK_DIR/node_modules/.package-lock.json" ] \
    || [ "$CDK_DIR/package-lock.json" -nt "$CDK_DIR/node_modules/.package-lock.json" ] \
    || [ ! -x "$CDK_DIR/node_modules/.bin/cdk" ]; then
   step "installing infra/cdk node_modules (npm ci)"
