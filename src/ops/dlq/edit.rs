@@ -3,8 +3,11 @@
 //! original only after the send succeeded.
 //!
 //! The message is found and held the way every DLQ read holds what it sees (received,
-//! invisible), and its hold is renewed while the editor is open, so no other reader gets it
-//! meanwhile. Whatever stops the edit before the send (the editor exits non-zero, an empty or
+//! invisible), and its hold is renewed while the editor is open (one hour at most: then the
+//! message is let go and the edit refused) and while the ledger is reset and the copy sent,
+//! so no other reader gets it meanwhile; it is renewed once more right before the delete, and
+//! a hold lost by then means no delete (the report says the original may remain). Whatever
+//! stops the edit before the send (the editor exits non-zero, an empty or
 //! unchanged body, a body that is no job, a body over SQS's size limit, no target queue, a
 //! send that fails) makes it visible again at once and sends nothing. The edited copy goes
 //! where `dlq replay` would send the message (the checked source queue, or `--to`), with the
@@ -79,8 +82,8 @@ pub struct EditOptions {
 const MAX_HOLD_LIMIT: Duration = Duration::from_secs(11 * 3600);
 
 impl EditOptions {
-    /// Options for `id` from `source`, with the defaults (60 s holds, 100 000 messages read at
-    /// most, no `--to`, no `--force`).
+    /// Options for `id` from `source`, with the defaults (60 s holds, one hour of editing at
+    /// most, 100 000 messages read at most, no `--to`, no `--force`).
     pub fn new(id: impl Into<String>, source: EditSource) -> Self {
         Self {
             id: id.into(),
