@@ -864,6 +864,29 @@ async fn a_send_sqs_refuses_deletes_nothing_and_releases_the_message() {
         stderr(&o)
     );
     assert!(!has_ledger(&stack, "report.build", "s-1").await);
+    untouched(&stack).await;
+
+    // An edit that names another job: that job's ledger was reset, and the line says whose.
+    put_ledger(&stack, "report.build", "s-9").await;
+    let o = triage(
+        &stack,
+        &proxy.url(),
+        &[
+            "dlq",
+            "edit",
+            "s-1",
+            "--patch",
+            r#"[{"op": "replace", "path": "/id", "value": "s-9"}]"#,
+        ],
+        &[],
+        "",
+    );
+    assert_refused(
+        &o,
+        5,
+        "the attempt ledger of job `s-9` (type `report.build`, the edited body's job, not the original's) was reset",
+    );
+    assert!(!has_ledger(&stack, "report.build", "s-9").await);
     assert!(
         !stderr(&o).contains("may have stored it"),
         "a refusal is clear: {}",
