@@ -660,8 +660,10 @@ impl Hold<'_> {
                     () = &mut end => break,
                 }
             }
-            release(self.ctx, self.url, [self.handle.clone()]).await;
+            // Past `until` the message is not ours to use any more, even if the work ends
+            // while the release is still on its way.
             released.store(true, std::sync::atomic::Ordering::SeqCst);
+            release(self.ctx, self.url, [self.handle.clone()]).await;
             std::future::pending::<std::convert::Infallible>().await
         };
         tokio::pin!(work);
