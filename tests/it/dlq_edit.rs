@@ -11,7 +11,7 @@
 use crate::support;
 use crate::support::pipeline::{Harness, RECORDED, fast_policy, quiet_breaker};
 
-use crate::support::fault_proxy::{Fault, FaultProxy};
+use crate::support::fault_proxy::{Fault, FaultProxy, FaultRule};
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -20,10 +20,11 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
+use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use serde_json::{Value, json};
 use sqs_triage::core::failure::{FAILURE_ATTRIBUTE, FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::dlq_copy;
+use sqs_triage::effects::storage_retry::sqs_config;
 use sqs_triage::effects::table::ledger_key;
 use sqs_triage::ops::setup::SetupReport;
 use sqs_triage::ops::{Ctx, dlq};
@@ -607,7 +608,7 @@ async fn aborted_or_refused_edits_send_nothing_and_leave_the_message_visible() {
     assert_refused(
         &edit(&stack, &["ab-1", "--body", huge.to_str().unwrap()], &[]),
         2,
-        "over SQS's 1048576-byte limit",
+        "over the 1048576-byte limit",
     );
     untouched(&stack).await;
 
@@ -617,6 +618,34 @@ async fn aborted_or_refused_edits_send_nothing_and_leave_the_message_visible() {
         3,
         "no DLQ message",
     );
+    untouched(&stack).await;
+
+    // Held by another reader (a second operator's edit): exit 3, and the line says it may be
+    // that.
+    let sqs = support::sqs_client().await;
+    let other = sqs
+        .receive_message()
+        .queue_url(&stack.dlq_url)
+        .wait_time_seconds(1)
+        .visibility_timeout(60)
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default();
+    assert_eq!(other.len(), 1);
+    assert_refused(
+        &edit(&stack, &["ab-1", "--patch", "[]"], &[]),
+        3,
+        "or another reader holds it right now",
+    );
+    sqs.change_message_visibility()
+        .queue_url(&stack.dlq_url)
+        .receipt_handle(other[0].receipt_handle().unwrap())
+        .visibility_timeout(0)
+        .send()
+        .await
+        .unwrap();
     untouched(&stack).await;
 
     // Unchanged with --force: replayed as it is (by its DLQ message id).
@@ -803,6 +832,7 @@ async fn the_message_stays_hidden_while_the_editor_is_open() {
 async fn a_send_sqs_refuses_deletes_nothing_and_releases_the_message() {
     let stack = support::fresh_resources("edit-send", false).await;
     seed(&stack, "s-1", &job_body("s-1", 1), &[], None).await;
+    put_ledger(&stack, "report.build", "s-1").await;
     let proxy = FaultProxy::start(&support::sqs_endpoint());
     proxy.fail_always(
         "SendMessageBatch",
@@ -826,6 +856,37 @@ async fn a_send_sqs_refuses_deletes_nothing_and_releases_the_message() {
     );
     assert_refused(&o, 5, "was not sent");
     assert!(stderr(&o).contains("InvalidParameterValue"), "{}", stderr(&o));
+    // The ledger was reset before the send (as replay does): the error says so.
+    assert!(
+        stderr(&o)
+            .contains("the attempt ledger of job `s-1` (type `report.build`) was reset before the send"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!has_ledger(&stack, "report.build", "s-1").await);
+    untouched(&stack).await;
+
+    // An edit that names another job: that job's ledger was reset, and the line says whose.
+    put_ledger(&stack, "report.build", "s-9").await;
+    let o = triage(
+        &stack,
+        &proxy.url(),
+        &[
+            "dlq",
+            "edit",
+            "s-1",
+            "--patch",
+            r#"[{"op": "replace", "path": "/id", "value": "s-9"}]"#,
+        ],
+        &[],
+        "",
+    );
+    assert_refused(
+        &o,
+        5,
+        "the attempt ledger of job `s-9` (type `report.build`, the edited body's job, not the original's) was reset",
+    );
+    assert!(!has_ledger(&stack, "report.build", "s-9").await);
     assert!(
         !stderr(&o).contains("may have stored it"),
         "a refusal is clear: {}",
@@ -909,4 +970,287 @@ async fn replay_reads_an_eventbridge_body_with_the_consumers_mapping() {
         Some(event.as_str()),
         "the event goes back byte for byte"
     );
+}
+
+/// A `Ctx` whose SQS calls go through `proxy` (DynamoDB direct).
+async fn ctx_via(proxy: &FaultProxy) -> Ctx {
+    let sdk = support::sdk_config().await;
+    let mut ctx = Ctx::from_config(&sdk).unwrap();
+    ctx.sqs = aws_sdk_sqs::Client::from_conf(sqs_config(&sdk).endpoint_url(proxy.url()).build());
+    ctx
+}
+
+/// Waits (at most 30 s) until `proxy` has seen a request for `op`.
+async fn until_seen(proxy: &FaultProxy, op: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy.count(op) == 0 {
+        assert!(Instant::now() < deadline, "no {op} reached SQS");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn replace_n(n: u64) -> String {
+    format!(r#"[{{"op": "replace", "path": "/payload/n", "value": {n}}}]"#)
+}
+
+#[tokio::test]
+async fn a_patch_never_rewrites_what_it_does_not_touch() {
+    let stack = support::fresh_resources("edit-exact", false).await;
+    let sqs = support::sqs_client().await;
+    // Pretty-printed, with an integer beyond 64 bits.
+    let body = "{\n  \"type\": \"report.build\",\n  \"id\": \"x-1\",\n  \"payload\": {\"n\": 1, \"big\": 123456789012345678901234}\n}";
+    seed(&stack, "x-1", body, &[], None).await;
+
+    // A patch of another field would write the big integer back as a float: refused.
+    let o = edit(&stack, &["x-1", "--patch", &replace_n(2)], &[]);
+    assert_refused(&o, 2, "123456789012345678901234");
+    assert!(stderr(&o).contains("--body"), "{}", stderr(&o));
+    untouched(&stack).await;
+
+    // An empty patch changes no value: unchanged, whatever the bytes.
+    assert_refused(&edit(&stack, &["x-1", "--patch", "[]"], &[]), 2, "unchanged");
+    untouched(&stack).await;
+
+    // With --force, the body goes back byte for byte.
+    let report = ok_json(&edit(&stack, &["x-1", "--patch", "[]", "--force", "--json"], &[]));
+    assert_eq!(report["changed"], false, "{report}");
+    let back = support::drain(&sqs, &stack.queue_url, 1).await;
+    assert_eq!(back[0].body(), Some(body));
+}
+
+/// The hold is renewed while the edited copy is sent: a slow send (here 4 s, on a 1 s hold)
+/// does not let another reader receive the original meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_message_stays_hidden_while_a_slow_send_runs() {
+    let stack = support::fresh_resources("edit-slow", false).await;
+    let sqs = support::sqs_client().await;
+    seed(&stack, "sl-1", &job_body("sl-1", 1), &[], None).await;
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_always("SendMessageBatch", Fault::Delay(Duration::from_secs(4)));
+    let ctx = ctx_via(&proxy).await;
+    let opts = dlq::EditOptions {
+        table: Some(stack.table.clone()),
+        hold: Duration::from_secs(1),
+        ..dlq::EditOptions::new("sl-1", dlq::EditSource::Patch(replace_n(2)))
+    };
+    let dlq_url = stack.dlq_url.clone();
+    let task = tokio::spawn(async move { dlq::edit(&ctx, &dlq_url, &opts).await });
+    until_seen(&proxy, "SendMessageBatch").await;
+    // Another reader, until the edit is over: it never gets the message.
+    while !task.is_finished() {
+        let got = sqs
+            .receive_message()
+            .queue_url(&stack.dlq_url)
+            .wait_time_seconds(1)
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        assert!(got.is_empty(), "another reader got the message during the send");
+    }
+    let report = task.await.unwrap().unwrap();
+    assert!(report.original_deleted, "{report:?}");
+    assert!(
+        proxy.count("ChangeMessageVisibility") >= 2,
+        "renewed during the send"
+    );
+    let back = support::drain(&sqs, &stack.queue_url, 1).await;
+    assert_eq!(back[0].body(), Some(job_body("sl-1", 2).as_str()));
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.total(), 0);
+}
+
+/// A hold lost during the send (the renewals refused, another reader received the original)
+/// means no delete with the stale receipt handle, and a report that says the original may
+/// still be in the DLQ.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hold_lost_during_the_send_deletes_nothing_and_says_so() {
+    let stack = support::fresh_resources("edit-lost", false).await;
+    let sqs = support::sqs_client().await;
+    let dlq_id = seed(&stack, "lo-1", &job_body("lo-1", 1), &[], None).await;
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_always("SendMessageBatch", Fault::Delay(Duration::from_secs(5)));
+    let ctx = ctx_via(&proxy).await;
+    let opts = dlq::EditOptions {
+        table: Some(stack.table.clone()),
+        hold: Duration::from_secs(1),
+        ..dlq::EditOptions::new("lo-1", dlq::EditSource::Patch(replace_n(2)))
+    };
+    let dlq_url = stack.dlq_url.clone();
+    let task = tokio::spawn(async move { dlq::edit(&ctx, &dlq_url, &opts).await });
+    until_seen(&proxy, "SendMessageBatch").await;
+    // From now on SQS refuses the edit's renewals, as it refuses a receipt handle whose
+    // message is no longer in flight for it (moto accepts any handle it ever issued).
+    proxy.add_rule(FaultRule {
+        ops: Some(vec!["ChangeMessageVisibility".into()]),
+        body_contains: None,
+        fault: Fault::Error {
+            status: 400,
+            code: "MessageNotInflight".into(),
+        },
+        times: None,
+    });
+    // Another reader gets the original once the hold has run out.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stolen = loop {
+        let got = sqs
+            .receive_message()
+            .queue_url(&stack.dlq_url)
+            .wait_time_seconds(1)
+            .visibility_timeout(60)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        if let Some(m) = got.into_iter().next() {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "the hold never ran out");
+    };
+    assert!(!task.is_finished(), "the send was still running");
+    let report = task.await.unwrap().unwrap();
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["original_deleted"], false, "{json}");
+    assert_eq!(json["hold_lost"], true, "{json}");
+    assert_eq!(
+        proxy.count("DeleteMessageBatch"),
+        0,
+        "no delete with a stale handle"
+    );
+    let problem = sqs_triage::ops::output::Report::problem(&report).expect("a problem line");
+    assert!(
+        problem.contains("may still be in the DLQ")
+            && problem.contains(&dlq_id)
+            && problem.contains(&report.new_message_id),
+        "{problem}"
+    );
+    // Both copies exist: the edited one in the source queue, the original with the other reader.
+    assert_eq!(stolen.message_id(), Some(dlq_id.as_str()));
+    let back = support::drain(&sqs, &stack.queue_url, 1).await;
+    assert_eq!(back[0].body(), Some(job_body("lo-1", 2).as_str()));
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.total(), 1);
+}
+
+/// An editor left open does not hide the message for ever: past the longest hold (2 s here)
+/// the message is visible again, and the edit is refused when the editor exits, its draft kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_editor_left_open_lets_the_message_go_after_the_longest_hold() {
+    let stack = support::fresh_resources("edit-cap", false).await;
+    let sqs = support::sqs_client().await;
+    seed(&stack, "c-1", &job_body("c-1", 1), &[], None).await;
+    let dir = TempDir::new("edit-cap");
+    let (opened, go) = (dir.path("opened"), dir.path("go"));
+    let editor = dir.script(
+        "editor",
+        &format!(
+            "touch '{}'\ni=0\nwhile [ ! -e '{go}' ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n\
+             [ -e '{go}' ] || exit 1\nsed -i 's/\"n\":1/\"n\":8/' \"$1\"",
+            opened.display(),
+            go = go.display()
+        ),
+    );
+    struct Go(PathBuf);
+    impl Drop for Go {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, "");
+        }
+    }
+    let go = Go(go);
+    let ctx = Ctx::from_config(&support::sdk_config().await).unwrap();
+    let opts = dlq::EditOptions {
+        table: Some(stack.table.clone()),
+        hold: Duration::from_secs(1),
+        max_hold: Duration::from_secs(2),
+        ..dlq::EditOptions::new("c-1", dlq::EditSource::Editor(editor))
+    };
+    let dlq_url = stack.dlq_url.clone();
+    let task = tokio::spawn(async move { dlq::edit(&ctx, &dlq_url, &opts).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !opened.exists() {
+        assert!(Instant::now() < deadline, "the editor never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Another reader gets the message while the editor is still open.
+    loop {
+        let got = sqs
+            .receive_message()
+            .queue_url(&stack.dlq_url)
+            .wait_time_seconds(1)
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        if !got.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the message was never let go");
+        assert!(!task.is_finished(), "the edit ended before the editor");
+    }
+    drop(go);
+    let e = task.await.unwrap().unwrap_err();
+    assert_eq!(e.kind, sqs_triage::ops::ErrorKind::Failed, "{e}");
+    assert!(e.message.contains("open longer than 2s"), "{e}");
+    let kept = e
+        .message
+        .split("your edit is kept in ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("no kept file named: {e}"));
+    assert!(std::fs::read_to_string(kept).unwrap().contains("\"n\":8"), "{e}");
+    let _ = std::fs::remove_file(kept);
+    untouched(&stack).await;
+}
+
+/// SQS unreachable while the source queue is checked: exit 4 (not a usage error), nothing
+/// sent, the message back.
+#[tokio::test]
+async fn an_unreachable_sqs_while_checking_the_source_is_exit_4() {
+    let stack = support::fresh_resources("edit-src4", false).await;
+    seed(&stack, "u-1", &job_body("u-1", 1), &[], None).await;
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.add_rule(FaultRule {
+        ops: Some(vec!["GetQueueAttributes".into()]),
+        body_contains: Some("RedrivePolicy".into()),
+        fault: Fault::Reset,
+        times: None,
+    });
+    let o = triage(
+        &stack,
+        &proxy.url(),
+        &["dlq", "edit", "u-1", "--patch", &replace_n(2)],
+        &[],
+        "",
+    );
+    assert_refused(&o, 4, "nothing was sent");
+    assert_eq!(proxy.count("SendMessageBatch"), 0);
+    untouched(&stack).await;
+}
+
+/// The size check uses the target queue's own MaximumMessageSize.
+#[tokio::test]
+async fn an_edit_over_the_target_queues_size_limit_is_refused() {
+    let stack = support::fresh_resources("edit-size", false).await;
+    seed(&stack, "z-1", &job_body("z-1", 1), &[], None).await;
+    support::sqs_client()
+        .await
+        .set_queue_attributes()
+        .queue_url(&stack.queue_url)
+        .attributes(QueueAttributeName::MaximumMessageSize, "1024")
+        .send()
+        .await
+        .unwrap();
+    let dir = TempDir::new("edit-size");
+    let file = dir.path("big.json");
+    let big = json!({"type": "report.build", "id": "z-1", "payload": "x".repeat(2000)});
+    std::fs::write(&file, big.to_string()).unwrap();
+    assert_refused(
+        &edit(&stack, &["z-1", "--body", file.to_str().unwrap()], &[]),
+        2,
+        "over the 1024-byte limit",
+    );
+    untouched(&stack).await;
 }

@@ -3,8 +3,11 @@
 //! original only after the send succeeded.
 //!
 //! The message is found and held the way every DLQ read holds what it sees (received,
-//! invisible), and its hold is renewed while the editor is open, so no other reader gets it
-//! meanwhile. Whatever stops the edit before the send (the editor exits non-zero, an empty or
+//! invisible), and its hold is renewed while the editor is open (one hour at most: then the
+//! message is let go and the edit refused) and while the ledger is reset and the copy sent,
+//! so no other reader gets it meanwhile; it is renewed once more right before the delete, and
+//! a hold lost by then means no delete (the report says the original may remain). Whatever
+//! stops the edit before the send (the editor exits non-zero, an empty or
 //! unchanged body, a body that is no job, a body over SQS's size limit, no target queue, a
 //! send that fails) makes it visible again at once and sends nothing. The edited copy goes
 //! where `dlq replay` would send the message (the checked source queue, or `--to`), with the
@@ -25,6 +28,7 @@ use super::replay::{Sources, check_queue, check_table, replay_copy, reset_ledger
 use crate::clock::now_ms;
 use crate::core::envelope::SQS_MAX_MESSAGE_BYTES;
 use crate::core::failure::FailureRecord;
+use aws_sdk_sqs::types::QueueAttributeName;
 
 /// Where the edited body comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,11 +71,19 @@ pub struct EditOptions {
     /// How long each hold of the message lasts (renewed every third of it while the edit
     /// runs); 60 s by default.
     pub hold: Duration,
+    /// The longest an editor session may keep the message held, from when it was found (1 h
+    /// by default, at most 11 h): then the message is made visible again for the other
+    /// readers, and the edit is refused when the editor exits (the draft is kept).
+    pub max_hold: Duration,
 }
 
+/// The longest [`EditOptions::max_hold`] may be: SQS keeps a message in flight 12 h at most
+/// from its receive.
+const MAX_HOLD_LIMIT: Duration = Duration::from_secs(11 * 3600);
+
 impl EditOptions {
-    /// Options for `id` from `source`, with the defaults (60 s holds, 100 000 messages read at
-    /// most, no `--to`, no `--force`).
+    /// Options for `id` from `source`, with the defaults (60 s holds, one hour of editing at
+    /// most, 100 000 messages read at most, no `--to`, no `--force`).
     pub fn new(id: impl Into<String>, source: EditSource) -> Self {
         Self {
             id: id.into(),
@@ -81,6 +93,7 @@ impl EditOptions {
             force: false,
             max_scan: 100_000,
             hold: Duration::from_secs(60),
+            max_hold: Duration::from_secs(3600),
         }
     }
 }
@@ -116,8 +129,12 @@ pub struct EditReport {
     /// new message id, hence a fresh ledger, when sent).
     pub ledger_reset: bool,
     /// The original left the DLQ. When false, two copies exist: the edited one in `target`
-    /// and the original, still in the DLQ.
+    /// and the original, still in the DLQ (or, when `hold_lost`, maybe in another reader's
+    /// hands).
     pub original_deleted: bool,
+    /// The original's hold was lost before the delete (its receipt handle could no longer be
+    /// trusted to delete it), so it was not deleted: it may still be in the DLQ.
+    pub hold_lost: bool,
     /// Why the original could not be deleted.
     pub delete_error: Option<String>,
     /// Wall time, in milliseconds.
@@ -169,6 +186,11 @@ impl Report for EditReport {
         }
         let original = if self.original_deleted {
             "deleted from the DLQ".to_owned()
+        } else if self.hold_lost {
+            format!(
+                "MAY STILL BE IN THE DLQ (not deleted: {}): two copies may exist",
+                self.delete_error.as_deref().unwrap_or("its hold was lost")
+            )
         } else {
             format!(
                 "STILL IN THE DLQ (delete failed: {}): two copies exist",
@@ -180,6 +202,20 @@ impl Report for EditReport {
     }
 
     fn problem(&self) -> Option<String> {
+        if self.hold_lost {
+            return Some(format!(
+                "the edited copy was sent to {} as message {}, but the original DLQ message {} \
+                 was not deleted ({}): it may still be in the DLQ, or another reader may have \
+                 it now; look with `triage dlq show {}` and, if it is there, delete it with \
+                 `triage dlq purge --id {} --yes`",
+                self.target,
+                self.new_message_id,
+                self.original_message_id,
+                self.delete_error.as_deref().unwrap_or("its hold was lost"),
+                self.original_message_id,
+                self.original_message_id
+            ));
+        }
         (!self.original_deleted).then(|| {
             format!(
                 "the edited copy was sent to {} as message {}, but the original DLQ message {} \
@@ -233,6 +269,10 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
         handle: found.receipt_handle.clone(),
         seconds: opts.hold.as_secs().clamp(1, 43_200) as i32,
     };
+    // An editor left open (an operator gone home) must not hide the message from every other
+    // reader for ever: past this, the message is made visible again.
+    let max_hold = opts.max_hold.min(MAX_HOLD_LIMIT);
+    let hold_ends = tokio::time::Instant::now() + max_hold;
     let mut draft: Option<Draft> = None;
     let result = async {
         // The sweep may have taken a while: hold the message for a full period from now, and
@@ -243,19 +283,29 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
                 format!("the DLQ message could not be held for the edit ({e}); run the command again"),
             )
         })?;
-        // Where it goes, known before anyone edits anything.
+        // Where it goes, known before anyone edits anything. A source that is not trusted is
+        // a usage error; a check that could not be made keeps its kind (missing, unreachable).
         let target = Sources::new(dlq_arn)
             .target_for(ctx, &found, to.as_deref())
             .await
-            .map_err(|why| OpsError::usage(format!("{why}; nothing was sent")))?;
-        let body = match &opts.source {
-            EditSource::Body(b) => trim_added_newline(&found.body, b.clone()),
-            EditSource::Patch(_) => apply_patch(&found.body, patch.as_ref().expect("parsed above"))?,
+            .map_err(|no| OpsError::new(no.kind, format!("{}; nothing was sent", no.reason)))?;
+        let max_bytes = max_message_bytes(ctx, &target).await;
+        let (body, changed) = match &opts.source {
+            EditSource::Body(b) => {
+                let body = trim_added_newline(&found.body, b.clone());
+                let changed = body != found.body;
+                (body, changed)
+            }
+            EditSource::Patch(_) => {
+                let p = apply_patch(&found.body, patch.as_ref().expect("parsed above"))?;
+                (p.body, p.changed)
+            }
             EditSource::Editor(cmd) => {
                 let d = Draft::create(&found)?;
                 let path = d.path.clone();
                 draft = Some(d);
-                let edited = match hold.during(run_editor(cmd, &path)).await {
+                let (edited, released) = hold.during_until(run_editor(cmd, &path), Some(hold_ends)).await;
+                let edited = match edited {
                     Ok(text) => text,
                     Err(e) => {
                         // Aborted on purpose (or no editor ran): nothing to keep.
@@ -263,6 +313,17 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
                         return Err(e);
                     }
                 };
+                if released {
+                    return Err(OpsError::new(
+                        ErrorKind::Failed,
+                        format!(
+                            "the editor was open longer than {}, the longest an edit may hold a DLQ \
+                             message: the message was made visible again then for the other readers, \
+                             and nothing was sent",
+                            humantime::format_duration(max_hold)
+                        ),
+                    ));
+                }
                 // Still ours after the editor: otherwise another reader may have it now.
                 hold.renew().await.map_err(|e| {
                     OpsError::new(
@@ -276,10 +337,11 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
                         "the edited body is empty: edit aborted, nothing was sent",
                     ));
                 }
-                trim_added_newline(&found.body, edited)
+                let body = trim_added_newline(&found.body, edited);
+                let changed = body != found.body;
+                (body, changed)
             }
         };
-        let changed = body != found.body;
         if !changed && !opts.force {
             draft.take();
             return Err(OpsError::usage(
@@ -288,11 +350,11 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
         }
         let too_large = |size: usize| {
             OpsError::usage(format!(
-                "the edited message is {size} bytes with its attributes, over SQS's \
-                 {SQS_MAX_MESSAGE_BYTES}-byte limit: nothing was sent"
+                "the edited message is {size} bytes with its attributes, over the {max_bytes}-byte \
+                 limit of {target} (its MaximumMessageSize): nothing was sent"
             ))
         };
-        if body.len() > SQS_MAX_MESSAGE_BYTES {
+        if body.len() > max_bytes {
             return Err(too_large(body.len()));
         }
         let edited = found.with_body(body).map_err(|why| {
@@ -302,7 +364,7 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
         let mut outgoing = replay_copy(0, &edited, fifo)
             .map_err(|why| OpsError::usage(format!("{why}; nothing was sent")))?;
         let size = outgoing.payload_bytes();
-        if size > SQS_MAX_MESSAGE_BYTES {
+        if size > max_bytes {
             return Err(too_large(size));
         }
         // Not replay's `replay-<id>`: a replay of this message that landed minutes ago must
@@ -310,7 +372,9 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
         // the command run again) is deduplicated by a FIFO queue.
         outgoing.dedup_id = fifo.then(|| edit_dedup_id(&found.message_id, &edited.body));
 
-        // A fresh attempt ledger for the job the edited body names, before the send (as replay).
+        // A fresh attempt ledger for the job the edited body names, before the send (as
+        // replay: once the job is back on its queue a worker may count a new attempt at any
+        // moment, and that count must not be wiped).
         let job = edited.body_job.as_ref().expect("with_body reads the job");
         let jobs: BTreeSet<(&str, &str)> = job
             .id
@@ -318,10 +382,15 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
             .map(|i| (job.job_type.as_str(), i))
             .into_iter()
             .collect();
-        let ledger_reset = reset_ledgers(ctx, table, &jobs).await? > 0;
-
         let group_id = outgoing.group_id.clone();
-        let sent = ctx.sqs_effects().send(&target, vec![outgoing], None).await;
+        // The message stays held through the reset and the send: a slow send (SQS retries)
+        // must not outlast the hold and let another reader receive the original meanwhile.
+        let (ledger_reset, sent) = hold
+            .during(async {
+                let reset = reset_ledgers(ctx, table, &jobs).await? > 0;
+                Ok::<_, OpsError>((reset, ctx.sqs_effects().send(&target, vec![outgoing], None).await))
+            })
+            .await?;
         let Some(new_message_id) = sent.message_ids.get(&0).cloned() else {
             let why = sent
                 .failed
@@ -350,9 +419,27 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
             } else {
                 ""
             };
+            // The ledger was reset before the send: say so, it is not undone.
+            let ledger = match job.id.as_deref() {
+                Some(jid) if ledger_reset => {
+                    let other = match found.body_job.as_ref() {
+                        Some(o) if o.job_type == job.job_type && o.id.as_deref() == Some(jid) => "",
+                        _ => ", the edited body's job, not the original's",
+                    };
+                    format!(
+                        "; the attempt ledger of job `{jid}` (type `{}`{other}) was reset before \
+                         the send, as `replay` does, and stays reset: its attempts count from 0 \
+                         when it next runs",
+                        job.job_type
+                    )
+                }
+                _ => String::new(),
+            };
             return Err(OpsError::new(
                 kind,
-                format!("the edited copy was not sent to {target} ({why}){maybe}: nothing was deleted"),
+                format!(
+                    "the edited copy was not sent to {target} ({why}){maybe}: nothing was deleted{ledger}"
+                ),
             ));
         };
         draft.take();
@@ -371,6 +458,7 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
             group_id,
             ledger_reset,
             original_deleted: false,
+            hold_lost: false,
             delete_error: None,
             elapsed_ms: 0,
             audit: None,
@@ -392,19 +480,32 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
             return Err(e);
         }
     };
-    // Delete only now that the send succeeded.
-    let deleted = ctx
-        .sqs_effects()
-        .delete(dlq_url, vec![(0, found.receipt_handle.clone())], None)
-        .await;
-    report.original_deleted = deleted.accepted.contains(&0);
-    report.delete_error = (!report.original_deleted).then(|| {
-        deleted
-            .failed
-            .first()
-            .map(|(_, why)| why.clone())
-            .unwrap_or_else(|| "no answer".into())
-    });
+    // Delete only now that the send succeeded, and only while the message is still ours: a
+    // receipt handle whose hold ran out may be accepted by SQS without deleting anything (or
+    // remove a message another reader now works on), so a hold that cannot be renewed right
+    // before the delete means no delete, and a report that says the original may remain.
+    match hold.renew().await {
+        Ok(()) => {
+            let deleted = ctx
+                .sqs_effects()
+                .delete(dlq_url, vec![(0, found.receipt_handle.clone())], None)
+                .await;
+            report.original_deleted = deleted.accepted.contains(&0);
+            report.delete_error = (!report.original_deleted).then(|| {
+                deleted
+                    .failed
+                    .first()
+                    .map(|(_, why)| why.clone())
+                    .unwrap_or_else(|| "no answer".into())
+            });
+        }
+        Err(e) => {
+            report.hold_lost = true;
+            report.delete_error = Some(format!(
+                "its hold could not be renewed after the send ({e}), so its receipt handle was not trusted to delete it"
+            ));
+        }
+    }
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     // The edited copy was sent: that is audited, with the original's failure record.
     report.audit = audit::record_action(ctx, edit_entry(&report)).await;
@@ -426,6 +527,7 @@ fn edit_entry(r: &EditReport) -> AuditEntry {
             "to": r.target,
             "new_message_id": r.new_message_id,
             "original_deleted": r.original_deleted,
+            "hold_lost": r.hold_lost,
             "delete_error": r.delete_error,
         }))
 }
@@ -477,7 +579,10 @@ async fn find(ctx: &Ctx, dlq_url: &str, id: &str, hold: Duration, max_scan: usiz
         return Err(OpsError::new(
             ErrorKind::NotFound,
             format!(
-                "no DLQ message with job id or message id `{id}` in {dlq_url}: see `triage dlq list --messages`"
+                "no DLQ message with job id or message id `{id}` in {dlq_url}, or another reader \
+                 holds it right now (another edit, a replay, a purge waiting for its \
+                 confirmation): see `triage dlq list --messages`, or try again when that reader \
+                 is done"
             ),
         ));
     }
@@ -524,20 +629,49 @@ impl Hold<'_> {
     /// fails is tried again at the next tick; the caller renews once more afterwards to learn
     /// whether the message is still held.
     async fn during<T>(&self, work: impl std::future::Future<Output = T>) -> T {
+        self.during_until(work, None).await.0
+    }
+
+    /// [`Hold::during`], except that at `until` the renewals stop and the message is made
+    /// visible again at once, while `work` goes on. Returns `work`'s output and whether the
+    /// message was let go that way.
+    async fn during_until<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+        until: Option<tokio::time::Instant>,
+    ) -> (T, bool) {
         let period = Duration::from_secs(self.seconds as u64) / 3;
         let period = period.max(Duration::from_millis(500));
+        let released = std::sync::atomic::AtomicBool::new(false);
         let keep = async {
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            let end = async {
+                match until {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(end);
             loop {
-                tick.tick().await;
-                let _ = self.renew().await;
+                tokio::select! {
+                    _ = tick.tick() => {
+                        let _ = self.renew().await;
+                    }
+                    () = &mut end => break,
+                }
             }
+            // Past `until` the message is not ours to use any more, even if the work ends
+            // while the release is still on its way.
+            released.store(true, std::sync::atomic::Ordering::SeqCst);
+            release(self.ctx, self.url, [self.handle.clone()]).await;
+            std::future::pending::<std::convert::Infallible>().await
         };
         tokio::pin!(work);
-        tokio::select! {
+        let out = tokio::select! {
             out = &mut work => out,
-            never = keep => never,
-        }
+            never = keep => match never {},
+        };
+        (out, released.load(std::sync::atomic::Ordering::SeqCst))
     }
 }
 
@@ -647,30 +781,224 @@ fn trim_added_newline(original: &str, mut edited: String) -> String {
     edited
 }
 
-/// Reads `--patch`: an RFC 6902 JSON Patch (an array of operations).
+/// Reads `--patch`: an RFC 6902 JSON Patch (an array of operations), whose values it carries
+/// exactly (no key twice, no number a 64-bit reading would change).
 fn parse_patch(text: &str) -> OpsResult<json_patch::Patch> {
-    serde_json::from_str(text).map_err(|e| {
+    let patch = serde_json::from_str(text).map_err(|e| {
         OpsError::usage(format!(
             "--patch is not an RFC 6902 JSON Patch ({e}): pass an array of operations, e.g. \
              '[{{\"op\": \"replace\", \"path\": \"/payload/n\", \"value\": 2}}]'"
         ))
-    })
+    })?;
+    if let Some(why) = not_exact(text) {
+        return Err(OpsError::usage(format!(
+            "--patch cannot be applied exactly: it {why}; put that value in the body with --body FILE or in $EDITOR"
+        )));
+    }
+    Ok(patch)
 }
 
-/// Applies `patch` to `body` parsed as JSON; the result is compact JSON.
-fn apply_patch(body: &str, patch: &json_patch::Patch) -> OpsResult<String> {
-    let mut doc: serde_json::Value = serde_json::from_str(body).map_err(|e| {
+/// A body after `--patch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Patched {
+    /// The patched body (compact JSON, keys sorted), or the original byte for byte when the
+    /// patch left its value as it was.
+    body: String,
+    /// The patch changed the body's value (not merely its bytes).
+    changed: bool,
+}
+
+/// Applies `patch` to `body` parsed as JSON. The result is compact JSON with its keys sorted;
+/// a patch that leaves the value as it was (`[]`, or a value replaced by itself) leaves the
+/// body unchanged, byte for byte. Refused when writing the body back would change something
+/// the patch did not touch: a number JSON's 64-bit reading cannot carry exactly, or a key
+/// given twice.
+fn apply_patch(body: &str, patch: &json_patch::Patch) -> OpsResult<Patched> {
+    let original: serde_json::Value = serde_json::from_str(body).map_err(|e| {
         OpsError::usage(format!(
             "the body is not JSON ({e}), so a JSON Patch cannot apply to it: edit it with --body or in $EDITOR; nothing was sent"
         ))
     })?;
+    let mut doc = original.clone();
     json_patch::patch(&mut doc, patch).map_err(|e| {
         OpsError::usage(format!(
             "--patch does not apply to the body: {e}; nothing was sent"
         ))
     })?;
-    serde_json::to_string(&doc)
-        .map_err(|e| OpsError::new(ErrorKind::Failed, format!("cannot write the patched body: {e}")))
+    if doc == original {
+        return Ok(Patched {
+            body: body.to_owned(),
+            changed: false,
+        });
+    }
+    if let Some(why) = not_exact(body) {
+        return Err(OpsError::usage(format!(
+            "--patch would change what it does not touch: the body {why}, and a patched body is \
+             written back from its parsed value; edit it with --body FILE or in $EDITOR, which \
+             keep every byte you leave alone; nothing was sent"
+        )));
+    }
+    let body = serde_json::to_string(&doc)
+        .map_err(|e| OpsError::new(ErrorKind::Failed, format!("cannot write the patched body: {e}")))?;
+    Ok(Patched { body, changed: true })
+}
+
+/// Why `text` (valid JSON) would not come back the same value after being parsed into a
+/// `serde_json::Value` and written back, if it would not: a key given twice in one object
+/// (only the last would stay), or a number whose written form is not the same number (an
+/// integer beyond 64 bits, a decimal with more digits than a 64-bit float holds). Numbers
+/// that only change their spelling (`1.50` → `1.5`, `1e2` → `100.0`) are the same number.
+fn not_exact(text: &str) -> Option<String> {
+    if let Err(e) = serde_json::from_str::<Unique>(text) {
+        return Some(format!("is not JSON whose keys are unique ({e})"));
+    }
+    for literal in number_literals(text) {
+        let written = match serde_json::from_str::<serde_json::Number>(literal) {
+            Ok(n) => n.to_string(),
+            Err(_) => return Some(format!("holds the number `{literal}`, which cannot be read")),
+        };
+        let same = matches!((decimal(literal), decimal(&written)), (Some(a), Some(b)) if a == b);
+        if !same {
+            return Some(format!(
+                "holds the number `{literal}`, which would be written back as `{written}`"
+            ));
+        }
+    }
+    None
+}
+
+/// The number literals of JSON text, in order (those inside strings skipped).
+fn number_literals(text: &str) -> Vec<&str> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < bytes.len() && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
+                    i += 1;
+                }
+                out.push(&text[start..i]);
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+/// A JSON number literal as an exact decimal: (negative, significant digits, exponent), zero
+/// as `(false, "", 0)`. `None` when it is not a number literal.
+fn decimal(literal: &str) -> Option<(bool, String, i64)> {
+    let (negative, rest) = match literal.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, literal),
+    };
+    let (mantissa, exp) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], rest[at + 1..].parse::<i64>().ok()?),
+        None => (rest, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if int.is_empty() || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = format!("{int}{frac}");
+    let mut exp = exp.checked_sub(i64::try_from(frac.len()).ok()?)?;
+    let digits = digits.trim_start_matches('0');
+    let trimmed = digits.trim_end_matches('0');
+    exp = exp.checked_add(i64::try_from(digits.len() - trimmed.len()).ok()?)?;
+    if trimmed.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    Some((negative, trimmed.to_owned(), exp))
+}
+
+/// Any JSON value, refused when an object gives one key twice (`serde_json::Value` would keep
+/// the last silently).
+struct Unique;
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueVisitor)
+    }
+}
+
+struct UniqueVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
+    type Value = Unique;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_unit<E>(self) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Unique, A::Error> {
+        while seq.next_element::<Unique>()?.is_some() {}
+        Ok(Unique)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if seen.contains(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "the key `{key}` is given twice"
+                )));
+            }
+            map.next_value::<Unique>()?;
+            seen.insert(key);
+        }
+        Ok(Unique)
+    }
+}
+
+/// The largest message `queue` takes (its `MaximumMessageSize`, body and attributes), read
+/// once; SQS's largest when it cannot be read (the send then says what SQS thinks).
+async fn max_message_bytes(ctx: &Ctx, queue: &str) -> usize {
+    let out = ctx
+        .sqs_call("GetQueueAttributes", Some((queue, "the target queue")), || {
+            ctx.sqs
+                .get_queue_attributes()
+                .queue_url(queue)
+                .attribute_names(QueueAttributeName::MaximumMessageSize)
+                .send()
+        })
+        .await;
+    out.ok()
+        .and_then(|o| o.attributes)
+        .and_then(|a| a.get(&QueueAttributeName::MaximumMessageSize)?.parse().ok())
+        .map_or(SQS_MAX_MESSAGE_BYTES, |n: usize| n.min(SQS_MAX_MESSAGE_BYTES))
 }
 
 /// The FIFO deduplication id of an edited copy: one per DLQ message and edited body.
@@ -700,7 +1028,8 @@ mod tests {
     fn a_patch_applies_to_a_json_body_or_is_refused() {
         let p = parse_patch(r#"[{"op": "replace", "path": "/payload/n", "value": 2}]"#).unwrap();
         let out = apply_patch(r#"{"type": "t", "payload": {"n": 1}}"#, &p).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert!(out.changed);
+        let v: serde_json::Value = serde_json::from_str(&out.body).unwrap();
         assert_eq!(v, serde_json::json!({"type": "t", "payload": {"n": 2}}));
         assert_eq!(apply_patch("not json", &p).unwrap_err().kind, ErrorKind::Usage);
         let missing = parse_patch(r#"[{"op": "remove", "path": "/nope"}]"#).unwrap();
@@ -711,6 +1040,116 @@ mod tests {
             "an object is not a patch"
         );
         assert!(parse_patch(r#"[{"op": "frobnicate", "path": "/a"}]"#).is_err());
+    }
+
+    fn replace_n() -> json_patch::Patch {
+        parse_patch(r#"[{"op": "replace", "path": "/payload/n", "value": 2}]"#).unwrap()
+    }
+
+    #[test]
+    fn a_patch_never_changes_a_number_it_does_not_touch() {
+        for (body, number) in [
+            (
+                r#"{"type": "t", "payload": {"n": 1, "big": 123456789012345678901234}}"#,
+                "123456789012345678901234",
+            ),
+            (
+                r#"{"type": "t", "payload": {"n": 1, "price": 19.99999999999999999}}"#,
+                "19.99999999999999999",
+            ),
+            (
+                r#"{"type": "t", "payload": {"n": 1, "ids": [-18446744073709551617]}}"#,
+                "-18446744073709551617",
+            ),
+            (r#"{"type": "t", "payload": {"n": 1, "tiny": 1e-400}}"#, "1e-400"),
+        ] {
+            let e = apply_patch(body, &replace_n()).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Usage, "{body}: {e}");
+            assert!(
+                e.message.contains(number) && e.message.contains("--body"),
+                "{body}: {e}"
+            );
+        }
+        // Numbers that only change their spelling, integers within 64 bits, and digits inside
+        // strings are carried exactly.
+        let body = r#"{"type": "t", "payload": {"n": 1, "a": 1.50, "b": 1e2, "c": -0.0, "d": 18446744073709551615, "e": -9223372036854775808, "f": 0.1, "s": "123456789012345678901234 \" 19.99999999999999999"}}"#;
+        let out = apply_patch(body, &replace_n()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out.body).unwrap();
+        assert_eq!(v["payload"]["n"], 2);
+        assert_eq!(v["payload"]["d"], u64::MAX);
+        assert_eq!(v["payload"]["f"], 0.1);
+        assert_eq!(
+            v["payload"]["s"],
+            "123456789012345678901234 \" 19.99999999999999999"
+        );
+    }
+
+    #[test]
+    fn a_patch_refuses_a_body_with_a_key_given_twice() {
+        let e = apply_patch(
+            r#"{"type": "t", "payload": {"n": 1, "k": 1, "k": 2}}"#,
+            &replace_n(),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Usage);
+        assert!(e.message.contains("`k` is given twice"), "{e}");
+        // The same key in two objects is no duplicate; an escaped spelling of a key is.
+        assert!(
+            apply_patch(
+                r#"{"type": "t", "k": 1, "payload": {"n": 1, "k": 2}}"#,
+                &replace_n()
+            )
+            .is_ok()
+        );
+        assert!(
+            apply_patch(
+                r#"{"type": "t", "payload": {"n": 1, "k": 1, "\u006b": 2}}"#,
+                &replace_n()
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn a_patch_whose_own_values_would_change_is_refused() {
+        let e = parse_patch(r#"[{"op": "add", "path": "/payload/x", "value": 123456789012345678901234}]"#)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Usage);
+        assert!(e.message.contains("123456789012345678901234"), "{e}");
+        assert!(parse_patch(r#"[{"op": "add", "path": "/payload/x", "value": {"a": 1, "a": 2}}]"#).is_err());
+        assert!(parse_patch(r#"[{"op": "add", "path": "/payload/x", "value": 2.5}]"#).is_ok());
+    }
+
+    #[test]
+    fn a_patch_that_changes_no_value_leaves_the_body_as_it_was() {
+        let pretty = "{\n  \"type\": \"t\",\n  \"payload\": {\"n\": 2, \"big\": 123456789012345678901234}\n}";
+        for patch in ["[]", r#"[{"op": "replace", "path": "/payload/n", "value": 2}]"#] {
+            let out = apply_patch(pretty, &parse_patch(patch).unwrap()).unwrap();
+            assert_eq!(
+                out,
+                Patched {
+                    body: pretty.to_owned(),
+                    changed: false
+                },
+                "{patch}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_decimal_is_compared_by_value_not_spelling() {
+        let d = |s| decimal(s).unwrap();
+        assert_eq!(d("1.50"), d("1.5"));
+        assert_eq!(d("1e2"), d("100.0"));
+        assert_eq!(d("100"), d("1E+2"));
+        assert_eq!(d("0.000"), d("-0.0"));
+        assert_ne!(d("19.99999999999999999"), d("20.0"));
+        assert_ne!(d("-1"), d("1"));
+        assert_eq!(decimal("1e99999999999999999999"), None);
+        assert_eq!(
+            number_literals(r#"{"a\"1": [1, -2.5e3], "b": "3"}"#),
+            ["1", "-2.5e3"]
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::super::audit::{self, AuditEntry, AuditStatus};
 use super::super::output::{Report, Table, progress};
-use super::super::{Ctx, OpsError, OpsResult, is_fifo, queue_arn, resolve_queue};
+use super::super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, queue_arn, resolve_queue};
 use super::list::{Group, group};
 use super::read::{DlqMessage, Filter, Sweep, approximate_count, delete, release};
 use crate::clock::now_ms;
@@ -234,6 +234,36 @@ impl SourceOrigin {
     }
 }
 
+/// Why a message has no queue to go back to: the line, and the kind of failure for the exit
+/// code. No source, or one that is not trusted, is a usage error (pass `--to`); a check that
+/// could not be made keeps its own kind (a missing queue, SQS unreachable).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct NoTarget {
+    /// What kind of failure.
+    pub(super) kind: ErrorKind,
+    /// The line, ending with what to do.
+    pub(super) reason: String,
+}
+
+impl NoTarget {
+    fn usage(reason: impl Into<String>) -> Self {
+        Self {
+            kind: ErrorKind::Usage,
+            reason: reason.into(),
+        }
+    }
+
+    fn failed(e: OpsError) -> Self {
+        // An unreachable SQS is not fixed by another queue: only the other failures say
+        // `--to`.
+        let reason = match e.kind {
+            ErrorKind::Unreachable => e.message,
+            _ => format!("{e}; pass --to QUEUE"),
+        };
+        Self { kind: e.kind, reason }
+    }
+}
+
 /// Checks that `source` (a failure record's source queue, or the queue SQS says it
 /// dead-lettered the message from) sends its dead letters to the DLQ `dlq_arn` (its
 /// RedrivePolicy's `deadLetterTargetArn`); returns its URL. A record is only trusted to name
@@ -245,11 +275,9 @@ async fn verified_source(
     source: &str,
     origin: SourceOrigin,
     dlq_arn: &str,
-) -> Result<String, String> {
+) -> Result<String, NoTarget> {
     let who = origin.who();
-    let url = resolve_queue(ctx, source, who)
-        .await
-        .map_err(|e| format!("{e}; pass --to QUEUE"))?;
+    let url = resolve_queue(ctx, source, who).await.map_err(NoTarget::failed)?;
     let out = ctx
         .sqs_call("GetQueueAttributes", Some((&url, who)), || {
             ctx.sqs
@@ -259,7 +287,7 @@ async fn verified_source(
                 .send()
         })
         .await
-        .map_err(|e| format!("{e}; pass --to QUEUE"))?;
+        .map_err(NoTarget::failed)?;
     let target = out
         .attributes
         .and_then(|mut a| a.remove(&QueueAttributeName::RedrivePolicy))
@@ -267,14 +295,14 @@ async fn verified_source(
         .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
     match target {
         Some(arn) if arn == dlq_arn => Ok(url),
-        Some(arn) => Err(format!(
+        Some(arn) => Err(NoTarget::usage(format!(
             "{who} names source queue {url}, whose dead-letter queue is {arn}, not this DLQ: \
              the source is not trusted; pass --to QUEUE"
-        )),
-        None => Err(format!(
+        ))),
+        None => Err(NoTarget::usage(format!(
             "{who} names source queue {url}, which has no redrive policy naming this DLQ as \
              its dead-letter queue: the source is not trusted; pass --to QUEUE"
-        )),
+        ))),
     }
 }
 
@@ -404,9 +432,9 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
             for m in chosen {
                 match st.sources.target_for(ctx, &m, to.as_deref()).await {
                     Ok(url) => by_target.entry(url).or_default().push(m),
-                    Err(reason) => {
+                    Err(no) => {
                         bar.inc(1);
-                        st.not_moved(&m, reason);
+                        st.not_moved(&m, no.reason);
                     }
                 }
             }
@@ -521,7 +549,7 @@ struct ReplayState {
 
 /// The queues DLQ messages go back to, each source checked once.
 pub(super) struct Sources {
-    cache: HashMap<String, Result<String, String>>,
+    cache: HashMap<String, Result<String, NoTarget>>,
     dlq_arn: String,
 }
 
@@ -542,7 +570,7 @@ impl Sources {
         ctx: &Ctx,
         m: &DlqMessage,
         to: Option<&str>,
-    ) -> Result<String, String> {
+    ) -> Result<String, NoTarget> {
         if let Some(to) = to {
             return Ok(to.to_owned());
         }
@@ -550,10 +578,9 @@ impl Sources {
             (Some(r), _) => (r.source_queue.clone(), SourceOrigin::Record),
             (None, Some(arn)) => (arn.clone(), SourceOrigin::Sqs),
             (None, None) => {
-                return Err(
-                    "no failure record and no DeadLetterQueueSourceArn from SQS, so no source queue: pass --to QUEUE"
-                        .into(),
-                );
+                return Err(NoTarget::usage(
+                    "no failure record and no DeadLetterQueueSourceArn from SQS, so no source queue: pass --to QUEUE",
+                ));
             }
         };
         if let Some(r) = self.cache.get(&source) {
