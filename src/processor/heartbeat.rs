@@ -9,17 +9,27 @@
 //!   and, on a FIFO queue, the ones waiting behind an earlier record of their group (held by
 //!   this consumer as much as the running one).
 //! - **How far**: [`TICKS_AHEAD`] ticks from now, or the queue's own visibility timeout when
-//!   that is longer (an extension never makes a message reappear sooner than a plain receive
-//!   would), so one lost tick does not let a message reappear; cut, for a Lambda invocation,
-//!   so a message is visible again no later than [`DEADLINE_SLACK`] after the invocation's
-//!   deadline, and always within SQS's 12-hour limit counted from the receive.
+//!   that is longer, so one lost tick does not let a message reappear; cut, for a Lambda
+//!   invocation, so a message is visible again no later than [`DEADLINE_SLACK`] after the
+//!   invocation's deadline (which may shorten what the receive gave it: a record of an
+//!   invocation that times out after the first tick comes back then), and always within
+//!   SQS's 12-hour limit counted from the receive.
+//! - **Only what moves a message later**: a message's extension is sent only when it ends at
+//!   least a tick after the visibility SQS last accepted for it (a worker's receive sets the
+//!   first); SQS replaces a visibility timeout, so a worker's message never reappears sooner
+//!   than its receive would, and once a Lambda message reached the deadline's slack the later
+//!   ticks send nothing for it.
 //! - **When it stops**: when the run step ends, before the plan is made: the tick in flight,
 //!   if any, is awaited to its answer, never dropped, so no extension can reach SQS after the
 //!   execute step set a record's final visibility or deleted it (ordering, not timing). A
 //!   tick's call is given up only after as long as its extension lasts (or at the report margin
 //!   before the deadline); a request given up then that still reaches SQS late makes its
 //!   message come back early, where the early-arrival check defers it without spending an
-//!   attempt. A draining worker stops ticking at once, so its batches end by their deadline.
+//!   attempt. A draining worker stops ticking at once, so its batches end by their deadline
+//!   as the last accepted tick left it: at most the longer of three ticks and the receive's
+//!   visibility timeout after it was asked to stop.
+//! - **Probes**: a worker batch holding a half-open breaker's probe permit ends by the
+//!   permit's lease, however far the heartbeat moves its deadline (see `Hold::at_most`).
 //! - **When it fails**: a tick whose call or entries fail (throttling after the storage
 //!   retries, a receipt handle SQS no longer knows) is logged; it fails neither the batch nor
 //!   the record. A worker's batch deadline moves only with extensions SQS accepted for every
