@@ -1,6 +1,7 @@
 //! What the visibility heartbeat must not do: let a worker's probe outlive its breaker lease
-//! (a second probe admitted meanwhile, the first one's success thrown away), or send a
-//! Lambda invocation's records the same visibility target tick after tick.
+//! (a second probe admitted meanwhile, the first one's success thrown away; a probe longer
+//! than its lease is stopped before the lease ends), or send a Lambda invocation's records
+//! the same visibility target tick after tick.
 
 use crate::support;
 
@@ -27,6 +28,15 @@ const PROBED: &str = "hb.probed";
 #[derive(Clone, Default)]
 struct Running(Arc<AtomicUsize>, Arc<AtomicUsize>);
 
+/// Takes one off a running count when dropped.
+struct Out(Arc<AtomicUsize>);
+
+impl Drop for Out {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 async fn receive_one(h: &Harness, visibility_s: i32) -> Vec<Message> {
     h.sqs
         .receive_message()
@@ -47,24 +57,20 @@ fn incoming(messages: Vec<Message>) -> Vec<Incoming> {
     messages.into_iter().map(Incoming::from_sdk).collect()
 }
 
-/// A worker's half-open breaker (one probe at a time, one success closes it) admits a probe
-/// whose handler outlasts the deadline its batch had at admission, the heartbeat keeping its
-/// message hidden. While it runs, no second probe is admitted by another batch, and its
-/// success closes the breaker.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_worker_probe_that_outlasts_its_admission_deadline_keeps_its_lease() {
+/// A harness whose [`PROBED`] handler sleeps `payload.sleep_ms`, counted in `running`; its
+/// breaker (one probe at a time, one success closes it, lease `lease`) half-open from now.
+async fn half_open(prefix: &str, lease: Duration, running: &Running) -> (Harness, BreakerStore) {
     let breaker = BreakerConfig::builder()
         .threshold(100_000)
         .probes(1)
         .successes_to_close(1)
-        .lease(Duration::from_secs(40))
+        .lease(lease)
         .cache_ttl(Duration::ZERO)
         .build()
         .unwrap();
-    let running = Running::default();
     let r = running.clone();
     let h = Harness::build(Options {
-        prefix: "hb-probe",
+        prefix,
         breaker,
         tweak: Box::new(|mut c| {
             c.heartbeat = Some(Duration::from_secs(1));
@@ -77,8 +83,9 @@ async fn a_worker_probe_that_outlasts_its_admission_deadline_keeps_its_lease() {
                 async move {
                     let now = r.0.fetch_add(1, Ordering::SeqCst) + 1;
                     r.1.fetch_max(now, Ordering::SeqCst);
+                    // Counted out when it ends or is stopped (its task aborted).
+                    let _out = Out(r.0.clone());
                     tokio::time::sleep(Duration::from_millis(p["sleep_ms"].as_u64().unwrap())).await;
-                    r.0.fetch_sub(1, Ordering::SeqCst);
                     Ok::<(), JobError>(())
                 }
             })
@@ -94,8 +101,22 @@ async fn a_worker_probe_that_outlasts_its_admission_deadline_keeps_its_lease() {
         .force_open(PROBED, Some(Duration::ZERO), now_ms())
         .await
         .unwrap();
+    (h, store)
+}
 
-    let job = |id: &str, ms: u64| json!({"type": PROBED, "id": id, "payload": {"sleep_ms": ms}}).to_string();
+fn probe_job(id: &str, ms: u64) -> String {
+    json!({"type": PROBED, "id": id, "payload": {"sleep_ms": ms}}).to_string()
+}
+
+/// A worker's half-open breaker (one probe at a time, one success closes it) admits a probe
+/// whose handler outlasts the deadline its batch had at admission, the heartbeat keeping its
+/// message hidden. While it runs, no second probe is admitted by another batch, and its
+/// success closes the breaker.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_probe_that_outlasts_its_admission_deadline_keeps_its_lease() {
+    let running = Running::default();
+    let (h, store) = half_open("hb-probe", Duration::from_secs(40), &running).await;
+    let job = probe_job;
     h.send_raw(&[(&job("p1", 7_000), None)]).await;
     let first = receive_one(&h, 4).await;
     assert_eq!(first.len(), 1);
@@ -152,6 +173,42 @@ async fn a_worker_probe_that_outlasts_its_admission_deadline_keeps_its_lease() {
         state.phase,
         Phase::Closed,
         "the probe's success was not counted: {state:?}"
+    );
+}
+
+/// A worker's probe that outlasts its lease, however far the heartbeat could keep its message
+/// hidden, is stopped before the lease ends (a failed probe: the breaker opens again), and its
+/// outcome is reported while the lease still holds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_probe_is_stopped_before_its_lease_ends() {
+    let running = Running::default();
+    let (h, store) = half_open("hb-lease", Duration::from_secs(6), &running).await;
+    h.send_raw(&[(&probe_job("q1", 30_000), None)]).await;
+    let first = receive_one(&h, 4).await;
+    assert_eq!(first.len(), 1);
+    let received = Instant::now();
+    let outcome = h
+        .env
+        .processor
+        .process_within(
+            incoming(first),
+            Deadline::visibility(received + Duration::from_secs(4), Duration::from_secs(1)),
+        )
+        .await;
+    let record = &outcome.records[0];
+    assert!(record.executed && !record.settled, "{outcome:?}");
+    assert_eq!(running.0.load(Ordering::SeqCst), 0, "the probe was stopped");
+    // The 30 s handler is stopped by the 6 s lease, not by anything shorter or later.
+    assert!(
+        received.elapsed() < Duration::from_secs(6),
+        "the batch outlived the probe's lease: {:?}",
+        received.elapsed()
+    );
+    let state = store.read(PROBED).await.unwrap();
+    assert_eq!(
+        state.phase,
+        Phase::Open,
+        "the failed probe was not counted: {state:?}"
     );
 }
 
