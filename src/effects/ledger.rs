@@ -40,6 +40,12 @@ pub const LAST_ERROR_MAX: usize = 1024;
 /// every message that can still refer to it.
 pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(15 * 24 * 3600);
 
+/// The `expires_at` (epoch seconds) of an item written at `now_ms` to live `ttl`, at least a
+/// second: saturating, so no lifetime can wrap it around to the past.
+fn expires_at_s(now_ms: u64, ttl: Duration) -> u64 {
+    (now_ms / 1000).saturating_add(ttl.as_secs().max(1))
+}
+
 /// The answer of [`AttemptLedger::count`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counted {
@@ -487,7 +493,7 @@ impl AttemptLedger {
                         AttributeValue::S(truncate(last_error, LAST_ERROR_MAX).to_owned()),
                     )
                     .expression_attribute_values(":now", num(now))
-                    .expression_attribute_values(":exp", num(now / 1000 + self.ttl.as_secs()))
+                    .expression_attribute_values(":exp", num(expires_at_s(now, self.ttl)))
                     .return_values(ReturnValue::UpdatedNew);
                 if let Some(at) = next_attempt_at_ms {
                     req = req.expression_attribute_values(":next", num(at));
@@ -583,7 +589,7 @@ impl AttemptLedger {
                             item.insert("job_type".into(), AttributeValue::S(t.clone()));
                             item.insert("done_at".into(), num(now));
                             item.insert("updated_at".into(), num(now));
-                            item.insert(TTL_ATTRIBUTE.into(), num(now / 1000 + ttl.as_secs().max(1)));
+                            item.insert(TTL_ATTRIBUTE.into(), num(expires_at_s(now, *ttl)));
                             let put = PutRequest::builder()
                                 .set_item(Some(item))
                                 .build()
@@ -749,6 +755,14 @@ impl AttemptLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_expiry_saturates_instead_of_overflowing() {
+        assert_eq!(expires_at_s(10_500, Duration::from_secs(60)), 70);
+        assert_eq!(expires_at_s(10_500, Duration::ZERO), 11, "at least a second");
+        assert_eq!(expires_at_s(u64::MAX, Duration::MAX), u64::MAX);
+        assert_eq!(expires_at_s(1_000, Duration::from_secs(u64::MAX)), u64::MAX);
+    }
 
     #[test]
     fn truncates_at_char_boundaries() {

@@ -9,17 +9,27 @@
 //!   and, on a FIFO queue, the ones waiting behind an earlier record of their group (held by
 //!   this consumer as much as the running one).
 //! - **How far**: [`TICKS_AHEAD`] ticks from now, or the queue's own visibility timeout when
-//!   that is longer (an extension never makes a message reappear sooner than a plain receive
-//!   would), so one lost tick does not let a message reappear; cut, for a Lambda invocation,
-//!   so a message is visible again no later than [`DEADLINE_SLACK`] after the invocation's
-//!   deadline, and always within SQS's 12-hour limit counted from the receive.
+//!   that is longer, so one lost tick does not let a message reappear; cut, for a Lambda
+//!   invocation, so a message is visible again no later than [`DEADLINE_SLACK`] after the
+//!   invocation's deadline (which may shorten what the receive gave it: a record of an
+//!   invocation that times out after the first tick comes back then), and always within
+//!   SQS's 12-hour limit counted from the receive.
+//! - **Only what moves a message later**: a message's extension is sent only when it ends at
+//!   least a tick after the visibility SQS last accepted for it (a worker's receive sets the
+//!   first); SQS replaces a visibility timeout, so a worker's message never reappears sooner
+//!   than its receive would, and once a Lambda message reached the deadline's slack the later
+//!   ticks send nothing for it.
 //! - **When it stops**: when the run step ends, before the plan is made: the tick in flight,
 //!   if any, is awaited to its answer, never dropped, so no extension can reach SQS after the
 //!   execute step set a record's final visibility or deleted it (ordering, not timing). A
 //!   tick's call is given up only after as long as its extension lasts (or at the report margin
 //!   before the deadline); a request given up then that still reaches SQS late makes its
 //!   message come back early, where the early-arrival check defers it without spending an
-//!   attempt. A draining worker stops ticking at once, so its batches end by their deadline.
+//!   attempt. A draining worker stops ticking at once, so its batches end by their deadline
+//!   as the last accepted tick left it: at most the longer of three ticks and the receive's
+//!   visibility timeout after it was asked to stop.
+//! - **Probes**: a worker batch holding a half-open breaker's probe permit ends by the
+//!   permit's lease, however far the heartbeat moves its deadline (see `Hold::at_most`).
 //! - **When it fails**: a tick whose call or entries fail (throttling after the storage
 //!   retries, a receipt handle SQS no longer knows) is logged; it fails neither the batch nor
 //!   the record. A worker's batch deadline moves only with extensions SQS accepted for every
@@ -78,25 +88,41 @@ pub fn extension(
     (secs > 0).then_some(secs as i32)
 }
 
+/// Whether a tick should send `target` for a message SQS makes visible again at `until` (when
+/// known): only when that moves it later by at least a tick. A Lambda invocation's extensions
+/// all end at its deadline's slack, so after the first one SQS accepted the later ticks send
+/// nothing; a worker's never set a message's visibility shorter than its receive did.
+fn moves_later(until: Option<Instant>, target: Instant, every: Duration) -> bool {
+    until.is_none_or(|u| target >= u + every)
+}
+
 /// The batch's deadline as the heartbeat moves it: a worker's deadline follows the
-/// visibility of the messages it holds; a Lambda invocation's stays put.
+/// visibility of the messages it holds, but never past the end of a probe lease the batch
+/// holds; a Lambda invocation's stays put.
 #[derive(Debug)]
-pub(super) struct Hold(Mutex<Deadline>);
+pub(super) struct Hold(Mutex<(Deadline, Option<Instant>)>);
 
 impl Hold {
     pub(super) fn new(deadline: Deadline) -> Self {
-        Self(Mutex::new(deadline))
+        Self(Mutex::new((deadline, None)))
     }
 
     /// The deadline now.
     pub(super) fn deadline(&self) -> Deadline {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+        let (d, cap) = *self.0.lock().unwrap_or_else(|e| e.into_inner());
+        cap.map_or(d, |c| d.at_most(c))
     }
 
     /// Every message of the batch is hidden until at least `until`.
     fn held_until(&self, until: Instant) {
         let mut d = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *d = d.held_until(until);
+        d.0 = d.0.held_until(until);
+    }
+
+    /// The batch must end by `cap` whatever the heartbeat achieves (a probe lease's end).
+    pub(super) fn at_most(&self, cap: Instant) {
+        let mut d = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        d.1 = Some(d.1.map_or(cap, |c| c.min(cap)));
     }
 }
 
@@ -105,7 +131,9 @@ impl Hold {
 pub(super) struct Held {
     receipt: String,
     facts: RecordFacts,
-    /// Hidden until at least then, as far as known (a worker knows its receive's end).
+    /// When SQS makes it visible again, as far as known: a worker knows its receive's end
+    /// (it chose the visibility timeout); a Lambda record's receive is not known, until the
+    /// first extension SQS accepted. After that, the last accepted extension's end.
     until: Option<Instant>,
 }
 
@@ -170,6 +198,7 @@ impl Processor {
                     to_deadline,
                     visibility_limit(h.facts, now),
                 )
+                .filter(|&secs| moves_later(h.until, sent + Duration::from_secs(secs as u64), every))
                 .map(|secs| (k, h.receipt.clone(), secs))
             })
             .collect();
@@ -190,9 +219,9 @@ impl Processor {
             .await;
         for k in &answer.accepted {
             if let (Some(h), Some(&s)) = (held.get_mut(*k), secs.get(k)) {
-                // SQS counts the timeout from when it took the call: no sooner than it was sent.
-                let until = sent + Duration::from_secs(s as u64);
-                h.until = Some(h.until.map_or(until, |u| u.max(until)));
+                // SQS counts the timeout from when it took the call: no sooner than it was
+                // sent. It replaces the visibility the message had, longer or not.
+                h.until = Some(sent + Duration::from_secs(s as u64));
             }
         }
         if let Some((_, why)) = answer.failed.first() {
@@ -239,6 +268,18 @@ mod tests {
             "whole seconds, rounded down: never past the deadline's slack"
         );
         assert_eq!(extension(S(5), None, Some(Duration::ZERO), LONG), Some(5));
+    }
+
+    #[test]
+    fn a_tick_sends_only_what_moves_a_message_later_by_a_tick() {
+        let now = Instant::now();
+        assert!(moves_later(None, now, S(5)), "nothing known: sent");
+        assert!(moves_later(Some(now), now + S(5), S(5)));
+        assert!(!moves_later(Some(now), now + Duration::from_millis(4_999), S(5)));
+        assert!(
+            !moves_later(Some(now + S(10)), now + S(3), S(1)),
+            "never shorter than what SQS has"
+        );
     }
 
     #[test]

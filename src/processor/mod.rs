@@ -130,6 +130,14 @@ impl Deadline {
         }
     }
 
+    /// The deadline brought back to `cap` when later (a fixed deadline too).
+    pub fn at_most(self, cap: Instant) -> Self {
+        Self {
+            at: self.at.map(|at| at.min(cap)),
+            ..self
+        }
+    }
+
     /// The latest moment a call before the handlers may end, and when a handler still running
     /// is stopped: the report margin before the deadline, so a stalled read or probe request
     /// leaves time to settle the batch (its records are then released, unspent).

@@ -103,6 +103,15 @@ impl Default for Registry {
     }
 }
 
+/// The longest a completion marker lives: the attempt ledger's own lifetime (SQS's longest
+/// retention and a day), the most `TRIAGE_DONE_MARKER_TTL_S` accepts.
+pub const MAX_DONE_MARKER_TTL: Duration = Duration::from_secs(15 * 24 * 3600);
+
+/// A completion marker's lifetime within 1 s and [`MAX_DONE_MARKER_TTL`].
+fn marker_ttl(ttl: Duration) -> Duration {
+    ttl.clamp(Duration::from_secs(1), MAX_DONE_MARKER_TTL)
+}
+
 impl Registry {
     /// An empty registry with these defaults: job types registered with [`handle`](Self::handle)
     /// get them, and so do records that never reach a handler. They win over the `TRIAGE_*`
@@ -125,9 +134,9 @@ impl Registry {
     /// without running the handler. Off by default: without it a success makes no write.
     /// Costs one ledger read per batch holding such a job type, first deliveries included.
     /// Wins over `TRIAGE_DONE_MARKER_TYPES` / `TRIAGE_DONE_MARKER_TTL_S` for this job type.
+    /// `ttl` is kept within 1 s and [`MAX_DONE_MARKER_TTL`] (15 days).
     pub fn done_marker(mut self, job_type: impl Into<String>, ttl: Duration) -> Self {
-        self.done_markers
-            .insert(job_type.into(), ttl.max(Duration::from_secs(1)));
+        self.done_markers.insert(job_type.into(), marker_ttl(ttl));
         self
     }
 
@@ -136,9 +145,7 @@ impl Registry {
     /// start-up with `TRIAGE_DONE_MARKER_TYPES` and `TRIAGE_DONE_MARKER_TTL_S`.
     pub fn configured_done_markers(mut self, job_types: &[String], ttl: Duration) -> Self {
         for t in job_types {
-            self.done_markers
-                .entry(t.clone())
-                .or_insert(ttl.max(Duration::from_secs(1)));
+            self.done_markers.entry(t.clone()).or_insert(marker_ttl(ttl));
         }
         self
     }
@@ -378,5 +385,20 @@ mod tests {
         assert_eq!(r.done_marker_ttl("b"), Some(Duration::from_secs(600)));
         assert_eq!(r.done_marker_ttl("c"), None);
         assert_eq!(r.unrouted_done_markers(), vec!["typo"]);
+    }
+
+    #[test]
+    fn a_done_marker_lives_at_most_fifteen_days() {
+        let r = Registry::default()
+            .handle("a", ok)
+            .handle("b", ok)
+            .done_marker("a", Duration::MAX)
+            .configured_done_markers(&["b".into()], Duration::from_secs(u64::MAX / 2));
+        assert_eq!(r.done_marker_ttl("a"), Some(MAX_DONE_MARKER_TTL));
+        assert_eq!(r.done_marker_ttl("b"), Some(MAX_DONE_MARKER_TTL));
+        let r = Registry::default()
+            .handle("a", ok)
+            .done_marker("a", Duration::ZERO);
+        assert_eq!(r.done_marker_ttl("a"), Some(Duration::from_secs(1)));
     }
 }

@@ -21,7 +21,7 @@ use crate::core::breaker::{BreakerState, Lease};
 use crate::core::decision::{attempts_before, held_back};
 use crate::core::error::ErrorKind;
 use crate::core::{Decision, Gate, Inputs, JobError, Verdict, admit, invalid, settle};
-use crate::effects::breaker_store::Admission;
+use crate::effects::breaker_store::{Admission, BreakerStore};
 
 /// A record after step 2: its final decision and, when its handler ran, how that went.
 #[derive(Debug, Clone)]
@@ -132,6 +132,12 @@ impl Processor {
             Verdict::Run { attempt } => attempt,
             Verdict::Settled(decision) => return Ran::without_run(record, decision),
         };
+        if let Some(lease) = &admission.permit {
+            // A probe never outlives its lease: the batch (this handler, and the report of
+            // its outcome) ends by the lease's end, however far the heartbeat moves it.
+            let left = lease.expires_at_ms.saturating_sub(now_ms());
+            hold.at_most(Instant::now() + Duration::from_millis(left));
+        }
         let ctx = JobContext {
             job_id: record.job_id.clone(),
             job_type: job.job_type.clone(),
@@ -180,7 +186,13 @@ impl Processor {
             return (verdict, seen);
         };
         let admission = store
-            .admit(job_type, &seen, now, deadline.epoch_ms(now), deadline.admission())
+            .admit(
+                job_type,
+                &seen,
+                now,
+                self.lease_until(store, deadline, now),
+                deadline.admission(),
+            )
             .await;
         let verdict = self.verdict(record, route, admission.gate, now_ms(), deadline);
         if let (false, Some(lease)) = (verdict.runs(), &admission.permit) {
@@ -189,6 +201,20 @@ impl Processor {
             }
         }
         (verdict, admission)
+    }
+
+    /// Until when (epoch ms) a probe permit taken at `now` is held. A fixed deadline (a Lambda
+    /// invocation, a worker without heartbeat): the deadline, the moment the probe can no
+    /// longer be running. A worker's deadline that the heartbeat may move: the deadline or the
+    /// breaker's configured lease, whichever ends later; the batch then ends by the lease's
+    /// end (see [`Hold::at_most`]), so the probe never runs without its lease.
+    fn lease_until(&self, store: &BreakerStore, deadline: Deadline, now: u64) -> Option<u64> {
+        let at = deadline.epoch_ms(now);
+        if self.heartbeat.is_none() || deadline.visible_until().is_none() {
+            return at;
+        }
+        let lease = now.saturating_add(store.config().lease().as_millis() as u64);
+        Some(at.map_or(lease, |at| at.max(lease)))
     }
 
     /// The decision before the handler, with the breaker's gate at `now`.

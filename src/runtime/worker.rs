@@ -7,7 +7,9 @@
 //! its report margin before that deadline (a transient failure, counted), settles the batch
 //! and the worker deletes what is settled, all before the messages could be handed to
 //! another consumer. On SIGINT/SIGTERM it stops receiving, releases the records not started,
-//! stops extending, and waits for the running batches at most until their deadline. Receives that fail are
+//! stops extending, and waits for the running batches at most until their deadline as the
+//! last accepted extension left it: within the longer of the receive's visibility timeout and
+//! three heartbeat ticks after the signal. Receives that fail are
 //! retried with capped exponential backoff; a permanent failure (queue deleted, access
 //! denied) that lasts longer than [`Worker::with_give_up_after`] ends the worker with an
 //! error.
@@ -370,7 +372,9 @@ impl Worker {
     /// A shutdown during a receive stops it at once (messages SQS handed to that receive
     /// come back after their visibility timeout); during a batch, the records not started
     /// are released and the running ones finish or are stopped at the batch's deadline, so
-    /// `run` returns within the visibility timeout. Returns an error when receives have
+    /// `run` returns within the longer of the visibility timeout and three heartbeat ticks
+    /// (the farthest an extension accepted before the shutdown reaches; no tick is sent after
+    /// it), plus the delete margin. Returns an error when receives have
     /// failed with a permanent error for longer than
     /// [`with_give_up_after`](Self::with_give_up_after) (after finishing the batches in
     /// flight the same way).

@@ -36,6 +36,7 @@ mod fanout;
 mod fault_proxy;
 mod fuzz;
 mod heartbeat;
+mod heartbeat_limits;
 mod hostile;
 mod incident;
 mod lambda_events;
