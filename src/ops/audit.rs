@@ -28,9 +28,9 @@ use crate::effects::table::{PK, SK, TTL_ATTRIBUTE};
 /// How long an audit item is kept when `TRIAGE_AUDIT_RETENTION` is not set: 400 days, so a
 /// yearly review still finds the whole year.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(400 * 86_400);
-/// The longest audit retention: 100 years (a longer one would be a typo, and the TTL must stay
-/// a time DynamoDB can hold).
-pub const MAX_RETENTION: Duration = Duration::from_secs(36_500 * 86_400);
+/// The longest audit retention: 100 years of 365.25 days, as `100y` reads (a longer one would
+/// be a typo, and the TTL must stay a time DynamoDB can hold).
+pub const MAX_RETENTION: Duration = Duration::from_secs(100 * 31_557_600);
 /// The variable that sets the retention (a duration: `400d`, `90d`, `2y`).
 pub const RETENTION_VAR: &str = "TRIAGE_AUDIT_RETENTION";
 /// Partition key prefix of audit items: `audit#<YYYY-MM-DD>` (UTC).
@@ -174,11 +174,20 @@ fn capped(v: &Value) -> String {
     if text.len() <= MAX_JSON_BYTES {
         return text;
     }
-    serde_json::json!({
-        "truncated_from_bytes": text.len(),
-        "prefix": crate::effects::ledger::truncate(&text, MAX_JSON_BYTES - 256),
-    })
-    .to_string()
+    // The prefix is escaped again inside the wrapper (quotes and backslashes double): shrink
+    // it until the whole fits.
+    let mut room = MAX_JSON_BYTES - 256;
+    loop {
+        let out = serde_json::json!({
+            "truncated_from_bytes": text.len(),
+            "prefix": crate::effects::ledger::truncate(&text, room),
+        })
+        .to_string();
+        if out.len() <= MAX_JSON_BYTES || room == 0 {
+            return out;
+        }
+        room = room.saturating_sub(out.len() - MAX_JSON_BYTES);
+    }
 }
 
 /// Records `entry` in `table`, now. Never fails: what went wrong is in the status, which the
@@ -575,6 +584,30 @@ pub async fn list(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_capped_value_fits_whatever_its_escaping() {
+        for v in [
+            serde_json::json!({"e": "\"".repeat(40_000)}),
+            serde_json::json!({"e": "\\".repeat(40_000)}),
+            serde_json::json!({"e": "é".repeat(40_000)}),
+        ] {
+            let out = capped(&v);
+            assert!(out.len() <= MAX_JSON_BYTES, "{}", out.len());
+            let back: Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(back["truncated_from_bytes"], v.to_string().len());
+        }
+        let small = serde_json::json!({"a": 1});
+        assert_eq!(capped(&small), small.to_string());
+    }
+
+    #[test]
+    fn a_hundred_years_is_the_longest_retention() {
+        let read = |v: &str| super::super::parse_duration(v).unwrap();
+        assert!(read("100y") <= MAX_RETENTION);
+        assert!(read("36500d") <= MAX_RETENTION);
+        assert!(read("101y") > MAX_RETENTION);
+    }
 
     #[test]
     fn days_are_utc_calendar_days() {

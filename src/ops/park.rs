@@ -111,6 +111,9 @@ impl Report for ParkReport {
     }
 }
 
+/// A retry due within this long is treated as due (clock skew, the release's own time).
+const DUE_MARGIN_MS: u64 = 60_000;
+
 /// Parks one job: see the module documentation. Errors: no ledger for the id (or under
 /// `--type`) is "not found" (exit 3); a job with a ledger that does not wait for a retry, and
 /// an id with ledgers under several job types and no `--type`, are usage errors (exit 2).
@@ -152,7 +155,11 @@ pub async fn park(ctx: &Ctx, table: &str, opts: &ParkOptions) -> OpsResult<ParkR
         Parked::NotWaiting(item) => return Err(not_waiting(id, &job_type, &item)),
     };
     let parked_at_ms = item.parked_at_ms.unwrap_or(started);
-    let due = item.next_attempt_at_ms.filter(|&t| t <= now_ms());
+    // Due, or due within a minute: the clocks of this machine and of the consumer that
+    // scheduled the retry may differ, and the release itself takes time.
+    let due = item
+        .next_attempt_at_ms
+        .filter(|&t| t <= now_ms().saturating_add(DUE_MARGIN_MS));
     let (released_now, release_error) = match (&item.receipt_handle, &item.queue_url) {
         // Its retry is due: the message may be running under a newer receipt than the one
         // stored, and making a running message visible would hand it to a second consumer.

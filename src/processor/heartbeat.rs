@@ -28,8 +28,9 @@
 //!   attempt. A draining worker stops ticking at once, so its batches end by their deadline
 //!   as the last accepted tick left it: at most the longer of three ticks and the receive's
 //!   visibility timeout after it was asked to stop.
-//! - **Probes**: a worker batch holding a half-open breaker's probe permit ends by the
-//!   permit's lease, however far the heartbeat moves its deadline (see `Hold::at_most`).
+//! - **Probes**: a worker's probe handler (a half-open breaker's permit) is stopped by the
+//!   permit's lease, however far the heartbeat moves its batch's deadline, and its outcome is
+//!   reported as soon as it ends; the batch's other handlers run on.
 //! - **When it fails**: a tick whose call or entries fail (throttling after the storage
 //!   retries, a receipt handle SQS no longer knows) is logged; it fails neither the batch nor
 //!   the record. A worker's batch deadline moves only with extensions SQS accepted for every
@@ -97,32 +98,24 @@ fn moves_later(until: Option<Instant>, target: Instant, every: Duration) -> bool
 }
 
 /// The batch's deadline as the heartbeat moves it: a worker's deadline follows the
-/// visibility of the messages it holds, but never past the end of a probe lease the batch
-/// holds; a Lambda invocation's stays put.
+/// visibility of the messages it holds; a Lambda invocation's stays put.
 #[derive(Debug)]
-pub(super) struct Hold(Mutex<(Deadline, Option<Instant>)>);
+pub(super) struct Hold(Mutex<Deadline>);
 
 impl Hold {
     pub(super) fn new(deadline: Deadline) -> Self {
-        Self(Mutex::new((deadline, None)))
+        Self(Mutex::new(deadline))
     }
 
     /// The deadline now.
     pub(super) fn deadline(&self) -> Deadline {
-        let (d, cap) = *self.0.lock().unwrap_or_else(|e| e.into_inner());
-        cap.map_or(d, |c| d.at_most(c))
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Every message of the batch is hidden until at least `until`.
     fn held_until(&self, until: Instant) {
         let mut d = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        d.0 = d.0.held_until(until);
-    }
-
-    /// The batch must end by `cap` whatever the heartbeat achieves (a probe lease's end).
-    pub(super) fn at_most(&self, cap: Instant) {
-        let mut d = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        d.1 = Some(d.1.map_or(cap, |c| c.min(cap)));
+        *d = d.held_until(until);
     }
 }
 

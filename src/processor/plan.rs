@@ -241,8 +241,12 @@ impl Processor {
     }
 }
 
-/// Adds one executed record's outcome to its job type's breaker report.
-fn tally(agg: &mut Aggregate, run: &Run) {
+/// Adds one executed record's outcome to its job type's breaker report (nothing when it was
+/// reported already, as a worker's probe is when it ends).
+pub(super) fn tally(agg: &mut Aggregate, run: &Run) {
+    if run.reported {
+        return;
+    }
     let transient = matches!(run.error, Some(ErrorKind::Transient | ErrorKind::RetryAfter(_)));
     match (&run.lease, run.error) {
         (Some(l), None) => {
@@ -352,6 +356,7 @@ mod tests {
             lease,
             generation: 3,
             time: Duration::from_millis(5),
+            reported: false,
         })
     }
 

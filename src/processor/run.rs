@@ -13,11 +13,12 @@ use tokio::time::Instant;
 use tracing::{Instrument, warn};
 
 use super::heartbeat::Hold;
+use super::plan::tally;
 use super::read::{Record, no_handler};
 use super::registry::{JobContext, Route};
 use super::{Deadline, Processor};
 use crate::clock::now_ms;
-use crate::core::breaker::{BreakerState, Lease};
+use crate::core::breaker::{Aggregate, BreakerState, Lease};
 use crate::core::decision::{attempts_before, held_back};
 use crate::core::error::ErrorKind;
 use crate::core::{Decision, Gate, Inputs, JobError, Verdict, admit, invalid, settle};
@@ -42,6 +43,9 @@ pub(super) struct Run {
     /// The breaker generation it was admitted in: its failures count there.
     pub(super) generation: u64,
     pub(super) time: Duration,
+    /// Its probe outcome was reported when it ended (a worker's probe, see
+    /// [`Processor::report_probe`]): the batch's breaker report leaves it out.
+    pub(super) reported: bool,
 }
 
 impl Ran {
@@ -132,12 +136,17 @@ impl Processor {
             Verdict::Run { attempt } => attempt,
             Verdict::Settled(decision) => return Ran::without_run(record, decision),
         };
-        if let Some(lease) = &admission.permit {
-            // A probe never outlives its lease: the batch (this handler, and the report of
-            // its outcome) ends by the lease's end, however far the heartbeat moves it.
-            let left = lease.expires_at_ms.saturating_sub(now_ms());
-            hold.at_most(Instant::now() + Duration::from_millis(left));
-        }
+        // A worker's probe never outlives its lease: its handler is stopped by the lease's end
+        // and its outcome reported as soon as it ends, however far the heartbeat moves the
+        // batch (whose other handlers run on).
+        let probe_cap = admission
+            .permit
+            .as_ref()
+            .filter(|_| self.deadline_moves(deadline))
+            .map(|lease| {
+                let left = lease.expires_at_ms.saturating_sub(now_ms());
+                Instant::now() + Duration::from_millis(left)
+            });
         let ctx = JobContext {
             job_id: record.job_id.clone(),
             job_type: job.job_type.clone(),
@@ -147,23 +156,52 @@ impl Processor {
         };
         tracing::debug!(message_id = %record.inc.message_id, job_id = %record.job_id, attempt, "handler started");
         let started = Instant::now();
-        let outcome = run_handler(route, job.payload.clone(), ctx, hold).await;
+        let outcome = run_handler(route, job.payload.clone(), ctx, hold, probe_cap).await;
         let time = started.elapsed();
         let settled = settle(
             &self.inputs(&record, route, admission.gate, now_ms(), hold.deadline()),
             &outcome,
             &mut rand::rng(),
         );
+        let mut run = Run {
+            error: settled.error,
+            lease: admission.permit,
+            generation: admission.generation,
+            time,
+            reported: false,
+        };
+        if let Some(cap) = probe_cap {
+            self.report_probe(&job.job_type, &mut run, hold.deadline().at_most(cap))
+                .await;
+        }
         Ran {
             record,
             decision: settled.decision,
-            run: Some(Run {
-                error: settled.error,
-                lease: admission.permit,
-                generation: admission.generation,
-                time,
-            }),
+            run: Some(run),
         }
+    }
+
+    /// Reports a worker probe's outcome at once, while its lease still holds (the batch may
+    /// run on, its deadline moved by the heartbeat, long after the lease). One conditional
+    /// write per probe; probes are few. A report that fails is left to the batch's report.
+    async fn report_probe(&self, job_type: &str, run: &mut Run, deadline: Deadline) {
+        let Some(store) = self.breakers.get(job_type) else {
+            return;
+        };
+        let mut agg = Aggregate::default();
+        tally(&mut agg, run);
+        match store.report(job_type, &agg, now_ms(), deadline.at()).await {
+            Ok(_) => run.reported = true,
+            Err(e) => {
+                warn!(job_type, error = %e, "probe outcome not reported yet; the batch's report carries it")
+            }
+        }
+    }
+
+    /// Whether `deadline` is one the heartbeat may move later (a worker's, with the heartbeat
+    /// on), so a probe lease cannot simply end with it.
+    fn deadline_moves(&self, deadline: Deadline) -> bool {
+        self.heartbeat.is_some() && deadline.visible_until().is_some()
     }
 
     /// Admission: whether a record runs, and what the breaker allows it. A half-open breaker is
@@ -206,11 +244,12 @@ impl Processor {
     /// Until when (epoch ms) a probe permit taken at `now` is held. A fixed deadline (a Lambda
     /// invocation, a worker without heartbeat): the deadline, the moment the probe can no
     /// longer be running. A worker's deadline that the heartbeat may move: the deadline or the
-    /// breaker's configured lease, whichever ends later; the batch then ends by the lease's
-    /// end (see [`Hold::at_most`]), so the probe never runs without its lease.
+    /// breaker's configured lease, whichever ends later; the probe's handler is then stopped by
+    /// the lease's end and its outcome reported at once ([`Processor::report_probe`]), so the
+    /// probe never runs, or is reported, without its lease.
     fn lease_until(&self, store: &BreakerStore, deadline: Deadline, now: u64) -> Option<u64> {
         let at = deadline.epoch_ms(now);
-        if self.heartbeat.is_none() || deadline.visible_until().is_none() {
+        if !self.deadline_moves(deadline) {
             return at;
         }
         let lease = now.saturating_add(store.config().lease().as_millis() as u64);
@@ -254,15 +293,20 @@ async fn run_handler(
     payload: serde_json::Value,
     ctx: JobContext,
     hold: &Hold,
+    cap: Option<Instant>,
 ) -> Result<(), JobError> {
     let mut task = tokio::spawn(route.call(payload, ctx).instrument(tracing::Span::current()));
+    let deadline = || {
+        let d = hold.deadline();
+        cap.map_or(d, |c| d.at_most(c))
+    };
     let joined = loop {
-        let Some(stop) = hold.deadline().admission() else {
+        let Some(stop) = deadline().admission() else {
             break (&mut task).await;
         };
         match tokio::time::timeout_at(stop, &mut task).await {
             Ok(j) => break j,
-            Err(_) if hold.deadline().admission().is_some_and(|later| later > stop) => continue,
+            Err(_) if deadline().admission().is_some_and(|later| later > stop) => continue,
             Err(_) => {
                 task.abort();
                 return Err(JobError::transient(

@@ -212,6 +212,48 @@ async fn a_worker_probe_is_stopped_before_its_lease_ends() {
     );
 }
 
+/// A worker's probe ends within its lease without cutting the rest of its batch short: a
+/// long handler of another job type in the same batch runs to its end and is counted once,
+/// and the probe's success, reported when it ended, closes the breaker.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_probe_does_not_cut_short_the_other_handlers_of_its_batch() {
+    let running = Running::default();
+    let (h, store) = half_open("hb-mixed", Duration::from_secs(3), &running).await;
+    let long = json!({
+        "type": support::pipeline::RECORDED,
+        "id": "long",
+        "payload": {"outcome": "ok", "sleep_ms": 7_000}
+    })
+    .to_string();
+    h.send_raw(&[(&probe_job("m1", 10), None), (&long, None)]).await;
+    let mut batch = Vec::new();
+    while batch.len() < 2 {
+        let got = receive_one(&h, 4).await;
+        assert!(!got.is_empty(), "both messages are received");
+        batch.extend(got);
+    }
+    let received = Instant::now();
+    let outcome = h
+        .env
+        .processor
+        .process_within(
+            incoming(batch),
+            Deadline::visibility(received + Duration::from_secs(4), Duration::from_secs(1)),
+        )
+        .await;
+    assert!(
+        outcome.records.iter().all(|r| r.executed && r.settled),
+        "both ran to their end and were settled: {outcome:?}"
+    );
+    assert_eq!(h.executions("long"), vec![1], "the long handler ran once");
+    let state = store.read(PROBED).await.unwrap();
+    assert_eq!(
+        state.phase,
+        Phase::Closed,
+        "the probe's success was counted: {state:?}"
+    );
+}
+
 /// `ChangeMessageVisibilityBatch` requests the environment sent so far.
 fn visibility_calls(h: &Harness) -> u64 {
     h.env

@@ -285,11 +285,12 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
         })?;
         // Where it goes, known before anyone edits anything. A source that is not trusted is
         // a usage error; a check that could not be made keeps its kind (missing, unreachable).
-        let target = Sources::new(dlq_arn)
-            .target_for(ctx, &found, to.as_deref())
+        // These checks may take a while (SQS retries): the hold is renewed meanwhile.
+        let target = hold
+            .during(Sources::new(dlq_arn).target_for(ctx, &found, to.as_deref()))
             .await
             .map_err(|no| OpsError::new(no.kind, format!("{}; nothing was sent", no.reason)))?;
-        let max_bytes = max_message_bytes(ctx, &target).await;
+        let max_bytes = hold.during(max_message_bytes(ctx, &target)).await;
         let (body, changed) = match &opts.source {
             EditSource::Body(b) => {
                 let body = trim_added_newline(&found.body, b.clone());
@@ -383,6 +384,14 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
             .into_iter()
             .collect();
         let group_id = outgoing.group_id.clone();
+        // Still ours right before the reset and the send (whatever ran since the last renewal),
+        // and for a full period from now: otherwise another reader may have the original.
+        hold.renew().await.map_err(|e| {
+            OpsError::new(
+                ErrorKind::Failed,
+                format!("the DLQ message's hold was lost before the send ({e}): nothing was sent"),
+            )
+        })?;
         // The message stays held through the reset and the send: a slow send (SQS retries)
         // must not outlast the hold and let another reader receive the original meanwhile.
         let (ledger_reset, sent) = hold
