@@ -28,6 +28,12 @@ CDK_DIR="$ROOT/infra/cdk"
 PY_PINS=(cfn-lint==1.58.0 aws-sam-translator==1.115.0)
 
 # Never reach for credentials or the instance metadata endpoint; no CLI telemetry or notices.
+# A shell set up for the local stack (`stack.sh env`) has credentials and an STS endpoint:
+# with them `cdk synth` would ask STS for the account and write literal ARNs instead of the
+# tokens a deployable template has. The checks are offline: none of it is used.
+unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN AWS_PROFILE \
+  CDK_DEFAULT_ACCOUNT CDK_DEFAULT_REGION
+for v in $(compgen -e | grep '^AWS_ENDPOINT_URL' || true); do unset "$v"; done
 export AWS_EC2_METADATA_DISABLED=true
 export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}"
 export CDK_DISABLE_CLI_TELEMETRY=true
