@@ -15,7 +15,7 @@ use crate::support::fault_proxy::{Fault, FaultProxy, FaultRule};
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -762,17 +762,19 @@ async fn a_fifo_dlq_message_is_edited_into_its_group_with_a_dedup_id_of_the_edit
     assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.total(), 0);
 }
 
-/// While the editor is open, no other reader gets the message, however long the edit takes:
-/// its hold (2 s here) is renewed.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_message_stays_hidden_while_the_editor_is_open() {
-    let stack = support::fresh_resources("edit-hold", false).await;
-    let sqs = support::sqs_client().await;
-    seed(&stack, "h-1", &job_body("h-1", 1), &[], None).await;
-    let dir = TempDir::new("edit-hold");
+/// Lets a waiting editor go when dropped (written when the test is done watching, or fails).
+struct Go(PathBuf);
+
+impl Drop for Go {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, "");
+    }
+}
+
+/// An editor script that marks `opened` when it starts, then waits for `go` (at most 60 s,
+/// then gives up) and edits `"n":1` into `"n":8`: no editor outlives the test.
+fn waiting_editor(dir: &TempDir) -> (String, PathBuf, Go) {
     let (opened, go) = (dir.path("opened"), dir.path("go"));
-    // The editor waits for `go` (at most 60 s, then gives up), which the test writes when it
-    // is done watching, or when it fails: no editor outlives the test.
     let editor = dir.script(
         "editor",
         &format!(
@@ -782,13 +784,27 @@ async fn the_message_stays_hidden_while_the_editor_is_open() {
             go = go.display()
         ),
     );
-    struct Go(PathBuf);
-    impl Drop for Go {
-        fn drop(&mut self) {
-            let _ = std::fs::write(&self.0, "");
-        }
+    (editor, opened, Go(go))
+}
+
+/// Waits until the editor marked `opened` (30 s at most).
+async fn editor_opened(opened: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !opened.exists() {
+        assert!(Instant::now() < deadline, "the editor never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let go = Go(go);
+}
+
+/// While the editor is open, no other reader gets the message, however long the edit takes:
+/// its hold (2 s here) is renewed.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_message_stays_hidden_while_the_editor_is_open() {
+    let stack = support::fresh_resources("edit-hold", false).await;
+    let sqs = support::sqs_client().await;
+    seed(&stack, "h-1", &job_body("h-1", 1), &[], None).await;
+    let dir = TempDir::new("edit-hold");
+    let (editor, opened, go) = waiting_editor(&dir);
     let ctx = Ctx::from_config(&support::sdk_config().await).unwrap();
     let opts = dlq::EditOptions {
         table: Some(stack.table.clone()),
@@ -797,11 +813,7 @@ async fn the_message_stays_hidden_while_the_editor_is_open() {
     };
     let dlq_url = stack.dlq_url.clone();
     let task = tokio::spawn(async move { dlq::edit(&ctx, &dlq_url, &opts).await });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !opened.exists() {
-        assert!(Instant::now() < deadline, "the editor never started");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    editor_opened(&opened).await;
     // Another reader, for three holds' worth of time: it never gets the message.
     let watch = Instant::now();
     while watch.elapsed() < Duration::from_secs(6) {
@@ -1141,23 +1153,7 @@ async fn an_editor_left_open_lets_the_message_go_after_the_longest_hold() {
     let sqs = support::sqs_client().await;
     seed(&stack, "c-1", &job_body("c-1", 1), &[], None).await;
     let dir = TempDir::new("edit-cap");
-    let (opened, go) = (dir.path("opened"), dir.path("go"));
-    let editor = dir.script(
-        "editor",
-        &format!(
-            "touch '{}'\ni=0\nwhile [ ! -e '{go}' ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n\
-             [ -e '{go}' ] || exit 1\nsed -i 's/\"n\":1/\"n\":8/' \"$1\"",
-            opened.display(),
-            go = go.display()
-        ),
-    );
-    struct Go(PathBuf);
-    impl Drop for Go {
-        fn drop(&mut self) {
-            let _ = std::fs::write(&self.0, "");
-        }
-    }
-    let go = Go(go);
+    let (editor, opened, go) = waiting_editor(&dir);
     let ctx = Ctx::from_config(&support::sdk_config().await).unwrap();
     let opts = dlq::EditOptions {
         table: Some(stack.table.clone()),
@@ -1168,10 +1164,7 @@ async fn an_editor_left_open_lets_the_message_go_after_the_longest_hold() {
     let dlq_url = stack.dlq_url.clone();
     let task = tokio::spawn(async move { dlq::edit(&ctx, &dlq_url, &opts).await });
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !opened.exists() {
-        assert!(Instant::now() < deadline, "the editor never started");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    editor_opened(&opened).await;
     // Another reader gets the message while the editor is still open.
     loop {
         let got = sqs
