@@ -22,6 +22,8 @@ struct Strategy {
     range_ms: (u64, u64),
     /// Distinct delays are whole seconds.
     whole_seconds: bool,
+    /// Drawn in the histogram (a strategy whose first retries are another's is not).
+    plotted: bool,
 }
 
 fn strategies() -> Vec<Strategy> {
@@ -33,6 +35,7 @@ fn strategies() -> Vec<Strategy> {
             backoff: Backoff::exponential(s(3), 2.0, s(3600), Duration::ZERO),
             range_ms: (3_000, 0),
             whole_seconds: false,
+            plotted: true,
         },
         Strategy {
             id: "default",
@@ -40,6 +43,7 @@ fn strategies() -> Vec<Strategy> {
             backoff: Backoff::default(),
             range_ms: (3_000, 1_000),
             whole_seconds: false,
+            plotted: true,
         },
         Strategy {
             id: "full",
@@ -51,6 +55,7 @@ fn strategies() -> Vec<Strategy> {
             },
             range_ms: (0, 3_000),
             whole_seconds: false,
+            plotted: true,
         },
         Strategy {
             id: "decorrelated",
@@ -61,6 +66,7 @@ fn strategies() -> Vec<Strategy> {
             },
             range_ms: (3_000, 6_000),
             whole_seconds: false,
+            plotted: true,
         },
         Strategy {
             id: "sidekiq",
@@ -68,16 +74,30 @@ fn strategies() -> Vec<Strategy> {
             backoff: Backoff::Sidekiq,
             range_ms: (15_000, 10_000),
             whole_seconds: true,
+            plotted: true,
+        },
+        Strategy {
+            id: "sidekiq8",
+            name: "Sidekiq 8: 15 s + rand(10 · 1) s",
+            backoff: Backoff::Sidekiq8,
+            range_ms: (15_000, 10_000),
+            whole_seconds: true,
+            plotted: false,
         },
     ]
 }
 
 /// First-retry times (ms after the failure) of `n` jobs.
 fn landings(b: &Backoff, n: usize, seed: u64) -> Vec<u64> {
+    retry_landings(b, 1, n, seed)
+}
+
+/// Times (ms after the failure) of retry `retry` of `n` jobs whose attempt failed together.
+fn retry_landings(b: &Backoff, retry: u32, n: usize, seed: u64) -> Vec<u64> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let err = JobError::transient("dependency down");
     let mut t: Vec<u64> = (0..n)
-        .map(|_| b.delay(1, &err, &mut rng).as_millis() as u64)
+        .map(|_| b.delay(retry, &err, &mut rng).as_millis() as u64)
         .collect();
     t.sort_unstable();
     t
@@ -141,8 +161,11 @@ pub fn run(opts: &Options) -> Section {
         ]);
         s.value(&format!("herd.{}.peak", st.id), p);
         s.value(&format!("herd.{}.limit", st.id), limit);
-        plotted.push((st.name, landings(&st.backoff, n, 1), limit));
+        if st.plotted {
+            plotted.push((st.name, landings(&st.backoff, n, 1), limit));
+        }
     }
+    sidekiq_later_retries(&mut s, n, seeds);
     let svg = opts.svg_path();
     match plot(&svg, n, &plotted) {
         Ok(()) => {
@@ -158,6 +181,68 @@ pub fn run(opts: &Options) -> Section {
         Err(e) => s.fail(format!("plot not written to {}: {e}", svg.display())),
     }
     s
+}
+
+/// Sidekiq's two jitters at later retries: `n` jobs whose attempt `retry` failed together.
+/// For `count = retry - 1`, both spread over `10 · (count + 1)` s; the older formula lands on
+/// 10 instants of it (multiples of `count + 1`), Sidekiq 8 on every whole second.
+fn sidekiq_later_retries(s: &mut Section, n: usize, seeds: u64) {
+    s.line(String::new());
+    s.line(format!(
+        "Sidekiq's two formulas agree on the first retry (`rand(10) · 1` and `rand(10 · 1)`) and \
+         part from the second on. {n} jobs whose attempt failed together, peak of their next \
+         retry per {WINDOW_MS} ms, median over {seeds} seeds:"
+    ));
+    s.line(String::new());
+    s.header(&[
+        "Sidekiq formula",
+        "retry (count)",
+        "delay range",
+        "distinct instants",
+        "peak / 100 ms",
+        "uniform-spread limit",
+        "peak ÷ limit",
+    ]);
+    for (id, name, backoff) in [
+        (
+            "sidekiq",
+            "older documented: rand(10)·(count+1)",
+            Backoff::Sidekiq,
+        ),
+        ("sidekiq8", "Sidekiq 8: rand(10·(count+1))", Backoff::Sidekiq8),
+    ] {
+        for retry in [1u32, 2, 3, 5, 10] {
+            let count = u64::from(retry - 1);
+            let lo = count.pow(4) + 15;
+            let width = 10 * (count + 1);
+            let instants = if matches!(backoff, Backoff::Sidekiq8) {
+                width
+            } else {
+                10
+            };
+            let mut peaks: Vec<f64> = (1..=seeds)
+                .map(|seed| peak(&retry_landings(&backoff, retry, n, seed)) as f64)
+                .collect();
+            let p = median(&mut peaks);
+            let limit = (n as f64 * WINDOW_MS as f64 / (width * 1000) as f64).max(1.0);
+            let top = if matches!(backoff, Backoff::Sidekiq8) {
+                lo + width - 1
+            } else {
+                lo + 9 * (count + 1)
+            };
+            s.row(&[
+                name.into(),
+                format!("{retry} ({count})"),
+                format!("{lo}–{top} s"),
+                instants.to_string(),
+                format!("{p:.0}"),
+                format!("{limit:.1}"),
+                format!("{:.1}×", p / limit),
+            ]);
+            s.value(&format!("herd.{id}.retry{retry}.peak"), p);
+            s.value(&format!("herd.{id}.retry{retry}.limit"), limit);
+        }
+    }
 }
 
 /// One panel per strategy: retries per 100 ms bin over 0–26 s, the limit as a line.

@@ -291,13 +291,13 @@ impl Report {
                 f("storm.triage.executions", 0)
             ),
             format!(
-                "uniform retry, same backoff: {}, {}; the seed's 4 attempts: {}, {}; Sidekiq: {}, {}",
+                "uniform retry, same backoff: {}, {}; the seed's 4 attempts: {}, {}; Sidekiq 8: {}, {}",
                 secs("storm.uniform5.bug_to_dlq_s"),
                 f("storm.uniform5.executions", 0),
                 secs("storm.uniform4.bug_to_dlq_s"),
                 f("storm.uniform4.executions", 0),
-                secs("storm.sidekiq.bug_to_dlq_s"),
-                f("storm.sidekiq.executions", 0),
+                secs("storm.sidekiq8.bug_to_dlq_s"),
+                f("storm.sidekiq8.executions", 0),
             ),
         );
         row(
@@ -311,14 +311,18 @@ impl Report {
                 f("herd.default.limit", 0)
             ),
             format!(
-                "no jitter {}; full jitter {} ({}); decorrelated {} ({}); Sidekiq {} ({})",
+                "no jitter {}; full jitter {} ({}); decorrelated {} ({}); Sidekiq 8 {} ({}), \
+                 at its 3rd retry {} ({}) where the older formula keeps {}",
                 f("herd.none.peak", 0),
                 f("herd.full.peak", 0),
                 f("herd.full.limit", 0),
                 f("herd.decorrelated.peak", 0),
                 f("herd.decorrelated.limit", 0),
-                f("herd.sidekiq.peak", 0),
-                f("herd.sidekiq.limit", 0),
+                f("herd.sidekiq8.peak", 0),
+                f("herd.sidekiq8.limit", 0),
+                f("herd.sidekiq8.retry3.peak", 0),
+                f("herd.sidekiq8.retry3.limit", 1),
+                f("herd.sidekiq.retry3.peak", 0),
             ),
         );
         row(

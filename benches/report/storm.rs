@@ -57,17 +57,28 @@ fn strategies() -> Vec<Strategy> {
             uniform: true,
         },
         Strategy {
+            id: "sidekiq8",
+            name: "Sidekiq 8 default: 25 retries, count⁴ + 15 + rand(10·(count+1)) s",
+            policy: sidekiq(Backoff::Sidekiq8),
+            uniform: true,
+        },
+        Strategy {
             id: "sidekiq",
-            name: "Sidekiq default: 25 retries, count⁴ + 15 + rand(10)·(count+1) s",
-            policy: RetryPolicy::builder()
-                .max_attempts(26)
-                .backoff(Backoff::Sidekiq)
-                .max_delay(Duration::from_secs(14 * 24 * 3600))
-                .build()
-                .expect("a valid policy"),
+            name: "Sidekiq's older documented formula: 25 retries, count⁴ + 15 + rand(10)·(count+1) s",
+            policy: sidekiq(Backoff::Sidekiq),
             uniform: true,
         },
     ]
+}
+
+/// Sidekiq's default retry count (25 retries) with one of its backoff formulas.
+fn sidekiq(backoff: Backoff) -> RetryPolicy {
+    RetryPolicy::builder()
+        .max_attempts(26)
+        .backoff(backoff)
+        .max_delay(Duration::from_secs(14 * 24 * 3600))
+        .build()
+        .expect("a valid policy")
 }
 
 fn workload(n: usize, seed: u64) -> Vec<Job> {

@@ -44,8 +44,14 @@ pub enum Backoff {
         /// No delay exceeds this.
         max: Duration,
     },
-    /// Sidekiq's default: `count^4 + 15 + rand(10) · (count + 1)` seconds, `count = n - 1`.
+    /// Sidekiq's default as its older documentation (the wiki) gives it:
+    /// `count^4 + 15 + rand(10) · (count + 1)` seconds, `count = n - 1`: the jitter is one of
+    /// ten multiples of `count + 1`. Kept as it was; [`Backoff::Sidekiq8`] is what Sidekiq runs
+    /// today.
     Sidekiq,
+    /// Sidekiq 8's default (`lib/sidekiq/job_retry.rb`): `count^4 + 15 + rand(10 · (count + 1))`
+    /// seconds, `count = n - 1`: the jitter is any whole second below `10 · (count + 1)`.
+    Sidekiq8,
     /// A function of the retry number and the error.
     Custom(DelayFn),
 }
@@ -81,6 +87,7 @@ impl fmt::Debug for Backoff {
                 .field("max", max)
                 .finish(),
             Self::Sidekiq => f.write_str("Sidekiq"),
+            Self::Sidekiq8 => f.write_str("Sidekiq8"),
             Self::Custom(_) => f.write_str("Custom(..)"),
         }
     }
@@ -175,6 +182,15 @@ impl Backoff {
                     .saturating_add(rng.random_range(0..10u64).saturating_mul(count + 1));
                 secs.saturating_mul(1000)
             }
+            Self::Sidekiq8 => {
+                let count = u64::from(n - 1);
+                let jitter = 10u64.saturating_mul(count + 1);
+                count
+                    .saturating_pow(4)
+                    .saturating_add(15)
+                    .saturating_add(rng.random_range(0..jitter))
+                    .saturating_mul(1000)
+            }
             Self::Custom(f) => return f(n, err),
         };
         Duration::from_millis(ms)
@@ -207,6 +223,14 @@ impl Backoff {
                     .saturating_pow(4)
                     .saturating_add(15)
                     .saturating_add(9 * (count + 1))
+                    .saturating_mul(1000)
+            }
+            Self::Sidekiq8 => {
+                let count = u64::from(n - 1);
+                count
+                    .saturating_pow(4)
+                    .saturating_add(15)
+                    .saturating_add(10 * (count + 1) - 1)
                     .saturating_mul(1000)
             }
             Self::Custom(_) => return None,
@@ -276,6 +300,34 @@ mod tests {
             let lo = count.pow(4) + 15;
             assert!(d >= lo && d <= lo + 9 * (count + 1), "n={n} d={d}");
         }
+    }
+
+    #[test]
+    fn sidekiq8_draws_every_whole_second_of_its_jitter_range() {
+        // Sidekiq 8 (lib/sidekiq/job_retry.rb): `count**4 + 15`, plus `rand(10 * (count + 1))`.
+        let mut rng = StdRng::seed_from_u64(5);
+        for n in 1..=25u32 {
+            let count = u64::from(n - 1);
+            let lo = count.pow(4) + 15;
+            let top = lo + 10 * (count + 1) - 1;
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..4_000 {
+                let d = Backoff::Sidekiq8.delay(n, &err(), &mut rng);
+                assert_eq!(d.subsec_nanos(), 0, "whole seconds");
+                let d = d.as_secs();
+                assert!(d >= lo && d <= top, "n={n} d={d}");
+                seen.insert(d);
+            }
+            // Not only multiples of (count + 1), as the older formula draws.
+            assert_eq!(seen.len() as u64, 10 * (count + 1), "n={n}");
+            assert_eq!(Backoff::Sidekiq8.worst_case(n), Some(Duration::from_secs(top)));
+        }
+        // The older formula's jitter is rand(10) * (count + 1): ten values, multiples of it.
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..2_000 {
+            seen.insert(Backoff::Sidekiq.delay(3, &err(), &mut rng).as_secs() - 31);
+        }
+        assert_eq!(seen, (0..10).map(|j| j * 3).collect());
     }
 
     #[test]

@@ -257,6 +257,11 @@ mod tests {
             .unwrap();
         // Sidekiq's 25 retries take about three weeks: longer than SQS can keep a message.
         assert!(p.check_retention(SQS_MAX_RETENTION).is_err());
+        let p = RetryPolicy {
+            backoff: Backoff::Sidekiq8,
+            ..p
+        };
+        assert!(p.check_retention(SQS_MAX_RETENTION).is_err());
         assert!(
             RetryPolicy::default()
                 .check_retention(Duration::from_secs(4 * 24 * 3600))

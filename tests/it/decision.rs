@@ -586,7 +586,7 @@ fn any_policy() -> impl Strategy<Value = RetryPolicy> {
         1.0f64..5.0,
         1u64..100_000,
         0u64..5_000,
-        0usize..5,
+        0usize..6,
     )
         .prop_map(|(attempts, base, mult, max_s, jitter, kind)| {
             let max = Duration::from_secs(max_s);
@@ -607,6 +607,7 @@ fn any_policy() -> impl Strategy<Value = RetryPolicy> {
                     max,
                 },
                 3 => Backoff::Sidekiq,
+                4 => Backoff::Sidekiq8,
                 _ => Backoff::Custom(std::sync::Arc::new(|n, _| {
                     Duration::from_secs(u64::from(n) * 1000)
                 })),
@@ -778,6 +779,7 @@ proptest! {
             Backoff::FullJitter { base: Duration::from_secs(1), multiplier: 2.0, max: Duration::from_secs(3600) },
             Backoff::Decorrelated { base: Duration::from_secs(1), max: Duration::from_secs(3600) },
             Backoff::Sidekiq,
+            Backoff::Sidekiq8,
         ] {
             let _ = b.delay(n, &err, &mut r);
             let _ = b.worst_case(n);
