@@ -456,6 +456,21 @@ mod tests {
     }
 
     #[test]
+    fn more_than_a_hundred_metrics_spread_over_documents() {
+        let mut m = Metrics::default();
+        for i in 0..250 {
+            let name: &'static str = Box::leak(format!("Counter{i}").into_boxed_str());
+            m.add("t", name, i + 1);
+        }
+        m.handler_duration("t", Duration::from_millis(5));
+        let lines = m.emf_lines(0);
+        assert_eq!(lines.len(), 3);
+        let t = totals(&lines);
+        assert_eq!(t.len(), 251);
+        assert_eq!(t[&("t".to_owned(), "Counter249".to_owned())], (1, 250.0));
+    }
+
+    #[test]
     fn job_types_are_written_as_valid_dimension_values() {
         assert_eq!(dimension_value("billing.charge"), "billing.charge");
         assert_eq!(dimension_value("é-mail\t%"), "%C3%A9-mail%09%25");
