@@ -12,6 +12,10 @@
 #   4. infra/check_templates.py: the generated ranges are up to date; the facts that matter, on
 #      both templates; SAM and CDK compared resource by resource, setting by setting; the
 #      envelope schema and the sample events in events/
+#   5. when the local stack is up (infra/local/test.sh starts it first; CI always has it):
+#      infra/deploy_local.py deploys the SAM translator's output and the `cdk synth` output into
+#      moto's CloudFormation and checks the created queues, table, function, mapping, log group
+#      and dashboard through their APIs (docs/deploy.md, "Deployed into the local stack")
 #
 # Tools go to .local/venv-infra (Python) and infra/cdk/node_modules (npm ci); outputs to
 # .local/infra-check/. Ends with the line `N passed, M failed`; exits non-zero on any failure.
@@ -112,3 +116,15 @@ step "facts"
   --events events \
   --schema schema/envelope.schema.json \
   --limits "$OUT/config-limits.json"
+
+# ---------------------------------------------------------------- deployed into the local stack
+step "deploy into the local stack's CloudFormation (moto) and check the created resources"
+STACK_PY="${TRIAGE_VENV:-$ROOT/.local/venv}/bin/python"
+MOTO_ENDPOINT="http://127.0.0.1:${TRIAGE_MOTO_PORT:-45660}"
+if [ -x "$STACK_PY" ] && "$STACK_PY" infra/deploy_local.py --probe --endpoint "$MOTO_ENDPOINT"; then
+  "$STACK_PY" infra/deploy_local.py --endpoint "$MOTO_ENDPOINT" \
+    --sam-cfn "$OUT/sam-template.json" \
+    --cdk-out "$OUT/cdk.out"
+else
+  echo "skipped: the local stack is not up (bash infra/local/stack.sh start, or run infra/local/test.sh)"
+fi
