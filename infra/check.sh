@@ -8,10 +8,14 @@
 #   2. aws-sam-translator: SAM -> plain CloudFormation JSON
 #   3. tsc --noEmit, the CDK stack's tests (infra/cdk/test), then `cdk synth` of infra/cdk
 #      without compiling the crate, with cdk-nag (AwsSolutions); an unacknowledged cdk-nag error
-#      fails the synth
+#      fails the synth; again with other settings, and for the FIFO variant
 #   4. infra/check_templates.py: the generated ranges are up to date; the facts that matter, on
 #      both templates; SAM and CDK compared resource by resource, setting by setting; the
 #      envelope schema and the sample events in events/
+#   5. when the local stack is up (infra/local/test.sh starts it first; CI always has it):
+#      infra/deploy_local.py deploys the SAM translator's output and the `cdk synth` output into
+#      moto's CloudFormation and checks the created queues, table, function, mapping, log group
+#      and dashboard through their APIs (docs/deploy.md, "Deployed into the local stack")
 #
 # Tools go to .local/venv-infra (Python) and infra/cdk/node_modules (npm ci); outputs to
 # .local/infra-check/. Ends with the line `N passed, M failed`; exits non-zero on any failure.
@@ -101,6 +105,12 @@ rm -rf "$OUT/cdk-other.out"
   -c skipBundling=true "${OTHER[@]}" --output "$OUT/cdk-other.out")
 echo "cdk synth: ok (${#OTHER[@]} arguments)"
 
+step "cdk synth (no bundling), the FIFO variant (-c queueType=fifo)"
+rm -rf "$OUT/cdk-fifo.out"
+(cd "$CDK_DIR" && npx --no-install cdk synth --quiet --no-notices --no-version-reporting \
+  -c skipBundling=true -c queueType=fifo --output "$OUT/cdk-fifo.out")
+echo "cdk synth: ok (FIFO)"
+
 # ---------------------------------------------------------------- facts
 step "facts"
 "$VENV/bin/python" infra/check_templates.py check \
@@ -109,6 +119,20 @@ step "facts"
   --cdk-out "$OUT/cdk.out" \
   --cdk-other-out "$OUT/cdk-other.out" \
   --other-settings infra/parity-settings.json \
+  --cdk-fifo-out "$OUT/cdk-fifo.out" \
   --events events \
   --schema schema/envelope.schema.json \
   --limits "$OUT/config-limits.json"
+
+# ---------------------------------------------------------------- deployed into the local stack
+step "deploy into the local stack's CloudFormation (moto) and check the created resources"
+STACK_PY="${TRIAGE_VENV:-$ROOT/.local/venv}/bin/python"
+MOTO_ENDPOINT="http://127.0.0.1:${TRIAGE_MOTO_PORT:-45660}"
+if [ -x "$STACK_PY" ] && "$STACK_PY" infra/deploy_local.py --probe --endpoint "$MOTO_ENDPOINT"; then
+  "$STACK_PY" infra/deploy_local.py --endpoint "$MOTO_ENDPOINT" \
+    --sam-cfn "$OUT/sam-template.json" \
+    --cdk-out "$OUT/cdk.out" \
+    --cdk-fifo-out "$OUT/cdk-fifo.out"
+else
+  echo "skipped: the local stack is not up (bash infra/local/stack.sh start, or run infra/local/test.sh)"
+fi

@@ -167,6 +167,10 @@ def emitted() -> "Emitted":
     return _EMITTED
 
 
+def is_fifo(queue_props: dict) -> bool:
+    return queue_props.get("FifoQueue") in (True, "true")
+
+
 def esm_scaling_ok(esm: dict) -> bool:
     """Exactly one of ScalingConfig.MaximumConcurrency (2..1000) and ProvisionedPollerConfig (SQS's ranges)."""
     mc = esm.get("ScalingConfig", {}).get("MaximumConcurrency")
@@ -319,6 +323,9 @@ def sam_rules(raw: dict, factor: int) -> dict:
     return rules
 
 
+KEPT_RULES_COMMENT = "# Not generated (kept as they are by `sam-rules`): what a FIFO source's mapping accepts."
+
+
 def write_sam_rules(sam_path: Path, factor: int) -> None:
     """Rewrites the generated `Rules:` section of the SAM template in place."""
     text = sam_path.read_text()
@@ -330,13 +337,22 @@ def write_sam_rules(sam_path: Path, factor: int) -> None:
     def flow(x) -> str:  # one-line YAML (JSON is YAML)
         return json.dumps(x, separators=(", ", ": "))
 
-    for name, r in rules.items():
+    def emit(name, r):
         a = r["Assertions"][0]
-        lines += [f"  {name}:",
-                  f"    RuleCondition: {flow(r['RuleCondition'])}",
-                  "    Assertions:",
-                  f"      - Assert: {flow(a['Assert'])}",
-                  f"        AssertDescription: {json.dumps(a['AssertDescription'])}"]
+        return [f"  {name}:",
+                f"    RuleCondition: {flow(r['RuleCondition'])}",
+                "    Assertions:",
+                f"      - Assert: {flow(a['Assert'])}",
+                f"        AssertDescription: {json.dumps(a['AssertDescription'])}"]
+
+    for name, r in rules.items():
+        lines += emit(name, r)
+    # The template's other rules (the FIFO ones) are kept as they are, after the generated ones.
+    kept = {k: v for k, v in load_yaml_template(sam_path).get("Rules", {}).items() if not k.startswith("ReceivesFor")}
+    if kept:
+        lines.append(f"  {KEPT_RULES_COMMENT}")
+        for name, r in kept.items():
+            lines += emit(name, r)
     block = "\n".join(lines) + "\n\n"
     m = re.search(r"^Rules:\n(?:(?:[ #].*)?\n)*", text, re.M)
     if m:
@@ -650,8 +666,10 @@ class Facts:
     """The shared facts, asserted on one evaluated template."""
 
     def __init__(self, tag: str, tpl: Template, report: Report, derived: "Derived | None" = None,
-                 factor: int | None = None, limits: dict | None = None):
+                 factor: int | None = None, limits: dict | None = None, fifo: bool | None = None):
         self.tag = tag
+        # The variant this template must be: FIFO queues (True), standard ones (False), either (None).
+        self.fifo = fifo
         self.limits = limits or {"variables": []}
         self.t = tpl
         self.r = report
@@ -701,10 +719,13 @@ class Facts:
         self.c("event source mapping has ReportBatchItemFailures on", lambda: (
             "ReportBatchItemFailures" in esm.get("FunctionResponseTypes", []),
             f"FunctionResponseTypes={esm.get('FunctionResponseTypes')}"))
-        self.c("event source mapping sets batch size, batching window and maximum concurrency", lambda: (
-            1 <= num(esm["BatchSize"]) <= 10000
-            and 0 <= num(esm.get("MaximumBatchingWindowInSeconds", 0)) <= 300
-            and (num(esm["BatchSize"]) <= 10 or num(esm.get("MaximumBatchingWindowInSeconds", 0)) >= 1)
+        src_fifo = is_fifo(t.props(self.src))
+        self.c("event source mapping sets batch size, batching window (none on a FIFO source, which takes at most "
+               "10 records) and maximum concurrency", lambda: (
+            1 <= num(esm["BatchSize"]) <= (10 if src_fifo else 10000)
+            and (("MaximumBatchingWindowInSeconds" not in esm) if src_fifo
+                 else 0 <= num(esm["MaximumBatchingWindowInSeconds"]) <= 300
+                 and (num(esm["BatchSize"]) <= 10 or num(esm["MaximumBatchingWindowInSeconds"]) >= 1))
             and 2 <= num(esm["ScalingConfig"]["MaximumConcurrency"]) <= 1000,
             json.dumps({k: esm.get(k) for k in ("BatchSize", "MaximumBatchingWindowInSeconds", "ScalingConfig")})))
         self.c("event source mapping: exactly one of MaximumConcurrency and provisioned pollers (SQS: 2 to 200 "
@@ -738,6 +759,7 @@ class Facts:
             # Unset, the resource default applies: 1 MiB (it was 256 KiB before SQS raised its limit).
             num(dlqp.get("MaximumMessageSize", MAX_MESSAGE_SIZE)) >= num(srcp.get("MaximumMessageSize", MAX_MESSAGE_SIZE)),
             f"source {srcp.get('MaximumMessageSize')} dlq {dlqp.get('MaximumMessageSize')}"))
+        self.fifo_facts(srcp, dlqp)
         self.c("DLQ keeps messages 14 days, source queue 4 days", lambda: (
             num(dlqp["MessageRetentionPeriod"]) == 1209600 and num(srcp["MessageRetentionPeriod"]) == 345600,
             f"dlq {dlqp.get('MessageRetentionPeriod')} source {srcp.get('MessageRetentionPeriod')}"))
@@ -771,6 +793,23 @@ class Facts:
             and outs.get("DlqUrl") == t.ref(self.dlq)
             and outs.get("TableName") == t.ref(self.table),
             json.dumps(outs)))
+
+    def fifo_facts(self, srcp: dict, dlqp: dict) -> None:
+        t = self.t
+        names = {"source": t.getatt(self.src, "QueueName"), "dlq": t.getatt(self.dlq, "QueueName")}
+        kinds = {"source": is_fifo(srcp), "dlq": is_fifo(dlqp)}
+        detail = json.dumps({k: {"name": names[k], "FifoQueue": p.get("FifoQueue"),
+                                 "ContentBasedDeduplication": p.get("ContentBasedDeduplication")}
+                             for k, p in (("source", srcp), ("dlq", dlqp))})
+        want = {True: "FIFO", False: "standard", None: "FIFO or standard"}[self.fifo]
+        self.c(f"queues: both {want}, FIFO together (the DLQ FIFO exactly when its source is)", lambda: (
+            kinds["source"] == kinds["dlq"] and (self.fifo is None or kinds["source"] == self.fifo), detail))
+        self.c("queues: a name ends .fifo exactly when the queue is FIFO", lambda: (
+            all(names[k].endswith(".fifo") == kinds[k] for k in names), detail))
+        self.c("queues: content-based deduplication off (ContentBasedDeduplication false on a FIFO queue, unset on "
+               "a standard one)", lambda: (
+            all(p.get("ContentBasedDeduplication") in ((False, "false") if kinds[k] else (None,))
+                for k, p in (("source", srcp), ("dlq", dlqp))), detail))
 
     def tls_only(self):
         covered = set()
@@ -1045,6 +1084,19 @@ def sam_only_facts(sam_path: Path, sam_raw: dict, sam_cfn: dict, report: Report)
 
     report.check("[sam] EventSourceScaling=ProvisionedPollers sets ProvisionedPollerConfig and drops MaximumConcurrency",
                  pollers)
+
+    def fifo_rules():
+        params = Params(sam_raw)
+        cases = [({"QueueType": "fifo"}, True), ({"QueueType": "fifo", "BatchSize": "10"}, True),
+                 ({"QueueType": "fifo", "BatchSize": "11"}, False), ({"QueueType": "fifo", "BatchSize": "10000",
+                                                                      "MaxBatchingWindowSeconds": "1"}, False),
+                 ({"QueueType": "fifo", "MaxBatchingWindowSeconds": "1"}, False),
+                 ({"QueueType": "standard", "BatchSize": "20", "MaxBatchingWindowSeconds": "1"}, True)]
+        wrong = [(v, want) for v, want in cases if params.rules_pass(v) != want]
+        return not wrong, f"wrong verdicts (values, should pass): {wrong}"
+
+    report.check("[sam] Rules: QueueType fifo refuses BatchSize above 10 and any batching window (Lambda's FIFO "
+                 "limits); standard queues keep their ranges", fifo_rules)
 
 
 def sam_only_facts_thresholds(sam_raw: dict, sam_cfn: dict, report: Report) -> None:
@@ -1484,6 +1536,67 @@ def mutant_facts(sam_cfn: dict, cdk_cfn: dict, derived: "Derived", factor, limit
                  fixed_threshold)
 
 
+# SAM parameters that choose a variant of the stack rather than a setting: each variant is
+# evaluated, checked and compared with its CDK synth on its own ([sam fifo], [sam=cdk fifo]).
+VARIANT_PARAMS = {"QueueType": "fifo"}
+
+
+def _fifo_queue(tpl: Template, which: str) -> dict:
+    f = Facts("x", tpl, Report(quiet=True))
+    return tpl.resources[f.src if which == "source" else f.dlq]["Properties"]
+
+
+# Broken copies of the FIFO variant: (what, how, the fact label part that must fail).
+FIFO_MUTANTS = [
+    ("the DLQ is a standard queue behind the FIFO source",
+     lambda t: (_fifo_queue(t, "dlq").pop("FifoQueue"), _fifo_queue(t, "dlq").pop("ContentBasedDeduplication")),
+     "FIFO together"),
+    ("content-based deduplication on the source queue",
+     lambda t: _fifo_queue(t, "source").__setitem__("ContentBasedDeduplication", True), "content-based deduplication off"),
+    ("content-based deduplication unset on the DLQ",
+     lambda t: _fifo_queue(t, "dlq").pop("ContentBasedDeduplication"), "content-based deduplication off"),
+    ("the FIFO DLQ's name without .fifo",
+     lambda t: _fifo_queue(t, "dlq").__setitem__("QueueName", "sqs-triage-dlq"), "name ends .fifo exactly when"),
+    ("a batching window on the FIFO source's mapping",
+     lambda t: _esm(t).__setitem__("MaximumBatchingWindowInSeconds", 1), "none on a FIFO source"),
+    ("batch size 20 on the FIFO source's mapping",
+     lambda t: _esm(t).__setitem__("BatchSize", 20), "none on a FIFO source"),
+    ("both queues standard where FIFO is asked for",
+     lambda t: [(_fifo_queue(t, w).pop("FifoQueue"), _fifo_queue(t, w).pop("ContentBasedDeduplication"),
+                 _fifo_queue(t, w).__setitem__("QueueName", f"sqs-triage-{w}")) for w in ("dlq", "source")],
+     "both FIFO"),
+]
+
+
+def fifo_mutant_facts(sam_cfn: dict, cdk_fifo_cfn: dict, derived: "Derived", factor, limits, report: Report) -> None:
+    """Every FIFO fact fails on a broken copy of either template's FIFO variant."""
+    for tag, raw, params in (("sam fifo", sam_cfn, VARIANT_PARAMS), ("cdk fifo", cdk_fifo_cfn, {})):
+        for what, breaks, label in FIFO_MUTANTS:
+            tpl = Template(copy.deepcopy(raw), params)
+            try:
+                breaks(tpl)
+            except (StopIteration, KeyError, IndexError, ValueError) as e:
+                report.fact(f"[broken copy] {tag}, {what}: caught by '{label}'", False,
+                            f"the template has nothing this breaks ({type(e).__name__} {e})")
+                continue
+            tpl = Template(tpl.raw, params)  # names evaluated afresh (finding the queues cached them)
+            rep = Report(quiet=True)
+            try:
+                Facts(tag, tpl, rep, derived, factor, limits, fifo=True).run()
+            except StopIteration:  # the redrive target is no longer found by its ARN: also caught
+                rep.fact("FIFO together: the source's redrive target is not a queue of the template", False)
+            caught = [f for f in rep.failures if label in f]
+            report.fact(f"[broken copy] {tag}, {what}: caught by '{label}'", bool(caught), f"failed only {rep.failures}")
+
+    # Parity: a CDK FIFO variant that differs from SAM's is a difference.
+    cdk = Template(copy.deepcopy(cdk_fifo_cfn))
+    _fifo_queue(cdk, "source")["ContentBasedDeduplication"] = True
+    rep = Report(quiet=True)
+    parity_facts(Template(copy.deepcopy(sam_cfn), VARIANT_PARAMS), cdk, rep, "sam=cdk fifo")
+    report.fact("[broken copy] CDK FIFO source queue with content-based deduplication: caught by [sam=cdk fifo]",
+                rep.failed > 0, "no parity fact failed")
+
+
 def parity_settings(path: Path) -> list[dict]:
     return json.loads(path.read_text())["settings"]
 
@@ -1493,9 +1606,10 @@ def other_settings_facts(sam_raw: dict, sam_cfn: dict, cdk_alt_out: Path, settin
     settings = parity_settings(settings_path)
     params = Params(sam_raw)
     listed = {s["sam"] for s in settings}
-    report.fact(f"[sam=cdk other settings] {settings_path.name} lists every SAM parameter, each with a value it "
-                "accepts and that is not its default",
-                listed == set(params.decl) and len(listed) == len(settings)
+    report.fact(f"[sam=cdk other settings] {settings_path.name} lists every SAM parameter but the variants' "
+                f"({', '.join(VARIANT_PARAMS)}: compared in their own runs), each with a value it accepts and that "
+                "is not its default",
+                listed == set(params.decl) - set(VARIANT_PARAMS) and len(listed) == len(settings)
                 and all(params.accepts(s["sam"], s["value"]) and str(params.decl[s["sam"]].get("Default")) != s["value"]
                         for s in settings)
                 and params.rules_pass({s["sam"]: s["value"] for s in settings}),
@@ -1532,6 +1646,7 @@ def main() -> int:
     ck.add_argument("--schema", help="envelope JSON Schema")
     ck.add_argument("--cdk-other-out", help="the CDK app synthesized with the values of --other-settings")
     ck.add_argument("--other-settings", help="infra/parity-settings.json")
+    ck.add_argument("--cdk-fifo-out", help="the CDK app synthesized with -c queueType=fifo")
     ck.add_argument("--limits", required=True,
                     help="src/config.rs's limits as JSON (`cargo run --example config_limits`)")
     args = ap.parse_args()
@@ -1569,16 +1684,26 @@ def main() -> int:
     limits = json.loads(Path(args.limits).read_text())
     generated_facts(limits, report)
     factor = rule_facts(ROOT, sam_raw, limits, report)
-    Facts("sam", Template(copy.deepcopy(sam_cfn)), report, derived, factor, limits).run()
+    Facts("sam", Template(copy.deepcopy(sam_cfn)), report, derived, factor, limits, fifo=False).run()
     sam_only_facts(sam_path, sam_raw, sam_cfn, report)
-    Facts("cdk", Template(copy.deepcopy(cdk_cfn)), report, derived, factor, limits).run()
+    Facts("cdk", Template(copy.deepcopy(cdk_cfn)), report, derived, factor, limits, fifo=False).run()
     cdk_only_facts(cdk_out, cdk_cfn, report)
     parity_facts(Template(copy.deepcopy(sam_cfn)), Template(copy.deepcopy(cdk_cfn)), report)
+    cdk_fifo_cfn = None
+    if args.cdk_fifo_out:
+        cdk_fifo_cfn = json.loads(find_cdk_template(Path(args.cdk_fifo_out)).read_text())
+        Facts("sam fifo", Template(copy.deepcopy(sam_cfn), VARIANT_PARAMS), report, derived, factor, limits,
+              fifo=True).run()
+        Facts("cdk fifo", Template(copy.deepcopy(cdk_fifo_cfn)), report, derived, factor, limits, fifo=True).run()
+        parity_facts(Template(copy.deepcopy(sam_cfn), VARIANT_PARAMS), Template(copy.deepcopy(cdk_fifo_cfn)), report,
+                     "sam=cdk fifo")
     if args.cdk_other_out and args.other_settings:
         other_settings_facts(sam_raw, sam_cfn, Path(args.cdk_other_out), Path(args.other_settings), report)
     if args.events and args.schema:
         events_facts(Path(args.events), Path(args.schema), report)
     mutant_facts(sam_cfn, cdk_cfn, derived, factor, limits, report)
+    if cdk_fifo_cfn is not None:
+        fifo_mutant_facts(sam_cfn, cdk_fifo_cfn, derived, factor, limits, report)
 
     print(f"{report.passed} passed, {report.failed} failed")
     return 1 if report.failed else 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 import { App, Validations } from 'aws-cdk-lib';
 import { AwsSolutionsChecks } from 'cdk-nag';
-import { EventSourceScaling, TRIAGE_POLICY_DEFAULTS, TriageStack } from '../lib/triage-stack';
+import { EventSourceScaling, QueueType, TRIAGE_POLICY_DEFAULTS, TriageStack } from '../lib/triage-stack';
 
 const app = new App();
 
@@ -43,6 +43,7 @@ new TriageStack(app, 'SqsTriage', {
   eventSourceScaling: ctx('eventSourceScaling', 'MaximumConcurrency') as EventSourceScaling,
   minimumPollers: num('minimumPollers', 2),
   maximumPollers: num('maximumPollers', 200),
+  queueType: ctx('queueType', 'standard') as QueueType,
   maxReceiveCount: num('maxReceiveCount', 100),
   sourceRetentionSeconds: num('sourceRetentionSeconds', 345600),
   pointInTimeRecovery: ctx('pointInTimeRecovery', 'true') !== 'false',

@@ -128,6 +128,11 @@ export interface TriageStackProps extends StackProps {
   readonly minimumPollers: number;
   /** Provisioned mode: pollers it may scale up to (at least minimumPollers). */
   readonly maximumPollers: number;
+  /**
+   * 'standard' (default) or 'fifo': both queues FIFO (names ending .fifo, content-based
+   * deduplication off), the mapping without a batching window and at most 10 records.
+   */
+  readonly queueType?: QueueType;
   /** Safety-net redrive: at least RECEIVES_PER_ATTEMPT x TRIAGE_MAX_ATTEMPTS (deferrals count as receives). */
   readonly maxReceiveCount: number;
   readonly sourceRetentionSeconds: number;
@@ -157,6 +162,10 @@ const FUNCTION_ERRORS_ALARM_DESCRIPTION = 'triage-lambda failed: an invocation e
 /** The event source mapping's two ways to scale (the SAM template's EventSourceScaling). */
 export const EVENT_SOURCE_SCALING = ['MaximumConcurrency', 'ProvisionedPollers'] as const;
 export type EventSourceScaling = typeof EVENT_SOURCE_SCALING[number];
+
+/** The queues' two kinds (the SAM template's QueueType). */
+export const QUEUE_TYPES = ['standard', 'fifo'] as const;
+export type QueueType = typeof QUEUE_TYPES[number];
 
 /** SQS's largest message, 1 MiB: both queues take it, so a dead-lettered copy always fits. */
 export const MAX_MESSAGE_SIZE_BYTES = 1_048_576;
@@ -272,14 +281,27 @@ export class TriageStack extends Stack {
         + `it must be at least ${RECEIVES_PER_ATTEMPT} x ${maxAttempts} = ${RECEIVES_PER_ATTEMPT * maxAttempts}, since deferrals count as receives`);
     }
 
-    const sourceQueueName = `${this.stackName}-jobs`;
+    const fifo = (props.queueType ?? 'standard') === 'fifo';
+    if (!(QUEUE_TYPES as readonly string[]).includes(props.queueType ?? 'standard')) {
+      throw new Error(`queueType (${props.queueType}) must be one of ${QUEUE_TYPES.join(', ')}`);
+    }
+    if (fifo && (props.batchSize > 10 || props.maxBatchingWindowSeconds !== 0)) {
+      throw new Error(`a FIFO source takes batchSize 10 or less (${props.batchSize}) and no batching window `
+        + `(maxBatchingWindowSeconds ${props.maxBatchingWindowSeconds} must be 0)`);
+    }
+    // FIFO: both queues (SQS refuses a standard DLQ behind a FIFO queue); content-based
+    // deduplication off (the function gives every DLQ copy its own deduplication id).
+    const fifoProps = fifo ? { fifo: true, contentBasedDeduplication: false } : {};
+    const suffix = fifo ? '.fifo' : '';
+    const sourceQueueName = `${this.stackName}-jobs${suffix}`;
     // Built from the name: referencing the source queue itself would be a dependency cycle,
     // since the source queue references the DLQ in its redrive policy.
     const sourceQueueArn = this.formatArn({ service: 'sqs', resource: sourceQueueName });
 
     // ------------------------------------------------------------- queues
     const dlq = new sqs.Queue(this, 'DeadLetterQueue', {
-      queueName: `${this.stackName}-dlq`,
+      queueName: `${this.stackName}-dlq${suffix}`,
+      ...fifoProps,
       retentionPeriod: Duration.days(14),
       // As the source queue: a dead-lettered copy (body and triage-failure attribute) always fits.
       maxMessageSizeBytes: MAX_MESSAGE_SIZE_BYTES,
@@ -293,6 +315,7 @@ export class TriageStack extends Stack {
 
     const queue = new sqs.Queue(this, 'SourceQueue', {
       queueName: sourceQueueName,
+      ...fifoProps,
       retentionPeriod: Duration.seconds(props.sourceRetentionSeconds),
       visibilityTimeout: Duration.seconds(props.functionTimeoutSeconds * VISIBILITY_FACTOR),
       maxMessageSizeBytes: MAX_MESSAGE_SIZE_BYTES,
@@ -406,8 +429,8 @@ export class TriageStack extends Stack {
     fn.addEventSourceMapping('SqsSource', {
       eventSourceArn: queue.queueArn,
       batchSize: props.batchSize,
-      // Always set, 0 included, as the SAM template does.
-      maxBatchingWindow: Duration.seconds(props.maxBatchingWindowSeconds),
+      // Always set, 0 included, as the SAM template does; FIFO sources have no batching window.
+      ...(fifo ? {} : { maxBatchingWindow: Duration.seconds(props.maxBatchingWindowSeconds) }),
       // Exactly one of maximum concurrency and provisioned pollers (eventSourceScaling).
       ...(props.eventSourceScaling === 'ProvisionedPollers'
         ? { provisionedPollerConfig: { minimumPollers: props.minimumPollers, maximumPollers: props.maximumPollers } }

@@ -139,3 +139,24 @@ test('both queues take 1 MiB messages; one dashboard', () => {
   for (const q of queues) assert.equal(q.Properties.MaximumMessageSize, 1_048_576);
   assert.equal(Object.keys(t.findResources('AWS::CloudWatch::Dashboard')).length, 1);
 });
+
+test('queueType fifo: both queues FIFO with content-based deduplication off, names ending .fifo; no batching window', () => {
+  const t = Template.fromStack(stack({}, { queueType: 'fifo' }));
+  const queues = Object.values(t.findResources('AWS::SQS::Queue')).map((r) => r.Properties);
+  assert.equal(queues.length, 2);
+  for (const q of queues) {
+    assert.equal(q.FifoQueue, true);
+    assert.equal(q.ContentBasedDeduplication, false);
+    assert.match(q.QueueName, /\.fifo$/);
+  }
+  const [m] = Object.values(t.findResources('AWS::Lambda::EventSourceMapping')).map((r) => r.Properties);
+  assert.equal(m.MaximumBatchingWindowInSeconds, undefined);
+  // Standard queues: no FIFO settings at all.
+  for (const q of Object.values(Template.fromStack(stack()).findResources('AWS::SQS::Queue')).map((r) => r.Properties)) {
+    assert.equal(q.FifoQueue, undefined);
+    assert.equal(q.ContentBasedDeduplication, undefined);
+  }
+  assert.throws(() => stack({}, { queueType: 'fifo', batchSize: 11, maxBatchingWindowSeconds: 1 }), /FIFO/);
+  assert.throws(() => stack({}, { queueType: 'fifo', maxBatchingWindowSeconds: 1 }), /FIFO/);
+  assert.throws(() => stack({}, { queueType: 'lifo' as never }), /queueType/);
+});
