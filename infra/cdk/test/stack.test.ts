@@ -111,7 +111,7 @@ test('the other settings of infra/parity-settings.json synthesize', () => {
   for (const s of settings) {
     if (s.cdk in TRIAGE_POLICY_RANGES) policy[s.cdk] = s.value;
     else if (s.cdk === 'pointInTimeRecovery') props[s.cdk] = s.value === 'true';
-    else if (s.cdk === 'alarmTopicArn' || s.cdk === 'eventSourceScaling') props[s.cdk] = s.value;
+    else if (['alarmTopicArn', 'eventSourceScaling', 'applicationLogLevel'].includes(s.cdk)) props[s.cdk] = s.value;
     else props[s.cdk] = Number(s.value);
   }
   stack(policy, props as Partial<TriageStackProps>);
@@ -138,4 +138,15 @@ test('both queues take 1 MiB messages; one dashboard', () => {
   assert.equal(queues.length, 2);
   for (const q of queues) assert.equal(q.Properties.MaximumMessageSize, 1_048_576);
   assert.equal(Object.keys(t.findResources('AWS::CloudWatch::Dashboard')).length, 1);
+});
+
+test('the function logs JSON at its application log level; Lambda platform lines from WARN', () => {
+  const logging = (props: Partial<TriageStackProps>) => {
+    const fns = Template.fromStack(stack({}, props)).findResources('AWS::Lambda::Function');
+    return Object.values(fns)[0].Properties.LoggingConfig;
+  };
+  assert.deepEqual({ ...logging({}), LogGroup: undefined },
+    { LogFormat: 'JSON', ApplicationLogLevel: 'INFO', SystemLogLevel: 'WARN', LogGroup: undefined });
+  assert.equal(logging({ applicationLogLevel: 'ERROR' as never }).ApplicationLogLevel, 'ERROR');
+  assert.throws(() => stack({}, { applicationLogLevel: 'LOUD' as never }), /applicationLogLevel/);
 });
