@@ -157,6 +157,8 @@ class Emitted:
 
 
 MAX_MESSAGE_SIZE = 1048576  # SQS's largest message, 1 MiB
+# Lambda's application log levels (LoggingConfig.ApplicationLogLevel), least severe first.
+LAMBDA_LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL"]
 _EMITTED: "Emitted | None" = None
 
 
@@ -783,6 +785,14 @@ class Facts:
             {k: str(self.env.get(k)) for k in POLICY_VARS} == {k: defaults[k] for k in POLICY_VARS},
             json.dumps({k: [self.env.get(k), defaults.get(k)] for k in POLICY_VARS})))
 
+        lc = self.fnp.get("LoggingConfig", {})
+        self.c("function logs JSON lines at an application log level (LoggingConfig: LogFormat JSON, "
+               "ApplicationLogLevel one of Lambda's, SystemLogLevel INFO), into its log group", lambda: (
+                   lc.get("LogFormat") == "JSON" and lc.get("ApplicationLogLevel") in LAMBDA_LOG_LEVELS
+                   and lc.get("SystemLogLevel") == "INFO"
+                   and lc.get("LogGroup") in [t.ref(g) for g in t.of_type("AWS::Logs::LogGroup")],
+                   json.dumps(lc)))
+
         self.iam_facts(src_arn, dlq_arn, table_arn)
         self.alarm_facts()
         self.dashboard_facts()
@@ -1074,6 +1084,7 @@ def sam_only_facts(sam_path: Path, sam_raw: dict, sam_cfn: dict, report: Report)
     report.check("[sam] every alarm notifies AlarmTopicArn when it is set, none when it is empty", alarm_topic)
 
     sam_only_facts_thresholds(sam_raw, sam_cfn, report)
+    sam_only_facts_log_level(sam_raw, sam_cfn, report)
 
     def pollers():
         tpl = Template(copy.deepcopy(sam_cfn), {"EventSourceScaling": "ProvisionedPollers", "MinimumPollers": "3",
@@ -1097,6 +1108,23 @@ def sam_only_facts(sam_path: Path, sam_raw: dict, sam_cfn: dict, report: Report)
 
     report.check("[sam] Rules: QueueType fifo refuses BatchSize above 10 and any batching window (Lambda's FIFO "
                  "limits); standard queues keep their ranges", fifo_rules)
+
+
+def sam_only_facts_log_level(sam_raw: dict, sam_cfn: dict, report: Report) -> None:
+    def log_level():
+        p = sam_raw["Parameters"].get("ApplicationLogLevel", {})
+        bad = [] if p.get("AllowedValues") == LAMBDA_LOG_LEVELS and p.get("Default") == "INFO" else [
+            f"parameter {json.dumps(p)}"]
+        for value in LAMBDA_LOG_LEVELS:
+            tpl = Template(copy.deepcopy(sam_cfn), {"ApplicationLogLevel": value})
+            f = Facts("sam", tpl, Report(quiet=True))
+            got = f.fnp.get("LoggingConfig", {}).get("ApplicationLogLevel")
+            if got != value:
+                bad.append(f"ApplicationLogLevel={value}: {got}")
+        return not bad, "; ".join(bad)
+
+    report.check("[sam] the function's ApplicationLogLevel is the ApplicationLogLevel parameter (Lambda's levels, "
+                 "default INFO)", log_level)
 
 
 def sam_only_facts_thresholds(sam_raw: dict, sam_cfn: dict, report: Report) -> None:
@@ -1406,6 +1434,10 @@ def _esm(tpl: Template) -> dict:
     return tpl.resources[tpl.of_type("AWS::Lambda::EventSourceMapping")[0]]["Properties"]
 
 
+def _logging(tpl: Template) -> dict:
+    return tpl.resources[tpl.of_type("AWS::Lambda::Function")[0]]["Properties"]["LoggingConfig"]
+
+
 def _queue(tpl: Template, which: str) -> dict:
     f = Facts("x", tpl, Report(quiet=True))
     return tpl.resources[f.src if which == "source" else f.dlq]["Properties"]
@@ -1473,6 +1505,12 @@ MUTANTS = [
      lambda t: _esm(t).__setitem__("ProvisionedPollerConfig", {"MinimumPollers": 2, "MaximumPollers": 10}),
      "exactly one of MaximumConcurrency and provisioned pollers"),
     ("mapping without MetricsConfig", lambda t: _esm(t).pop("MetricsConfig"), "MetricsConfig EventCount"),
+    ("function logs Text (no level filter, no AWS_LAMBDA_LOG_LEVEL)",
+     lambda t: _logging(t).__setitem__("LogFormat", "Text"), "function logs JSON lines"),
+    ("function without an application log level",
+     lambda t: _logging(t).pop("ApplicationLogLevel"), "function logs JSON lines"),
+    ("function with Lambda's platform lines from WARN (no REPORT lines)",
+     lambda t: _logging(t).__setitem__("SystemLogLevel", "WARN"), "function logs JSON lines"),
 ]
 
 
@@ -1497,7 +1535,9 @@ def mutant_facts(sam_cfn: dict, cdk_cfn: dict, derived: "Derived", factor, limit
     for what, breaks in (("CDK dashboard with another widget title",
                           lambda t: _set_body(t, lambda b: _widget(b, "Deferred")["properties"].__setitem__("title", "x"))),
                          ("CDK throttles alarm with another threshold",
-                          lambda t: _alarm(t, "Throttles").__setitem__("Threshold", 9))):
+                          lambda t: _alarm(t, "Throttles").__setitem__("Threshold", 9)),
+                         ("CDK function at another application log level",
+                          lambda t: _logging(t).__setitem__("ApplicationLogLevel", "DEBUG"))):
         cdk = Template(copy.deepcopy(cdk_cfn))
         try:
             breaks(cdk)
@@ -1534,6 +1574,19 @@ def mutant_facts(sam_cfn: dict, cdk_cfn: dict, derived: "Derived", factor, limit
 
     report.check("[broken copy] sam, a threshold that ignores its parameter: caught by 'threshold is its parameter'",
                  fixed_threshold)
+
+    # SAM: the application log level written as a level instead of its parameter.
+    def fixed_log_level():
+        broken = copy.deepcopy(sam_cfn)
+        for r in broken["Resources"].values():
+            if r["Type"] == "AWS::Lambda::Function":
+                r["Properties"]["LoggingConfig"]["ApplicationLogLevel"] = "INFO"
+        rep = Report(quiet=True)
+        sam_only_facts_log_level(load_yaml_template(ROOT / "infra/template.yaml"), broken, rep)
+        return rep.failed > 0, "not caught"
+
+    report.check("[broken copy] sam, an application log level that ignores its parameter: caught by "
+                 "'ApplicationLogLevel is the ApplicationLogLevel parameter'", fixed_log_level)
 
 
 # SAM parameters that choose a variant of the stack rather than a setting: each variant is

@@ -369,7 +369,7 @@ fn emit_startup_metric(skipped: u64) {
             }],
         },
     });
-    println!("{line}");
+    print_emf(&line.to_string());
 }
 
 /// The `deadLetterTargetArn` of a queue's `RedrivePolicy`.
@@ -419,6 +419,42 @@ pub(crate) fn init_tracing() {
     } else {
         builder.with_target(false).try_init()
     };
+}
+
+/// Prints one EMF metric line to stdout. Under Lambda's JSON log format
+/// (`AWS_LAMBDA_LOG_FORMAT=JSON`) the line carries a `level` that Lambda's application log
+/// level filter keeps: Lambda reads a JSON line without `level` as INFO and drops it when the
+/// function's log level (`AWS_LAMBDA_LOG_LEVEL`) is WARN or above, which would lose the
+/// metrics (and the alarms and dashboard that read them). The level is INFO, or the function's
+/// log level when that is higher.
+pub(crate) fn print_emf(line: &str) {
+    static LEVEL: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
+    let level = LEVEL.get_or_init(|| {
+        emf_level(
+            std::env::var("AWS_LAMBDA_LOG_FORMAT").ok().as_deref(),
+            std::env::var("AWS_LAMBDA_LOG_LEVEL").ok().as_deref(),
+        )
+    });
+    match (level, line.strip_prefix('{')) {
+        (Some(level), Some(rest)) if rest.trim_start().starts_with('"') => {
+            println!("{{\"level\":\"{level}\",{rest}");
+        }
+        _ => println!("{line}"),
+    }
+}
+
+/// The `level` of EMF lines for a log format and an `AWS_LAMBDA_LOG_LEVEL` (see [`print_emf`]):
+/// none outside the JSON format, else INFO or the function's level when higher.
+fn emf_level(format: Option<&str>, level: Option<&str>) -> Option<&'static str> {
+    if !format.is_some_and(|f| f.trim().eq_ignore_ascii_case("json")) {
+        return None;
+    }
+    Some(match level.map(|l| l.trim().to_ascii_uppercase()).as_deref() {
+        Some("WARN") => "WARN",
+        Some("ERROR") => "ERROR",
+        Some("FATAL") => "FATAL",
+        _ => "INFO",
+    })
 }
 
 /// The `tracing` level of an `AWS_LAMBDA_LOG_LEVEL` value (Lambda's application log levels).
@@ -475,7 +511,19 @@ fn panic_text(text: &str, log_payloads: bool) -> String {
 
 #[cfg(test)]
 mod panic_tests {
-    use super::{lambda_log_level, panic_text};
+    use super::{emf_level, lambda_log_level, panic_text};
+
+    #[test]
+    fn emf_lines_carry_a_level_lambdas_filter_keeps_under_the_json_format() {
+        assert_eq!(emf_level(None, Some("ERROR")), None);
+        assert_eq!(emf_level(Some("Text"), Some("ERROR")), None);
+        assert_eq!(emf_level(Some("JSON"), None), Some("INFO"));
+        assert_eq!(emf_level(Some("json"), Some("debug")), Some("INFO"));
+        assert_eq!(emf_level(Some("JSON"), Some("INFO")), Some("INFO"));
+        assert_eq!(emf_level(Some("JSON"), Some("warn")), Some("WARN"));
+        assert_eq!(emf_level(Some("JSON"), Some("ERROR")), Some("ERROR"));
+        assert_eq!(emf_level(Some("JSON"), Some("FATAL")), Some("FATAL"));
+    }
 
     #[test]
     fn lambda_log_levels_map_to_tracing_levels() {

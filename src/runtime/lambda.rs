@@ -15,7 +15,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::RuntimeError;
-use super::env::{Environment, build, init_tracing, install_panic_hook, sdk_config};
+use super::env::{Environment, build, init_tracing, install_panic_hook, print_emf, sdk_config};
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::effects::metrics::UNREGISTERED;
@@ -147,7 +147,7 @@ pub async fn handle_json(
         .metrics
         .add(UNREGISTERED, "UnreadableRecords", unreadable.len() as u64);
     for line in outcome.metrics.emf_lines(now_ms()) {
-        println!("{line}");
+        print_emf(&line);
     }
     if outcome.whole_batch_failed {
         return Err("a record without a message id could not be settled; failing the whole batch".into());

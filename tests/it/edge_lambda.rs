@@ -506,3 +506,77 @@ async fn the_functions_log_level_setting_wins_over_rust_log() {
         "AWS_LAMBDA_LOG_LEVEL=WARN must drop info lines even with RUST_LOG=info:\n{lambda_level}"
     );
 }
+
+/// With Lambda's JSON log format (`AWS_LAMBDA_LOG_FORMAT=JSON`, the templates' LoggingConfig)
+/// every line the function writes is a JSON object with a `level`, logs and EMF metric lines
+/// alike, since Lambda's level filter reads that key and drops a line without one at any
+/// setting above INFO. The function's log level (`AWS_LAMBDA_LOG_LEVEL`) is honoured over
+/// `RUST_LOG=info`: at ERROR only error lines, at DEBUG debug lines as well; the metric lines
+/// carry a level the filter keeps at every setting.
+#[tokio::test(flavor = "multi_thread")]
+async fn json_log_format_writes_json_lines_at_the_functions_log_level() {
+    let created = support::fresh_resources("edge-logjson", false).await;
+    for level in ["ERROR", "DEBUG"] {
+        let lambda = Lambda::start(
+            &created,
+            &[("AWS_LAMBDA_LOG_FORMAT", "JSON"), ("AWS_LAMBDA_LOG_LEVEL", level)],
+        )
+        .await;
+        // A panic (logged at error), a retried job (info), an unreadable record (warn).
+        let (panics, retried, odd_id) = (
+            format!("lj-{level}-p"),
+            format!("lj-{level}-t"),
+            format!("lj-{level}-odd"),
+        );
+        let mut odd = record(&odd_id, "x");
+        odd["body"] = json!(17);
+        let event = json!({"Records": [
+            record(&panics, &panic_job(&panics)),
+            record(&retried, &job(&retried, "transient")),
+            odd,
+        ]});
+        let v = response(lambda.invoke(&event).await);
+        let out = lambda.stop();
+        assert_eq!(
+            failures(&v),
+            BTreeSet::from([retried.clone(), odd_id.clone()]),
+            "{v}\n{out}"
+        );
+        let lines: Vec<Value> = out
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str::<Value>(l)
+                    .ok()
+                    .filter(Value::is_object)
+                    .unwrap_or_else(|| panic!("not a JSON object line: {l}\n{out}"))
+            })
+            .collect();
+        let level_of = |l: &Value| -> String {
+            l["level"]
+                .as_str()
+                .unwrap_or_else(|| panic!("a line without a level: {l}\n{out}"))
+                .to_ascii_uppercase()
+        };
+        let (metrics, logs): (Vec<&Value>, Vec<&Value>) = lines.iter().partition(|l| l.get("_aws").is_some());
+        assert!(!metrics.is_empty(), "no EMF metric line:\n{out}");
+        let log_levels: BTreeSet<String> = logs.iter().map(|l| level_of(l)).collect();
+        if level == "ERROR" {
+            assert_eq!(
+                log_levels,
+                BTreeSet::from(["ERROR".to_owned()]),
+                "only error lines at ERROR (the panic's among them):\n{out}"
+            );
+            for m in &metrics {
+                assert_eq!(level_of(m), "ERROR", "a metric line Lambda would drop: {m}");
+            }
+        } else {
+            for want in ["DEBUG", "INFO", "WARN", "ERROR"] {
+                assert!(log_levels.contains(want), "no {want} line at DEBUG:\n{out}");
+            }
+            for m in &metrics {
+                assert_eq!(level_of(m), "INFO", "{m}");
+            }
+        }
+    }
+}

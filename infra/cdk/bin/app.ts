@@ -1,5 +1,6 @@
 #!/usr/bin/env node
 import { App, Validations } from 'aws-cdk-lib';
+import { ApplicationLogLevel } from 'aws-cdk-lib/aws-lambda';
 import { AwsSolutionsChecks } from 'cdk-nag';
 import { EventSourceScaling, QueueType, TRIAGE_POLICY_DEFAULTS, TriageStack } from '../lib/triage-stack';
 
@@ -47,6 +48,7 @@ new TriageStack(app, 'SqsTriage', {
   maxReceiveCount: num('maxReceiveCount', 100),
   sourceRetentionSeconds: num('sourceRetentionSeconds', 345600),
   pointInTimeRecovery: ctx('pointInTimeRecovery', 'true') !== 'false',
+  applicationLogLevel: ctx('applicationLogLevel', 'INFO') as ApplicationLogLevel,
   alarmTopicArn: ctx('alarmTopicArn', ''),
   sourceAgeAlarmSeconds: num('sourceAgeAlarmSeconds', 900),
   functionErrorsAlarmThreshold: num('functionErrorsAlarmThreshold', 1),

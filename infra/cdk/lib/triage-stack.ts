@@ -137,6 +137,11 @@ export interface TriageStackProps extends StackProps {
   readonly maxReceiveCount: number;
   readonly sourceRetentionSeconds: number;
   readonly pointInTimeRecovery: boolean;
+  /**
+   * The function's application log level (JSON log format; the SAM template's ApplicationLogLevel):
+   * triage-lambda logs at this level and Lambda drops lines below it. Default INFO.
+   */
+  readonly applicationLogLevel?: lambda.ApplicationLogLevel;
   /** Optional SNS topic for the alarms ('' = none). */
   readonly alarmTopicArn: string;
   /** Source queue ApproximateAgeOfOldestMessage (maximum over 5 minutes) that raises its alarm, in seconds. */
@@ -271,6 +276,10 @@ export class TriageStack extends Stack {
     }
     if (!(EVENT_SOURCE_SCALING as readonly string[]).includes(props.eventSourceScaling)) {
       throw new Error(`eventSourceScaling (${props.eventSourceScaling}) must be one of ${EVENT_SOURCE_SCALING.join(', ')}`);
+    }
+    if (props.applicationLogLevel !== undefined
+        && !(Object.values(lambda.ApplicationLogLevel) as string[]).includes(props.applicationLogLevel)) {
+      throw new Error(`applicationLogLevel (${props.applicationLogLevel}) must be one of ${Object.values(lambda.ApplicationLogLevel).join(', ')}`);
     }
     if (props.minimumPollers > props.maximumPollers) {
       throw new Error(`minimumPollers (${props.minimumPollers}) must not exceed maximumPollers (${props.maximumPollers})`);
@@ -413,7 +422,11 @@ export class TriageStack extends Stack {
       timeout: Duration.seconds(props.functionTimeoutSeconds),
       role,
       logGroup,
-      loggingFormat: lambda.LoggingFormat.TEXT,
+      // JSON lines at the application log level (triage-lambda reads AWS_LAMBDA_LOG_LEVEL);
+      // Lambda's own platform lines from INFO: the REPORT line (duration, memory, init) stays.
+      loggingFormat: lambda.LoggingFormat.JSON,
+      applicationLogLevelV2: props.applicationLogLevel ?? lambda.ApplicationLogLevel.INFO,
+      systemLogLevelV2: lambda.SystemLogLevel.INFO,
       environment: {
         RUST_LOG: 'info',
         TRIAGE_QUEUE_URL: queue.queueUrl,

@@ -111,7 +111,7 @@ test('the other settings of infra/parity-settings.json synthesize', () => {
   for (const s of settings) {
     if (s.cdk in TRIAGE_POLICY_RANGES) policy[s.cdk] = s.value;
     else if (s.cdk === 'pointInTimeRecovery') props[s.cdk] = s.value === 'true';
-    else if (s.cdk === 'alarmTopicArn' || s.cdk === 'eventSourceScaling') props[s.cdk] = s.value;
+    else if (['alarmTopicArn', 'eventSourceScaling', 'applicationLogLevel'].includes(s.cdk)) props[s.cdk] = s.value;
     else props[s.cdk] = Number(s.value);
   }
   stack(policy, props as Partial<TriageStackProps>);
@@ -159,4 +159,15 @@ test('queueType fifo: both queues FIFO with content-based deduplication off, nam
   assert.throws(() => stack({}, { queueType: 'fifo', batchSize: 11, maxBatchingWindowSeconds: 1 }), /FIFO/);
   assert.throws(() => stack({}, { queueType: 'fifo', maxBatchingWindowSeconds: 1 }), /FIFO/);
   assert.throws(() => stack({}, { queueType: 'lifo' as never }), /queueType/);
+});
+
+test('the function logs JSON at its application log level; Lambda platform lines from INFO', () => {
+  const logging = (props: Partial<TriageStackProps>) => {
+    const fns = Template.fromStack(stack({}, props)).findResources('AWS::Lambda::Function');
+    return Object.values(fns)[0].Properties.LoggingConfig;
+  };
+  assert.deepEqual({ ...logging({}), LogGroup: undefined },
+    { LogFormat: 'JSON', ApplicationLogLevel: 'INFO', SystemLogLevel: 'INFO', LogGroup: undefined });
+  assert.equal(logging({ applicationLogLevel: 'ERROR' as never }).ApplicationLogLevel, 'ERROR');
+  assert.throws(() => stack({}, { applicationLogLevel: 'LOUD' as never }), /applicationLogLevel/);
 });
