@@ -1,9 +1,11 @@
 //! Per-invocation metrics, written as CloudWatch Embedded Metric Format (EMF) lines.
 //!
-//! One line per job type per invocation (not per message; more only when a sampled metric has
-//! more than 100 distinct values, see [`distribution`]), plus one line without dimensions for
-//! account-wide alarms. Every line is a valid EMF document whatever the batch size. Dimension values come only from registered job types; anything
-//! else is reported as `unregistered`, so a producer cannot blow up metric cardinality.
+//! One line per job type per invocation (not per message; more only when a job type has more
+//! than 100 metrics), plus one line without dimensions for account-wide alarms. Sampled metrics
+//! go out as EMF's `Values`/`Counts`, at most 100 distinct values per document (rounded to 7
+//! significant bits past that), so every line is a valid EMF document whatever the batch size.
+//! Dimension values come only from registered job types; anything else is reported as
+//! `unregistered`, so a producer cannot blow up metric cardinality.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
