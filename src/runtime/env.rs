@@ -423,10 +423,11 @@ pub(crate) fn init_tracing() {
 
 /// Prints one EMF metric line to stdout. Under Lambda's JSON log format
 /// (`AWS_LAMBDA_LOG_FORMAT=JSON`) the line carries a `level` that Lambda's application log
-/// level filter keeps: Lambda reads a JSON line without `level` as INFO and drops it when the
-/// function's log level (`AWS_LAMBDA_LOG_LEVEL`) is WARN or above, which would lose the
-/// metrics (and the alarms and dashboard that read them). The level is INFO, or the function's
-/// log level when that is higher.
+/// level filter keeps, and the RFC 3339 `timestamp` without which Lambda ignores the level:
+/// Lambda files a JSON line without both as INFO and drops it when the function's log level
+/// (`AWS_LAMBDA_LOG_LEVEL`) is WARN or above, which would lose the metrics (and the alarms and
+/// dashboard that read them). The level is INFO, or the function's log level when that is
+/// higher.
 pub(crate) fn print_emf(line: &str) {
     static LEVEL: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
     let level = LEVEL.get_or_init(|| {
@@ -435,12 +436,25 @@ pub(crate) fn print_emf(line: &str) {
             std::env::var("AWS_LAMBDA_LOG_LEVEL").ok().as_deref(),
         )
     });
-    match (level, line.strip_prefix('{')) {
-        (Some(level), Some(rest)) if rest.trim_start().starts_with('"') => {
-            println!("{{\"level\":\"{level}\",{rest}");
-        }
-        _ => println!("{line}"),
+    match level.and_then(|l| leveled(line, l, std::time::SystemTime::now())) {
+        Some(leveled) => println!("{leveled}"),
+        None => println!("{line}"),
     }
+}
+
+/// `line` (a JSON object) with `level` and an RFC 3339 `timestamp` of `now` put first; `None`
+/// when it is not a JSON object with at least one key.
+fn leveled(line: &str, level: &str, now: std::time::SystemTime) -> Option<String> {
+    let rest = line.strip_prefix('{')?;
+    if !rest.trim_start().starts_with('"') {
+        return None;
+    }
+    let timestamp = aws_smithy_types::DateTime::from(now)
+        .fmt(aws_smithy_types::date_time::Format::DateTime)
+        .ok()?;
+    Some(format!(
+        "{{\"level\":\"{level}\",\"timestamp\":\"{timestamp}\",{rest}"
+    ))
 }
 
 /// The `level` of EMF lines for a log format and an `AWS_LAMBDA_LOG_LEVEL` (see [`print_emf`]):
@@ -511,7 +525,7 @@ fn panic_text(text: &str, log_payloads: bool) -> String {
 
 #[cfg(test)]
 mod panic_tests {
-    use super::{emf_level, lambda_log_level, panic_text};
+    use super::{emf_level, lambda_log_level, leveled, panic_text};
 
     #[test]
     fn emf_lines_carry_a_level_lambdas_filter_keeps_under_the_json_format() {
@@ -523,6 +537,24 @@ mod panic_tests {
         assert_eq!(emf_level(Some("JSON"), Some("warn")), Some("WARN"));
         assert_eq!(emf_level(Some("JSON"), Some("ERROR")), Some("ERROR"));
         assert_eq!(emf_level(Some("JSON"), Some("FATAL")), Some("FATAL"));
+    }
+
+    #[test]
+    fn a_leveled_emf_line_keeps_its_keys_and_gets_an_rfc3339_timestamp() {
+        use aws_smithy_types::DateTime;
+        use aws_smithy_types::date_time::Format;
+        let now = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_796_157_693_683);
+        let line = r#"{"A":1,"_aws":{"Timestamp":1796157693683}}"#;
+        let out = leveled(line, "WARN", now).expect("an object line");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("still JSON");
+        assert_eq!(v["level"], "WARN");
+        assert_eq!(v["A"], 1);
+        assert_eq!(v["_aws"]["Timestamp"], 1_796_157_693_683u64);
+        let ts = v["timestamp"].as_str().expect("a timestamp");
+        let parsed = DateTime::from_str(ts, Format::DateTime).expect("RFC 3339");
+        assert_eq!(parsed.to_millis().ok(), Some(1_796_157_693_683));
+        assert_eq!(leveled("{}", "INFO", now), None);
+        assert_eq!(leveled("not json", "INFO", now), None);
     }
 
     #[test]

@@ -560,6 +560,15 @@ async fn json_log_format_writes_json_lines_at_the_functions_log_level() {
         };
         let (metrics, logs): (Vec<&Value>, Vec<&Value>) = lines.iter().partition(|l| l.get("_aws").is_some());
         assert!(!metrics.is_empty(), "no EMF metric line:\n{out}");
+        // Lambda uses a line's level only with a valid RFC 3339 `timestamp`; without one it
+        // files the line at INFO, which a WARN or ERROR function level drops.
+        for l in &lines {
+            let ts = l["timestamp"]
+                .as_str()
+                .unwrap_or_else(|| panic!("a line without a timestamp: {l}\n{out}"));
+            aws_smithy_types::DateTime::from_str(ts, aws_smithy_types::date_time::Format::DateTime)
+                .unwrap_or_else(|e| panic!("timestamp `{ts}` is not RFC 3339 ({e}): {l}"));
+        }
         let log_levels: BTreeSet<String> = logs.iter().map(|l| level_of(l)).collect();
         if level == "ERROR" {
             assert_eq!(
