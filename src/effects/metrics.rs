@@ -204,8 +204,8 @@ impl Metrics {
 /// is rounded to [`KEPT_BITS`] significant bits — values up to 127 stay exact, larger ones
 /// move by at most 0.8% — so percentiles computed by CloudWatch stay within 0.8% of the exact
 /// ones; the pairs then spread over as many documents as needed, 100 per document (at most
-/// 64 pairs per doubling of the value: 2 documents cover 1 ms to 10 s, 10 documents cover
-/// every value a Lambda invocation can measure).
+/// 64 pairs per doubling of the value: every value from 1 ms to 10 s fits in 6 documents, and
+/// every value a Lambda invocation can measure, up to 15 minutes, in 10).
 pub(crate) fn distribution(samples: &[u64]) -> Vec<(u64, u64)> {
     let mut sorted = samples.to_vec();
     sorted.sort_unstable();
@@ -241,12 +241,15 @@ fn run_lengths(sorted: impl Iterator<Item = u64>) -> Vec<(u64, u64)> {
 }
 
 /// `job_type` as a CloudWatch dimension value (ASCII without control characters, not blank,
-/// at most 1024 characters): unchanged when it already is one; otherwise every byte outside
-/// printable ASCII, and `%`, is written `%XX`, a blank name becomes `(blank)`, and the result
-/// is cut to 1024 characters.
+/// at most 1024 characters): unchanged when it already is one and holds no `%`; otherwise
+/// every byte outside printable ASCII, and `%`, is written `%XX` (so two job types never share
+/// a value unless cut), a blank name becomes `(blank)`, and the result is cut to 1024
+/// characters.
 pub(crate) fn dimension_value(job_type: &str) -> std::borrow::Cow<'_, str> {
     let printable = |b: u8| (0x20..0x7f).contains(&b);
-    if !job_type.trim().is_empty() && job_type.len() <= MAX_DIMENSION_VALUE && job_type.bytes().all(printable)
+    if !job_type.trim().is_empty()
+        && job_type.len() <= MAX_DIMENSION_VALUE
+        && job_type.bytes().all(|b| printable(b) && b != b'%')
     {
         return job_type.into();
     }
@@ -473,9 +476,23 @@ mod tests {
     }
 
     #[test]
+    fn the_documents_a_distribution_needs_are_as_documented() {
+        let docs = |hi: u64| {
+            distribution(&(1..=hi).collect::<Vec<_>>())
+                .len()
+                .div_ceil(MAX_VALUES)
+        };
+        assert_eq!(docs(10_000), 6);
+        assert!(docs(900_000) <= 10, "{}", docs(900_000));
+    }
+
+    #[test]
     fn job_types_are_written_as_valid_dimension_values() {
         assert_eq!(dimension_value("billing.charge"), "billing.charge");
         assert_eq!(dimension_value("é-mail\t%"), "%C3%A9-mail%09%25");
+        // Two job types never share a value: a literal `%XX` is escaped too.
+        assert_ne!(dimension_value("é"), dimension_value("%C3%A9"));
+        assert_eq!(dimension_value("100%"), "100%25");
         assert_eq!(dimension_value(""), "(blank)");
         assert_eq!(dimension_value("   "), "(blank)");
         assert_eq!(dimension_value(&"x".repeat(3_000)).len(), 1024);
