@@ -10,6 +10,8 @@ mod calls;
 mod cold;
 #[path = "cost.rs"]
 mod cost;
+#[path = "fleet.rs"]
+mod fleet;
 #[path = "herd.rs"]
 mod herd;
 #[path = "pipeline.rs"]
@@ -33,6 +35,8 @@ pub struct Options {
     pub jobs: usize,
     /// Jobs failing at once in the herd (item 4).
     pub herd: usize,
+    /// Fleet sizes, in environments (item 6).
+    pub fleet: Vec<usize>,
     /// Small repetition counts, tiny inputs, the plot under `.local/bench/`.
     pub quick: bool,
     /// The crate root.
@@ -41,7 +45,7 @@ pub struct Options {
     pub lambda_bin: PathBuf,
     /// Write `docs/benchmarks.md` (and the plot to `docs/img/`).
     pub write_docs: bool,
-    /// Sections to leave out (`cost`, `calls`, `storm`, `herd`, `cold`).
+    /// Sections to leave out (`cost`, `calls`, `storm`, `herd`, `cold`, `fleet`).
     pub skip: Vec<String>,
     /// The command line, for the report.
     pub command: String,
@@ -55,6 +59,7 @@ impl Options {
             messages: 1_000,
             jobs: 1_000,
             herd: 1_000,
+            fleet: vec![10, 100, 1_000],
             quick: false,
             manifest_dir: manifest_dir.to_owned(),
             lambda_bin: lambda_bin.to_owned(),
@@ -64,7 +69,8 @@ impl Options {
         }
     }
 
-    /// Reads `--quick`, `--records N`, `--messages N`, `--jobs N`, `--herd N`, `--skip a,b`,
+    /// Reads `--quick`, `--records N`, `--messages N`, `--jobs N`, `--herd N`, `--fleet a,b`,
+    /// `--skip a,b`,
     /// `--write-docs`; ignores `--bench` (cargo passes it).
     pub fn parse(mut self, args: &[String]) -> Result<Self, String> {
         let mut it = args.iter();
@@ -82,11 +88,20 @@ impl Options {
                     self.messages = 50;
                     self.jobs = 100;
                     self.herd = 100;
+                    self.fleet = vec![3];
                 }
                 "--records" => self.records = num(it.next(), a)?,
                 "--messages" => self.messages = num(it.next(), a)?,
                 "--jobs" => self.jobs = num(it.next(), a)?,
                 "--herd" => self.herd = num(it.next(), a)?,
+                "--fleet" => {
+                    let v = it.next().ok_or("--fleet needs a list of sizes")?;
+                    self.fleet = v
+                        .split(',')
+                        .map(|x| x.parse().ok().filter(|n| *n > 0))
+                        .collect::<Option<Vec<usize>>>()
+                        .ok_or("--fleet needs positive numbers, comma-separated")?;
+                }
                 "--skip" => {
                     let v = it.next().ok_or("--skip needs a list")?;
                     self.skip.extend(v.split(',').map(str::to_owned));
@@ -274,7 +289,8 @@ impl Report {
                 format!("AWS calls per 1,000 messages: {name}"),
                 format!("**{}**", f(&format!("calls.{tag}"), 0)),
                 format!(
-                    "lower bound {}; naive per-message state {}",
+                    "lower bound {} per invocation, {} global; naive per-message state {}",
+                    f(&format!("calls.{tag}.lower_inv"), 0),
                     f(&format!("calls.{tag}.lower"), 0),
                     f(&format!("calls.{tag}.naive"), 0)
                 ),
@@ -337,6 +353,15 @@ impl Report {
                 f("cold.python_import_ms", 0)
             ),
         );
+        if let Some(n) = v.get("fleet.max_n") {
+            row(
+                format!(
+                    "Fleet of {n:.0} environments, dependency outage: writes to the breaker item, peak per second"
+                ),
+                format!("**{}**", f("fleet.max_n.breaker_writes_peak", 0)),
+                "DynamoDB's limit for one partition: 1000 write units per second".into(),
+            );
+        }
         out
     }
 
@@ -403,6 +428,10 @@ pub fn run(opts: &Options) -> Report {
     if on("cold") {
         step("cold start");
         sections.push(cold::run(opts));
+    }
+    if on("fleet") {
+        step("fleet");
+        sections.push(fleet::run(opts));
     }
     Report { machine, sections }
 }
