@@ -23,7 +23,9 @@ fn main() -> ExitCode {
     // then only the quick, local sections run, and what they cannot measure is not an error.
     let test_mode = !given.iter().any(|a| a == "--bench");
     let args: Vec<String> = if test_mode {
-        ["--quick", "--skip", "calls,cold"].map(String::from).to_vec()
+        ["--quick", "--skip", "calls,cold,fleet"]
+            .map(String::from)
+            .to_vec()
     } else {
         given.clone()
     };

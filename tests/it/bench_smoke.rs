@@ -49,5 +49,16 @@ fn the_report_runs_on_a_tiny_input_and_prints_every_table() {
     );
     if std::env::var_os("AWS_ENDPOINT_URL_SQS").is_some() {
         assert!(title("2.").failures.is_empty(), "{:?}", title("2.").failures);
+        // The fleet's outage writes to the breaker item until it opens, and every
+        // environment then sees it open.
+        let fleet = title("6.");
+        assert!(fleet.failures.is_empty(), "{:?}", fleet.failures);
+        assert!(
+            fleet.values["fleet.3.breaker_writes"] >= 1.0,
+            "{:?}",
+            fleet.values
+        );
+        assert!(fleet.values.contains_key("fleet.3.open_s"), "{:?}", fleet.values);
+        assert!(md.contains("| environments | steady: invocations/s |"), "{md}");
     }
 }
