@@ -183,7 +183,9 @@ async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
         HeaderValue::from_static("nosniff"),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    // Not `no-referrer`: with it a browser sends `Origin: null` on a form's POST, and the
+    // origin check above needs the real one.
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }

@@ -357,11 +357,15 @@ Oldest DLQ failure instead: <strong id=\"oldest-dlq-failure\">{}</strong>.</p></
         } else {
             String::new()
         },
-        html::table(
-            "breakers",
-            &["job type", "phase", "failures in window", "open until", "force"],
-            &breaker_rows(&data.breakers)
-        ),
+        if data.breakers.is_empty() {
+            String::new()
+        } else {
+            html::table(
+                "breakers",
+                &["job type", "phase", "failures in window", "open until", "force"],
+                &breaker_rows(&data.breakers),
+            )
+        },
     );
     html_ok("Overview", &b)
 }

@@ -224,6 +224,9 @@ async fn pages_show_the_real_depths_and_groups_and_escape_every_body() {
     );
     assert!(o.body.contains("Oldest DLQ failure instead"), "{}", o.body);
     assert!(o.body.contains("<svg id=\"arrivals-chart\""), "{}", o.body);
+    // Not `no-referrer`: under it a browser's form POST says `Origin: null`, which the origin
+    // check refuses.
+    assert_eq!(o.headers["referrer-policy"], "same-origin");
     let csp = o.headers["content-security-policy"].to_str().unwrap();
     assert!(
         csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
@@ -346,12 +349,10 @@ async fn state_changes_need_the_csrf_token_the_same_origin_and_our_host() {
     assert_eq!(rebound.status, 421, "{}", rebound.body);
     assert_eq!(phase().await, "closed", "a refused request changed the breaker");
 
-    let ok = post(
-        &c,
-        "/breaker",
-        &[("type", "billing.charge"), ("action", "open"), ("csrf", &token)],
-    )
-    .await;
+    // A browser's own form: its Origin is ours.
+    let body = format!("type=billing.charge&action=open&csrf={token}");
+    let headers = [("origin", c.base.as_str()), ("sec-fetch-site", "same-origin")];
+    let ok = http("POST", &format!("{}/breaker", c.base), &headers, Some(body)).await;
     assert_eq!(ok.status, 200, "{}", ok.body);
     assert!(ok.body.contains("is now open"), "{}", ok.body);
     assert_eq!(phase().await, "open");
