@@ -123,7 +123,7 @@ pub fn arrivals_chart(arrivals: &[(String, u64)], now_ms: u64, buckets: usize) -
         .min(now_ms);
     // At least one minute wide, so a burst of failures still spreads over a readable axis.
     let span = now_ms.saturating_sub(oldest).max(60_000);
-    let start = now_ms - span;
+    let start = now_ms.saturating_sub(span);
     let step = span.div_ceil(buckets as u64).max(1);
     let mut types: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
     for (t, at) in arrivals {

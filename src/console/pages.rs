@@ -82,10 +82,11 @@ fn html_ok(title: &str, body: &str) -> Response {
         .into_response()
 }
 
-fn csrf_ok(app: &App, p: &Params) -> Result<(), Response> {
+/// The refusal of a form without this process's CSRF token, if it has none.
+fn csrf_refusal(app: &App, p: &Params) -> Option<Response> {
     match p.raw("csrf") {
-        Some(t) if same_secret(t, &app.csrf) => Ok(()),
-        _ => Err(refuse(
+        Some(t) if same_secret(t, &app.csrf) => None,
+        _ => Some(refuse(
             StatusCode::FORBIDDEN,
             "refused: the form carried no valid CSRF token (reload the page and confirm again)",
         )),
@@ -751,13 +752,10 @@ fn replay_options(app: &App, ids: Vec<String>, rate: Option<f64>, dry_run: bool)
 }
 
 /// The chosen message ids of a confirmed form, and how many the confirmation showed.
-fn chosen(p: &Params) -> Result<(Vec<String>, usize), Response> {
+fn chosen(p: &Params) -> Result<(Vec<String>, usize), &'static str> {
     let ids = p.all("id");
     if ids.is_empty() {
-        return Err(refuse(
-            StatusCode::BAD_REQUEST,
-            "no message was chosen: nothing was changed",
-        ));
+        return Err("no message was chosen: nothing was changed");
     }
     let expected = p
         .get("expected")
@@ -768,12 +766,12 @@ fn chosen(p: &Params) -> Result<(Vec<String>, usize), Response> {
 
 async fn replay_do(State(app): AppState, body: String) -> Response {
     let p = Params::parse(&body);
-    if let Err(r) = csrf_ok(&app, &p) {
+    if let Some(r) = csrf_refusal(&app, &p) {
         return r;
     }
     let (ids, _) = match chosen(&p) {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
     };
     let rate = match p.get("rate").map(|r| r.parse::<f64>()) {
         None => None,
@@ -841,12 +839,12 @@ Nothing is deleted until you confirm; if the DLQ no longer holds exactly these, 
 
 async fn purge_do(State(app): AppState, body: String) -> Response {
     let p = Params::parse(&body);
-    if let Err(r) = csrf_ok(&app, &p) {
+    if let Some(r) = csrf_refusal(&app, &p) {
         return r;
     }
     let (ids, expected) = match chosen(&p) {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
     };
     let filter = Filter {
         ids,
@@ -884,7 +882,7 @@ async fn purge_do(State(app): AppState, body: String) -> Response {
 
 async fn edit_preview(State(app): AppState, body: String) -> Response {
     let p = Params::parse(&body);
-    if let Err(r) = csrf_ok(&app, &p) {
+    if let Some(r) = csrf_refusal(&app, &p) {
         return r;
     }
     let Some(id) = p.get("id") else {
@@ -941,7 +939,7 @@ from the DLQ. {} {}</p><h2>Now</h2>{}<h2>Edited</h2>{}",
 
 async fn edit_do(State(app): AppState, body: String) -> Response {
     let p = Params::parse(&body);
-    if let Err(r) = csrf_ok(&app, &p) {
+    if let Some(r) = csrf_refusal(&app, &p) {
         return r;
     }
     let Some(id) = p.get("id") else {
@@ -1019,7 +1017,7 @@ as <code>parked</code> with the {} attempt(s) it used. Nothing changes until you
 
 async fn park_do(State(app): AppState, body: String) -> Response {
     let p = Params::parse(&body);
-    if let Err(r) = csrf_ok(&app, &p) {
+    if let Some(r) = csrf_refusal(&app, &p) {
         return r;
     }
     let Some(job_id) = p.get("job_id") else {
@@ -1116,7 +1114,7 @@ Nothing changes until you confirm.</p><h2>Now</h2>{}",
 
 async fn breaker_do(State(app): AppState, body: String) -> Response {
     let p = Params::parse(&body);
-    if let Err(r) = csrf_ok(&app, &p) {
+    if let Some(r) = csrf_refusal(&app, &p) {
         return r;
     }
     let (job_type, what) = match force_of(&p) {

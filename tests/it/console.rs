@@ -545,3 +545,44 @@ async fn with_bind_every_request_needs_the_token() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16 characters"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_is_previewed_then_replayed_with_the_new_body() {
+    let stack = support::fresh_resources("console-edit", false).await;
+    let id = seed(
+        &stack,
+        "report.build",
+        "r1",
+        json!({"n": 0}),
+        "n must be positive",
+    )
+    .await;
+    let c = start(&stack, &[], &[]);
+    let sqs = support::sqs_client().await;
+
+    let m = get(&c, &format!("/dlq/message/{id}")).await;
+    assert_eq!(m.status, 200, "{}", m.body);
+    let token = csrf(&m.body);
+    let edited = json!({"type": "report.build", "id": "r1", "payload": {"n": 7}}).to_string();
+    let preview = post(
+        &c,
+        "/edit/preview",
+        &[("csrf", &token), ("id", &id), ("body", &edited)],
+    )
+    .await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    assert!(preview.body.contains("The body changed."), "{}", preview.body);
+    assert!(preview.body.contains("&quot;n&quot;: 7"), "{}", preview.body);
+    // The preview moved nothing.
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.visible, 1);
+    assert_eq!(support::queue_depth(&sqs, &stack.queue_url).await.total(), 0);
+    let without = post(&c, "/edit", &[("id", &id), ("body", &edited)]).await;
+    assert_eq!(without.status, 403);
+    let done = post(&c, "/edit", &[("csrf", &token), ("id", &id), ("body", &edited)]).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert!(done.body.contains("Sent the edited body"), "{}", done.body);
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.total(), 0);
+    let sent = support::read_all(&sqs, &stack.queue_url, 60, 0).await;
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].body(), Some(edited.as_str()));
+}
