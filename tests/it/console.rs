@@ -37,12 +37,16 @@ impl Drop for Console {
 }
 
 fn start(stack: &SetupReport, extra: &[&str], env: &[(&str, &str)]) -> Console {
+    start_on(&stack.queue_url, &stack.dlq_url, &stack.table, extra, env)
+}
+
+fn start_on(queue_url: &str, dlq_url: &str, table: &str, extra: &[&str], env: &[(&str, &str)]) -> Console {
     let mut cmd = Command::new(BIN);
     cmd.args(["console", "--port", "0"])
         .args(extra)
-        .env("TRIAGE_QUEUE_URL", &stack.queue_url)
-        .env("TRIAGE_DLQ_URL", &stack.dlq_url)
-        .env("TRIAGE_TABLE", &stack.table)
+        .env("TRIAGE_QUEUE_URL", queue_url)
+        .env("TRIAGE_DLQ_URL", dlq_url)
+        .env("TRIAGE_TABLE", table)
         .env("AWS_ENDPOINT_URL_STS", support::sts_endpoint())
         .env_remove("TRIAGE_CONSOLE_TOKEN")
         .stdin(Stdio::null())
@@ -585,4 +589,77 @@ async fn an_edit_is_previewed_then_replayed_with_the_new_body() {
     let sent = support::read_all(&sqs, &stack.queue_url, 60, 0).await;
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].body(), Some(edited.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_park_shows_the_ledger_first_and_then_parks_the_job() {
+    use std::time::Duration;
+    use support::pipeline::{Harness, Options, RECORDED, failed_ids};
+    // The first retry 10 minutes away: the job waits for it throughout the test.
+    let policy = sqs_triage::core::policy::RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(sqs_triage::core::backoff::Backoff::exponential(
+            Duration::from_secs(600),
+            2.0,
+            Duration::from_secs(1_200),
+            Duration::ZERO,
+        ))
+        .max_delay(Duration::from_secs(1_200))
+        .build()
+        .unwrap();
+    let h = Harness::build(Options {
+        prefix: "console-park",
+        policy,
+        ..Options::default()
+    })
+    .await;
+    h.send_jobs(&[("p-1", json!({"outcome": "transient"}))]).await;
+    let (_, response) = h.invoke_once(Duration::from_secs(5)).await.expect("delivered");
+    assert_eq!(failed_ids(&response).len(), 1, "a retry, 10 minutes away");
+    let c = start_on(&h.queue_url, &h.dlq_url, &h.table, &[], &[("USER", "ops-alice")]);
+
+    let confirm = get(&c, "/park/confirm?job_id=p-1&reason=vendor+down").await;
+    assert_eq!(confirm.status, 200, "{}", confirm.body);
+    assert!(
+        confirm.body.contains("with the 1 attempt(s) it used"),
+        "{}",
+        confirm.body
+    );
+    let unknown = get(&c, "/park/confirm?job_id=nobody").await;
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
+    let token = csrf(&confirm.body);
+    let job_type = hidden_values(&confirm.body, "type").remove(0);
+    assert_eq!(job_type, RECORDED);
+    let done = post(
+        &c,
+        "/park",
+        &[
+            ("csrf", &token),
+            ("job_id", "p-1"),
+            ("type", &job_type),
+            ("reason", "vendor down"),
+        ],
+    )
+    .await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert!(done.body.contains("Parked job p-1."), "{}", done.body);
+    assert!(done.body.contains("Recorded in the audit trail"), "{}", done.body);
+
+    // The next delivery dead-letters it as parked, without running it again.
+    h.invoke_once(Duration::from_secs(5))
+        .await
+        .expect("the parked message comes back now");
+    assert_eq!(h.executions("p-1"), vec![1]);
+    let dlq = h.dlq_messages().await;
+    assert_eq!(dlq.len(), 1);
+    let record =
+        sqs_triage::effects::dlq::failure_record(&dlq[0].message_attributes().cloned().unwrap_or_default())
+            .expect("a failure record")
+            .expect("it parses");
+    assert_eq!(record.class, FailureClass::Parked);
+    assert!(
+        record.error.contains("by ops-alice: vendor down"),
+        "{}",
+        record.error
+    );
 }
