@@ -87,7 +87,7 @@ struct ConsoleArgs {
     /// is generated and printed).
     #[arg(long, value_name = "ADDR")]
     bind: Option<std::net::IpAddr>,
-    /// The token every request must carry (at least 16 characters); required with --bind,
+    /// The token every request must carry (at least 16 letters, digits or -_.~); required with --bind,
     /// generated when absent.
     #[arg(
         long,

@@ -95,9 +95,11 @@ pub fn random_token() -> String {
 
 /// A token given by the operator: long enough to guess in no reasonable time.
 pub fn check_token(token: &str) -> OpsResult<()> {
-    if token.chars().count() < MIN_TOKEN_LEN || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+    // Letters, digits and `-_.~` only: the token travels in a URL and a cookie unencoded.
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.~".contains(c);
+    if token.len() < MIN_TOKEN_LEN || !token.chars().all(allowed) {
         return Err(OpsError::usage(format!(
-            "the console token must be at least {MIN_TOKEN_LEN} characters without spaces: \
+            "the console token must be at least {MIN_TOKEN_LEN} characters of letters, digits and -_.~: \
              pass another with --token or TRIAGE_CONSOLE_TOKEN, or none to have one generated"
         )));
     }
@@ -316,6 +318,9 @@ mod tests {
         assert_eq!(t.len(), 32);
         assert!(check_token(&t).is_ok());
         assert!(check_token("short").is_err());
+        assert!(check_token("a-long-enough_token.~42").is_ok());
+        assert!(check_token("long enough but spaced").is_err());
+        assert!(check_token("long-enough;Path=/evil").is_err());
         assert!(same_secret(&t, &t.clone()));
         assert!(!same_secret(&t, &t[..31]));
         assert!(!same_secret("aaaaaaaaaaaaaaaa", "aaaaaaaaaaaaaaab"));

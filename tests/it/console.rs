@@ -547,7 +547,7 @@ async fn with_bind_every_request_needs_the_token() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16 characters"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16 characters of letters, digits"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
