@@ -79,6 +79,8 @@
 pub mod clock;
 pub mod config;
 #[doc(hidden)]
+pub mod console;
+#[doc(hidden)]
 pub mod core;
 #[doc(hidden)]
 pub mod demo;

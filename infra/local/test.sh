@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of sqs-triage on the local stack: formatting and lints, unit and property
-# tests, integration tests against moto and DynamoDB Local through the real SDK, the
-# deployment template checks, and a smoke run of the benchmarks.
+# tests, integration tests against moto and DynamoDB Local through the real SDK, the console
+# in a real browser, the deployment template checks, and a smoke run of the benchmarks.
 #
 #   bash infra/local/test.sh
 #
@@ -42,6 +42,13 @@ cargo test --lib --bins --tests --examples --no-fail-fast || status=$?
 # The crate page's and the README's examples are doctests; the docs must have no broken link.
 cargo test --doc --no-fail-fast || status=$?
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --quiet || status=$?
+
+step "triage console in a browser (tests/browser/run.sh: Debian's Chromium, playwright-core)"
+# Installs Chromium from apt and playwright-core from npm when missing; screenshots go to the
+# target directory here (docs/img/ holds the ones the README shows).
+browser_started=$(date +%s)
+CONSOLE_SCREENSHOTS="$CARGO_TARGET_DIR/console-screenshots" bash tests/browser/run.sh || status=$?
+echo "browser test: $(( $(date +%s) - browser_started ))s"
 if [ -f "$CHAOS_TABLE" ]; then
   step "chaos run accounting (tests/chaos, docs/guarantees.md)"
   cat "$CHAOS_TABLE"

@@ -67,12 +67,38 @@ enum Command {
     /// until Ctrl-C or SIGTERM. Your own job types run in your own binary: see
     /// examples/worker.rs.
     Worker(WorkerArgs),
+    /// A local web console: the queues' depths, the DLQ grouped, each message in full, the
+    /// breakers, and the same actions as the CLI behind a confirmation page (see docs/cli.md).
+    Console(ConsoleArgs),
     /// Run the chaos demo against the queue, DLQ and table the environment names.
     Demo {
         /// Jobs of each kind to send.
         #[arg(long, default_value_t = 50)]
         jobs: usize,
     },
+}
+
+#[derive(Debug, Args)]
+struct ConsoleArgs {
+    /// Port to listen on (0: any free port; the URL is printed).
+    #[arg(long, default_value_t = 8080, value_name = "PORT")]
+    port: u16,
+    /// Listen on this address instead of 127.0.0.1; then a token is required (--token, or one
+    /// is generated and printed).
+    #[arg(long, value_name = "ADDR")]
+    bind: Option<std::net::IpAddr>,
+    /// The token every request must carry (at least 16 letters, digits or -_.~); required with --bind,
+    /// generated when absent.
+    #[arg(
+        long,
+        env = "TRIAGE_CONSOLE_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+    /// Read at most this many DLQ messages per page or action.
+    #[arg(long, default_value_t = 100_000, value_name = "N")]
+    max_scan: usize,
 }
 
 #[derive(Debug, Args)]
@@ -650,6 +676,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             sqs_triage::demo::run_worker(opts).await.map_err(runtime_error)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Console(a) => run_console(&cli, a).await,
         Command::Demo { jobs } => {
             let opts = sqs_triage::demo::workload::DemoOptions { jobs_per_kind: *jobs };
             sqs_triage::demo::workload::main_from_env(opts)
@@ -739,6 +766,85 @@ async fn run_dlq(
             Ok(print(&r, json))
         }
     }
+}
+
+/// `triage console`: checks the queues and the table, binds, prints the URL, serves until
+/// Ctrl-C or SIGTERM.
+async fn run_console(cli: &Cli, a: &ConsoleArgs) -> OpsResult<ExitCode> {
+    use sqs_triage::console;
+    let queue = require(&cli.queue_url, "TRIAGE_QUEUE_URL", "--queue-url")?;
+    let dlq_arg = require(&cli.dlq_url, "TRIAGE_DLQ_URL", "--dlq-url")?;
+    let (table, retention) = audit_table(cli)?;
+    dlq::check_eventbridge_types()?;
+    let token = match (nonempty(&a.token), a.bind) {
+        (Some(t), _) => {
+            console::check_token(t)?;
+            Some(t.to_owned())
+        }
+        (None, Some(_)) => Some(console::random_token()),
+        (None, None) => None,
+    };
+    let ctx = Ctx::from_env()
+        .await?
+        .for_queue(dlq_arg, "TRIAGE_DLQ_URL")?
+        .audited(table, retention);
+    let queue_url = ops::resolve_queue(&ctx, queue, "TRIAGE_QUEUE_URL").await?;
+    let dlq_url = ops::resolve_queue(&ctx, dlq_arg, "TRIAGE_DLQ_URL").await?;
+    audit::check_table(&ctx, table).await?;
+    ctx.actor().await;
+    let ip = a
+        .bind
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    let listener = tokio::net::TcpListener::bind((ip, a.port))
+        .await
+        .map_err(|e| OpsError::usage(format!("cannot listen on {ip} port {}: {e}", a.port)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| OpsError::new(ops::ErrorKind::Failed, format!("no local address: {e}")))?;
+    let opts = console::ConsoleOptions {
+        queue_url,
+        dlq_url,
+        table: table.to_owned(),
+        token: token.clone(),
+        allowed_hosts: console::ConsoleOptions::hosts_for(addr),
+        max_scan: a.max_scan,
+        local_user: ["USER", "USERNAME"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty())),
+    };
+    let shown = if addr.ip().is_unspecified() {
+        format!("http://<this host>:{}/", addr.port())
+    } else {
+        format!("http://{addr}/")
+    };
+    let url = match &token {
+        Some(t) => format!("{shown}?token={t}"),
+        None => shown,
+    };
+    println!("triage console: {url}");
+    eprintln!("serving until Ctrl-C; every action is audited to {table}");
+    let _ = std::io::stdout().flush();
+    let shutdown = async {
+        #[cfg(unix)]
+        {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => return std::future::pending().await,
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    };
+    console::serve(listener, ctx, opts, shutdown)
+        .await
+        .map_err(|e| OpsError::new(ops::ErrorKind::Failed, format!("the console stopped: {e}")))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Where `dlq edit` takes the new body from: `--body FILE` (`-` for stdin), `--patch`, else

@@ -21,6 +21,7 @@ mod audit;
 mod bench_smoke;
 mod breaker;
 mod cli;
+mod console;
 mod decision;
 mod dlq_edit;
 mod dlq_source;

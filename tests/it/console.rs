@@ -1,0 +1,665 @@
+//! `triage console` on the local stack: the real binary serves the pages on an ephemeral port;
+//! the tests read them over HTTP, and check every change with SQS and DynamoDB themselves.
+
+use crate::support;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use aws_sdk_sqs::types::MessageAttributeValue;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+use sqs_triage::core::failure::{FailureClass, FailureRecord};
+use sqs_triage::effects::dlq::dlq_copy;
+use sqs_triage::ops::setup::SetupReport;
+use sqs_triage::ops::{Ctx, audit, breaker};
+
+const BIN: &str = env!("CARGO_BIN_EXE_triage");
+
+/// A running `triage console`, stopped on drop.
+struct Console {
+    child: Child,
+    /// `http://127.0.0.1:PORT`
+    base: String,
+    /// The URL it printed.
+    printed: String,
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(stack: &SetupReport, extra: &[&str], env: &[(&str, &str)]) -> Console {
+    start_on(&stack.queue_url, &stack.dlq_url, &stack.table, extra, env)
+}
+
+fn start_on(queue_url: &str, dlq_url: &str, table: &str, extra: &[&str], env: &[(&str, &str)]) -> Console {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["console", "--port", "0"])
+        .args(extra)
+        .env("TRIAGE_QUEUE_URL", queue_url)
+        .env("TRIAGE_DLQ_URL", dlq_url)
+        .env("TRIAGE_TABLE", table)
+        .env("AWS_ENDPOINT_URL_STS", support::sts_endpoint())
+        .env_remove("TRIAGE_CONSOLE_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn triage console");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("read the console's URL");
+    let printed = line
+        .trim()
+        .strip_prefix("triage console: ")
+        .unwrap_or_else(|| panic!("no URL printed: {line:?}"))
+        .to_owned();
+    let base = printed
+        .split_once("/?")
+        .map_or(printed.trim_end_matches('/'), |(b, _)| b)
+        .to_owned();
+    Console { child, base, printed }
+}
+
+struct Answer {
+    status: u16,
+    headers: hyper::HeaderMap,
+    body: String,
+}
+
+async fn http(method: &str, url: &str, headers: &[(&str, &str)], body: Option<String>) -> Answer {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut req = hyper::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if body.is_some() {
+        req = req.header("content-type", "application/x-www-form-urlencoded");
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .unwrap();
+    let resp = client.request(req).await.expect("HTTP request");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Answer {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+async fn get(c: &Console, path: &str) -> Answer {
+    http("GET", &format!("{}{path}", c.base), &[], None).await
+}
+
+async fn post(c: &Console, path: &str, form: &[(&str, &str)]) -> Answer {
+    let body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(form.iter().copied())
+        .finish();
+    http("POST", &format!("{}{path}", c.base), &[], Some(body)).await
+}
+
+/// Every `value` of the hidden inputs named `name` in a page.
+fn hidden_values(page: &str, name: &str) -> Vec<String> {
+    let needle = format!("name=\"{name}\" value=\"");
+    page.match_indices(&needle)
+        .map(|(i, _)| {
+            let rest = &page[i + needle.len()..];
+            rest[..rest.find('"').unwrap()].to_owned()
+        })
+        .collect()
+}
+
+fn csrf(page: &str) -> String {
+    hidden_values(page, "csrf")
+        .into_iter()
+        .next()
+        .expect("a CSRF field")
+}
+
+/// Puts the processor's DLQ copy of a job that failed fatally into the DLQ; returns the DLQ
+/// message id.
+async fn seed(
+    stack: &SetupReport,
+    job_type: &str,
+    job_id: &str,
+    payload: serde_json::Value,
+    error: &str,
+) -> String {
+    let record = FailureRecord {
+        class: FailureClass::Fatal,
+        error: error.into(),
+        attempts: 1,
+        job_type: Some(job_type.into()),
+        job_id: job_id.into(),
+        source_queue: stack.queue_url.clone(),
+        original_message_id: format!("orig-{job_id}"),
+        first_received_at: 1,
+        failed_at: sqs_triage::clock::now_ms(),
+    };
+    let body = json!({"type": job_type, "id": job_id, "payload": payload}).to_string();
+    let attrs: HashMap<String, MessageAttributeValue> = [(
+        "tenant".to_owned(),
+        MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value("<img src=x onerror=alert(2)>")
+            .build()
+            .unwrap(),
+    )]
+    .into();
+    let copy = dlq_copy(&body, &attrs, &record, 1 << 20).unwrap();
+    support::sqs_client()
+        .await
+        .send_message()
+        .queue_url(&stack.dlq_url)
+        .message_body(copy.body)
+        .set_message_attributes(Some(copy.attributes))
+        .send()
+        .await
+        .unwrap()
+        .message_id
+        .unwrap()
+}
+
+async fn ctx() -> Ctx {
+    Ctx::from_config(&support::sdk_config().await).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_show_the_real_depths_and_groups_and_escape_every_body() {
+    let stack = support::fresh_resources("console-pages", false).await;
+    for i in 0..3 {
+        seed(
+            &stack,
+            "billing.charge",
+            &format!("b{i}"),
+            json!({"n": i}),
+            "card token is None",
+        )
+        .await;
+    }
+    let hostile = seed(
+        &stack,
+        "email.send",
+        "e0",
+        json!({"html": "<script>alert(1)</script>"}),
+        "bad <b>address</b>",
+    )
+    .await;
+    let sqs = support::sqs_client().await;
+    for i in 0..2 {
+        sqs.send_message()
+            .queue_url(&stack.queue_url)
+            .message_body(format!(
+                "{{\"type\":\"email.send\",\"id\":\"s{i}\",\"payload\":null}}"
+            ))
+            .send()
+            .await
+            .unwrap();
+    }
+    let c = start(&stack, &[], &[]);
+
+    let o = get(&c, "/").await;
+    assert_eq!(o.status, 200, "{}", o.body);
+    assert!(
+        o.body
+            .contains("id=\"source-visible\" data-field=\"source.visible\">2<"),
+        "{}",
+        o.body
+    );
+    assert!(
+        o.body
+            .contains("id=\"dlq-visible\" data-field=\"dlq.visible\">4<"),
+        "{}",
+        o.body
+    );
+    assert!(o.body.contains("Oldest DLQ failure instead"), "{}", o.body);
+    assert!(o.body.contains("<svg id=\"arrivals-chart\""), "{}", o.body);
+    // Not `no-referrer`: under it a browser's form POST says `Origin: null`, which the origin
+    // check refuses.
+    assert_eq!(o.headers["referrer-policy"], "same-origin");
+    let csp = o.headers["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+
+    let j = get(&c, "/api/overview").await;
+    let v: serde_json::Value = serde_json::from_str(&j.body).unwrap();
+    assert_eq!(v["source"]["visible"], 2, "{v}");
+    assert_eq!(v["dlq"]["visible"], 4, "{v}");
+
+    let d = get(&c, "/dlq").await;
+    assert_eq!(d.status, 200);
+    assert!(d.body.contains("4 message(s) in 2 group(s)"), "{}", d.body);
+    assert!(d.body.contains("card token is None"), "{}", d.body);
+    assert!(d.body.contains("bad &lt;b&gt;address&lt;/b&gt;"), "{}", d.body);
+    assert!(!d.body.contains("<b>address"), "{}", d.body);
+
+    let g = get(
+        &c,
+        "/dlq/group?type=billing.charge&class=fatal&error_is=card+token+is+None",
+    )
+    .await;
+    assert_eq!(g.status, 200);
+    assert!(g.body.contains("3 message(s)."), "{}", g.body);
+    assert_eq!(g.body.matches("class=\"message-link\"").count(), 3, "{}", g.body);
+
+    let m = get(&c, &format!("/dlq/message/{hostile}")).await;
+    assert_eq!(m.status, 200, "{}", m.body);
+    assert!(
+        m.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{}",
+        m.body
+    );
+    assert!(!m.body.contains("<script>alert"), "{}", m.body);
+    assert!(
+        m.body.contains("&lt;img src=x onerror=alert(2)&gt;"),
+        "{}",
+        m.body
+    );
+    assert!(!m.body.contains("<img"), "{}", m.body);
+    // Reading changed nothing.
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.visible, 4);
+
+    // Bad input: a clear error page, not a panic.
+    let bad = get(&c, "/dlq?older_than=soon").await;
+    assert_eq!(bad.status, 400);
+    assert!(
+        bad.body.contains("older_than: `soon` is not a duration"),
+        "{}",
+        bad.body
+    );
+    let missing = get(&c, "/dlq/message/no-such-id").await;
+    assert_eq!(missing.status, 404, "{}", missing.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_changes_need_the_csrf_token_the_same_origin_and_our_host() {
+    let stack = support::fresh_resources("console-csrf", false).await;
+    let c = start(&stack, &[], &[]);
+    let ctx = ctx().await;
+    let phase = || async {
+        breaker::status(&ctx, &stack.table, Some("billing.charge"))
+            .await
+            .unwrap()
+            .breakers[0]
+            .phase
+            .clone()
+    };
+    assert_eq!(phase().await, "closed");
+
+    let no_token = post(&c, "/breaker", &[("type", "billing.charge"), ("action", "open")]).await;
+    assert_eq!(no_token.status, 403, "{}", no_token.body);
+    let confirm = get(&c, "/breaker?type=billing.charge&action=open").await;
+    assert_eq!(confirm.status, 200, "{}", confirm.body);
+    assert!(
+        confirm.body.contains("Nothing changes until you confirm"),
+        "{}",
+        confirm.body
+    );
+    let token = csrf(&confirm.body);
+    let wrong = post(
+        &c,
+        "/breaker",
+        &[
+            ("type", "billing.charge"),
+            ("action", "open"),
+            ("csrf", "0123456789abcdef0123456789abcdef"),
+        ],
+    )
+    .await;
+    assert_eq!(wrong.status, 403);
+    // A page of another site posting with a stolen token still fails on its Origin.
+    let body = format!("type=billing.charge&action=open&csrf={token}");
+    let cross = http(
+        "POST",
+        &format!("{}/breaker", c.base),
+        &[("origin", "http://evil.example")],
+        Some(body.clone()),
+    )
+    .await;
+    assert_eq!(cross.status, 403, "{}", cross.body);
+    let site = http(
+        "POST",
+        &format!("{}/breaker", c.base),
+        &[("sec-fetch-site", "cross-site")],
+        Some(body),
+    )
+    .await;
+    assert_eq!(site.status, 403, "{}", site.body);
+    // DNS rebinding: a name that resolves to 127.0.0.1 but is not ours.
+    let port = c.base.rsplit(':').next().unwrap();
+    let rebound = http(
+        "GET",
+        &format!("{}/", c.base),
+        &[("host", &format!("evil.example:{port}"))],
+        None,
+    )
+    .await;
+    assert_eq!(rebound.status, 421, "{}", rebound.body);
+    assert_eq!(phase().await, "closed", "a refused request changed the breaker");
+
+    // A browser's own form: its Origin is ours.
+    let body = format!("type=billing.charge&action=open&csrf={token}");
+    let headers = [("origin", c.base.as_str()), ("sec-fetch-site", "same-origin")];
+    let ok = http("POST", &format!("{}/breaker", c.base), &headers, Some(body)).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert!(ok.body.contains("is now open"), "{}", ok.body);
+    assert_eq!(phase().await, "open");
+    let o = get(&c, "/").await;
+    assert!(
+        o.body
+            .contains("data-breaker=\"billing.charge\" data-part=\"phase\">open<"),
+        "{}",
+        o.body
+    );
+    let ok = post(
+        &c,
+        "/breaker",
+        &[("type", "billing.charge"), ("action", "reset"), ("csrf", &token)],
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(phase().await, "closed");
+    let trail = audit::list(
+        &ctx,
+        &stack.table,
+        std::time::Duration::from_secs(3600),
+        Some("breaker"),
+        10,
+    )
+    .await
+    .unwrap();
+    let actions: Vec<&str> = trail.entries.iter().map(|e| e.action.as_str()).collect();
+    assert_eq!(actions, ["breaker.reset", "breaker.open"], "{actions:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_group_replay_moves_exactly_the_group() {
+    let stack = support::fresh_resources("console-replay", false).await;
+    for i in 0..3 {
+        seed(
+            &stack,
+            "billing.charge",
+            &format!("b{i}"),
+            json!({"n": i}),
+            "card token is None",
+        )
+        .await;
+    }
+    for i in 0..2 {
+        seed(
+            &stack,
+            "email.send",
+            &format!("e{i}"),
+            json!(null),
+            "smtp refused",
+        )
+        .await;
+    }
+    let c = start(&stack, &[], &[]);
+    let sqs = support::sqs_client().await;
+
+    let confirm = get(
+        &c,
+        "/replay?type=billing.charge&class=fatal&error_is=card+token+is+None",
+    )
+    .await;
+    assert_eq!(confirm.status, 200, "{}", confirm.body);
+    assert!(
+        confirm.body.contains("Replay <strong>3</strong> message(s)"),
+        "{}",
+        confirm.body
+    );
+    assert!(confirm.body.contains("id=\"dry-run\""), "{}", confirm.body);
+    let ids = hidden_values(&confirm.body, "id");
+    assert_eq!(ids.len(), 3);
+    // The confirmation page moved nothing.
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.visible, 5);
+    assert_eq!(support::queue_depth(&sqs, &stack.queue_url).await.total(), 0);
+
+    let token = csrf(&confirm.body);
+    let mut form: Vec<(&str, &str)> = vec![("csrf", &token), ("expected", "3"), ("rate", "50")];
+    form.extend(ids.iter().map(|i| ("id", i.as_str())));
+    let done = post(&c, "/replay", &form).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert!(done.body.contains("Replayed 3 of the 3"), "{}", done.body);
+    assert!(done.body.contains("Recorded in the audit trail"), "{}", done.body);
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.visible, 2);
+    let moved = support::read_all(&sqs, &stack.queue_url, 60, 0).await;
+    let mut types: Vec<String> = moved
+        .iter()
+        .map(|m| {
+            serde_json::from_str::<serde_json::Value>(m.body().unwrap()).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    types.sort();
+    assert_eq!(types, ["billing.charge"; 3]);
+
+    // A purge confirmed for messages that are gone deletes nothing.
+    let confirm = get(&c, "/purge?type=email.send").await;
+    assert!(
+        confirm.body.contains("Delete <strong>2</strong>"),
+        "{}",
+        confirm.body
+    );
+    let ids = hidden_values(&confirm.body, "id");
+    let mut form: Vec<(&str, &str)> = vec![("csrf", &token), ("expected", "3")];
+    form.extend(ids.iter().map(|i| ("id", i.as_str())));
+    let refused = post(&c, "/purge", &form).await;
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.visible, 2);
+    form[1] = ("expected", "2");
+    let purged = post(&c, "/purge", &form).await;
+    assert_eq!(purged.status, 200, "{}", purged.body);
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.total(), 0);
+    let trail = audit::list(
+        &ctx().await,
+        &stack.table,
+        std::time::Duration::from_secs(3600),
+        Some("dlq"),
+        10,
+    )
+    .await
+    .unwrap();
+    let actions: Vec<&str> = trail.entries.iter().map(|e| e.action.as_str()).collect();
+    assert_eq!(actions, ["dlq.purge", "dlq.replay"], "{actions:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_bind_every_request_needs_the_token() {
+    let stack = support::fresh_resources("console-token", false).await;
+    let c = start(&stack, &["--bind", "127.0.0.1"], &[]);
+    let token = c
+        .printed
+        .split_once("?token=")
+        .expect("the printed URL carries the token")
+        .1
+        .to_owned();
+    assert_eq!(token.len(), 32);
+    let refused = get(&c, "/").await;
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    assert!(refused.body.contains("needs its token"), "{}", refused.body);
+    assert_eq!(get(&c, "/api/overview").await.status, 401);
+    let wrong = http(
+        "GET",
+        &format!("{}/", c.base),
+        &[("authorization", "Bearer 0123456789abcdef0123456789abcdef")],
+        None,
+    )
+    .await;
+    assert_eq!(wrong.status, 401);
+    let bearer = format!("Bearer {token}");
+    let ok = http(
+        "GET",
+        &format!("{}/", c.base),
+        &[("authorization", &bearer)],
+        None,
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    // The printed URL keeps the token in a cookie and drops it from the address.
+    let first = http("GET", &c.printed, &[], None).await;
+    assert_eq!(first.status, 303);
+    assert_eq!(first.headers["location"], "/");
+    let cookie = first.headers["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert!(cookie.contains(&token));
+    let ok = http("GET", &format!("{}/dlq", c.base), &[("cookie", &cookie)], None).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+
+    // A token given by the operator must be long enough.
+    let out = Command::new(BIN)
+        .args([
+            "console",
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--token",
+            "short",
+        ])
+        .env("TRIAGE_QUEUE_URL", &stack.queue_url)
+        .env("TRIAGE_DLQ_URL", &stack.dlq_url)
+        .env("TRIAGE_TABLE", &stack.table)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16 characters of letters, digits"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_is_previewed_then_replayed_with_the_new_body() {
+    let stack = support::fresh_resources("console-edit", false).await;
+    let id = seed(
+        &stack,
+        "report.build",
+        "r1",
+        json!({"n": 0}),
+        "n must be positive",
+    )
+    .await;
+    let c = start(&stack, &[], &[]);
+    let sqs = support::sqs_client().await;
+
+    let m = get(&c, &format!("/dlq/message/{id}")).await;
+    assert_eq!(m.status, 200, "{}", m.body);
+    let token = csrf(&m.body);
+    let edited = json!({"type": "report.build", "id": "r1", "payload": {"n": 7}}).to_string();
+    let preview = post(
+        &c,
+        "/edit/preview",
+        &[("csrf", &token), ("id", &id), ("body", &edited)],
+    )
+    .await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    assert!(preview.body.contains("The body changed."), "{}", preview.body);
+    assert!(preview.body.contains("&quot;n&quot;: 7"), "{}", preview.body);
+    // The preview moved nothing.
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.visible, 1);
+    assert_eq!(support::queue_depth(&sqs, &stack.queue_url).await.total(), 0);
+    let without = post(&c, "/edit", &[("id", &id), ("body", &edited)]).await;
+    assert_eq!(without.status, 403);
+    let done = post(&c, "/edit", &[("csrf", &token), ("id", &id), ("body", &edited)]).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert!(done.body.contains("Sent the edited body"), "{}", done.body);
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.total(), 0);
+    let sent = support::read_all(&sqs, &stack.queue_url, 60, 0).await;
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].body(), Some(edited.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_park_shows_the_ledger_first_and_then_parks_the_job() {
+    use std::time::Duration;
+    use support::pipeline::{Harness, Options, RECORDED, failed_ids};
+    // The first retry 10 minutes away: the job waits for it throughout the test.
+    let policy = sqs_triage::core::policy::RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(sqs_triage::core::backoff::Backoff::exponential(
+            Duration::from_secs(600),
+            2.0,
+            Duration::from_secs(1_200),
+            Duration::ZERO,
+        ))
+        .max_delay(Duration::from_secs(1_200))
+        .build()
+        .unwrap();
+    let h = Harness::build(Options {
+        prefix: "console-park",
+        policy,
+        ..Options::default()
+    })
+    .await;
+    h.send_jobs(&[("p-1", json!({"outcome": "transient"}))]).await;
+    let (_, response) = h.invoke_once(Duration::from_secs(5)).await.expect("delivered");
+    assert_eq!(failed_ids(&response).len(), 1, "a retry, 10 minutes away");
+    let c = start_on(&h.queue_url, &h.dlq_url, &h.table, &[], &[("USER", "ops-alice")]);
+
+    let confirm = get(&c, "/park/confirm?job_id=p-1&reason=vendor+down").await;
+    assert_eq!(confirm.status, 200, "{}", confirm.body);
+    assert!(
+        confirm.body.contains("with the 1 attempt(s) it used"),
+        "{}",
+        confirm.body
+    );
+    let unknown = get(&c, "/park/confirm?job_id=nobody").await;
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
+    let token = csrf(&confirm.body);
+    let job_type = hidden_values(&confirm.body, "type").remove(0);
+    assert_eq!(job_type, RECORDED);
+    let done = post(
+        &c,
+        "/park",
+        &[
+            ("csrf", &token),
+            ("job_id", "p-1"),
+            ("type", &job_type),
+            ("reason", "vendor down"),
+        ],
+    )
+    .await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert!(done.body.contains("Parked job p-1."), "{}", done.body);
+    assert!(done.body.contains("Recorded in the audit trail"), "{}", done.body);
+
+    // The next delivery dead-letters it as parked, without running it again.
+    h.invoke_once(Duration::from_secs(5))
+        .await
+        .expect("the parked message comes back now");
+    assert_eq!(h.executions("p-1"), vec![1]);
+    let dlq = h.dlq_messages().await;
+    assert_eq!(dlq.len(), 1);
+    let record =
+        sqs_triage::effects::dlq::failure_record(&dlq[0].message_attributes().cloned().unwrap_or_default())
+            .expect("a failure record")
+            .expect("it parses");
+    assert_eq!(record.class, FailureClass::Parked);
+    assert!(
+        record.error.contains("by ops-alice: vendor down"),
+        "{}",
+        record.error
+    );
+}
