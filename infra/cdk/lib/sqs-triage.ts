@@ -250,8 +250,8 @@ export function dashboardBody(region: string, sourceQueueName: string, dlqName: 
 export const VISIBILITY_FACTOR = 6;
 
 /**
- * The defaults of every setting: the SAM template's parameter defaults (and infra/cdk/cdk.json's
- * context), checked equal by `bash infra/check.sh`.
+ * The defaults of every setting: infra/cdk/cdk.json's context (test/sqs-triage.test.ts checks
+ * them equal), which `bash infra/check.sh` compares with the SAM template's parameter defaults.
  */
 export const SQS_TRIAGE_DEFAULTS: Readonly<SqsTriageSettings> = Object.freeze({
   functionTimeoutSeconds: 30,
