@@ -12,7 +12,12 @@
 #   4. infra/check_templates.py: the generated ranges are up to date; the facts that matter, on
 #      both templates; SAM and CDK compared resource by resource, setting by setting; the
 #      envelope schema and the sample events in events/
-#   5. when the local stack is up (infra/local/test.sh starts it first; CI always has it):
+#   5. the crate `triage init` writes (into .local/infra-check/starter, depending on this
+#      checkout by path): cfn-lint and the SAM translator on its template.yaml, tsc and
+#      `cdk synth` (no bundling, cdk-nag) of its CDK app with infra/cdk's node_modules, then the
+#      same facts on both, SAM and CDK compared, and both built from the crate's own binary;
+#      then `cargo test` of the crate, with this checkout's Cargo.lock and target folder
+#   6. when the local stack is up (infra/local/test.sh starts it first; CI always has it):
 #      infra/deploy_local.py deploys the SAM translator's output and the `cdk synth` output into
 #      moto's CloudFormation and checks the created queues, table, function, mapping, log group
 #      and dashboard through their APIs (docs/deploy.md, "Deployed into the local stack")
@@ -123,6 +128,37 @@ step "facts"
   --events events \
   --schema schema/envelope.schema.json \
   --limits "$OUT/config-limits.json"
+
+# ---------------------------------------------------------------- the crate `triage init` writes
+step "triage init: the generated crate's SAM template and CDK app"
+STARTER="$OUT/starter"
+STARTER_NAME=starter-check
+rm -rf "$STARTER" "$OUT/starter-cdk.out"
+cargo run --quiet --bin triage -- init "$STARTER_NAME" --dir "$STARTER" --path "$ROOT" > /dev/null
+"$VENV/bin/cfn-lint" "$STARTER/template.yaml"
+echo "cfn-lint (starter): no findings"
+"$VENV/bin/python" infra/check_templates.py translate "$STARTER/template.yaml" "$OUT/starter-sam.json"
+# The generated app's package.json pins infra/cdk's versions: use that install.
+ln -s "$CDK_DIR/node_modules" "$STARTER/cdk/node_modules"
+(cd "$STARTER/cdk" && npx --no-install tsc --noEmit -p tsconfig.json)
+echo "tsc (starter): no errors"
+# The reference stack's name, so that the facts compare the same names.
+(cd "$STARTER/cdk" && npx --no-install cdk synth --quiet --no-notices --no-version-reporting \
+  -c skipBundling=true -c stackName=sqs-triage --output "$OUT/starter-cdk.out")
+"$VENV/bin/python" infra/check_templates.py starter --dir "$STARTER" --name "$STARTER_NAME" \
+  --sam-cfn "$OUT/starter-sam.json" --cdk-out "$OUT/starter-cdk.out" --limits "$OUT/config-limits.json"
+
+step "triage init: the generated crate builds against this checkout and passes its tests"
+# This checkout's lock file (the same versions, no registry lookup) and target folder (its
+# dependencies already built by the `cargo run` above).
+cp Cargo.lock "$STARTER/Cargo.lock"
+STARTED=$SECONDS
+(cd "$STARTER" && CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}" \
+  cargo test --offline --quiet --color never 2>&1) | tee "$OUT/starter-test.log" | grep -E '^test result' \
+  || { cat "$OUT/starter-test.log"; exit 1; }
+grep -q 'test result: ok. 4 passed; 0 failed' "$OUT/starter-test.log" \
+  || { echo "the generated crate's 4 tests did not all pass" >&2; exit 1; }
+echo "generated crate: cargo test in $((SECONDS - STARTED)) s"
 
 # ---------------------------------------------------------------- deployed into the local stack
 step "deploy into the local stack's CloudFormation (moto) and check the created resources"

@@ -219,7 +219,7 @@ def dashboard_metrics(body: dict) -> tuple[list[dict], list[str]]:
 
 ROOT = Path(__file__).resolve().parent.parent
 RUST_RULE = "src/ops/setup.rs"
-CDK_RULE = "infra/cdk/lib/triage-stack.ts"
+CDK_RULE = "infra/cdk/lib/sqs-triage.ts"
 DOC_RULE = "docs/deploy.md"
 SQS_MAX_RECEIVE_COUNT = 1000
 
@@ -469,7 +469,8 @@ def translate(sam_path: Path, out_path: Path) -> None:
     for res in template.get("Resources", {}).values():
         if res.get("Type") == "AWS::Serverless::Function":
             uri = res.get("Properties", {}).get("CodeUri")
-            if isinstance(uri, str) and not uri.startswith("s3://"):
+            # A local folder, or the CrateDir parameter: `sam build` resolves both to a folder.
+            if (isinstance(uri, str) and not uri.startswith("s3://")) or (isinstance(uri, dict) and "Ref" in uri):
                 res["Properties"]["CodeUri"] = "s3://offline-check-bucket/triage-lambda.zip"
 
     class NoManagedPolicies:  # offline: the template names no managed policy to look up
@@ -1045,18 +1046,30 @@ class Facts:
                "and concurrency", shows_what_matters)
 
 
-def sam_only_facts(sam_path: Path, sam_raw: dict, sam_cfn: dict, report: Report) -> None:
+def sam_only_facts(sam_path: Path, sam_raw: dict, sam_cfn: dict, report: Report, tag: str = "sam") -> None:
     fn = next(r for r in sam_raw["Resources"].values() if r["Type"] == "AWS::Serverless::Function")
-    crate = (sam_path.parent / fn["Properties"]["CodeUri"]).resolve()
+    params = sam_raw.get("Parameters", {})
+
+    def build_param(value, name):
+        """A build setting's value as `sam build` resolves it: the parameter's default (or a literal)."""
+        if isinstance(value, dict):
+            return params.get(value.get("Ref"), {}).get("Default") if value.get("Ref") == name else None
+        return value
 
     def build():
-        cargo = (crate / "Cargo.toml").read_text()
+        uri = fn["Properties"]["CodeUri"]
+        binary = fn.get("Metadata", {}).get("BuildProperties", {}).get("Binary")
+        crate_dir, name = build_param(uri, "CrateDir"), build_param(binary, "BinaryName")
+        if crate_dir is None or name is None:
+            return False, f"CodeUri {uri} / Binary {binary}: a literal, or a Ref to CrateDir / BinaryName with a default"
+        crate = (sam_path.parent / crate_dir).resolve()
+        cargo = (crate / "Cargo.toml").read_text() if (crate / "Cargo.toml").exists() else ""
         return (fn.get("Metadata", {}).get("BuildMethod") == "rust-cargolambda"
-                and fn["Metadata"].get("BuildProperties", {}).get("Binary") == "triage-lambda"
-                and re.search(r'name\s*=\s*"triage-lambda"', cargo) is not None,
-                f"CodeUri {crate}, Metadata {fn.get('Metadata')}")
+                and re.search(r'name\s*=\s*"' + re.escape(name) + '"', cargo) is not None,
+                f"CodeUri {uri} -> {crate}, binary {name}, Metadata {fn.get('Metadata')}")
 
-    report.check("[sam] built by cargo-lambda (rust-cargolambda, binary triage-lambda of the crate at CodeUri)", build)
+    report.check(f"[{tag}] built by cargo-lambda (rust-cargolambda, the crate at CodeUri = CrateDir has the binary "
+                 "BinaryName, as their defaults name them)", build)
 
     def every_timeout():
         allowed = sam_raw["Parameters"]["FunctionTimeout"]["AllowedValues"]
@@ -1150,7 +1163,7 @@ def sam_only_facts_thresholds(sam_raw: dict, sam_cfn: dict, report: Report) -> N
     report.check("[sam] each alarm's threshold is its parameter (" + ", ".join(thresholds) + ")", threshold_params)
 
 
-def cdk_only_facts(cdk_out: Path, cdk_cfn: dict, report: Report) -> None:
+def cdk_only_facts(cdk_out: Path, cdk_cfn: dict, report: Report, binary: str = "triage-lambda", tag: str = "cdk") -> None:
     def nag():
         path = cdk_out / "validation-report.json"
         if not path.exists():
@@ -1160,7 +1173,7 @@ def cdk_only_facts(cdk_out: Path, cdk_cfn: dict, report: Report) -> None:
                  if v.get("severity") == "error"]
         return not fails, ", ".join(fails)
 
-    report.check("[cdk] cdk-nag AwsSolutions: no unacknowledged errors", nag)
+    report.check(f"[{tag}] cdk-nag AwsSolutions: no unacknowledged errors", nag)
 
     def code():
         fn = next(r for r in cdk_cfn["Resources"].values() if r["Type"] == "AWS::Lambda::Function")
@@ -1168,10 +1181,10 @@ def cdk_only_facts(cdk_out: Path, cdk_cfn: dict, report: Report) -> None:
         if not asset.is_absolute():
             asset = cdk_out / asset
         if (asset / "Cargo.toml").exists():  # synthesized without bundling: the crate itself
-            return re.search(r'name\s*=\s*"triage-lambda"', (asset / "Cargo.toml").read_text()) is not None, str(asset)
+            return re.search(r'name\s*=\s*"' + re.escape(binary) + '"', (asset / "Cargo.toml").read_text()) is not None, str(asset)
         return (asset / "bootstrap").exists(), f"{asset} (bundled)"
 
-    report.check("[cdk] function code is the triage-lambda binary of the crate (cargo-lambda-cdk)", code)
+    report.check(f"[{tag}] function code is the {binary} binary of the crate (cargo-lambda-cdk)", code)
 
 
 RECORD_KEYS = {"messageId", "receiptHandle", "body", "attributes", "messageAttributes", "md5OfBody",
@@ -1592,6 +1605,9 @@ def mutant_facts(sam_cfn: dict, cdk_cfn: dict, derived: "Derived", factor, limit
 # SAM parameters that choose a variant of the stack rather than a setting: each variant is
 # evaluated, checked and compared with its CDK synth on its own ([sam fifo], [sam=cdk fifo]).
 VARIANT_PARAMS = {"QueueType": "fifo"}
+# What `sam build` reads (the crate and its binary): no deployed setting, the CDK construct's
+# manifestPath and binaryName props. Checked by the "[sam] built by cargo-lambda" fact.
+BUILD_PARAMS = ("CrateDir", "BinaryName")
 
 
 def _fifo_queue(tpl: Template, which: str) -> dict:
@@ -1660,16 +1676,47 @@ def other_settings_facts(sam_raw: dict, sam_cfn: dict, cdk_alt_out: Path, settin
     params = Params(sam_raw)
     listed = {s["sam"] for s in settings}
     report.fact(f"[sam=cdk other settings] {settings_path.name} lists every SAM parameter but the variants' "
-                f"({', '.join(VARIANT_PARAMS)}: compared in their own runs), each with a value it accepts and that "
-                "is not its default",
-                listed == set(params.decl) - set(VARIANT_PARAMS) and len(listed) == len(settings)
+                f"({', '.join(VARIANT_PARAMS)}: compared in their own runs) and sam build's "
+                f"({', '.join(BUILD_PARAMS)}), each with a value it accepts and that is not its default",
+                listed == set(params.decl) - set(VARIANT_PARAMS) - set(BUILD_PARAMS) and len(listed) == len(settings)
                 and all(params.accepts(s["sam"], s["value"]) and str(params.decl[s["sam"]].get("Default")) != s["value"]
                         for s in settings)
                 and params.rules_pass({s["sam"]: s["value"] for s in settings}),
-                f"missing {sorted(set(params.decl) - listed)}, unknown {sorted(listed - set(params.decl))}")
+                f"missing {sorted(set(params.decl) - listed - set(VARIANT_PARAMS) - set(BUILD_PARAMS))}, "
+                f"unknown {sorted(listed - set(params.decl))}")
     sam = Template(copy.deepcopy(sam_cfn), {s["sam"]: s["value"] for s in settings})
     cdk = Template(json.loads(find_cdk_template(cdk_alt_out).read_text()))
     parity_facts(sam, cdk, report, "sam=cdk other settings")
+
+
+def starter_facts(args, report: Report) -> None:
+    """The crate `triage init` wrote: its SAM template is infra/template.yaml with the build
+    parameters' defaults on the crate; SAM and CDK hold every fact the reference stacks hold, and
+    the same resources as each other; both build the crate's own binary."""
+    crate = Path(args.dir)
+    starter_path = crate / "template.yaml"
+    ref_lines = (ROOT / "infra/template.yaml").read_text().splitlines()
+    lines = starter_path.read_text().splitlines()
+    changed = [(a, b) for a, b in zip(ref_lines, lines) if a != b]
+    report.fact("[starter] template.yaml is infra/template.yaml but for the defaults of CrateDir (.) and "
+                f"BinaryName ({args.name}) and the function's description",
+                len(ref_lines) == len(lines)
+                and changed == [("    Default: ..", "    Default: ."), ("    Default: triage-lambda", f"    Default: {args.name}"),
+                                ("      Description: sqs-triage reference function (triage-lambda)",
+                                 f"      Description: {args.name} (sqs-triage)")],
+                f"{len(ref_lines)} / {len(lines)} lines, changed {changed[:4]}")
+    starter_raw = load_yaml_template(starter_path)
+    sam_cfn = json.loads(Path(args.sam_cfn).read_text())
+    cdk_out = Path(args.cdk_out)
+    cdk_cfn = json.loads(find_cdk_template(cdk_out).read_text())
+    derived = Derived(ROOT)
+    limits = json.loads(Path(args.limits).read_text())
+    factor = rust_factor(ROOT)
+    sam_only_facts(starter_path, starter_raw, sam_cfn, report, "starter sam")
+    Facts("starter sam", Template(copy.deepcopy(sam_cfn)), report, derived, factor, limits, fifo=False).run()
+    Facts("starter cdk", Template(copy.deepcopy(cdk_cfn)), report, derived, factor, limits, fifo=False).run()
+    cdk_only_facts(cdk_out, cdk_cfn, report, args.name, "starter cdk")
+    parity_facts(Template(copy.deepcopy(sam_cfn)), Template(copy.deepcopy(cdk_cfn)), report, "starter sam=cdk")
 
 
 def find_cdk_template(cdk_out: Path) -> Path:
@@ -1702,8 +1749,19 @@ def main() -> int:
     ck.add_argument("--cdk-fifo-out", help="the CDK app synthesized with -c queueType=fifo")
     ck.add_argument("--limits", required=True,
                     help="src/config.rs's limits as JSON (`cargo run --example config_limits`)")
+    st = sub.add_parser("starter", help="check the crate `triage init` wrote (its SAM template and CDK app)")
+    st.add_argument("--dir", required=True, help="the generated crate")
+    st.add_argument("--name", required=True, help="the NAME it was generated with")
+    st.add_argument("--sam-cfn", required=True, help="its template.yaml, translated")
+    st.add_argument("--cdk-out", required=True, help="its CDK app, synthesized with -c stackName=" + STACK)
+    st.add_argument("--limits", required=True)
     args = ap.parse_args()
 
+    if args.cmd == "starter":
+        report = Report()
+        starter_facts(args, report)
+        print(f"{report.passed} passed, {report.failed} failed")
+        return 1 if report.failed else 0
     if args.cmd == "translate":
         translate(Path(args.sam), Path(args.out))
         return 0

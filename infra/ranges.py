@@ -3,7 +3,7 @@
 
     .local/venv-infra/bin/python infra/ranges.py --write [--limits FILE]
         Rewrites the generated parts of infra/template.yaml (each policy parameter's Type,
-        Default and range), infra/cdk/lib/triage-stack.ts (the block between the `BEGIN
+        Default and range), infra/cdk/lib/sqs-triage.ts (the block between the `BEGIN
         generated` and `END generated` lines) and infra/cdk/cdk.json (the TRIAGE_* defaults).
 
     .local/venv-infra/bin/python infra/ranges.py --check [--limits FILE]
@@ -50,7 +50,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SAM = ROOT / "infra/template.yaml"
-CDK = ROOT / "infra/cdk/lib/triage-stack.ts"
+CDK = ROOT / "infra/cdk/lib/sqs-triage.ts"
 CDK_JSON = ROOT / "infra/cdk/cdk.json"
 
 # Variables the configuration reads that neither stack sets: the function uses their defaults.

@@ -76,6 +76,23 @@ enum Command {
         #[arg(long, default_value_t = 50)]
         jobs: usize,
     },
+    /// Write a crate of your own: a typed handler on sqs-triage with its tests, a SAM template
+    /// and a CDK app that build and deploy it (docs/deploy.md). Never overwrites anything.
+    Init(InitArgs),
+}
+
+#[derive(Debug, Args)]
+struct InitArgs {
+    /// The crate's name, also its binary, its job type and its stack's name (lowercase
+    /// letters, digits and '-').
+    name: String,
+    /// The folder to create it in (missing or empty; default ./NAME).
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// The sqs-triage checkout to depend on by path (default: the one this `triage` was built
+    /// from).
+    #[arg(long, value_name = "PATH_TO_SQS_TRIAGE")]
+    path: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -677,6 +694,14 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Console(a) => run_console(&cli, a).await,
+        Command::Init(a) => {
+            let report = ops::init::init(&ops::init::InitOptions {
+                name: a.name.clone(),
+                dir: a.dir.clone(),
+                sqs_triage: a.path.clone(),
+            })?;
+            Ok(print(&report, json))
+        }
         Command::Demo { jobs } => {
             let opts = sqs_triage::demo::workload::DemoOptions { jobs_per_kind: *jobs };
             sqs_triage::demo::workload::main_from_env(opts)

@@ -9,6 +9,7 @@ pub mod audit;
 pub mod breaker;
 pub mod dlq;
 pub mod hints;
+pub mod init;
 pub mod output;
 pub mod park;
 pub mod send;

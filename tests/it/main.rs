@@ -40,6 +40,7 @@ mod heartbeat;
 mod heartbeat_limits;
 mod hostile;
 mod incident;
+mod init;
 mod lambda_events;
 mod ledger;
 mod ledger_facts;

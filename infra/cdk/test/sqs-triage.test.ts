@@ -1,0 +1,115 @@
+// The SqsTriage construct as a team's own app uses it: run by `bash infra/check.sh`.
+import { test } from 'node:test';
+import * as assert from 'node:assert/strict';
+import { App, Stack } from 'aws-cdk-lib';
+import { Template } from 'aws-cdk-lib/assertions';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { SQS_TRIAGE_DEFAULTS, SqsTriage, SqsTriageProps, TRIAGE_POLICY_DEFAULTS } from '../lib/sqs-triage';
+
+const MANIFEST = path.join(__dirname, '..', '..', '..', 'Cargo.toml');
+
+let n = 0;
+function app(): App {
+  // No bundling: the tests synthesize without compiling the crate.
+  return new App({ context: { 'aws:cdk:bundling-stacks': [] } });
+}
+function oneStack(props: Partial<SqsTriageProps> = {}): Stack {
+  const stack = new Stack(app(), `C${n++}`, { stackName: 'team' });
+  new SqsTriage(stack, 'Jobs', { manifestPath: MANIFEST, binaryName: 'triage-lambda', ...props });
+  return stack;
+}
+
+/** The logical ID of the one resource of `type` whose `prop` is `value`. */
+function idWhere(t: Template, type: string, prop: string, value: unknown): string {
+  const ids = Object.entries(t.findResources(type)).filter(([, r]) => r.Properties[prop] === value).map(([id]) => id);
+  assert.equal(ids.length, 1, `${type} with ${prop}=${JSON.stringify(value)}: ${ids}`);
+  return ids[0];
+}
+
+test('used twice in one stack with different prefixes: two of everything, each wired to its own', () => {
+  const stack = new Stack(app(), `C${n++}`, { stackName: 'team' });
+  const orders = new SqsTriage(stack, 'Orders', { manifestPath: MANIFEST, binaryName: 'orders', namePrefix: 'orders' });
+  const emails = new SqsTriage(stack, 'Emails', {
+    manifestPath: MANIFEST, binaryName: 'emails', namePrefix: 'emails', queueType: 'fifo', policy: { TRIAGE_MAX_ATTEMPTS: '3' },
+  });
+  const t = Template.fromStack(stack);
+  const count = (type: string) => Object.keys(t.findResources(type)).length;
+  assert.equal(count('AWS::SQS::Queue'), 4);
+  assert.equal(count('AWS::DynamoDB::Table'), 2);
+  assert.equal(count('AWS::Lambda::Function'), 2);
+  assert.equal(count('AWS::Lambda::EventSourceMapping'), 2);
+  assert.equal(count('AWS::Logs::LogGroup'), 2);
+  assert.equal(count('AWS::IAM::Role'), 2);
+  assert.equal(count('AWS::CloudWatch::Alarm'), 12);
+  assert.equal(count('AWS::CloudWatch::Dashboard'), 2);
+  assert.equal(orders.alarms.length + emails.alarms.length, 12);
+
+  for (const [prefix, suffix, attempts] of [['orders', '', '5'], ['emails', '.fifo', '3']]) {
+    const source = idWhere(t, 'AWS::SQS::Queue', 'QueueName', `${prefix}-jobs${suffix}`);
+    const dlq = idWhere(t, 'AWS::SQS::Queue', 'QueueName', `${prefix}-dlq${suffix}`);
+    const fn = idWhere(t, 'AWS::Lambda::Function', 'FunctionName', `${prefix}-triage-lambda`);
+    idWhere(t, 'AWS::Logs::LogGroup', 'LogGroupName', `/aws/lambda/${prefix}-triage-lambda`);
+    idWhere(t, 'AWS::CloudWatch::Dashboard', 'DashboardName', `${prefix}-triage`);
+    const f = t.findResources('AWS::Lambda::Function')[fn].Properties;
+    assert.deepEqual(f.Environment.Variables.TRIAGE_QUEUE_URL, { Ref: source }, `${prefix} queue`);
+    assert.deepEqual(f.Environment.Variables.TRIAGE_DLQ_URL, { Ref: dlq }, `${prefix} DLQ`);
+    assert.equal(f.Environment.Variables.TRIAGE_MAX_ATTEMPTS, attempts, `${prefix} attempts`);
+    // Its role reaches its own queues and table only.
+    const role = f.Role['Fn::GetAtt'][0];
+    const text = JSON.stringify(t.findResources('AWS::IAM::Role')[role]);
+    assert.ok(text.includes(source) && text.includes(dlq), `${prefix} role: ${text}`);
+    const mapping = Object.values(t.findResources('AWS::Lambda::EventSourceMapping'))
+      .find((m) => m.Properties.FunctionName.Ref === fn);
+    assert.deepEqual(mapping?.Properties.EventSourceArn, { 'Fn::GetAtt': [source, 'Arn'] });
+  }
+  const other = (name: string) => JSON.stringify(t.findResources('AWS::IAM::Role')[
+    t.findResources('AWS::Lambda::Function')[idWhere(t, 'AWS::Lambda::Function', 'FunctionName', name)].Properties.Role['Fn::GetAtt'][0]]);
+  assert.ok(!other('orders-triage-lambda').includes(idWhere(t, 'AWS::SQS::Queue', 'QueueName', 'emails-jobs.fifo')));
+});
+
+test('the same prefix twice in one stack is refused at synthesis', () => {
+  const stack = new Stack(app(), `C${n++}`, { stackName: 'team' });
+  new SqsTriage(stack, 'A', { manifestPath: MANIFEST, binaryName: 'a' });
+  // Without namePrefix both would take the stack's name, and make the same queue names.
+  assert.throws(() => new SqsTriage(stack, 'B', { manifestPath: MANIFEST, binaryName: 'b' }),
+    /namePrefix "team" is already used by another SqsTriage/);
+  assert.throws(() => new SqsTriage(stack, 'C', { manifestPath: MANIFEST, binaryName: 'c', namePrefix: 'team' }), /already used/);
+  new SqsTriage(stack, 'D', { manifestPath: MANIFEST, binaryName: 'd', namePrefix: 'other' });
+});
+
+test('defaults: the stack name as prefix, SQS_TRIAGE_DEFAULTS, and they equal infra/cdk/cdk.json', () => {
+  const t = Template.fromStack(oneStack());
+  idWhere(t, 'AWS::SQS::Queue', 'QueueName', 'team-jobs');
+  const f = Object.values(t.findResources('AWS::Lambda::Function'))[0].Properties;
+  assert.equal(f.Timeout, SQS_TRIAGE_DEFAULTS.functionTimeoutSeconds);
+  assert.equal(f.MemorySize, SQS_TRIAGE_DEFAULTS.functionMemoryMb);
+  assert.equal(f.Description, 'sqs-triage function (triage-lambda)');
+  for (const [k, v] of Object.entries(TRIAGE_POLICY_DEFAULTS)) assert.equal(f.Environment.Variables[k], v, k);
+
+  const context = JSON.parse(fs.readFileSync(path.join(__dirname, '..', 'cdk.json'), 'utf8')).context;
+  for (const [key, value] of Object.entries(SQS_TRIAGE_DEFAULTS)) {
+    if (key === 'policy') {
+      for (const [k, v] of Object.entries(value as Record<string, string>)) assert.equal(String(context[k]), v, k);
+    } else if (key === 'applicationLogLevel') {
+      assert.equal(value, 'INFO'); // cdk.json leaves it to bin/app.ts's fallback, INFO
+    } else {
+      assert.equal(String(context[key]), String(value), key);
+    }
+  }
+});
+
+test('a partial policy keeps the other defaults; settings keep their validation', () => {
+  const f = Object.values(Template.fromStack(oneStack({ policy: { TRIAGE_MAX_ATTEMPTS: '8' } }))
+    .findResources('AWS::Lambda::Function'))[0].Properties.Environment.Variables;
+  assert.equal(f.TRIAGE_MAX_ATTEMPTS, '8');
+  assert.equal(f.TRIAGE_BASE_DELAY_MS, TRIAGE_POLICY_DEFAULTS.TRIAGE_BASE_DELAY_MS);
+  assert.throws(() => oneStack({ policy: { TRIAGE_MAX_ATTEMPTS: '5.0' } }), /TRIAGE_MAX_ATTEMPTS=/);
+  assert.throws(() => oneStack({ policy: { TRIAGE_MAX_ATTEMPTS: '30' } }), /maxReceiveCount \(100\) leaves no room/);
+  assert.throws(() => oneStack({ batchSize: 0 }), /batchSize \(0\)/);
+  assert.throws(() => oneStack({ namePrefix: 'has space' }), /namePrefix/);
+  assert.throws(() => oneStack({ namePrefix: 'x'.repeat(51) }), /namePrefix/);
+  oneStack({ namePrefix: 'x'.repeat(50) });
+  assert.throws(() => oneStack({ binaryName: '' }), /binaryName/);
+  assert.throws(() => oneStack({ manifestPath: '' }), /manifestPath/);
+});
