@@ -156,7 +156,7 @@ STARTED=$SECONDS
 (cd "$STARTER" && CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}" \
   cargo test --offline --quiet --color never 2>&1) | tee "$OUT/starter-test.log" | grep -E '^test result' \
   || { cat "$OUT/starter-test.log"; exit 1; }
-grep -q 'test result: ok. 4 passed; 0 failed' "$OUT/starter-test.log" \
+grep -q 'test result: ok. 5 passed; 0 failed' "$OUT/starter-test.log" \
   || { echo "the generated crate's 4 tests did not all pass" >&2; exit 1; }
 echo "generated crate: cargo test in $((SECONDS - STARTED)) s"
 

@@ -102,7 +102,23 @@ const RESERVED: &[&str] = &[
     "aux",
     "nul",
     "com1",
+    "com2",
+    "com3",
+    "com4",
+    "com5",
+    "com6",
+    "com7",
+    "com8",
+    "com9",
     "lpt1",
+    "lpt2",
+    "lpt3",
+    "lpt4",
+    "lpt5",
+    "lpt6",
+    "lpt7",
+    "lpt8",
+    "lpt9",
 ];
 
 /// What `triage init` does.
@@ -426,6 +442,8 @@ mod tests {
             "std",
             "sqs-triage",
             "ünïcode",
+            "com2",
+            "lpt9",
             &"x".repeat(MAX_NAME_LEN + 1),
         ] {
             let e = check_name(bad).unwrap_err();
@@ -486,5 +504,26 @@ mod tests {
         let cargo = &files("thumbnails", Path::new("/a/b")).unwrap()[0].1;
         assert!(cargo.contains("sqs-triage = { path = \"/a/b\" }"), "{cargo}");
         assert_eq!(toml_string(r#"/x "y" \z"#), r#""/x \"y\" \\z""#);
+    }
+
+    #[test]
+    fn the_crate_builds_fresh_and_on_its_own() {
+        let made = files("thumbnails", Path::new("/a/b")).unwrap();
+        let file = |name: &str| &made.iter().find(|(p, _)| *p == name).unwrap().1;
+        // SAM's build cache hashes only the crate's folder: a cached build would keep an old
+        // sqs-triage from the path dependency.
+        assert!(
+            !file("samconfig.toml").contains("cached = true"),
+            "{}",
+            file("samconfig.toml")
+        );
+        // Its own workspace, so it builds inside another crate's workspace folder too.
+        assert!(
+            file("Cargo.toml").contains("\n[workspace]\n"),
+            "{}",
+            file("Cargo.toml")
+        );
+        // Its tests check that the registry serves the job type the template and README name.
+        assert!(file("src/main.rs").contains("fn the_registry_serves_the_job_type()"));
     }
 }
