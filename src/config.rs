@@ -422,9 +422,14 @@ mod tests {
     #[test]
     fn the_dlq_size_is_read_when_set_and_bad_values_name_the_variable() {
         assert_eq!(with(&[]).unwrap().dlq_max_bytes, None);
-        assert_eq!(with(&[("TRIAGE_DLQ_MAX_BYTES", " ")]).unwrap().dlq_max_bytes, None);
         assert_eq!(
-            with(&[("TRIAGE_DLQ_MAX_BYTES", "1048576")]).unwrap().dlq_max_bytes,
+            with(&[("TRIAGE_DLQ_MAX_BYTES", " ")]).unwrap().dlq_max_bytes,
+            None
+        );
+        assert_eq!(
+            with(&[("TRIAGE_DLQ_MAX_BYTES", "1048576")])
+                .unwrap()
+                .dlq_max_bytes,
             Some(1_048_576)
         );
         for bad in ["1023", "1048577", "256k", "-1"] {

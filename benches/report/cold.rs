@@ -151,7 +151,9 @@ fn build_floor(opts: &Options) -> Result<PathBuf, String> {
     if dir.file_name().is_some_and(|n| n == "release") {
         cmd.arg("--release");
     }
-    let st = cmd.status().map_err(|e| format!("cargo build --example bare_floor: {e}"))?;
+    let st = cmd
+        .status()
+        .map_err(|e| format!("cargo build --example bare_floor: {e}"))?;
     if !st.success() {
         return Err("cargo build --example bare_floor failed".into());
     }

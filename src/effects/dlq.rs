@@ -193,7 +193,9 @@ impl DlqLimit {
             }
         };
         // A queue always answers its MaximumMessageSize; SQS's default if it did not.
-        *self.bytes.get_or_init(|| bytes.unwrap_or(FALLBACK_MAX_MESSAGE_BYTES))
+        *self
+            .bytes
+            .get_or_init(|| bytes.unwrap_or(FALLBACK_MAX_MESSAGE_BYTES))
     }
 }
 

@@ -201,7 +201,11 @@ pub async fn build_with(
             if let Some(target) = target.filter(|t| !url_names_arn(&dlq_url, t)) {
                 warnings.push(mismatched_target(&target, &dlq_url));
             }
-            DlqLimit::known(config.dlq_max_bytes.unwrap_or(crate::effects::dlq::FALLBACK_MAX_MESSAGE_BYTES))
+            DlqLimit::known(
+                config
+                    .dlq_max_bytes
+                    .unwrap_or(crate::effects::dlq::FALLBACK_MAX_MESSAGE_BYTES),
+            )
         }
         Some(Ok(a)) => {
             let dlq_arn = a.get(&QueueAttributeName::QueueArn);

@@ -141,7 +141,9 @@ fn assert_fits(copies: &[Message]) {
     let copy = &copies[0];
     assert!(size_of(copy) <= DLQ_BYTES, "{} > {DLQ_BYTES}", size_of(copy));
     let attrs = copy.message_attributes().cloned().unwrap_or_default();
-    let record = failure_record(&attrs).expect("a failure record").expect("it parses");
+    let record = failure_record(&attrs)
+        .expect("a failure record")
+        .expect("it parses");
     assert!(record.error.ends_with("[truncated]"), "{}", record.error);
 }
 
