@@ -60,7 +60,7 @@ QUEUES_OF_SQS_ACTION = {
     "sqs:DeleteMessage": {"source"},
     "sqs:ReceiveMessage": {"source"},
     "sqs:SendMessage": {"dlq"},                  # dead-lettered copies
-    "sqs:GetQueueAttributes": {"source", "dlq"},  # start-up: retention, DLQ size limit
+    "sqs:GetQueueAttributes": {"source", "dlq"},  # start-up: retention; the DLQ's size limit without TRIAGE_DLQ_MAX_BYTES
 }
 # DynamoDB calls in this file go to TRIAGE_CHAOS_RECORD_TABLE (a test side table), not to the
 # state table; the stacks do not set that variable, so they grant nothing for them.
@@ -762,6 +762,11 @@ class Facts:
             # Unset, the resource default applies: 1 MiB (it was 256 KiB before SQS raised its limit).
             num(dlqp.get("MaximumMessageSize", MAX_MESSAGE_SIZE)) >= num(srcp.get("MaximumMessageSize", MAX_MESSAGE_SIZE)),
             f"source {srcp.get('MaximumMessageSize')} dlq {dlqp.get('MaximumMessageSize')}"))
+        self.c("TRIAGE_DLQ_MAX_BYTES is the DLQ's MaximumMessageSize (start-up then reads no size from the DLQ)", lambda: (
+            # Unset on the DLQ, the resource default applies: 1 MiB.
+            "TRIAGE_DLQ_MAX_BYTES" in self.env
+            and num(self.env["TRIAGE_DLQ_MAX_BYTES"]) == num(dlqp.get("MaximumMessageSize", MAX_MESSAGE_SIZE)),
+            f"TRIAGE_DLQ_MAX_BYTES {self.env.get('TRIAGE_DLQ_MAX_BYTES')} dlq {dlqp.get('MaximumMessageSize')}"))
         self.fifo_facts(srcp, dlqp)
         self.c("DLQ keeps messages 14 days, source queue 4 days", lambda: (
             num(dlqp["MessageRetentionPeriod"]) == 1209600 and num(srcp["MessageRetentionPeriod"]) == 345600,
@@ -1451,6 +1456,10 @@ def _logging(tpl: Template) -> dict:
     return tpl.resources[tpl.of_type("AWS::Lambda::Function")[0]]["Properties"]["LoggingConfig"]
 
 
+def _fn_env(tpl: Template) -> dict:
+    return tpl.resources[tpl.of_type("AWS::Lambda::Function")[0]]["Properties"]["Environment"]["Variables"]
+
+
 def _queue(tpl: Template, which: str) -> dict:
     f = Facts("x", tpl, Report(quiet=True))
     return tpl.resources[f.src if which == "source" else f.dlq]["Properties"]
@@ -1512,6 +1521,10 @@ MUTANTS = [
     ("DLQ smaller than its source",
      lambda t: (_queue(t, "dlq").__setitem__("MaximumMessageSize", 2048),
                 _queue(t, "source").__setitem__("MaximumMessageSize", 4096)), "DLQ's MaximumMessageSize is never below"),
+    ("DLQ at 256 KiB with TRIAGE_DLQ_MAX_BYTES still 1 MiB",
+     lambda t: _queue(t, "dlq").__setitem__("MaximumMessageSize", 262144), "TRIAGE_DLQ_MAX_BYTES is the DLQ's"),
+    ("function without TRIAGE_DLQ_MAX_BYTES",
+     lambda t: _fn_env(t).pop("TRIAGE_DLQ_MAX_BYTES"), "TRIAGE_DLQ_MAX_BYTES is the DLQ's"),
     ("source queue without MaximumMessageSize",
      lambda t: _queue(t, "source").pop("MaximumMessageSize"), "both queues take SQS's largest message"),
     ("mapping with both MaximumConcurrency and provisioned pollers",

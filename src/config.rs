@@ -32,6 +32,10 @@ pub struct Config {
     pub dlq_url: Option<String>,
     /// `TRIAGE_TABLE`: the state table (attempt ledger and breakers).
     pub table: Option<String>,
+    /// `TRIAGE_DLQ_MAX_BYTES`: the DLQ's `MaximumMessageSize` (1024 to 1048576, SQS's range), as
+    /// the stack that made the DLQ configured it. Unset: the runtime reads the DLQ's own limit
+    /// at its first DLQ send and keeps it (see [`DlqLimit`](crate::effects::dlq::DlqLimit)).
+    pub dlq_max_bytes: Option<usize>,
     /// Default retry policy of every job type.
     pub policy: RetryPolicy,
     /// Default breaker settings of every job type.
@@ -191,6 +195,11 @@ pub fn vars() -> Vars {
         ),
     }
 }
+
+/// `TRIAGE_DLQ_MAX_BYTES`: its name and the range SQS allows a queue's `MaximumMessageSize`.
+/// Not in [`vars`]: it has no default (unset, the DLQ's own limit is read) and no template
+/// parameter (the stacks set it from the DLQ they make).
+pub const DLQ_MAX_BYTES: (&str, usize, usize) = ("TRIAGE_DLQ_MAX_BYTES", 1_024, 1_048_576);
 
 const fn var<T>(name: &'static str, default: T, min: T, max: T) -> Var<T> {
     Var {
@@ -353,10 +362,21 @@ impl Config {
                 )
             })?,
         };
+        let dlq_max_bytes = match text("TRIAGE_DLQ_MAX_BYTES") {
+            None => None,
+            Some(_) => Some(parse(
+                lookup,
+                DLQ_MAX_BYTES.0,
+                DLQ_MAX_BYTES.1,
+                DLQ_MAX_BYTES.1,
+                DLQ_MAX_BYTES.2,
+            )?),
+        };
         Ok(Self {
             queue_url: text("TRIAGE_QUEUE_URL"),
             dlq_url: text("TRIAGE_DLQ_URL"),
             table: text("TRIAGE_TABLE"),
+            dlq_max_bytes,
             policy,
             breaker,
             concurrency: v.concurrency.read(lookup)?,
@@ -397,6 +417,28 @@ mod tests {
         assert_eq!(c.concurrency, 10);
         assert!(!c.log_payloads);
         assert_eq!(c.heartbeat, Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn the_dlq_size_is_read_when_set_and_bad_values_name_the_variable() {
+        assert_eq!(with(&[]).unwrap().dlq_max_bytes, None);
+        assert_eq!(
+            with(&[("TRIAGE_DLQ_MAX_BYTES", " ")]).unwrap().dlq_max_bytes,
+            None
+        );
+        assert_eq!(
+            with(&[("TRIAGE_DLQ_MAX_BYTES", "1048576")])
+                .unwrap()
+                .dlq_max_bytes,
+            Some(1_048_576)
+        );
+        for bad in ["1023", "1048577", "256k", "-1"] {
+            let e = with(&[("TRIAGE_DLQ_MAX_BYTES", bad)]).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("TRIAGE_DLQ_MAX_BYTES={bad:?} is not valid: expected a number from 1024 to 1048576")
+            );
+        }
     }
 
     #[test]
@@ -500,6 +542,9 @@ mod tests {
                         | "TRIAGE_LOG_PAYLOADS"
                         | "TRIAGE_DONE_MARKER_TYPES"
                         | "TRIAGE_EVENTBRIDGE_TYPES"
+                        // Numeric, but no policy: no default and no template parameter (the
+                        // stacks set it from the DLQ they make), so not in `limits()`.
+                        | "TRIAGE_DLQ_MAX_BYTES"
                 )
             })
             .collect();

@@ -1,7 +1,8 @@
 //! Item 5, cold start: `triage-lambda` started as a fresh process against cargo-lambda's emulated
 //! Lambda runtime API (`cargo lambda watch --only-lambda-apis`), with one SQS event already
-//! waiting; and, in the same run, a fresh Python interpreter importing Powertools' batch
-//! utility.
+//! waiting; in the same run and the same way, the floor (`examples/bare_floor.rs`: a bare
+//! `lambda_runtime` function building the same two SDK clients); and a fresh Python interpreter
+//! importing Powertools' batch utility.
 
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
@@ -42,6 +43,24 @@ pub fn run(opts: &Options) -> Section {
                 reps.to_string(),
             ]);
             s.value("cold.handled_ms", l.handled_ms);
+            s.row(&[
+                "floor (`examples/bare_floor.rs`: bare `lambda_runtime`, the same two SDK clients): process start → first event handled".into(),
+                format!("{:.1} ms", l.floor_handled_ms),
+                reps.to_string(),
+            ]);
+            s.row(&[
+                "floor: process start → response accepted".into(),
+                format!("{:.1} ms", l.floor_answered_ms),
+                reps.to_string(),
+            ]);
+            let ratio = l.handled_ms / l.floor_handled_ms;
+            s.row(&[
+                "`triage-lambda` / floor, first event handled (goal ≤ 1.2×)".into(),
+                format!("**{ratio:.2}×**"),
+                reps.to_string(),
+            ]);
+            s.value("cold.floor_ms", l.floor_handled_ms);
+            s.value("cold.floor_ratio", ratio);
         }
         Err(e) => {
             s.row(&[
@@ -52,13 +71,13 @@ pub fn run(opts: &Options) -> Section {
             s.fail(format!("cold start not measured: {e}"));
         }
     }
+    let profile = if opts.lambda_bin.components().any(|c| c.as_os_str() == "debug") {
+        "debug build: smoke run only"
+    } else {
+        "release profile: size-tuned, LTO, 1 codegen unit, stripped"
+    };
     match std::fs::metadata(&opts.lambda_bin) {
         Ok(md) => {
-            let profile = if opts.lambda_bin.components().any(|c| c.as_os_str() == "debug") {
-                "debug build: smoke run only"
-            } else {
-                "release profile: LTO, 1 codegen unit, stripped"
-            };
             s.row(&[
                 format!("`triage-lambda` binary size ({profile})"),
                 format!("**{:.1} MiB**", md.len() as f64 / 1_048_576.0),
@@ -67,6 +86,13 @@ pub fn run(opts: &Options) -> Section {
             s.value("cold.binary_mib", md.len() as f64 / 1_048_576.0);
         }
         Err(e) => s.fail(format!("{}: {e}", opts.lambda_bin.display())),
+    }
+    if let Ok(md) = std::fs::metadata(floor_path(opts)) {
+        s.row(&[
+            format!("floor binary size ({profile})"),
+            format!("{:.1} MiB", md.len() as f64 / 1_048_576.0),
+            "1".into(),
+        ]);
     }
     match python(opts, reps) {
         Ok(p) => {
@@ -102,6 +128,36 @@ pub fn run(opts: &Options) -> Section {
 struct LambdaTimes {
     handled_ms: f64,
     answered_ms: f64,
+    floor_handled_ms: f64,
+    floor_answered_ms: f64,
+}
+
+/// Where `cargo build --example bare_floor` puts the floor, next to `triage-lambda`.
+fn floor_path(opts: &Options) -> PathBuf {
+    let dir = opts.lambda_bin.parent().unwrap_or(Path::new("."));
+    dir.join("examples").join("bare_floor")
+}
+
+/// Builds the floor with the profile `triage-lambda` was built with, in the same target
+/// directory (cargo releases its lock while a bench runs).
+fn build_floor(opts: &Options) -> Result<PathBuf, String> {
+    let dir = opts.lambda_bin.parent().ok_or("triage-lambda has no directory")?;
+    let target = dir.parent().ok_or("triage-lambda is not in a target directory")?;
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(["build", "--quiet", "--example", "bare_floor", "--target-dir"])
+        .arg(target)
+        .current_dir(&opts.manifest_dir)
+        .stdout(Stdio::null());
+    if dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let st = cmd
+        .status()
+        .map_err(|e| format!("cargo build --example bare_floor: {e}"))?;
+    if !st.success() {
+        return Err("cargo build --example bare_floor failed".into());
+    }
+    Ok(floor_path(opts))
 }
 
 fn free_port() -> Result<u16, String> {
@@ -133,7 +189,8 @@ fn lambda(opts: &Options, reps: usize) -> Result<LambdaTimes, String> {
     if std::env::var_os("AWS_ENDPOINT_URL_SQS").is_none() {
         return Err("the local stack's variables are not set".into());
     }
-    // The function reads its queue's attributes at start-up, as it does on AWS.
+    let floor = build_floor(opts)?;
+    // The queues and table the function's configuration names, as on AWS.
     let created = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -163,24 +220,31 @@ fn lambda(opts: &Options, reps: usize) -> Result<LambdaTimes, String> {
     );
     wait_for_port(port, Duration::from_secs(30))?;
 
-    let mut handled = Vec::new();
-    let mut answered = Vec::new();
-    // One untimed run first, so the binary's pages are in the page cache like the later runs.
+    let (mut handled, mut answered) = (Vec::new(), Vec::new());
+    let (mut floor_handled, mut floor_answered) = (Vec::new(), Vec::new());
+    // One untimed run of each first, so the binaries' pages are in the page cache like the
+    // later runs; then the two alternate, so a slower moment of the machine hits both.
     for rep in 0..=reps {
-        let (h, a) = once(opts, &cargo_lambda, port, &event, &created)?;
+        let (h, a) = once(opts, &opts.lambda_bin, &cargo_lambda, port, &event, &created)?;
+        let (fh, fa) = once(opts, &floor, &cargo_lambda, port, &event, &created)?;
         if rep > 0 {
             handled.push(h);
             answered.push(a);
+            floor_handled.push(fh);
+            floor_answered.push(fa);
         }
     }
     Ok(LambdaTimes {
         handled_ms: median(&mut handled),
         answered_ms: median(&mut answered),
+        floor_handled_ms: median(&mut floor_handled),
+        floor_answered_ms: median(&mut floor_answered),
     })
 }
 
 fn once(
     opts: &Options,
+    bin: &Path,
     cargo_lambda: &Path,
     port: u16,
     event: &PathBuf,
@@ -210,18 +274,20 @@ fn once(
     let t0 = Instant::now();
     let mut function = Guard(
         crate::support::spawn_lambda_binary(
-            Command::new(&opts.lambda_bin)
+            Command::new(bin)
                 .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{port}/.rt"))
                 .env("AWS_LAMBDA_FUNCTION_NAME", "_")
                 .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
                 .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
                 .env("TRIAGE_QUEUE_URL", &created.queue_url)
                 .env("TRIAGE_DLQ_URL", &created.dlq_url)
+                // As the stacks set it: the DLQ's size (`triage setup` makes it 1 MiB).
+                .env("TRIAGE_DLQ_MAX_BYTES", "1048576")
                 .env("TRIAGE_TABLE", &created.table)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null()),
         )
-        .map_err(|e| format!("{}: {e}", opts.lambda_bin.display()))?,
+        .map_err(|e| format!("{}: {e}", bin.display()))?,
     );
     let stdout = function.0.stdout.take().ok_or("no stdout")?;
     let reader = std::thread::spawn(move || {

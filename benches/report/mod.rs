@@ -344,8 +344,10 @@ impl Report {
         row(
             "Cold start: process start → first event handled; binary size".into(),
             format!(
-                "**{} ms**, {} MiB",
+                "**{} ms** ({}× the floor: bare `lambda_runtime` + the two SDK clients, {} ms), {} MiB",
                 f("cold.handled_ms", 0),
+                f("cold.floor_ratio", 2),
+                f("cold.floor_ms", 0),
                 f("cold.binary_mib", 1)
             ),
             format!(

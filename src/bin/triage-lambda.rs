@@ -11,8 +11,10 @@ use sqs_triage::runtime::env::sdk_config;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let registry = chaos::registry(chaos::Recorder::from_env(&sdk_config().await));
-    match sqs_triage::runtime::lambda::run(registry).await {
+    // One AWS configuration for the recorder's client and the function's own.
+    let sdk = sdk_config().await;
+    let registry = chaos::registry(chaos::Recorder::from_env(&sdk));
+    match sqs_triage::runtime::lambda::run_with(registry, &sdk).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -126,6 +126,79 @@ fn pack(attrs: &HashMap<String, MessageAttributeValue>) -> Result<String, DlqCop
     serde_json::to_string(&packed).map_err(|_| DlqCopyError::BadAttribute(PACKED_ATTRIBUTE.into()))
 }
 
+/// The DLQ message size assumed while the DLQ's own limit cannot be read (SQS's default).
+pub const FALLBACK_MAX_MESSAGE_BYTES: usize = 262_144;
+
+/// The DLQ's message size limit (`MaximumMessageSize`), which every DLQ copy fits: given by
+/// configuration (`TRIAGE_DLQ_MAX_BYTES`, which the stacks set from the DLQ they make), or
+/// learned from the DLQ itself at the first batch that dead-letters anything, and kept for
+/// the process's life. Start-up needs no call for it. Clones share what was learned.
+#[derive(Debug, Clone)]
+pub struct DlqLimit {
+    bytes: std::sync::Arc<std::sync::OnceLock<usize>>,
+}
+
+impl DlqLimit {
+    /// A limit known from configuration.
+    pub fn known(bytes: usize) -> Self {
+        let limit = Self::unknown();
+        let _ = limit.bytes.set(bytes);
+        limit
+    }
+
+    /// A limit to be read from the DLQ at its first use ([`learn`](Self::learn)).
+    pub fn unknown() -> Self {
+        Self {
+            bytes: std::sync::Arc::default(),
+        }
+    }
+
+    /// The limit, once known.
+    pub fn get(&self) -> Option<usize> {
+        self.bytes.get().copied()
+    }
+
+    /// The limit: known, or read now from `dlq_url` (`GetQueueAttributes`, through the
+    /// storage retries) and kept. A read that fails is not kept: this batch's copies are sized
+    /// for [`FALLBACK_MAX_MESSAGE_BYTES`] (logged as a warning) and the next batch reads again.
+    pub async fn learn(&self, sqs: &crate::effects::sqs::Sqs, dlq_url: &str) -> usize {
+        use aws_sdk_sqs::types::QueueAttributeName as A;
+        if let Some(b) = self.get() {
+            return b;
+        }
+        let read = sqs
+            .retry()
+            .call("GetQueueAttributes", None, || {
+                sqs.client()
+                    .get_queue_attributes()
+                    .queue_url(dlq_url)
+                    .attribute_names(A::MaximumMessageSize)
+                    .send()
+            })
+            .await;
+        let bytes = match read {
+            Ok(out) => out
+                .attributes
+                .as_ref()
+                .and_then(|a| a.get(&A::MaximumMessageSize))
+                .and_then(|v| v.parse::<usize>().ok()),
+            Err(e) => {
+                tracing::warn!(
+                    dlq = dlq_url,
+                    error = %e,
+                    "cannot read the DLQ's MaximumMessageSize: sizing this batch's copies for {FALLBACK_MAX_MESSAGE_BYTES} bytes \
+                     (set TRIAGE_DLQ_MAX_BYTES to the DLQ's size to need no read)"
+                );
+                return FALLBACK_MAX_MESSAGE_BYTES;
+            }
+        };
+        // A queue always answers its MaximumMessageSize; SQS's default if it did not.
+        *self
+            .bytes
+            .get_or_init(|| bytes.unwrap_or(FALLBACK_MAX_MESSAGE_BYTES))
+    }
+}
+
 /// Builds the DLQ copy of a message, fitting the record into `max_message_bytes`. A
 /// producer's own `triage-failure` or `triage-attributes` is dropped, never carried.
 pub fn dlq_copy(

@@ -52,6 +52,7 @@ use crate::clock::now_ms;
 use crate::core::Decision;
 use crate::core::envelope::EnvelopeLimits;
 use crate::effects::breaker_store::BreakerStore;
+use crate::effects::dlq::{DlqLimit, FALLBACK_MAX_MESSAGE_BYTES};
 use crate::effects::ledger::AttemptLedger;
 use crate::effects::metrics::Metrics;
 use crate::effects::sqs::Sqs;
@@ -172,7 +173,7 @@ pub struct Processor {
     breakers: Arc<HashMap<String, BreakerStore>>,
     source_queue: String,
     dlq_url: String,
-    dlq_max_bytes: usize,
+    dlq_limit: DlqLimit,
     concurrency: usize,
     limits: EnvelopeLimits,
     log_payloads: bool,
@@ -191,7 +192,8 @@ pub struct ProcessorConfig {
     pub source_queue: String,
     /// The DLQ URL.
     pub dlq_url: String,
-    /// The DLQ's maximum message size.
+    /// The DLQ's maximum message size (see [`Processor::with_dlq_limit`] for one learned from
+    /// the DLQ at its first use).
     pub dlq_max_bytes: usize,
     /// Records run at once.
     pub concurrency: usize,
@@ -266,7 +268,7 @@ impl Processor {
             breakers: Arc::new(breakers),
             source_queue: config.source_queue,
             dlq_url: config.dlq_url,
-            dlq_max_bytes: config.dlq_max_bytes,
+            dlq_limit: DlqLimit::known(config.dlq_max_bytes),
             concurrency: config.concurrency.max(1),
             limits: config.limits,
             log_payloads: config.log_payloads,
@@ -287,10 +289,24 @@ impl Processor {
         self
     }
 
+    /// The DLQ's message size limit, in place of the configuration's `dlq_max_bytes`: one
+    /// [`DlqLimit::unknown`] is read from the DLQ before the first batch that dead-letters
+    /// anything is planned for good, and kept.
+    pub fn with_dlq_limit(mut self, limit: DlqLimit) -> Self {
+        self.dlq_limit = limit;
+        self
+    }
+
     /// The source queue's visibility timeout, when known: an extension never sets less.
     pub fn with_visibility_timeout(mut self, visibility: Option<Duration>) -> Self {
         self.visibility = visibility;
         self
+    }
+
+    /// The DLQ's message size limit copies are sized for now: the known one, else the
+    /// fallback.
+    fn dlq_max_bytes(&self) -> usize {
+        self.dlq_limit.get().unwrap_or(FALLBACK_MAX_MESSAGE_BYTES)
     }
 
     /// The heartbeat's interval (`None`: off).
@@ -328,7 +344,10 @@ impl Processor {
     pub async fn process_within(&self, records: Vec<Incoming>, deadline: Deadline) -> BatchOutcome {
         let before = self.sqs.retry().stats();
         let (ran, read_metrics, deadline) = self.admit_and_run_held(records, deadline).await;
-        let mut plan = self.plan(ran, now_ms());
+        let mut plan = match self.dlq_limit.get() {
+            Some(_) => self.plan(ran, now_ms()),
+            None => self.plan_learning_dlq_limit(ran, now_ms()).await,
+        };
         plan.metrics.merge(read_metrics);
         let mut outcome = self.execute(plan, deadline).await;
         outcome.visible_until = deadline.visible_until();
@@ -336,6 +355,20 @@ impl Processor {
         outcome.metrics.storage_retries = after.retries.saturating_sub(before.retries);
         outcome.metrics.storage_failures = after.failures.saturating_sub(before.failures);
         outcome
+    }
+
+    /// The plan while the DLQ's limit is not known yet: planned with the fallback size; when
+    /// that plan sends any copy to the DLQ, the limit is read from the DLQ and the batch
+    /// planned again with it (planning is pure), so no copy is sized for a limit the DLQ does
+    /// not have.
+    async fn plan_learning_dlq_limit(&self, ran: Vec<Ran>, now_ms: u64) -> plan::Plan {
+        let again = ran.clone();
+        let plan = self.plan(ran, now_ms);
+        if !plan.sends_copies() {
+            return plan;
+        }
+        self.dlq_limit.learn(&self.sqs, &self.dlq_url).await;
+        self.plan(again, now_ms)
     }
 
     /// Steps 1 and 2: reads the batch's records and the state they need, then admits and runs

@@ -28,6 +28,13 @@ pub struct Plan {
     pub(super) now_ms: u64,
 }
 
+impl Plan {
+    /// True when a step sends a copy to the DLQ.
+    pub(super) fn sends_copies(&self) -> bool {
+        self.steps.iter().any(|s| s.copy.is_some())
+    }
+}
+
 /// One record's part of the plan.
 #[derive(Debug, Clone)]
 pub struct Step {
@@ -213,7 +220,7 @@ impl Processor {
         };
         let inc = &record.inc;
         let (body, attributes, bare) =
-            match dlq_copy(&inc.body, &inc.attributes, &failure, self.dlq_max_bytes) {
+            match dlq_copy(&inc.body, &inc.attributes, &failure, self.dlq_max_bytes()) {
                 Ok(copy) => (copy.body, copy.attributes, None),
                 Err(e) => {
                     let attributes = inc

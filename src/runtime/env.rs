@@ -12,15 +12,13 @@ use crate::config::Config;
 use crate::core::envelope::EnvelopeLimits;
 use crate::effects::breaker_store::BreakerStore;
 use crate::effects::calls::CallCounter;
+use crate::effects::dlq::DlqLimit;
 use crate::effects::ledger::AttemptLedger;
 use crate::effects::sqs::Sqs;
 use crate::effects::storage_retry::{StorageError, StorageRetry, dynamodb_config, sqs_config};
 use crate::effects::table::{PK, SK};
 use crate::processor::registry::Registry;
 use crate::processor::{Processor, ProcessorConfig};
-
-/// The DLQ size assumed when the queue's own limit cannot be read.
-const FALLBACK_MAX_MESSAGE_BYTES: usize = 262_144;
 
 /// Loads the standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL*`, credentials).
 pub async fn sdk_config() -> SdkConfig {
@@ -60,8 +58,9 @@ pub struct StartupError {
 /// Builds the processor for `registry` from `config`: the configuration's policies as the
 /// registry's defaults when it follows them ([`Registry::default`]; see
 /// [`Registry::configured`]), SDK clients with the SDK's own retries off (every call goes
-/// through one [`StorageRetry`]), the DLQ's size limit, and a check of every policy against
-/// the source queue's retention period.
+/// through one [`StorageRetry`]), the DLQ's size limit (`TRIAGE_DLQ_MAX_BYTES`, else read with
+/// the DLQ's check, else at the first DLQ send), and a check of every policy against the
+/// source queue's retention period.
 pub async fn build(
     config: &Config,
     registry: Registry,
@@ -113,7 +112,23 @@ pub async fn build_with(
                 .map(|o| o.attributes.unwrap_or_default())
         }
     };
-    // The three reads at once, so a cold start waits for the slowest alone.
+    // The DLQ is read only when its size is not configured (the stacks configure it): the
+    // reads at once, so a cold start waits for the slowest alone.
+    let dlq_read = async {
+        match config.dlq_max_bytes {
+            Some(_) => None,
+            None => Some(
+                attrs(
+                    dlq_url.clone(),
+                    vec![
+                        QueueAttributeName::MaximumMessageSize,
+                        QueueAttributeName::QueueArn,
+                    ],
+                )
+                .await,
+            ),
+        }
+    };
     let (source, dlq, table_probe) = tokio::join!(
         attrs(
             queue_url.clone(),
@@ -124,13 +139,7 @@ pub async fn build_with(
                 QueueAttributeName::VisibilityTimeout,
             ]
         ),
-        attrs(
-            dlq_url.clone(),
-            vec![
-                QueueAttributeName::MaximumMessageSize,
-                QueueAttributeName::QueueArn
-            ]
-        ),
+        dlq_read,
         probe_table(&ddb_client, &retry, &table),
     );
     let mut warnings: Vec<String> = registry
@@ -171,36 +180,60 @@ pub async fn build_with(
     }
     let redrive_policy = source.get(&QueueAttributeName::RedrivePolicy);
     let receive_limit = redrive_policy.and_then(|p| max_receive_count(p));
-    let dlq_max_bytes = match dlq {
-        Ok(a) => {
-            let source_arn = source.get(&QueueAttributeName::QueueArn);
+    let source_arn = source.get(&QueueAttributeName::QueueArn);
+    let target = redrive_policy.and_then(|p| dead_letter_target(p));
+    let mismatched_target = |target: &str, dlq: &str| {
+        format!(
+            "the source queue's RedrivePolicy sends to {target}, not to TRIAGE_DLQ_URL ({dlq}): \
+             jobs SQS moves after maxReceiveCount land there without a failure record, \
+             apart from the ones dead-lettered here; point both at one queue (`triage setup` does)"
+        )
+    };
+    let dlq_limit = match dlq {
+        // The size configured: the DLQ is not read. Its identity is checked against what the
+        // source queue's answer says, by the account and name in its URL.
+        None => {
+            if let Some(arn) = source_arn {
+                if url_names_arn(&dlq_url, arn) {
+                    return Err(source_as_dlq(&queue_url).into());
+                }
+            }
+            if let Some(target) = target.filter(|t| !url_names_arn(&dlq_url, t)) {
+                warnings.push(mismatched_target(&target, &dlq_url));
+            }
+            DlqLimit::known(
+                config
+                    .dlq_max_bytes
+                    .unwrap_or(crate::effects::dlq::FALLBACK_MAX_MESSAGE_BYTES),
+            )
+        }
+        Some(Ok(a)) => {
             let dlq_arn = a.get(&QueueAttributeName::QueueArn);
             if let (Some(s), Some(d)) = (source_arn, dlq_arn) {
                 if s == d {
                     return Err(source_as_dlq(&queue_url).into());
                 }
-                let target = redrive_policy.and_then(|p| dead_letter_target(p));
                 if let Some(target) = target.filter(|t| t != d) {
-                    warnings.push(format!(
-                        "the source queue's RedrivePolicy sends to {target}, not to TRIAGE_DLQ_URL ({d}): \
-                         jobs SQS moves after maxReceiveCount land there without a failure record, \
-                         apart from the ones dead-lettered here; point both at one queue (`triage setup` does)"
-                    ));
+                    warnings.push(mismatched_target(&target, d));
                 }
             }
-            a.get(&QueueAttributeName::MaximumMessageSize)
+            match a
+                .get(&QueueAttributeName::MaximumMessageSize)
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(FALLBACK_MAX_MESSAGE_BYTES)
+            {
+                Some(bytes) => DlqLimit::known(bytes),
+                None => DlqLimit::unknown(),
+            }
         }
-        Err(e) if e.is_unavailable() => {
+        Some(Err(e)) if e.is_unavailable() => {
             skipped += 1;
             warnings.push(format!(
                 "cannot check the DLQ {dlq_url} (TRIAGE_DLQ_URL) at start-up ({e}): running without \
-                 the check, assuming a {FALLBACK_MAX_MESSAGE_BYTES}-byte message limit"
+                 the check; its message size limit is read at the first DLQ send"
             ));
-            FALLBACK_MAX_MESSAGE_BYTES
+            DlqLimit::unknown()
         }
-        Err(e) => return Err(queue_error(e, "TRIAGE_DLQ_URL", "the DLQ", &dlq_url).into()),
+        Some(Err(e)) => return Err(queue_error(e, "TRIAGE_DLQ_URL", "the DLQ", &dlq_url).into()),
     };
     match table_probe {
         Ok(()) => {}
@@ -244,7 +277,7 @@ pub async fn build_with(
         ProcessorConfig {
             source_queue: queue_url.clone(),
             dlq_url,
-            dlq_max_bytes,
+            dlq_max_bytes: crate::effects::dlq::FALLBACK_MAX_MESSAGE_BYTES,
             concurrency: config.concurrency,
             limits: EnvelopeLimits::default(),
             log_payloads: config.log_payloads,
@@ -252,6 +285,7 @@ pub async fn build_with(
             retention,
         },
     )
+    .with_dlq_limit(dlq_limit)
     .with_heartbeat(config.heartbeat)
     .with_visibility_timeout(visibility);
     Ok(Environment {
@@ -261,6 +295,28 @@ pub async fn build_with(
         retry,
         startup_warnings: warnings,
     })
+}
+
+/// True when queue URL `url` (`https://HOST/ACCOUNT/NAME`) names the queue of `arn`
+/// (`arn:PARTITION:sqs:REGION:ACCOUNT:NAME`): the same account and name, and the same region
+/// when the host names one (`sqs.REGION.…` or `REGION.queue.…`).
+fn url_names_arn(url: &str, arn: &str) -> bool {
+    let arn: Vec<&str> = arn.split(':').collect();
+    let [_, _, _, region, account, name] = arn[..] else {
+        return false;
+    };
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let parts: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+    let [host, url_account, url_name] = parts[..] else {
+        return false;
+    };
+    let labels: Vec<&str> = host.split('.').collect();
+    let host_region = match labels[..] {
+        ["sqs", r, ..] if r.contains('-') => Some(r),
+        [r, "queue", ..] if r.contains('-') => Some(r),
+        _ => None,
+    };
+    url_account == account && url_name == name && host_region.is_none_or(|r| r == region)
 }
 
 /// True when two queue URLs are the same text but for case and a trailing `/`.
@@ -583,5 +639,36 @@ mod panic_tests {
         let long = "x".repeat(1_000);
         assert_eq!(panic_text(&long, false).chars().count(), 256);
         assert_eq!(panic_text(&long, true), long);
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::url_names_arn;
+
+    #[test]
+    fn a_queue_url_names_an_arn_by_account_name_and_region() {
+        let arn = "arn:aws:sqs:us-east-1:123456789012:jobs-dlq";
+        for url in [
+            "https://sqs.us-east-1.amazonaws.com/123456789012/jobs-dlq",
+            "https://us-east-1.queue.amazonaws.com/123456789012/jobs-dlq",
+            "http://127.0.0.1:45660/123456789012/jobs-dlq/",
+            "http://localhost:4566/123456789012/jobs-dlq",
+        ] {
+            assert!(url_names_arn(url, arn), "{url}");
+        }
+        for url in [
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/jobs-dlq",
+            "https://sqs.us-east-1.amazonaws.com/210987654321/jobs-dlq",
+            "https://sqs.us-east-1.amazonaws.com/123456789012/jobs",
+            "https://sqs.us-east-1.amazonaws.com/jobs-dlq",
+            "not a url",
+        ] {
+            assert!(!url_names_arn(url, arn), "{url}");
+        }
+        assert!(!url_names_arn(
+            "https://sqs.us-east-1.amazonaws.com/123456789012/jobs-dlq",
+            "jobs-dlq"
+        ));
     }
 }

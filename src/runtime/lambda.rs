@@ -9,6 +9,7 @@ pub mod event;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use aws_config::SdkConfig;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{LambdaEvent, service_fn};
 use serde_json::Value;
@@ -31,10 +32,16 @@ pub use event::UnreadableRecord;
 /// missing queue or table) ends it with an error before the first event, which fails the
 /// function's init.
 pub async fn run(registry: Registry) -> Result<(), RuntimeError> {
+    run_with(registry, &sdk_config().await).await
+}
+
+/// [`run`] with the AWS configuration already loaded (a function whose `main` loads it for its
+/// own clients passes it on: it is loaded once).
+pub async fn run_with(registry: Registry, sdk: &SdkConfig) -> Result<(), RuntimeError> {
     init_tracing();
     let config = Config::from_env()?;
     install_panic_hook(config.log_payloads);
-    let env: Environment = build(&config, registry, &sdk_config().await).await?;
+    let env: Environment = build(&config, registry, sdk).await?;
     let processor = &env.processor;
     // The event is taken as JSON and read record by record: one record the typed model
     // rejects must not fail the others.

@@ -47,6 +47,7 @@ mod ledger_facts;
 mod library_env;
 mod pipeline;
 mod stack;
+mod startup;
 mod state_pipeline;
 mod storage_retry;
 mod worker;

@@ -525,6 +525,8 @@ export class SqsTriage extends Construct {
         RUST_LOG: 'info',
         TRIAGE_QUEUE_URL: queue.queueUrl,
         TRIAGE_DLQ_URL: dlq.queueUrl,
+        // The DLQ's MaximumMessageSize, so start-up reads no size from the DLQ.
+        TRIAGE_DLQ_MAX_BYTES: String(MAX_MESSAGE_SIZE_BYTES),
         TRIAGE_TABLE: table.tableName,
         ...props.policy,
       },
