@@ -171,8 +171,7 @@ impl Processor {
             reported: false,
         };
         if let Some(cap) = probe_cap {
-            self.report_probe(&job.job_type, &mut run, hold.deadline().at_most(cap))
-                .await;
+            Box::pin(self.report_probe(&job.job_type, &mut run, hold.deadline().at_most(cap))).await;
         }
         Ran {
             record,
@@ -223,18 +222,20 @@ impl Processor {
         let Some((store, _)) = breaker.filter(|_| verdict.runs() && seen.needs_probe()) else {
             return (verdict, seen);
         };
-        let admission = store
-            .admit(
-                job_type,
-                &seen,
-                now,
-                self.lease_until(store, deadline, now),
-                deadline.admission(),
-            )
-            .await;
+        // The breaker's calls are boxed, as are the other calls a record rarely makes: inline,
+        // their SDK futures would make every record's future kilobytes long, copied as it
+        // moves (into the batch's stream, and on).
+        let admission = Box::pin(store.admit(
+            job_type,
+            &seen,
+            now,
+            self.lease_until(store, deadline, now),
+            deadline.admission(),
+        ))
+        .await;
         let verdict = self.verdict(record, route, admission.gate, now_ms(), deadline);
         if let (false, Some(lease)) = (verdict.runs(), &admission.permit) {
-            if let Err(e) = store.release(job_type, lease, now_ms(), deadline.at()).await {
+            if let Err(e) = Box::pin(store.release(job_type, lease, now_ms(), deadline.at())).await {
                 warn!(job_type, error = %e, "probe permit not released; it frees its slot when its lease expires");
             }
         }
