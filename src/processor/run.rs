@@ -118,7 +118,7 @@ impl Processor {
     }
 
     /// One record through admission, its handler and the decision after it.
-    async fn run_one(&self, record: Record, states: &HashMap<String, BreakerState>, hold: &Hold) -> Ran {
+    async fn run_one(&self, mut record: Record, states: &HashMap<String, BreakerState>, hold: &Hold) -> Ran {
         let deadline = hold.deadline();
         let job = match &record.job {
             Ok(job) => job,
@@ -155,8 +155,15 @@ impl Processor {
             max_attempts: route.policy.max_attempts(),
         };
         tracing::debug!(message_id = %record.inc.message_id, job_id = %record.job_id, attempt, "handler started");
+        // The handler takes the payload itself: nothing after it reads the record's (a DLQ
+        // copy carries the body).
+        let payload = record
+            .job
+            .as_mut()
+            .map(|j| std::mem::take(&mut j.payload))
+            .unwrap_or_default();
         let started = Instant::now();
-        let outcome = run_handler(route, job.payload.clone(), ctx, hold, probe_cap).await;
+        let outcome = run_handler(route, payload, ctx, hold, probe_cap).await;
         let time = started.elapsed();
         let settled = settle(
             &self.inputs(&record, route, admission.gate, now_ms(), hold.deadline()),
@@ -171,7 +178,8 @@ impl Processor {
             reported: false,
         };
         if let Some(cap) = probe_cap {
-            Box::pin(self.report_probe(&job.job_type, &mut run, hold.deadline().at_most(cap))).await;
+            let job_type = record.job_type().unwrap_or_default();
+            Box::pin(self.report_probe(job_type, &mut run, hold.deadline().at_most(cap))).await;
         }
         Ran {
             record,
