@@ -201,6 +201,10 @@ impl Processor {
         for &i in lost {
             memory.add(steps[i].record.lost_key());
         }
+        // Nothing to forget (the usual case): no key is built.
+        if memory.is_empty() {
+            return;
+        }
         for s in steps.iter().filter(|s| s.effects.settled) {
             memory.forget(&s.record.lost_key());
         }
