@@ -1,12 +1,16 @@
 """Powertools for AWS Lambda (Python) BatchProcessor over the same SQS event file the Rust
 side of `cargo bench --bench report` processes, with an equivalent record handler.
 
-Usage: powertools_batch.py EVENT_FILE [--iterations N]
+Usage: powertools_batch.py EVENT_FILE [--iterations N | --once]
 
 Each iteration times, in this interpreter: json.loads of the file's bytes, then
 process_partial_response(BatchProcessor(EventType.SQS)), then json.dumps of the response
-(the Lambda runtime serializes it). One untimed warm-up iteration runs first. Prints one JSON
-object: per-iteration seconds, records, and the failures reported.
+(the Lambda runtime serializes it), as wall time (time.perf_counter) and as the process's CPU
+time (time.process_time). One untimed warm-up iteration runs first. Prints one JSON object:
+per-iteration seconds, per-iteration CPU seconds, records, and the failures reported.
+
+With --once: one iteration, untimed, no warm-up (what `valgrind --tool=callgrind` runs to count
+instructions). Prints the same object without timings.
 """
 
 import json
@@ -65,14 +69,21 @@ def main():
         iterations = int(sys.argv[sys.argv.index("--iterations") + 1])
     with open(path, "rb") as f:
         raw = f.read()
+    if "--once" in sys.argv:
+        _, records, failures = once(raw)
+        print(json.dumps({"records": records, "failures": failures}))
+        return
     once(raw)
     runs = []
+    cpu = []
     records = failures = 0
     for _ in range(iterations):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         _, records, failures = once(raw)
         runs.append(time.perf_counter() - t0)
-    print(json.dumps({"seconds": runs, "records": records, "failures": failures}))
+        cpu.append(time.process_time() - c0)
+    print(json.dumps({"seconds": runs, "cpu_seconds": cpu, "records": records, "failures": failures}))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,20 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let given: Vec<String> = std::env::args().skip(1).collect();
+    // `--once event|process FILE`: one pass over an event file, what the report runs under
+    // valgrind to count instructions.
+    if given.first().is_some_and(|a| a == "--once") {
+        return match report::cost::once(&given[1..]) {
+            Ok(t) => {
+                println!("{t:?}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it:
     // then only the quick, local sections run, and what they cannot measure is not an error.
     let test_mode = !given.iter().any(|a| a == "--bench");
@@ -43,10 +57,18 @@ fn main() -> ExitCode {
         .map(String::as_str)
         .filter(|a| *a != "--bench")
         .collect();
+    opts.once_exe = std::env::current_exe().ok().filter(|_| !test_mode);
+    // A profile changed from the environment changes the binary measured: the command says so.
+    let mut profile: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("CARGO_PROFILE_"))
+        .map(|(k, v)| format!("{k}={v} "))
+        .collect();
+    profile.sort();
+    let profile = profile.concat();
     opts.command = if shown.is_empty() {
-        "cargo bench --bench report".into()
+        format!("{profile}cargo bench --bench report")
     } else {
-        format!("cargo bench --bench report -- {}", shown.join(" "))
+        format!("{profile}cargo bench --bench report -- {}", shown.join(" "))
     };
     let r = report::run(&opts);
     println!("Command: `{}`\n\nMachine: {}\n", opts.command, r.machine);

@@ -1,7 +1,7 @@
 //! Item 1, per-record cost: the in-process pipeline against Powertools' `BatchProcessor`, on the same
 //! event file, timed in the same run.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -12,8 +12,13 @@ pub fn run(opts: &Options) -> Section {
     let mut s = Section::new("1. Per-record cost");
     let dir = opts.work_dir();
     let file = dir.join(format!("sqs-event-{}.json", opts.records));
+    let healthy_file = dir.join(format!("sqs-event-{}-healthy.json", opts.records));
     let raw = pipeline::event_json(opts.records);
-    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&file, &raw)) {
+    let healthy_raw = pipeline::healthy_event_json(opts.records);
+    if let Err(e) = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&file, &raw))
+        .and_then(|()| std::fs::write(&healthy_file, &healthy_raw))
+    {
         s.fail(format!("cannot write {}: {e}", file.display()));
         return s;
     }
@@ -25,138 +30,203 @@ pub fn run(opts: &Options) -> Section {
     let now_ms = 1_700_000_000_000;
     let mut tally = bench.process_event(&raw, now_ms);
     let reps = opts.rust_reps();
-    let mut secs = Vec::with_capacity(reps);
+    let mut mixed = Samples::with_capacity(reps);
     for _ in 0..reps {
-        let t = Instant::now();
+        let t = Timer::start();
         tally = std::hint::black_box(bench.process_event(&raw, now_ms));
-        secs.push(t.elapsed().as_secs_f64());
+        mixed.push(t);
     }
-    let rust_us = median(&mut secs) * 1e6 / opts.records as f64;
-    let healthy = healthy(&bench, opts, now_ms);
+    let rust = mixed.per_record(opts.records);
+    let healthy = healthy(&bench, opts, healthy_raw.as_bytes(), now_ms);
 
     let python = powertools(opts, &file);
+    let python_healthy = powertools(opts, &healthy_file);
 
     s.line(format!(
-        "Event: {} records, {} ok, {} transient, {} fatal, {} malformed (`{}`).",
+        "Event: {} records, {} ok, {} transient, {} fatal, {} malformed (`{}`); the healthy \
+         event: {} first deliveries that all succeed (`{}`).",
         opts.records,
         mix.get("ok").unwrap_or(&0),
         mix.get("transient").unwrap_or(&0),
         mix.get("fatal").unwrap_or(&0),
         mix.get("malformed").unwrap_or(&0),
         file.strip_prefix(&opts.manifest_dir).unwrap_or(&file).display(),
+        opts.records,
+        healthy_file
+            .strip_prefix(&opts.manifest_dir)
+            .unwrap_or(&healthy_file)
+            .display(),
     ));
     s.line(String::new());
     s.header(&[
         "pipeline",
-        "µs/record",
-        "relative",
+        "CPU µs/record",
+        "Powertools ÷ this (CPU)",
+        "wall µs/record",
         "batchItemFailures",
         "runs (median)",
     ]);
     let rust_failures = describe_rust(&tally);
-    s.value("cost.rust_us", rust_us);
-    match &python {
-        Ok(p) => {
-            s.row(&[
-                "sqs-triage processor without the AWS calls (read, admit, task per record, decide, plan, batch response)".into(),
-                format!("{rust_us:.2}"),
-                "1×".into(),
-                rust_failures,
-                reps.to_string(),
-            ]);
-            s.row(&[
-                format!("Powertools {} `BatchProcessor` (Python {})", p.version, p.python),
-                format!("{:.2}", p.us_per_record),
-                format!("{:.1}×", p.us_per_record / rust_us),
-                format!("{} (every failure)", p.failures),
-                p.runs.to_string(),
-            ]);
-            s.value("cost.python_us", p.us_per_record);
-        }
-        Err(e) => {
-            s.row(&[
-                "sqs-triage processor without the AWS calls (read, admit, task per record, decide, plan, batch response)".into(),
-                format!("{rust_us:.2}"),
-                "1×".into(),
-                rust_failures,
-                reps.to_string(),
-            ]);
-            s.row(&[
-                "Powertools `BatchProcessor`".into(),
-                "n/a".into(),
-                "n/a".into(),
-                "n/a".into(),
-                "0".into(),
-            ]);
-            s.fail(format!("Powertools side not measured: {e}"));
-        }
-    }
-    match healthy {
+    s.value("cost.rust_us", rust.cpu_us);
+    s.value("cost.rust_wall_us", rust.wall_us);
+    let ratio = |p: &Result<Powertools, String>, us: f64| {
+        p.as_ref()
+            .map_or("n/a".into(), |p| format!("{:.1}×", p.cost.cpu_us / us))
+    };
+    s.row(&[
+        "sqs-triage, 10% failing: processor without the AWS calls (deserialize, read, admit, task per record, decide, plan, batch response)".into(),
+        format!("{:.2}", rust.cpu_us),
+        ratio(&python, rust.cpu_us),
+        format!("{:.2}", rust.wall_us),
+        rust_failures,
+        reps.to_string(),
+    ]);
+    match &healthy {
         Ok(h) => {
-            for (what, us, key) in [
-                (
-                    "sqs-triage, healthy batch: `plan` alone",
-                    h.plan_us,
-                    "cost.healthy_plan_us",
-                ),
-                (
-                    "sqs-triage, healthy batch: whole `Processor::process` (task per record, spans, no AWS call)",
-                    h.process_us,
-                    "cost.healthy_process_us",
-                ),
-            ] {
-                s.row(&[
-                    what.into(),
-                    format!("{us:.2}"),
-                    format!("{:.2}×", us / rust_us),
-                    "0".into(),
-                    reps.to_string(),
-                ]);
-                s.value(key, us);
-            }
+            s.row(&[
+                "sqs-triage, healthy: `plan` alone".into(),
+                format!("{:.2}", h.plan.cpu_us),
+                "".into(),
+                format!("{:.2}", h.plan.wall_us),
+                "0".into(),
+                reps.to_string(),
+            ]);
+            s.row(&[
+                "sqs-triage, healthy: deserialize, whole `Processor::process` (task per record, spans, no AWS call), batch response".into(),
+                format!("{:.2}", h.process.cpu_us),
+                ratio(&python_healthy, h.process.cpu_us),
+                format!("{:.2}", h.process.wall_us),
+                "0".into(),
+                reps.to_string(),
+            ]);
+            s.value("cost.healthy_plan_us", h.plan.cpu_us);
+            s.value("cost.healthy_process_us", h.process.cpu_us);
         }
         Err(e) => s.fail(format!("healthy path not measured: {e}")),
     }
+    for (p, what, key) in [
+        (&python, "10% failing", "cost.python_us"),
+        (&python_healthy, "healthy", "cost.python_healthy_us"),
+    ] {
+        match p {
+            Ok(p) => {
+                s.row(&[
+                    format!(
+                        "Powertools {} `BatchProcessor` (Python {}), {what}",
+                        p.version, p.python
+                    ),
+                    format!("{:.2}", p.cost.cpu_us),
+                    "1×".into(),
+                    format!("{:.2}", p.cost.wall_us),
+                    format!("{} (every failure)", p.failures),
+                    p.runs.to_string(),
+                ]);
+                s.value(key, p.cost.cpu_us);
+            }
+            Err(e) => {
+                s.row(&[
+                    format!("Powertools `BatchProcessor`, {what}"),
+                    "n/a".into(),
+                    "n/a".into(),
+                    "n/a".into(),
+                    "n/a".into(),
+                    "0".into(),
+                ]);
+                s.fail(format!("Powertools side ({what}) not measured: {e}"));
+            }
+        }
+    }
     s.line(String::new());
     s.line(
-        "The event rows run the real processor (read, admission, the handler in its own tokio task, \
-         the decision, `plan`) and serialize the response, leaving out only the execution of the \
-         plan's AWS calls. The healthy rows use an event of first deliveries that all succeed \
-         (deserialized outside the timing): `plan` alone, and the whole `Processor::process` \
-         with its per-record task and tracing spans (INFO, written nowhere), which makes no AWS \
-         call on that path (counted)."
+        "CPU time is the process's (`CLOCK_PROCESS_CPUTIME_ID`; Python's `time.process_time()`), \
+         per pass, median of the passes, divided by the records; wall time beside it. The \
+         10%-failing row runs the real processor (read, admission, the handler in its own tokio \
+         task, the decision, `plan`) and serializes the response, leaving out only the execution \
+         of the plan's AWS calls. The healthy rows use the event of first deliveries that all \
+         succeed: `plan` alone (on records that have run), and deserialization, the whole \
+         `Processor::process` with its per-record task and tracing spans (INFO, written nowhere) \
+         and the response, which makes no AWS call on that path (counted)."
             .into(),
     );
+    instructions(opts, &mut s, &file, &healthy_file);
     s
+}
+
+/// One pass's CPU and wall time.
+struct Timer {
+    cpu: cpu_time::ProcessTime,
+    wall: Instant,
+}
+
+impl Timer {
+    fn start() -> Self {
+        Self {
+            cpu: cpu_time::ProcessTime::now(),
+            wall: Instant::now(),
+        }
+    }
+}
+
+/// The passes' times.
+struct Samples {
+    cpu: Vec<f64>,
+    wall: Vec<f64>,
+}
+
+impl Samples {
+    fn with_capacity(n: usize) -> Self {
+        Self {
+            cpu: Vec::with_capacity(n),
+            wall: Vec::with_capacity(n),
+        }
+    }
+
+    fn push(&mut self, t: Timer) {
+        // Wall first: reading the CPU clock is a system call.
+        self.wall.push(t.wall.elapsed().as_secs_f64());
+        self.cpu.push(t.cpu.elapsed().as_secs_f64());
+    }
+
+    fn per_record(mut self, records: usize) -> PerRecord {
+        PerRecord {
+            cpu_us: median(&mut self.cpu) * 1e6 / records as f64,
+            wall_us: median(&mut self.wall) * 1e6 / records as f64,
+        }
+    }
+}
+
+/// Median µs per record.
+#[derive(Debug, Clone, Copy)]
+pub struct PerRecord {
+    pub cpu_us: f64,
+    pub wall_us: f64,
 }
 
 /// Per-record figures of the healthy path.
 struct Healthy {
-    plan_us: f64,
-    process_us: f64,
+    plan: PerRecord,
+    process: PerRecord,
 }
 
-fn healthy(bench: &pipeline::Bench, opts: &Options, now_ms: u64) -> Result<Healthy, String> {
-    let raw = pipeline::healthy_event_json(opts.records).into_bytes();
+fn healthy(bench: &pipeline::Bench, opts: &Options, raw: &[u8], now_ms: u64) -> Result<Healthy, String> {
     let reps = opts.rust_reps();
-    let ran = bench.run(pipeline::incoming(&raw));
-    let mut plan_secs = Vec::with_capacity(reps);
-    let mut process_secs = Vec::with_capacity(reps);
+    let ran = bench.run(pipeline::incoming(raw));
+    let mut plan = Samples::with_capacity(reps);
+    let mut process = Samples::with_capacity(reps);
     // One warm-up pass of each.
     std::hint::black_box(bench.plan(ran.clone(), now_ms));
-    std::hint::black_box(bench.process(pipeline::incoming(&raw)));
+    std::hint::black_box(bench.handle_event(raw));
     for _ in 0..reps {
         let input = ran.clone();
-        let t = Instant::now();
+        let t = Timer::start();
         std::hint::black_box(bench.plan(input, now_ms));
-        plan_secs.push(t.elapsed().as_secs_f64());
+        plan.push(t);
 
-        let records = pipeline::incoming(&raw);
-        let t = Instant::now();
-        let outcome = std::hint::black_box(bench.process(records));
-        process_secs.push(t.elapsed().as_secs_f64());
-        if !outcome.failures().is_empty() {
-            return Err(format!("{} records not settled", outcome.failures().len()));
+        let t = Timer::start();
+        let tally = std::hint::black_box(bench.handle_event(raw));
+        process.push(t);
+        if tally.failures > 0 {
+            return Err(format!("{} records not settled", tally.failures));
         }
     }
     let calls = bench.calls.total();
@@ -164,8 +234,8 @@ fn healthy(bench: &pipeline::Bench, opts: &Options, now_ms: u64) -> Result<Healt
         return Err(format!("the healthy path made {calls} AWS calls"));
     }
     Ok(Healthy {
-        plan_us: median(&mut plan_secs) * 1e6 / opts.records as f64,
-        process_us: median(&mut process_secs) * 1e6 / opts.records as f64,
+        plan: plan.per_record(opts.records),
+        process: process.per_record(opts.records),
     })
 }
 
@@ -177,7 +247,7 @@ fn describe_rust(t: &Tally) -> String {
 }
 
 pub struct Powertools {
-    pub us_per_record: f64,
+    pub cost: PerRecord,
     pub failures: u64,
     pub runs: usize,
     pub version: String,
@@ -208,20 +278,304 @@ fn powertools(opts: &Options, file: &Path) -> Result<Powertools, String> {
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
         .map_err(|e| format!("unreadable output of {}: {e}", script.display()))?;
-    let mut secs: Vec<f64> = v["seconds"]
-        .as_array()
-        .map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect())
-        .unwrap_or_default();
+    let samples = |k: &str| -> Vec<f64> {
+        v[k].as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect())
+            .unwrap_or_default()
+    };
+    let (mut wall, mut cpu) = (samples("seconds"), samples("cpu_seconds"));
     let records = v["records"].as_u64().unwrap_or(0);
-    if secs.is_empty() || records == 0 {
+    if wall.is_empty() || cpu.is_empty() || records == 0 {
         return Err("no timings".into());
     }
-    let runs = secs.len();
+    let runs = cpu.len();
     Ok(Powertools {
-        us_per_record: median(&mut secs) * 1e6 / records as f64,
+        cost: PerRecord {
+            cpu_us: median(&mut cpu) * 1e6 / records as f64,
+            wall_us: median(&mut wall) * 1e6 / records as f64,
+        },
         failures: v["failures"].as_u64().unwrap_or(0),
         runs,
         version: opts.powertools_version(),
         python: opts.python_version(),
     })
+}
+
+/// Records in the baseline events of the instruction counts: what a run costs besides its
+/// records (start-up, one-time initialisation) is the count on this event, subtracted.
+const BASELINE_RECORDS: usize = 100;
+
+/// Functions shown from each profile.
+const PROFILE_TOP: usize = 12;
+
+/// Instructions per record under `valgrind --tool=callgrind`: each side runs once on the event
+/// and once on a baseline event of [`BASELINE_RECORDS`] records of the same mix, in a fresh
+/// process; the difference divided by the difference in records. Then the top of the
+/// sqs-triage profiles.
+fn instructions(opts: &Options, s: &mut Section, file: &Path, healthy_file: &Path) {
+    s.line(String::new());
+    let Some(exe) = &opts.once_exe else {
+        s.line(
+            "*Instructions per record: counted only by `cargo bench --bench report` (this run \
+             cannot start the bench binary).*"
+                .into(),
+        );
+        return;
+    };
+    if opts.quick || opts.records <= BASELINE_RECORDS {
+        s.line(format!(
+            "*Instructions per record: not counted with `--quick` or {BASELINE_RECORDS} records or fewer.*"
+        ));
+        return;
+    }
+    if super::output(Command::new("valgrind").arg("--version")).is_none() {
+        s.fail("instructions per record: `valgrind` not found (Debian: `apt-get install valgrind`)".into());
+        return;
+    }
+    let dir = opts.work_dir();
+    let base = dir.join(format!("sqs-event-{BASELINE_RECORDS}.json"));
+    let healthy_base = dir.join(format!("sqs-event-{BASELINE_RECORDS}-healthy.json"));
+    if let Err(e) = std::fs::write(&base, pipeline::event_json(BASELINE_RECORDS))
+        .and_then(|()| std::fs::write(&healthy_base, pipeline::healthy_event_json(BASELINE_RECORDS)))
+    {
+        s.fail(format!(
+            "instructions per record: cannot write {}: {e}",
+            base.display()
+        ));
+        return;
+    }
+    let script = opts.manifest_dir.join("bench/powertools_batch.py");
+    let python = opts.python();
+    let rust = |kind: &'static str| {
+        move |f: &Path| -> Vec<std::ffi::OsString> {
+            vec![exe.clone().into(), "--once".into(), kind.into(), f.into()]
+        }
+    };
+    let py = |f: &Path| -> Vec<std::ffi::OsString> {
+        vec![
+            python.clone().into(),
+            script.clone().into(),
+            f.into(),
+            "--once".into(),
+        ]
+    };
+    type Args<'a> = Box<dyn Fn(&Path) -> Vec<std::ffi::OsString> + 'a>;
+    let runs: [(&str, &str, Args, &Path, &Path); 4] = [
+        (
+            "sqs-triage, 10% failing: processor without the AWS calls",
+            "triage-mixed",
+            Box::new(rust("event")),
+            &base,
+            file,
+        ),
+        (
+            "sqs-triage, healthy: deserialize, whole `Processor::process`, batch response",
+            "triage-healthy",
+            Box::new(rust("process")),
+            &healthy_base,
+            healthy_file,
+        ),
+        (
+            "Powertools `BatchProcessor`, 10% failing",
+            "powertools-mixed",
+            Box::new(py),
+            &base,
+            file,
+        ),
+        (
+            "Powertools `BatchProcessor`, healthy",
+            "powertools-healthy",
+            Box::new(py),
+            &healthy_base,
+            healthy_file,
+        ),
+    ];
+    let mut counted: Vec<Result<(u64, u64, PathBuf), String>> = Vec::new();
+    for (_, name, args, small, big) in &runs {
+        let one = |f: &Path, n: usize| {
+            let out = dir.join(format!("callgrind.{name}.{n}.out"));
+            callgrind(&args(f), &out).map(|ir| (ir, out))
+        };
+        counted.push(
+            one(small, BASELINE_RECORDS)
+                .and_then(|(b, _)| one(big, opts.records).map(|(f, out)| (b, f, out))),
+        );
+    }
+    let extra = (opts.records - BASELINE_RECORDS) as f64;
+    let per = |c: &Result<(u64, u64, PathBuf), String>| {
+        c.as_ref()
+            .ok()
+            .map(|(b, f, _)| f.saturating_sub(*b) as f64 / extra)
+    };
+    s.line(format!(
+        "Instructions (`valgrind --tool=callgrind`, Ir), each a fresh process running the \
+         pipeline once on the event and once on a {BASELINE_RECORDS}-record event of the same \
+         kind: (Ir of the event − Ir of the small one) ÷ {} records, so start-up and one-time \
+         costs cancel out. The figure does not move with the machine's load.",
+        opts.records - BASELINE_RECORDS
+    ));
+    s.line(String::new());
+    s.header(&[
+        "pipeline",
+        "instructions/record",
+        "Powertools ÷ this",
+        "Ir, whole event",
+        &format!("Ir, {BASELINE_RECORDS} records"),
+    ]);
+    let keys = ["ir.rust", "ir.rust_healthy", "ir.python", "ir.python_healthy"];
+    for (i, ((what, ..), c)) in runs.iter().zip(&counted).enumerate() {
+        let ratio = match (i, per(c), per(&counted[(i + 2) % 4])) {
+            (0 | 1, Some(r), Some(p)) => format!("{:.1}×", p / r),
+            (2 | 3, Some(_), _) => "1×".into(),
+            _ => "n/a".into(),
+        };
+        match c {
+            Ok((b, f, _)) => {
+                let v = per(c).unwrap_or(f64::NAN);
+                s.value(keys[i], v);
+                s.row(&[
+                    (*what).into(),
+                    format!("{v:.0}"),
+                    ratio,
+                    thousands(*f),
+                    thousands(*b),
+                ]);
+            }
+            Err(e) => {
+                s.row(&[
+                    (*what).into(),
+                    "n/a".into(),
+                    "n/a".into(),
+                    "n/a".into(),
+                    "n/a".into(),
+                ]);
+                s.fail(format!("instructions of {what}: {e}"));
+            }
+        }
+    }
+    for (i, title) in [(0, "10% failing"), (1, "healthy")] {
+        let Ok((_, total, out)) = &counted[i] else {
+            continue;
+        };
+        match top_functions(out, PROFILE_TOP) {
+            Ok(top) if top.iter().all(|(_, f)| f.starts_with("0x")) => s.line(format!(
+                "\n*The profile of {title} has no function names: the bench profile strips \
+                 symbols (run with `CARGO_PROFILE_BENCH_STRIP=false` for them).*"
+            )),
+            Ok(top) => {
+                s.line(String::new());
+                s.line(format!(
+                    "Where sqs-triage's instructions go, {title} ({} records, start-up included): \
+                     the top {PROFILE_TOP} functions by their own instructions (`callgrind_annotate {}`; \
+                     inlined code counts in its caller).",
+                    opts.records,
+                    out.strip_prefix(&opts.manifest_dir).unwrap_or(out).display()
+                ));
+                s.line(String::new());
+                s.header(&["function", "Ir", "share", "per record"]);
+                for (ir, f) in top {
+                    s.row(&[
+                        format!("`{f}`"),
+                        thousands(ir),
+                        format!("{:.1}%", ir as f64 * 100.0 / *total as f64),
+                        format!("{:.0}", ir as f64 / opts.records as f64),
+                    ]);
+                }
+            }
+            Err(e) => s.fail(format!("profile of {title}: {e}")),
+        }
+    }
+}
+
+/// Runs `args` under callgrind, its profile written to `out`; returns the instructions counted.
+fn callgrind(args: &[std::ffi::OsString], out: &Path) -> Result<u64, String> {
+    let run = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run valgrind: {e}"))?;
+    if !run.status.success() {
+        return Err(format!(
+            "{} failed under valgrind: {}",
+            Path::new(&args[0]).display(),
+            String::from_utf8_lossy(&run.stderr).lines().last().unwrap_or("")
+        ));
+    }
+    let profile = std::fs::read_to_string(out).map_err(|e| format!("cannot read {}: {e}", out.display()))?;
+    profile
+        .lines()
+        .find_map(|l| l.strip_prefix("totals:").or_else(|| l.strip_prefix("summary:")))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no totals in {}", out.display()))
+}
+
+/// The `n` functions with the most instructions of their own in a callgrind profile.
+fn top_functions(out: &Path, n: usize) -> Result<Vec<(u64, String)>, String> {
+    let text =
+        super::output(Command::new("callgrind_annotate").arg(out)).ok_or("callgrind_annotate did not run")?;
+    let mut top = Vec::new();
+    for l in text.lines() {
+        let l = l.trim_start();
+        let Some((count, rest)) = l.split_once(' ') else {
+            continue;
+        };
+        let Ok(ir) = count.replace(',', "").parse::<u64>() else {
+            continue;
+        };
+        // `(12.34%)  file:function [object]`
+        let rest = rest.trim_start();
+        let rest = rest.split_once(')').map_or(rest, |(_, r)| r).trim();
+        if rest.starts_with("PROGRAM TOTALS") {
+            continue;
+        }
+        let rest = rest.split_once(" [").map_or(rest, |(f, _)| f);
+        let function = rest.split_once(':').map_or(rest, |(_, f)| f);
+        let mut function = function.to_owned();
+        if function.chars().count() > 110 {
+            function = function.chars().take(110).collect::<String>() + "…";
+        }
+        top.push((ir, function.replace('|', "\\|").replace('`', "'")));
+        if top.len() == n {
+            break;
+        }
+    }
+    if top.is_empty() {
+        return Err(format!("no functions in {}", out.display()));
+    }
+    Ok(top)
+}
+
+/// 1234567 as `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `--once event|process FILE`: one pass over the event file in this process, for
+/// `valgrind`. `event`: the 10%-failing pipeline without AWS calls
+/// ([`pipeline::Bench::process_event`]); `process`: the whole processor
+/// ([`pipeline::Bench::handle_event`]), which must make no AWS call.
+pub fn once(args: &[String]) -> Result<Tally, String> {
+    let [kind, file] = args else {
+        return Err("usage: --once event|process FILE".into());
+    };
+    let raw = std::fs::read(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+    let bench = pipeline::Bench::with_patience(std::time::Duration::from_secs(3_600));
+    let tally = match kind.as_str() {
+        "event" => bench.process_event(&raw, 1_700_000_000_000),
+        "process" => bench.handle_event(&raw),
+        other => return Err(format!("unknown pass `{other}`")),
+    };
+    match bench.calls.total() {
+        0 => Ok(tally),
+        n => Err(format!("{n} AWS calls")),
+    }
 }

@@ -9,7 +9,7 @@ mod calls;
 #[path = "cold.rs"]
 mod cold;
 #[path = "cost.rs"]
-mod cost;
+pub mod cost;
 #[path = "fleet.rs"]
 mod fleet;
 #[path = "herd.rs"]
@@ -49,6 +49,9 @@ pub struct Options {
     pub skip: Vec<String>,
     /// The command line, for the report.
     pub command: String,
+    /// This bench binary, which runs one pass with `--once` (instructions per record under
+    /// valgrind); `None` where the report runs inside another binary (the tests).
+    pub once_exe: Option<PathBuf>,
 }
 
 impl Options {
@@ -66,6 +69,7 @@ impl Options {
             write_docs: false,
             skip: Vec::new(),
             command: "cargo bench --bench report".into(),
+            once_exe: None,
         }
     }
 
@@ -266,16 +270,37 @@ impl Report {
         let mut row = |a: String, b: String, c: String| {
             let _ = writeln!(out, "| {a} | {b} | {c} |");
         };
-        let ratio = match (v.get("cost.python_us"), v.get("cost.rust_us")) {
-            (Some(p), Some(r)) => format!("{:.1}×", p / r),
+        let ratio = |a: &str, b: &str, digits: usize| match (v.get(a), v.get(b)) {
+            (Some(p), Some(r)) => format!("{:.digits$}×", p / r),
             _ => "n/a".into(),
         };
         row(
-            format!("Per-record cost, {}-record SQS event, 10% failing", opts.records),
-            format!("**{} µs/record**", f("cost.rust_us", 2)),
             format!(
-                "Powertools `BatchProcessor` (Python): {} µs/record, **{ratio}** the time",
-                f("cost.python_us", 2)
+                "Per-record CPU time, {}-record SQS event, 10% failing (healthy: all succeed, whole `Processor::process`)",
+                opts.records
+            ),
+            format!(
+                "**{} µs/record** (healthy {} µs)",
+                f("cost.rust_us", 2),
+                f("cost.healthy_process_us", 2)
+            ),
+            format!(
+                "Powertools `BatchProcessor` (Python): {} µs/record (healthy {} µs), **{}** the CPU time ({})",
+                f("cost.python_us", 2),
+                f("cost.python_healthy_us", 2),
+                ratio("cost.python_us", "cost.rust_us", 1),
+                ratio("cost.python_healthy_us", "cost.healthy_process_us", 1),
+            ),
+        );
+        row(
+            "Instructions per record (callgrind), same events".into(),
+            format!("**{}** (healthy {})", f("ir.rust", 0), f("ir.rust_healthy", 0)),
+            format!(
+                "Powertools: {} (healthy {}), **{}** as many ({})",
+                f("ir.python", 0),
+                f("ir.python_healthy", 0),
+                ratio("ir.python", "ir.rust", 1),
+                ratio("ir.python_healthy", "ir.rust_healthy", 1),
             ),
         );
         for (tag, name) in [

@@ -147,6 +147,8 @@ const UNREACHABLE: &str = "http://127.0.0.1:9";
 /// (INFO, lines written nowhere). Its SDK clients count their calls.
 pub struct Bench {
     processor: Processor,
+    /// How far the invocation deadline is.
+    patience: Duration,
     runtime: tokio::runtime::Runtime,
     tracing: tracing::Dispatch,
     /// AWS calls made by the processor's clients.
@@ -155,6 +157,12 @@ pub struct Bench {
 
 impl Bench {
     pub fn new() -> Self {
+        Self::with_patience(Duration::from_secs(30))
+    }
+
+    /// A bench whose invocation deadline is `patience` away, and whose heartbeat ticks no
+    /// sooner: under valgrind a pass takes a minute, and a tick would call AWS.
+    pub fn with_patience(patience: Duration) -> Self {
         let calls = CallCounter::new();
         let creds = aws_sdk_sqs::config::Credentials::new("bench", "bench", None, None, "bench");
         let sqs = aws_sdk_sqs::Client::from_conf(
@@ -191,7 +199,12 @@ impl Bench {
                 receive_limit: None,
                 retention: None,
             },
-        );
+        )
+        .with_heartbeat(Some(if patience > Duration::from_secs(30) {
+            patience
+        } else {
+            sqs_triage::processor::DEFAULT_HEARTBEAT
+        }));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -204,6 +217,7 @@ impl Bench {
         );
         Self {
             processor,
+            patience,
             runtime,
             tracing,
             calls,
@@ -215,8 +229,8 @@ impl Bench {
     }
 
     /// An invocation deadline far enough away for every handler.
-    fn deadline() -> Option<Instant> {
-        Some(Instant::now() + Duration::from_secs(30))
+    fn deadline(&self) -> Option<Instant> {
+        Some(Instant::now() + self.patience)
     }
 
     /// Steps 1 and 2 of the processor (read, admit, run each handler in its own task): each
@@ -224,7 +238,7 @@ impl Bench {
     pub fn run(&self, records: Vec<Incoming>) -> Vec<Ran> {
         self.block_on(
             self.processor
-                .admit_and_run(records, Deadline::new(Self::deadline())),
+                .admit_and_run(records, Deadline::new(self.deadline())),
         )
         .0
     }
@@ -236,7 +250,29 @@ impl Bench {
 
     /// The whole processor, execution and per-record spans included.
     pub fn process(&self, records: Vec<Incoming>) -> BatchOutcome {
-        self.block_on(self.processor.process(records, Self::deadline()))
+        self.block_on(self.processor.process(records, self.deadline()))
+    }
+
+    /// The Lambda handler's path on an event: deserialize, the whole [`Processor::process`],
+    /// the batch response from its outcome, serialized. Only records that need an AWS call
+    /// make one (none on the healthy path).
+    pub fn handle_event(&self, raw: &[u8]) -> Tally {
+        let records = incoming(raw);
+        let mut tally = Tally {
+            records: records.len(),
+            ..Tally::default()
+        };
+        let outcome = self.process(records);
+        tally.dead_lettered = outcome
+            .records
+            .iter()
+            .filter(|r| matches!(r.decision, Decision::DeadLetter { .. }))
+            .count();
+        let mut response = SqsBatchResponse::default();
+        response.set_failures(outcome.failures());
+        tally.failures = response.batch_item_failures.len();
+        tally.response_bytes = serde_json::to_vec(&response).map_or(0, |v| v.len());
+        tally
     }
 
     /// The event's pipeline without execution: deserialize, read, admit and run, plan, and

@@ -6,6 +6,7 @@
 //! out in time.
 
 use tokio::time::Instant;
+use tracing::level_filters::LevelFilter;
 use tracing::{info_span, warn};
 
 use super::plan::{Plan, Step};
@@ -96,6 +97,11 @@ impl Processor {
                 let mut report = s.report;
                 report.settled = s.effects.settled;
                 whole_batch_failed |= !report.settled && report.message_id.is_empty();
+                // A span shows only on the lines inside it: none when its one line is filtered
+                // out (a success, at DEBUG), which spares most records building one.
+                if !logs(&report.decision) {
+                    return report;
+                }
                 let span = info_span!(
                     "record",
                     message_id = %report.message_id,
@@ -195,10 +201,19 @@ impl Processor {
         for &i in lost {
             memory.add(steps[i].record.lost_key());
         }
+        // Nothing to forget (the usual case): no key is built.
+        if memory.is_empty() {
+            return;
+        }
         for s in steps.iter().filter(|s| s.effects.settled) {
             memory.forget(&s.record.lost_key());
         }
     }
+}
+
+/// Whether [`log_decision`]'s line for `d` can be enabled: only a success logs below INFO.
+fn logs(d: &Decision) -> bool {
+    !matches!(d, Decision::Done { .. }) || LevelFilter::current() >= LevelFilter::DEBUG
 }
 
 fn log_decision(d: &Decision, body: Option<&str>, log_payloads: bool) {

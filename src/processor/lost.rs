@@ -46,6 +46,10 @@ impl LostCounts {
         self.jobs.get(key).map_or(0, |(n, _)| *n)
     }
 
+    pub(super) fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
     pub(super) fn forget(&mut self, key: &LostKey) {
         if let Some((_, seq)) = self.jobs.remove(key) {
             self.order.remove(&seq);

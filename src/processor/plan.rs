@@ -93,7 +93,11 @@ impl Processor {
                 if let Some(run) = &ran.run {
                     metrics.handler_duration(ty, run.time);
                     if let Some(job_type) = ran.record.job_type() {
-                        tally(breaker_reports.entry(job_type.to_owned()).or_default(), run);
+                        // The job type's name is allocated once per batch, not per record.
+                        match breaker_reports.get_mut(job_type) {
+                            Some(agg) => tally(agg, run),
+                            None => tally(breaker_reports.entry(job_type.to_owned()).or_default(), run),
+                        }
                     }
                 }
                 self.step(key, ran, now_ms)

@@ -118,7 +118,7 @@ impl Processor {
     }
 
     /// One record through admission, its handler and the decision after it.
-    async fn run_one(&self, record: Record, states: &HashMap<String, BreakerState>, hold: &Hold) -> Ran {
+    async fn run_one(&self, mut record: Record, states: &HashMap<String, BreakerState>, hold: &Hold) -> Ran {
         let deadline = hold.deadline();
         let job = match &record.job {
             Ok(job) => job,
@@ -155,8 +155,15 @@ impl Processor {
             max_attempts: route.policy.max_attempts(),
         };
         tracing::debug!(message_id = %record.inc.message_id, job_id = %record.job_id, attempt, "handler started");
+        // The handler takes the payload itself: nothing after it reads the record's (a DLQ
+        // copy carries the body).
+        let payload = record
+            .job
+            .as_mut()
+            .map(|j| std::mem::take(&mut j.payload))
+            .unwrap_or_default();
         let started = Instant::now();
-        let outcome = run_handler(route, job.payload.clone(), ctx, hold, probe_cap).await;
+        let outcome = run_handler(route, payload, ctx, hold, probe_cap).await;
         let time = started.elapsed();
         let settled = settle(
             &self.inputs(&record, route, admission.gate, now_ms(), hold.deadline()),
@@ -171,8 +178,8 @@ impl Processor {
             reported: false,
         };
         if let Some(cap) = probe_cap {
-            self.report_probe(&job.job_type, &mut run, hold.deadline().at_most(cap))
-                .await;
+            let job_type = record.job_type().unwrap_or_default();
+            Box::pin(self.report_probe(job_type, &mut run, hold.deadline().at_most(cap))).await;
         }
         Ran {
             record,
@@ -223,18 +230,20 @@ impl Processor {
         let Some((store, _)) = breaker.filter(|_| verdict.runs() && seen.needs_probe()) else {
             return (verdict, seen);
         };
-        let admission = store
-            .admit(
-                job_type,
-                &seen,
-                now,
-                self.lease_until(store, deadline, now),
-                deadline.admission(),
-            )
-            .await;
+        // The breaker's calls are boxed, as are the other calls a record rarely makes: inline,
+        // their SDK futures would make every record's future kilobytes long, copied as it
+        // moves (into the batch's stream, and on).
+        let admission = Box::pin(store.admit(
+            job_type,
+            &seen,
+            now,
+            self.lease_until(store, deadline, now),
+            deadline.admission(),
+        ))
+        .await;
         let verdict = self.verdict(record, route, admission.gate, now_ms(), deadline);
         if let (false, Some(lease)) = (verdict.runs(), &admission.permit) {
-            if let Err(e) = store.release(job_type, lease, now_ms(), deadline.at()).await {
+            if let Err(e) = Box::pin(store.release(job_type, lease, now_ms(), deadline.at())).await {
                 warn!(job_type, error = %e, "probe permit not released; it frees its slot when its lease expires");
             }
         }

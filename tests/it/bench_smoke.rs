@@ -30,7 +30,7 @@ fn the_report_runs_on_a_tiny_input_and_prints_every_table() {
     }
     for header in [
         "| measurement | sqs-triage | alternatives, same run |",
-        "| pipeline | µs/record | relative |",
+        "| pipeline | CPU µs/record | Powertools ÷ this (CPU) |",
         "| workload | sqs-triage calls |",
         "| policy | executions | on bugs |",
         "| strategy | range of the first retry | peak / 100 ms |",
