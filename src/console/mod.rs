@@ -11,8 +11,10 @@
 //! - it listens on 127.0.0.1 unless a bind address is given, and then a token is required
 //!   (a cookie set by the printed URL, or `Authorization: Bearer`);
 //! - requests whose `Host` is not the address it listens on are refused (DNS rebinding);
+//! - every request whose `Sec-Fetch-Site` says another site's page made it is refused, GET
+//!   too (a read hides DLQ messages for a while);
 //! - every state-changing request is a POST that carries the per-process CSRF token, and one
-//!   whose `Origin` or `Sec-Fetch-Site` says it comes from another site is refused;
+//!   whose `Origin` is not ours is refused;
 //! - every text from a queue or a table is escaped ([`html::esc`]); the
 //!   Content-Security-Policy allows no inline script or style, only the two embedded assets.
 
@@ -249,15 +251,17 @@ async fn check(app: &App, req: Request, next: Next) -> Response {
             );
         }
     }
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        if let Some(site) = header_str(headers, &header::HeaderName::from_static("sec-fetch-site")) {
-            if site != "same-origin" && site != "none" {
-                return refuse(
-                    StatusCode::FORBIDDEN,
-                    &format!("refused: a state-changing request from another site (Sec-Fetch-Site: {site})"),
-                );
-            }
+    // Any request another site's page makes, GET too: an `<img src=…/dlq>` on any web page
+    // would otherwise have the console read (and hide for a while) the whole DLQ.
+    if let Some(site) = header_str(headers, &header::HeaderName::from_static("sec-fetch-site")) {
+        if site != "same-origin" && site != "none" {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                &format!("refused: a request from another site (Sec-Fetch-Site: {site})"),
+            );
         }
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
         if let Some(origin) = header_str(headers, &header::ORIGIN) {
             let ours = format!("http://{host}");
             if !origin.eq_ignore_ascii_case(&ours) {

@@ -109,13 +109,20 @@ impl Selection {
                 .map(|v| parse_duration(v).map_err(|e| OpsError::usage(format!("{k}: {e}"))))
                 .transpose()
         };
-        let max_scan =
-            match p.get("max_scan") {
-                None => default_scan,
-                Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+        let max_scan = match p.get("max_scan") {
+            None => default_scan,
+            Some(v) => {
+                let n = v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
                     OpsError::usage(format!("max_scan: `{v}` is not a positive whole number"))
-                })?,
-            };
+                })?;
+                if n > default_scan {
+                    return Err(OpsError::usage(format!(
+                        "max_scan: {n} is more than this console's --max-scan ({default_scan})"
+                    )));
+                }
+                n
+            }
+        };
         let filter = Filter {
             job_types: p.all("type"),
             classes: p.all("class"),

@@ -663,3 +663,55 @@ async fn a_park_shows_the_ledger_first_and_then_parks_the_job() {
         record.error
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_site_get_reads_nothing_and_max_scan_stays_bounded() {
+    let stack = support::fresh_resources("console-xsite", false).await;
+    seed(&stack, "billing.charge", "x0", json!(null), "card token is None").await;
+    let c = start(&stack, &["--max-scan", "50"], &[]);
+    let sqs = support::sqs_client().await;
+    // Another site's `<img src=http://127.0.0.1:PORT/dlq>`: the browser marks it cross-site.
+    for site in ["cross-site", "same-site"] {
+        let r = http(
+            "GET",
+            &format!("{}/dlq", c.base),
+            &[("sec-fetch-site", site)],
+            None,
+        )
+        .await;
+        assert_eq!(r.status, 403, "{site}: {}", r.body);
+    }
+    let d = support::queue_depth(&sqs, &stack.dlq_url).await;
+    assert_eq!((d.visible, d.in_flight), (1, 0), "a refused GET read the DLQ");
+    let m = sqs
+        .receive_message()
+        .queue_url(&stack.dlq_url)
+        .message_system_attribute_names(
+            aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount,
+        )
+        .visibility_timeout(0)
+        .send()
+        .await
+        .unwrap();
+    let count = m.messages()[0]
+        .attributes()
+        .unwrap()
+        .get(&aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount)
+        .cloned();
+    assert_eq!(count.as_deref(), Some("1"), "the DLQ message was received before");
+    // The operator's own navigation still works.
+    for site in ["same-origin", "none"] {
+        let r = http(
+            "GET",
+            &format!("{}/dlq", c.base),
+            &[("sec-fetch-site", site)],
+            None,
+        )
+        .await;
+        assert_eq!(r.status, 200, "{site}: {}", r.body);
+    }
+    let big = get(&c, "/dlq?max_scan=1000000").await;
+    assert_eq!(big.status, 400, "{}", big.body);
+    assert!(big.body.contains("--max-scan"), "{}", big.body);
+    assert_eq!(get(&c, "/dlq?max_scan=50").await.status, 200);
+}
