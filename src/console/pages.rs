@@ -12,7 +12,7 @@ use axum::Router;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde::Serialize;
 
 use super::html::{self, esc, hidden, q};
@@ -32,14 +32,33 @@ pub(super) fn routes() -> Router<Arc<App>> {
         .route("/dlq", get(dlq_page))
         .route("/dlq/group", get(group_page))
         .route("/dlq/message/{id}", get(message_page))
-        .route("/replay", get(replay_confirm).post(replay_do))
-        .route("/purge", get(purge_confirm).post(purge_do))
-        .route("/edit", axum::routing::post(edit_do))
-        .route("/edit/preview", axum::routing::post(edit_preview))
-        .route("/park", get(park_form).post(park_do))
+        .route(
+            "/replay",
+            get(replay_confirm).post(|s, b| detached(replay_do(s, b))),
+        )
+        .route("/purge", get(purge_confirm).post(|s, b| detached(purge_do(s, b))))
+        .route("/edit", post(|s, b| detached(edit_do(s, b))))
+        .route("/edit/preview", post(edit_preview))
+        .route("/park", get(park_form).post(|s, b| detached(park_do(s, b))))
         .route("/park/confirm", get(park_confirm))
-        .route("/breaker", get(breaker_confirm).post(breaker_do))
+        .route(
+            "/breaker",
+            get(breaker_confirm).post(|s, b| detached(breaker_do(s, b))),
+        )
         .route("/audit", get(audit_page))
+}
+
+/// Runs a state-changing action as a task of its own and awaits it: when the client goes
+/// away, axum drops the request's future, and the action must not stop halfway (messages
+/// held, the audit item unwritten) because a tab was closed.
+async fn detached(action: impl Future<Output = Response> + Send + 'static) -> Response {
+    match tokio::spawn(action).await {
+        Ok(r) => r,
+        Err(e) => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("the action stopped unexpectedly ({e}): check the DLQ and the audit trail"),
+        ),
+    }
 }
 
 /// Query or form parameters, repeated keys kept in order.

@@ -715,3 +715,69 @@ async fn a_cross_site_get_reads_nothing_and_max_scan_stays_bounded() {
     assert!(big.body.contains("--max-scan"), "{}", big.body);
     assert_eq!(get(&c, "/dlq?max_scan=50").await.status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_finishes_when_the_browser_goes_away() {
+    use tokio::io::AsyncWriteExt;
+    let stack = support::fresh_resources("console-gone", false).await;
+    for i in 0..4 {
+        seed(
+            &stack,
+            "billing.charge",
+            &format!("g{i}"),
+            json!({"n": i}),
+            "card token is None",
+        )
+        .await;
+    }
+    let c = start(&stack, &[], &[]);
+    let sqs = support::sqs_client().await;
+    let confirm = get(&c, "/replay?type=billing.charge").await;
+    assert_eq!(confirm.status, 200, "{}", confirm.body);
+    let ids = hidden_values(&confirm.body, "id");
+    assert_eq!(ids.len(), 4);
+    let token = csrf(&confirm.body);
+    let mut form: Vec<(&str, &str)> = vec![("csrf", &token), ("expected", "4"), ("rate", "1")];
+    form.extend(ids.iter().map(|i| ("id", i.as_str())));
+    let body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(form.iter().copied())
+        .finish();
+    let addr = c.base.strip_prefix("http://").unwrap().to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let req = format!(
+        "POST /replay HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).await.unwrap();
+    // Once the replay has begun (the first message is back in the source queue), the tab closes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while support::queue_depth(&sqs, &stack.queue_url).await.total() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the replay never began");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    drop(stream);
+    let ctx = ctx().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let src = support::queue_depth(&sqs, &stack.queue_url).await.total();
+        let dlq = support::queue_depth(&sqs, &stack.dlq_url).await.total();
+        let trail = audit::list(
+            &ctx,
+            &stack.table,
+            std::time::Duration::from_secs(3600),
+            Some("dlq.replay"),
+            10,
+        )
+        .await
+        .unwrap();
+        let counts: Vec<Option<u64>> = trail.entries.iter().map(|e| e.count).collect();
+        if src == 4 && dlq == 0 && counts == [Some(4)] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replay stopped with the connection: source {src}, DLQ {dlq}, audit counts {counts:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
