@@ -320,7 +320,7 @@ enum DlqCommand {
         /// Move at most this many messages.
         #[arg(long, value_name = "N")]
         limit: Option<usize>,
-        /// At most this many messages per second.
+        /// At most this many messages per second (0.01 to 1000).
         #[arg(long, value_name = "PER_SECOND")]
         rate: Option<f64>,
         /// Show what would move; move nothing.

@@ -781,3 +781,32 @@ async fn a_replay_finishes_when_the_browser_goes_away() {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_rate_out_of_bounds_is_refused_and_moves_nothing() {
+    let stack = support::fresh_resources("console-rate", false).await;
+    seed(&stack, "billing.charge", "r0", json!(null), "card token is None").await;
+    let c = start(&stack, &[], &[]);
+    let sqs = support::sqs_client().await;
+    let confirm = get(&c, "/replay?type=billing.charge").await;
+    let ids = hidden_values(&confirm.body, "id");
+    let token = csrf(&confirm.body);
+    for rate in ["1e-19", "1e9"] {
+        let done = post(
+            &c,
+            "/replay",
+            &[
+                ("csrf", &token),
+                ("expected", "1"),
+                ("rate", rate),
+                ("id", &ids[0]),
+            ],
+        )
+        .await;
+        assert_eq!(done.status, 400, "{rate}: {}", done.body);
+        assert!(done.body.contains("rate must be"), "{}", done.body);
+    }
+    let d = support::queue_depth(&sqs, &stack.dlq_url).await;
+    assert_eq!((d.visible, d.in_flight), (1, 0));
+    assert_eq!(support::queue_depth(&sqs, &stack.queue_url).await.total(), 0);
+}

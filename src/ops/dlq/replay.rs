@@ -177,6 +177,12 @@ impl Report for ReplayReport {
     }
 }
 
+/// The slowest replay rate accepted, in messages per second (one message every 100 s).
+pub const MIN_RATE: f64 = 0.01;
+
+/// The fastest replay rate accepted, in messages per second (far above what one replay sends).
+pub const MAX_RATE: f64 = 1000.0;
+
 /// Paces sends to `rate` messages per second, starting with an empty bucket: n messages take
 /// at least n / rate seconds.
 struct Pacer {
@@ -327,10 +333,10 @@ enum Fate {
 pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult<ReplayReport> {
     opts.filter.validate()?;
     if let Some(r) = opts.rate {
-        if !(r.is_finite() && r > 0.0) {
-            return Err(OpsError::usage(
-                "--rate must be a positive number of messages per second",
-            ));
+        if !(r.is_finite() && (MIN_RATE..=MAX_RATE).contains(&r)) {
+            return Err(OpsError::usage(format!(
+                "--rate must be a positive number of messages per second, from {MIN_RATE} to {MAX_RATE}: `{r}` is not"
+            )));
         }
     }
     if opts.limit == Some(0) {
