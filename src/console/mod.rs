@@ -10,7 +10,8 @@
 //! Safe by default:
 //! - it listens on 127.0.0.1 unless a bind address is given, and then a token is required
 //!   (a cookie set by the printed URL, or `Authorization: Bearer`);
-//! - requests whose `Host` is not the address it listens on are refused (DNS rebinding);
+//! - requests whose `Host` is not the address it listens on are refused (DNS rebinding); a
+//!   loopback console answers to the loopback names on any port (an SSH tunnel);
 //! - every request whose `Sec-Fetch-Site` says another site's page made it is refused, GET
 //!   too (a read hides DLQ messages for a while);
 //! - every state-changing request is a POST that carries the per-process CSRF token, and one
@@ -75,18 +76,43 @@ impl ConsoleOptions {
         if ip.is_unspecified() {
             return None;
         }
-        let mut hosts = vec![match ip {
-            IpAddr::V4(v4) => format!("{v4}:{port}"),
-            IpAddr::V6(v6) => format!("[{v6}]:{port}"),
-        }];
+        let name = match ip {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => format!("[{v6}]"),
+        };
+        let mut hosts = vec![format!("{name}:{port}")];
+        if port == 80 {
+            // Browsers leave the default port out of `Host`.
+            hosts.push(name);
+        }
         if ip.is_loopback() {
-            for h in ["127.0.0.1", "localhost", "[::1]"] {
+            for h in LOOPBACK_NAMES {
                 hosts.push(format!("{h}:{port}"));
             }
         }
         hosts.dedup();
         Some(hosts)
     }
+}
+
+/// The names of the loopback interface a browser may put in `Host`.
+const LOOPBACK_NAMES: [&str; 3] = ["127.0.0.1", "localhost", "[::1]"];
+
+/// Whether `host` (a `Host` header) names the loopback interface, with any port or none: an
+/// SSH tunnel from another local port, or a browser that leaves out `:80`. No other site can
+/// make a browser send such a `Host`, so DNS rebinding stays refused.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if !name.ends_with(':') && port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    LOOPBACK_NAMES.iter().any(|l| l.eq_ignore_ascii_case(name))
+}
+
+/// Whether a request naming `host` is for this console.
+fn host_allowed(allowed: &[String], host: &str) -> bool {
+    allowed.iter().any(|a| a.eq_ignore_ascii_case(host))
+        || (allowed.iter().any(|a| is_loopback_host(a)) && is_loopback_host(host))
 }
 
 /// A fresh random token (128 bits, hex).
@@ -198,7 +224,7 @@ async fn check(app: &App, req: Request, next: Next) -> Response {
     let headers = req.headers();
     let host = header_str(headers, &header::HOST).unwrap_or_default().to_owned();
     if let Some(allowed) = &app.opts.allowed_hosts {
-        if !allowed.iter().any(|a| a.eq_ignore_ascii_case(&host)) {
+        if !host_allowed(allowed, &host) {
             return refuse(
                 StatusCode::MISDIRECTED_REQUEST,
                 &format!(
@@ -314,6 +340,23 @@ mod tests {
         let hosts = ConsoleOptions::hosts_for("10.1.2.3:9000".parse().unwrap()).unwrap();
         assert_eq!(hosts, vec!["10.1.2.3:9000".to_owned()]);
         assert_eq!(ConsoleOptions::hosts_for("0.0.0.0:9000".parse().unwrap()), None);
+        let hosts = ConsoleOptions::hosts_for("10.1.2.3:80".parse().unwrap()).unwrap();
+        assert!(host_allowed(&hosts, "10.1.2.3"));
+        assert!(!host_allowed(&hosts, "localhost:80"));
+        let hosts = ConsoleOptions::hosts_for("127.0.0.1:8080".parse().unwrap()).unwrap();
+        for ok in ["localhost:9000", "localhost", "[::1]", "[::1]:1", "127.0.0.1"] {
+            assert!(host_allowed(&hosts, ok), "{ok}");
+        }
+        for no in [
+            "",
+            "evil.example:8080",
+            "localhost.evil:8080",
+            "[::1]x",
+            "localhost:80:80",
+            "::1",
+        ] {
+            assert!(!host_allowed(&hosts, no), "{no}");
+        }
     }
 
     #[test]

@@ -810,3 +810,35 @@ async fn a_replay_rate_out_of_bounds_is_refused_and_moves_nothing() {
     assert_eq!((d.visible, d.in_flight), (1, 0));
     assert_eq!(support::queue_depth(&sqs, &stack.queue_url).await.total(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loopback_console_answers_to_loopback_names_on_any_port() {
+    let stack = support::fresh_resources("console-host", false).await;
+    let c = start(&stack, &[], &[]);
+    // An SSH tunnel from another local port, and a browser that omits the port (`--port 80`).
+    for host in [
+        "localhost:9000",
+        "localhost",
+        "127.0.0.1",
+        "[::1]:8443",
+        "LOCALHOST:9000",
+    ] {
+        let r = http("GET", &format!("{}/", c.base), &[("host", host)], None).await;
+        assert_eq!(r.status, 200, "{host}: {}", r.body);
+    }
+    // The tunnel's form posts with the tunnel's own origin.
+    let confirm = get(&c, "/breaker?type=t.x&action=reset").await;
+    let body = format!("type=t.x&action=reset&csrf={}", csrf(&confirm.body));
+    let headers = [("host", "localhost:9000"), ("origin", "http://localhost:9000")];
+    let ok = http("POST", &format!("{}/breaker", c.base), &headers, Some(body)).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    for host in [
+        "evil.example",
+        "evil.example:9000",
+        "127.0.0.2:9000",
+        "localhost.evil.example",
+    ] {
+        let r = http("GET", &format!("{}/", c.base), &[("host", host)], None).await;
+        assert_eq!(r.status, 421, "{host}: {}", r.body);
+    }
+}
