@@ -811,6 +811,7 @@ async fn run_console(cli: &Cli, a: &ConsoleArgs) -> OpsResult<ExitCode> {
         local_user: ["USER", "USERNAME"]
             .iter()
             .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty())),
+        port: addr.port(),
     };
     let shown = if addr.ip().is_unspecified() {
         format!("http://<this host>:{}/", addr.port())

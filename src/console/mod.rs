@@ -35,7 +35,8 @@ use rand::Rng;
 
 use crate::ops::{Ctx, ErrorKind, OpsError, OpsResult};
 
-/// The token's cookie.
+/// The token's cookie, before the port: cookies are shared by every port of a host, so each
+/// console keeps its own (`triage_console_token_8080`).
 const TOKEN_COOKIE: &str = "triage_console_token";
 
 /// The shortest token accepted from `--token` or the environment.
@@ -64,6 +65,8 @@ pub struct ConsoleOptions {
     pub max_scan: usize,
     /// Who is at the keyboard (`$USER`), kept with a park.
     pub local_user: Option<String>,
+    /// The port it listens on (it names the token's cookie).
+    pub port: u16,
 }
 
 impl ConsoleOptions {
@@ -236,7 +239,8 @@ async fn check(app: &App, req: Request, next: Next) -> Response {
     }
     if let Some(token) = &app.opts.token {
         let bearer = header_str(headers, &header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
-        let ok = cookie(headers, TOKEN_COOKIE).is_some_and(|c| same_secret(c, token))
+        let cookie_name = format!("{TOKEN_COOKIE}_{}", app.opts.port);
+        let ok = cookie(headers, &cookie_name).is_some_and(|c| same_secret(c, token))
             || bearer.is_some_and(|b| same_secret(b.trim(), token));
         if !ok {
             let given = req.uri().query().and_then(|q| {
@@ -260,7 +264,7 @@ async fn check(app: &App, req: Request, next: Next) -> Response {
                 } else {
                     format!("{}?{rest}", req.uri().path())
                 };
-                let set = format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
+                let set = format!("{cookie_name}={token}; Path=/; HttpOnly; SameSite=Strict");
                 return match (HeaderValue::from_str(&to), HeaderValue::from_str(&set)) {
                     (Ok(loc), Ok(set)) => (
                         StatusCode::SEE_OTHER,

@@ -527,6 +527,12 @@ async fn with_bind_every_request_needs_the_token() {
         .unwrap()
         .to_owned();
     assert!(cookie.contains(&token));
+    // Another console on this host (another port) keeps a cookie of its own.
+    let port = c.base.rsplit(':').next().unwrap();
+    assert!(
+        cookie.starts_with(&format!("triage_console_token_{port}=")),
+        "{cookie}"
+    );
     let ok = http("GET", &format!("{}/dlq", c.base), &[("cookie", &cookie)], None).await;
     assert_eq!(ok.status, 200, "{}", ok.body);
 
