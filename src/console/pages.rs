@@ -660,9 +660,19 @@ async fn message_page(State(app): AppState, Path(id): Path<String>) -> Response 
 /// The report of an action as a page: a headline, what went wrong if anything, the audit
 /// item, and the report as the CLI prints it.
 fn report_page<R: Report>(title: &str, headline: &str, r: &R) -> Response {
+    report_page_with(title, headline, None, r)
+}
+
+/// [`report_page`] with a problem the console found besides the report's own.
+fn report_page_with<R: Report>(title: &str, headline: &str, problem: Option<String>, r: &R) -> Response {
     let mut b = format!("<p id=\"result\" class=\"result\">{}</p>", esc(headline));
-    if let Some(p) = r.problem() {
-        let _ = write!(b, "<p class=\"error\" id=\"problem\">{}</p>", esc(&p));
+    let problems: Vec<String> = problem.into_iter().chain(r.problem()).collect();
+    if !problems.is_empty() {
+        let _ = write!(
+            b,
+            "<p class=\"error\" id=\"problem\">{}</p>",
+            esc(&problems.join("; "))
+        );
     }
     match r.audit() {
         Some(a) if a.written => {
@@ -813,15 +823,32 @@ async fn replay_do(State(app): AppState, body: String) -> Response {
     match dlq::replay(
         &app.ctx,
         &app.opts.dlq_url,
-        &replay_options(&app, ids, rate, false),
+        &replay_options(&app, ids.clone(), rate, false),
     )
     .await
     {
-        Ok(r) => report_page(
-            "Replayed",
-            &format!("Replayed {} of the {n} confirmed message(s).", r.moved),
-            &r,
-        ),
+        Ok(r) => {
+            // Confirmed messages the replay did not move: gone from the DLQ since the
+            // confirmation (another operator), or not sent (the report says why).
+            let missed: Vec<&str> = ids
+                .iter()
+                .filter(|i| r.moved_ids.binary_search(i).is_err())
+                .map(String::as_str)
+                .collect();
+            let problem = (!missed.is_empty()).then(|| {
+                format!(
+                    "{} of the {n} confirmed message(s) were not moved: {}",
+                    missed.len(),
+                    missed.join(", ")
+                )
+            });
+            report_page_with(
+                "Replayed",
+                &format!("Replayed {} of the {n} confirmed message(s).", r.moved),
+                problem,
+                &r,
+            )
+        }
         Err(e) => error_page(&e),
     }
 }
@@ -890,6 +917,14 @@ async fn purge_do(State(app): AppState, body: String) -> Response {
     )
     .await;
     match r {
+        // Every confirmed message is gone: the library asks no confirmation of an empty
+        // selection, but the operator confirmed some.
+        Ok(r) if r.plan.selected == 0 => refuse(
+            StatusCode::CONFLICT,
+            &format!(
+                "nothing was deleted: {expected} message(s) were confirmed but the DLQ now holds 0 of them; review the selection again"
+            ),
+        ),
         Ok(r) => report_page(
             "Purged",
             &format!("Deleted {} of the {expected} confirmed message(s).", r.deleted),

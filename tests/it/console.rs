@@ -848,3 +848,73 @@ async fn a_loopback_console_answers_to_loopback_names_on_any_port() {
         assert_eq!(r.status, 421, "{host}: {}", r.body);
     }
 }
+
+/// Deletes DLQ message `id` behind the console's back (another operator's purge); the others
+/// are made visible again.
+async fn delete_behind(sqs: &aws_sdk_sqs::Client, dlq_url: &str, ids: &[&str]) {
+    for m in support::read_all(sqs, dlq_url, 60, 0).await {
+        let h = m.receipt_handle().unwrap();
+        if ids.contains(&m.message_id().unwrap()) {
+            sqs.delete_message()
+                .queue_url(dlq_url)
+                .receipt_handle(h)
+                .send()
+                .await
+                .unwrap();
+        } else {
+            sqs.change_message_visibility()
+                .queue_url(dlq_url)
+                .receipt_handle(h)
+                .visibility_timeout(0)
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_names_what_it_did_not_move_and_a_purge_of_nothing_left_is_a_conflict() {
+    let stack = support::fresh_resources("console-gone2", false).await;
+    for i in 0..2 {
+        seed(
+            &stack,
+            "billing.charge",
+            &format!("m{i}"),
+            json!(null),
+            "card token is None",
+        )
+        .await;
+    }
+    seed(&stack, "email.send", "p0", json!(null), "smtp refused").await;
+    let c = start(&stack, &[], &[]);
+    let sqs = support::sqs_client().await;
+
+    let confirm = get(&c, "/replay?type=billing.charge").await;
+    let ids = hidden_values(&confirm.body, "id");
+    assert_eq!(ids.len(), 2);
+    let token = csrf(&confirm.body);
+    delete_behind(&sqs, &stack.dlq_url, &[&ids[1]]).await;
+    let mut form: Vec<(&str, &str)> = vec![("csrf", &token), ("expected", "2")];
+    form.extend(ids.iter().map(|i| ("id", i.as_str())));
+    let done = post(&c, "/replay", &form).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert!(done.body.contains("Replayed 1 of the 2"), "{}", done.body);
+    let problem = done
+        .body
+        .split("id=\"problem\">")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no problem shown: {}", done.body));
+    let problem = &problem[..problem.find("</p>").unwrap()];
+    assert!(problem.contains(&ids[1]), "{problem}");
+    assert!(!problem.contains(&ids[0]), "{problem}");
+
+    let confirm = get(&c, "/purge?type=email.send").await;
+    let ids = hidden_values(&confirm.body, "id");
+    assert_eq!(ids.len(), 1);
+    delete_behind(&sqs, &stack.dlq_url, &[&ids[0]]).await;
+    let form: Vec<(&str, &str)> = vec![("csrf", &token), ("expected", "1"), ("id", &ids[0])];
+    let refused = post(&c, "/purge", &form).await;
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert!(refused.body.contains("now holds 0"), "{}", refused.body);
+}

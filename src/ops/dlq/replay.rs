@@ -93,6 +93,10 @@ pub struct ReplayReport {
     pub interrupted: bool,
     /// Wall time, in milliseconds.
     pub elapsed_ms: u64,
+    /// The DLQ message ids sent to their target (none in a dry run); not in the JSON report,
+    /// whose `moved` counts them.
+    #[serde(skip)]
+    pub moved_ids: Vec<String>,
     /// Whether the replay was audited (replays through an auditing context, not dry runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub audit: Option<AuditStatus>,
@@ -498,6 +502,13 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
     }
 
     let now = now_ms();
+    let mut moved_ids: Vec<String> = st
+        .fates
+        .iter()
+        .filter(|(_, f)| matches!(f, Fate::Moved | Fate::MovedUndeleted))
+        .map(|(id, _)| id.clone())
+        .collect();
+    moved_ids.sort();
     Ok(ReplayReport {
         dlq_url: dlq_url.to_owned(),
         dry_run: opts.dry_run,
@@ -516,6 +527,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         unverified: st.unverified,
         interrupted: stopped(),
         elapsed_ms: started.elapsed().as_millis() as u64,
+        moved_ids,
         audit,
     })
 }
