@@ -639,7 +639,7 @@ async fn message_page(State(app): AppState, Path(id): Path<String>) -> Response 
             "<section class=\"message\">{}<h2>Failure record</h2>{}<h2>Body</h2>{}<h2>Attributes</h2>{}\
 <h2>Actions</h2><p><a href=\"/replay?{qid}\">Replay this message…</a> · <a href=\"/purge?{qid}\">Purge this message…</a></p>\
 <h3>Edit and replay</h3><form method=\"post\" action=\"/edit/preview\">{}{}\
-<textarea name=\"body\" rows=\"12\" cols=\"100\" spellcheck=\"false\">{}</textarea>\
+<textarea name=\"body\" rows=\"12\" cols=\"100\" spellcheck=\"false\">\n{}</textarea>\
 <p><button>Preview the edit…</button></p></form></section>",
             html::table("message-fields", &["field", "value"], &rows),
             html::pre("failure-record", &record),
@@ -949,7 +949,6 @@ async fn edit_preview(State(app): AppState, body: String) -> Response {
     let Some(id) = p.get("id") else {
         return refuse(StatusCode::BAD_REQUEST, "no message id: nothing was changed");
     };
-    let new_body = p.raw("body").unwrap_or_default();
     let report = match dlq::show(&app.ctx, &app.opts.dlq_url, id, app.opts.max_scan).await {
         Ok(r) => r,
         Err(e) => return error_page(&e),
@@ -963,7 +962,10 @@ async fn edit_preview(State(app): AppState, body: String) -> Response {
             ),
         );
     };
-    let changed = m.body != new_body;
+    // Browsers submit a textarea's line breaks as CRLF: a body that had none gets its LFs back.
+    let lf = !m.body.contains('\r');
+    let new_body = &submitted_body(&p, lf);
+    let changed = m.body != *new_body;
     let json_note = match serde_json::from_str::<serde_json::Value>(new_body) {
         Ok(_) => "The new body is valid JSON.".to_owned(),
         Err(e) => format!("The new body is not valid JSON ({e}); it is sent as it is."),
@@ -983,11 +985,12 @@ from the DLQ. {} {}</p><h2>Now</h2>{}<h2>Edited</h2>{}",
     );
     let _ = write!(
         b,
-        "<form method=\"post\" action=\"/edit\" class=\"confirm\">{}{}{}{}\
+        "<form method=\"post\" action=\"/edit\" class=\"confirm\">{}{}{}{}{}\
 <p><button id=\"confirm\">Replay the edited message</button> <a href=\"/dlq/message/{}\">Cancel</a></p></form>",
         hidden("csrf", &app.csrf),
         hidden("id", &m.summary.message_id),
         hidden("body", new_body),
+        if lf { hidden("lf", "1") } else { String::new() },
         if changed {
             String::new()
         } else {
@@ -996,6 +999,17 @@ from the DLQ. {} {}</p><h2>Now</h2>{}<h2>Edited</h2>{}",
         esc(&q(&m.summary.message_id)),
     );
     html_ok("Confirm the edit", &b)
+}
+
+/// The body a form submitted, byte for byte but for line breaks: with `lf` (the original body
+/// had no CR), the CRLFs a browser sends for every line break become LFs again.
+fn submitted_body(p: &Params, lf: bool) -> String {
+    let raw = p.raw("body").unwrap_or_default();
+    if lf {
+        raw.replace("\r\n", "\n")
+    } else {
+        raw.to_owned()
+    }
 }
 
 async fn edit_do(State(app): AppState, body: String) -> Response {
@@ -1012,7 +1026,7 @@ async fn edit_do(State(app): AppState, body: String) -> Response {
         max_scan: app.opts.max_scan,
         ..dlq::EditOptions::new(
             id,
-            dlq::EditSource::Body(p.raw("body").unwrap_or_default().to_owned()),
+            dlq::EditSource::Body(submitted_body(&p, p.get("lf").is_some())),
         )
     };
     match dlq::edit(&app.ctx, &app.opts.dlq_url, &opts).await {

@@ -139,6 +139,12 @@ async fn seed(
     payload: serde_json::Value,
     error: &str,
 ) -> String {
+    let body = json!({"type": job_type, "id": job_id, "payload": payload}).to_string();
+    seed_body(stack, job_type, job_id, &body, error).await
+}
+
+/// [`seed`] with the job's body as it is.
+async fn seed_body(stack: &SetupReport, job_type: &str, job_id: &str, body: &str, error: &str) -> String {
     let record = FailureRecord {
         class: FailureClass::Fatal,
         error: error.into(),
@@ -150,7 +156,6 @@ async fn seed(
         first_received_at: 1,
         failed_at: sqs_triage::clock::now_ms(),
     };
-    let body = json!({"type": job_type, "id": job_id, "payload": payload}).to_string();
     let attrs: HashMap<String, MessageAttributeValue> = [(
         "tenant".to_owned(),
         MessageAttributeValue::builder()
@@ -160,7 +165,7 @@ async fn seed(
             .unwrap(),
     )]
     .into();
-    let copy = dlq_copy(&body, &attrs, &record, 1 << 20).unwrap();
+    let copy = dlq_copy(body, &attrs, &record, 1 << 20).unwrap();
     support::sqs_client()
         .await
         .send_message()
@@ -917,4 +922,57 @@ async fn a_replay_names_what_it_did_not_move_and_a_purge_of_nothing_left_is_a_co
     let refused = post(&c, "/purge", &form).await;
     assert_eq!(refused.status, 409, "{}", refused.body);
     assert!(refused.body.contains("now holds 0"), "{}", refused.body);
+}
+
+/// What a browser submits for a form field the page gave: character references decoded, and
+/// every line break as CRLF (the HTML form encoding).
+fn as_browser_submits(html_text: &str) -> String {
+    html_text
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+        .replace("\r\n", "\n")
+        .replace('\n', "\r\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untouched_body_survives_a_browser_byte_for_byte() {
+    let stack = support::fresh_resources("console-crlf", false).await;
+    let original = "\n{\"type\": \"report.build\",\n \"id\": \"r9\",\n \"payload\": {\"s\": \"a&b <c>\"}}\n";
+    let id = seed_body(&stack, "report.build", "r9", original, "n must be positive").await;
+    let c = start(&stack, &[], &[]);
+    let sqs = support::sqs_client().await;
+    let m = get(&c, &format!("/dlq/message/{id}")).await;
+    assert_eq!(m.status, 200, "{}", m.body);
+    let token = csrf(&m.body);
+    let start_tag = m.body.find("<textarea").unwrap();
+    let open = start_tag + m.body[start_tag..].find('>').unwrap() + 1;
+    let close = open + m.body[open..].find("</textarea>").unwrap();
+    // The HTML parser drops one newline right after `<textarea>`.
+    let shown = &m.body[open..close];
+    let shown = shown.strip_prefix('\n').unwrap_or(shown);
+    let submitted = as_browser_submits(shown);
+    let preview = post(
+        &c,
+        "/edit/preview",
+        &[("csrf", &token), ("id", &id), ("body", &submitted)],
+    )
+    .await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    assert!(preview.body.contains("The body is unchanged"), "{}", preview.body);
+    // The preview's form, as the browser submits it again.
+    let mut form: Vec<(String, String)> = Vec::new();
+    for name in ["csrf", "id", "body", "force", "lf"] {
+        for v in hidden_values(&preview.body, name) {
+            form.push((name.to_owned(), as_browser_submits(&v)));
+        }
+    }
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let done = post(&c, "/edit", &form).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    let sent = support::read_all(&sqs, &stack.queue_url, 60, 0).await;
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].body(), Some(original), "the replayed body changed");
 }
