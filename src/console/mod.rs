@@ -154,6 +154,7 @@ pub fn router(ctx: Ctx, opts: ConsoleOptions) -> Router {
     pages::routes()
         .route("/assets/console.css", get(css))
         .route("/assets/console.js", get(js))
+        .layer(axum::extract::DefaultBodyLimit::max(pages::MAX_BODY))
         .layer(from_fn_with_state(app.clone(), guard))
         .with_state(app)
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequest, Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -58,6 +58,35 @@ async fn detached(action: impl Future<Output = Response> + Send + 'static) -> Re
             StatusCode::INTERNAL_SERVER_ERROR,
             &format!("the action stopped unexpectedly ({e}): check the DLQ and the audit trail"),
         ),
+    }
+}
+
+/// The largest request body the console takes: a 1 MiB message body URL-encoded (up to three
+/// bytes per byte) or tens of thousands of message ids, with room to spare.
+pub(super) const MAX_BODY: usize = 16 << 20;
+
+/// A form's body; a body the console cannot take gets its error page.
+pub(super) struct FormBody(String);
+
+impl<S: Send + Sync> FromRequest<S> for FormBody {
+    type Rejection = Response;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Response> {
+        String::from_request(req, state).await.map(FormBody).map_err(|e| {
+            let status = e.status();
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                refuse(
+                    status,
+                    &format!(
+                        "the request is larger than the console takes ({} MiB): nothing was changed; \
+                         choose fewer messages, or use the CLI",
+                        MAX_BODY >> 20
+                    ),
+                )
+            } else {
+                refuse(status, &format!("the request cannot be read: {}", e.body_text()))
+            }
+        })
     }
 }
 
@@ -800,7 +829,7 @@ fn chosen(p: &Params) -> Result<(Vec<String>, usize), &'static str> {
     Ok((ids, expected))
 }
 
-async fn replay_do(State(app): AppState, body: String) -> Response {
+async fn replay_do(State(app): AppState, FormBody(body): FormBody) -> Response {
     let p = Params::parse(&body);
     if let Some(r) = csrf_refusal(&app, &p) {
         return r;
@@ -890,7 +919,7 @@ Nothing is deleted until you confirm; if the DLQ no longer holds exactly these, 
     html_ok("Confirm the purge", &b)
 }
 
-async fn purge_do(State(app): AppState, body: String) -> Response {
+async fn purge_do(State(app): AppState, FormBody(body): FormBody) -> Response {
     let p = Params::parse(&body);
     if let Some(r) = csrf_refusal(&app, &p) {
         return r;
@@ -941,7 +970,7 @@ async fn purge_do(State(app): AppState, body: String) -> Response {
     }
 }
 
-async fn edit_preview(State(app): AppState, body: String) -> Response {
+async fn edit_preview(State(app): AppState, FormBody(body): FormBody) -> Response {
     let p = Params::parse(&body);
     if let Some(r) = csrf_refusal(&app, &p) {
         return r;
@@ -1012,7 +1041,7 @@ fn submitted_body(p: &Params, lf: bool) -> String {
     }
 }
 
-async fn edit_do(State(app): AppState, body: String) -> Response {
+async fn edit_do(State(app): AppState, FormBody(body): FormBody) -> Response {
     let p = Params::parse(&body);
     if let Some(r) = csrf_refusal(&app, &p) {
         return r;
@@ -1090,7 +1119,7 @@ as <code>parked</code> with the {} attempt(s) it used. Nothing changes until you
     html_ok("Confirm the park", &b)
 }
 
-async fn park_do(State(app): AppState, body: String) -> Response {
+async fn park_do(State(app): AppState, FormBody(body): FormBody) -> Response {
     let p = Params::parse(&body);
     if let Some(r) = csrf_refusal(&app, &p) {
         return r;
@@ -1187,7 +1216,7 @@ Nothing changes until you confirm.</p><h2>Now</h2>{}",
     html_ok("Confirm the breaker force", &b)
 }
 
-async fn breaker_do(State(app): AppState, body: String) -> Response {
+async fn breaker_do(State(app): AppState, FormBody(body): FormBody) -> Response {
     let p = Params::parse(&body);
     if let Some(r) = csrf_refusal(&app, &p) {
         return r;

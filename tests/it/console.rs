@@ -976,3 +976,43 @@ async fn an_untouched_body_survives_a_browser_byte_for_byte() {
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].body(), Some(original), "the replayed body changed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_form_is_taken_and_a_too_large_one_gets_an_error_page() {
+    let stack = support::fresh_resources("console-large", false).await;
+    let id = seed(&stack, "report.build", "l1", json!(null), "too big").await;
+    let c = start(&stack, &[], &[]);
+    let m = get(&c, &format!("/dlq/message/{id}")).await;
+    let token = csrf(&m.body);
+    // A 1 MiB body (SQS's largest) of characters that URL-encode to three bytes each.
+    let big = "<".repeat(1 << 20);
+    let preview = post(
+        &c,
+        "/edit/preview",
+        &[("csrf", &token), ("id", &id), ("body", &big)],
+    )
+    .await;
+    assert_eq!(
+        preview.status,
+        200,
+        "{}",
+        &preview.body[..preview.body.len().min(2000)]
+    );
+    assert!(preview.body.contains("The body changed."));
+    let huge = "<".repeat(6 << 20);
+    let refused = post(
+        &c,
+        "/edit/preview",
+        &[("csrf", &token), ("id", &id), ("body", &huge)],
+    )
+    .await;
+    assert_eq!(refused.status, 413, "{}", refused.body);
+    assert!(refused.body.contains("id=\"error\""), "{}", refused.body);
+    assert!(refused.body.contains("16 MiB"), "{}", refused.body);
+    assert_eq!(
+        support::queue_depth(&support::sqs_client().await, &stack.dlq_url)
+            .await
+            .total(),
+        1
+    );
+}
