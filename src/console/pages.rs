@@ -367,7 +367,7 @@ async fn overview(State(app): AppState) -> Response {
     let mut b = String::new();
     let _ = write!(
         b,
-        "<p class=\"live\">Counts and breakers refresh every 3 s (last: <span id=\"refreshed\">{}</span>).</p>\
+        "<p class=\"live\">Counts and breakers refresh every 5 s while this tab is shown (last: <span id=\"refreshed\">{}</span>).</p>\
 <section><h2>Source queue</h2><p class=\"url\">{}</p>{}\
 <p id=\"oldest-note\">Age of the oldest message: SQS does not tell it (CloudWatch's \
 <code>ApproximateAgeOfOldestMessage</code> does, and the console does not read CloudWatch). \
