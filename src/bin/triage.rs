@@ -337,7 +337,7 @@ enum DlqCommand {
         /// Move at most this many messages.
         #[arg(long, value_name = "N")]
         limit: Option<usize>,
-        /// At most this many messages per second.
+        /// At most this many messages per second (0.01 to 1000).
         #[arg(long, value_name = "PER_SECOND")]
         rate: Option<f64>,
         /// Show what would move; move nothing.
@@ -836,6 +836,7 @@ async fn run_console(cli: &Cli, a: &ConsoleArgs) -> OpsResult<ExitCode> {
         local_user: ["USER", "USERNAME"]
             .iter()
             .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty())),
+        port: addr.port(),
     };
     let shown = if addr.ip().is_unspecified() {
         format!("http://<this host>:{}/", addr.port())

@@ -10,9 +10,12 @@
 //! Safe by default:
 //! - it listens on 127.0.0.1 unless a bind address is given, and then a token is required
 //!   (a cookie set by the printed URL, or `Authorization: Bearer`);
-//! - requests whose `Host` is not the address it listens on are refused (DNS rebinding);
+//! - requests whose `Host` is not the address it listens on are refused (DNS rebinding); a
+//!   loopback console answers to the loopback names on any port (an SSH tunnel);
+//! - every request whose `Sec-Fetch-Site` says another site's page made it is refused, GET
+//!   too (a read hides DLQ messages for a while);
 //! - every state-changing request is a POST that carries the per-process CSRF token, and one
-//!   whose `Origin` or `Sec-Fetch-Site` says it comes from another site is refused;
+//!   whose `Origin` is not ours is refused;
 //! - every text from a queue or a table is escaped ([`html::esc`]); the
 //!   Content-Security-Policy allows no inline script or style, only the two embedded assets.
 
@@ -32,7 +35,8 @@ use rand::Rng;
 
 use crate::ops::{Ctx, ErrorKind, OpsError, OpsResult};
 
-/// The token's cookie.
+/// The token's cookie, before the port: cookies are shared by every port of a host, so each
+/// console keeps its own (`triage_console_token_8080`).
 const TOKEN_COOKIE: &str = "triage_console_token";
 
 /// The shortest token accepted from `--token` or the environment.
@@ -61,6 +65,8 @@ pub struct ConsoleOptions {
     pub max_scan: usize,
     /// Who is at the keyboard (`$USER`), kept with a park.
     pub local_user: Option<String>,
+    /// The port it listens on (it names the token's cookie).
+    pub port: u16,
 }
 
 impl ConsoleOptions {
@@ -73,18 +79,43 @@ impl ConsoleOptions {
         if ip.is_unspecified() {
             return None;
         }
-        let mut hosts = vec![match ip {
-            IpAddr::V4(v4) => format!("{v4}:{port}"),
-            IpAddr::V6(v6) => format!("[{v6}]:{port}"),
-        }];
+        let name = match ip {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => format!("[{v6}]"),
+        };
+        let mut hosts = vec![format!("{name}:{port}")];
+        if port == 80 {
+            // Browsers leave the default port out of `Host`.
+            hosts.push(name);
+        }
         if ip.is_loopback() {
-            for h in ["127.0.0.1", "localhost", "[::1]"] {
+            for h in LOOPBACK_NAMES {
                 hosts.push(format!("{h}:{port}"));
             }
         }
         hosts.dedup();
         Some(hosts)
     }
+}
+
+/// The names of the loopback interface a browser may put in `Host`.
+const LOOPBACK_NAMES: [&str; 3] = ["127.0.0.1", "localhost", "[::1]"];
+
+/// Whether `host` (a `Host` header) names the loopback interface, with any port or none: an
+/// SSH tunnel from another local port, or a browser that leaves out `:80`. No other site can
+/// make a browser send such a `Host`, so DNS rebinding stays refused.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if !name.ends_with(':') && port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    LOOPBACK_NAMES.iter().any(|l| l.eq_ignore_ascii_case(name))
+}
+
+/// Whether a request naming `host` is for this console.
+fn host_allowed(allowed: &[String], host: &str) -> bool {
+    allowed.iter().any(|a| a.eq_ignore_ascii_case(host))
+        || (allowed.iter().any(|a| is_loopback_host(a)) && is_loopback_host(host))
 }
 
 /// A fresh random token (128 bits, hex).
@@ -123,6 +154,7 @@ pub fn router(ctx: Ctx, opts: ConsoleOptions) -> Router {
     pages::routes()
         .route("/assets/console.css", get(css))
         .route("/assets/console.js", get(js))
+        .layer(axum::extract::DefaultBodyLimit::max(pages::MAX_BODY))
         .layer(from_fn_with_state(app.clone(), guard))
         .with_state(app)
 }
@@ -196,7 +228,7 @@ async fn check(app: &App, req: Request, next: Next) -> Response {
     let headers = req.headers();
     let host = header_str(headers, &header::HOST).unwrap_or_default().to_owned();
     if let Some(allowed) = &app.opts.allowed_hosts {
-        if !allowed.iter().any(|a| a.eq_ignore_ascii_case(&host)) {
+        if !host_allowed(allowed, &host) {
             return refuse(
                 StatusCode::MISDIRECTED_REQUEST,
                 &format!(
@@ -208,7 +240,8 @@ async fn check(app: &App, req: Request, next: Next) -> Response {
     }
     if let Some(token) = &app.opts.token {
         let bearer = header_str(headers, &header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
-        let ok = cookie(headers, TOKEN_COOKIE).is_some_and(|c| same_secret(c, token))
+        let cookie_name = format!("{TOKEN_COOKIE}_{}", app.opts.port);
+        let ok = cookie(headers, &cookie_name).is_some_and(|c| same_secret(c, token))
             || bearer.is_some_and(|b| same_secret(b.trim(), token));
         if !ok {
             let given = req.uri().query().and_then(|q| {
@@ -232,7 +265,7 @@ async fn check(app: &App, req: Request, next: Next) -> Response {
                 } else {
                     format!("{}?{rest}", req.uri().path())
                 };
-                let set = format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
+                let set = format!("{cookie_name}={token}; Path=/; HttpOnly; SameSite=Strict");
                 return match (HeaderValue::from_str(&to), HeaderValue::from_str(&set)) {
                     (Ok(loc), Ok(set)) => (
                         StatusCode::SEE_OTHER,
@@ -249,15 +282,17 @@ async fn check(app: &App, req: Request, next: Next) -> Response {
             );
         }
     }
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        if let Some(site) = header_str(headers, &header::HeaderName::from_static("sec-fetch-site")) {
-            if site != "same-origin" && site != "none" {
-                return refuse(
-                    StatusCode::FORBIDDEN,
-                    &format!("refused: a state-changing request from another site (Sec-Fetch-Site: {site})"),
-                );
-            }
+    // Any request another site's page makes, GET too: an `<img src=…/dlq>` on any web page
+    // would otherwise have the console read (and hide for a while) the whole DLQ.
+    if let Some(site) = header_str(headers, &header::HeaderName::from_static("sec-fetch-site")) {
+        if site != "same-origin" && site != "none" {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                &format!("refused: a request from another site (Sec-Fetch-Site: {site})"),
+            );
         }
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
         if let Some(origin) = header_str(headers, &header::ORIGIN) {
             let ours = format!("http://{host}");
             if !origin.eq_ignore_ascii_case(&ours) {
@@ -310,6 +345,23 @@ mod tests {
         let hosts = ConsoleOptions::hosts_for("10.1.2.3:9000".parse().unwrap()).unwrap();
         assert_eq!(hosts, vec!["10.1.2.3:9000".to_owned()]);
         assert_eq!(ConsoleOptions::hosts_for("0.0.0.0:9000".parse().unwrap()), None);
+        let hosts = ConsoleOptions::hosts_for("10.1.2.3:80".parse().unwrap()).unwrap();
+        assert!(host_allowed(&hosts, "10.1.2.3"));
+        assert!(!host_allowed(&hosts, "localhost:80"));
+        let hosts = ConsoleOptions::hosts_for("127.0.0.1:8080".parse().unwrap()).unwrap();
+        for ok in ["localhost:9000", "localhost", "[::1]", "[::1]:1", "127.0.0.1"] {
+            assert!(host_allowed(&hosts, ok), "{ok}");
+        }
+        for no in [
+            "",
+            "evil.example:8080",
+            "localhost.evil:8080",
+            "[::1]x",
+            "localhost:80:80",
+            "::1",
+        ] {
+            assert!(!host_allowed(&hosts, no), "{no}");
+        }
     }
 
     #[test]

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequest, Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde::Serialize;
 
 use super::html::{self, esc, hidden, q};
@@ -32,14 +32,62 @@ pub(super) fn routes() -> Router<Arc<App>> {
         .route("/dlq", get(dlq_page))
         .route("/dlq/group", get(group_page))
         .route("/dlq/message/{id}", get(message_page))
-        .route("/replay", get(replay_confirm).post(replay_do))
-        .route("/purge", get(purge_confirm).post(purge_do))
-        .route("/edit", axum::routing::post(edit_do))
-        .route("/edit/preview", axum::routing::post(edit_preview))
-        .route("/park", get(park_form).post(park_do))
+        .route(
+            "/replay",
+            get(replay_confirm).post(|s, b| detached(replay_do(s, b))),
+        )
+        .route("/purge", get(purge_confirm).post(|s, b| detached(purge_do(s, b))))
+        .route("/edit", post(|s, b| detached(edit_do(s, b))))
+        .route("/edit/preview", post(edit_preview))
+        .route("/park", get(park_form).post(|s, b| detached(park_do(s, b))))
         .route("/park/confirm", get(park_confirm))
-        .route("/breaker", get(breaker_confirm).post(breaker_do))
+        .route(
+            "/breaker",
+            get(breaker_confirm).post(|s, b| detached(breaker_do(s, b))),
+        )
         .route("/audit", get(audit_page))
+}
+
+/// Runs a state-changing action as a task of its own and awaits it: when the client goes
+/// away, axum drops the request's future, and the action must not stop halfway (messages
+/// held, the audit item unwritten) because a tab was closed.
+async fn detached(action: impl Future<Output = Response> + Send + 'static) -> Response {
+    match tokio::spawn(action).await {
+        Ok(r) => r,
+        Err(e) => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("the action stopped unexpectedly ({e}): check the DLQ and the audit trail"),
+        ),
+    }
+}
+
+/// The largest request body the console takes: a 1 MiB message body URL-encoded (up to three
+/// bytes per byte) or tens of thousands of message ids, with room to spare.
+pub(super) const MAX_BODY: usize = 16 << 20;
+
+/// A form's body; a body the console cannot take gets its error page.
+pub(super) struct FormBody(String);
+
+impl<S: Send + Sync> FromRequest<S> for FormBody {
+    type Rejection = Response;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Response> {
+        String::from_request(req, state).await.map(FormBody).map_err(|e| {
+            let status = e.status();
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                refuse(
+                    status,
+                    &format!(
+                        "the request is larger than the console takes ({} MiB): nothing was changed; \
+                         choose fewer messages, or use the CLI",
+                        MAX_BODY >> 20
+                    ),
+                )
+            } else {
+                refuse(status, &format!("the request cannot be read: {}", e.body_text()))
+            }
+        })
+    }
 }
 
 /// Query or form parameters, repeated keys kept in order.
@@ -109,13 +157,20 @@ impl Selection {
                 .map(|v| parse_duration(v).map_err(|e| OpsError::usage(format!("{k}: {e}"))))
                 .transpose()
         };
-        let max_scan =
-            match p.get("max_scan") {
-                None => default_scan,
-                Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+        let max_scan = match p.get("max_scan") {
+            None => default_scan,
+            Some(v) => {
+                let n = v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
                     OpsError::usage(format!("max_scan: `{v}` is not a positive whole number"))
-                })?,
-            };
+                })?;
+                if n > default_scan {
+                    return Err(OpsError::usage(format!(
+                        "max_scan: {n} is more than this console's --max-scan ({default_scan})"
+                    )));
+                }
+                n
+            }
+        };
         let filter = Filter {
             job_types: p.all("type"),
             classes: p.all("class"),
@@ -312,7 +367,7 @@ async fn overview(State(app): AppState) -> Response {
     let mut b = String::new();
     let _ = write!(
         b,
-        "<p class=\"live\">Counts and breakers refresh every 3 s (last: <span id=\"refreshed\">{}</span>).</p>\
+        "<p class=\"live\">Counts and breakers refresh every 5 s while this tab is shown (last: <span id=\"refreshed\">{}</span>).</p>\
 <section><h2>Source queue</h2><p class=\"url\">{}</p>{}\
 <p id=\"oldest-note\">Age of the oldest message: SQS does not tell it (CloudWatch's \
 <code>ApproximateAgeOfOldestMessage</code> does, and the console does not read CloudWatch). \
@@ -613,7 +668,7 @@ async fn message_page(State(app): AppState, Path(id): Path<String>) -> Response 
             "<section class=\"message\">{}<h2>Failure record</h2>{}<h2>Body</h2>{}<h2>Attributes</h2>{}\
 <h2>Actions</h2><p><a href=\"/replay?{qid}\">Replay this message…</a> · <a href=\"/purge?{qid}\">Purge this message…</a></p>\
 <h3>Edit and replay</h3><form method=\"post\" action=\"/edit/preview\">{}{}\
-<textarea name=\"body\" rows=\"12\" cols=\"100\" spellcheck=\"false\">{}</textarea>\
+<textarea name=\"body\" rows=\"12\" cols=\"100\" spellcheck=\"false\">\n{}</textarea>\
 <p><button>Preview the edit…</button></p></form></section>",
             html::table("message-fields", &["field", "value"], &rows),
             html::pre("failure-record", &record),
@@ -634,9 +689,19 @@ async fn message_page(State(app): AppState, Path(id): Path<String>) -> Response 
 /// The report of an action as a page: a headline, what went wrong if anything, the audit
 /// item, and the report as the CLI prints it.
 fn report_page<R: Report>(title: &str, headline: &str, r: &R) -> Response {
+    report_page_with(title, headline, None, r)
+}
+
+/// [`report_page`] with a problem the console found besides the report's own.
+fn report_page_with<R: Report>(title: &str, headline: &str, problem: Option<String>, r: &R) -> Response {
     let mut b = format!("<p id=\"result\" class=\"result\">{}</p>", esc(headline));
-    if let Some(p) = r.problem() {
-        let _ = write!(b, "<p class=\"error\" id=\"problem\">{}</p>", esc(&p));
+    let problems: Vec<String> = problem.into_iter().chain(r.problem()).collect();
+    if !problems.is_empty() {
+        let _ = write!(
+            b,
+            "<p class=\"error\" id=\"problem\">{}</p>",
+            esc(&problems.join("; "))
+        );
     }
     match r.audit() {
         Some(a) if a.written => {
@@ -764,7 +829,7 @@ fn chosen(p: &Params) -> Result<(Vec<String>, usize), &'static str> {
     Ok((ids, expected))
 }
 
-async fn replay_do(State(app): AppState, body: String) -> Response {
+async fn replay_do(State(app): AppState, FormBody(body): FormBody) -> Response {
     let p = Params::parse(&body);
     if let Some(r) = csrf_refusal(&app, &p) {
         return r;
@@ -787,15 +852,32 @@ async fn replay_do(State(app): AppState, body: String) -> Response {
     match dlq::replay(
         &app.ctx,
         &app.opts.dlq_url,
-        &replay_options(&app, ids, rate, false),
+        &replay_options(&app, ids.clone(), rate, false),
     )
     .await
     {
-        Ok(r) => report_page(
-            "Replayed",
-            &format!("Replayed {} of the {n} confirmed message(s).", r.moved),
-            &r,
-        ),
+        Ok(r) => {
+            // Confirmed messages the replay did not move: gone from the DLQ since the
+            // confirmation (another operator), or not sent (the report says why).
+            let missed: Vec<&str> = ids
+                .iter()
+                .filter(|i| r.moved_ids.binary_search(i).is_err())
+                .map(String::as_str)
+                .collect();
+            let problem = (!missed.is_empty()).then(|| {
+                format!(
+                    "{} of the {n} confirmed message(s) were not moved: {}",
+                    missed.len(),
+                    missed.join(", ")
+                )
+            });
+            report_page_with(
+                "Replayed",
+                &format!("Replayed {} of the {n} confirmed message(s).", r.moved),
+                problem,
+                &r,
+            )
+        }
         Err(e) => error_page(&e),
     }
 }
@@ -837,7 +919,7 @@ Nothing is deleted until you confirm; if the DLQ no longer holds exactly these, 
     html_ok("Confirm the purge", &b)
 }
 
-async fn purge_do(State(app): AppState, body: String) -> Response {
+async fn purge_do(State(app): AppState, FormBody(body): FormBody) -> Response {
     let p = Params::parse(&body);
     if let Some(r) = csrf_refusal(&app, &p) {
         return r;
@@ -864,6 +946,14 @@ async fn purge_do(State(app): AppState, body: String) -> Response {
     )
     .await;
     match r {
+        // Every confirmed message is gone: the library asks no confirmation of an empty
+        // selection, but the operator confirmed some.
+        Ok(r) if r.plan.selected == 0 => refuse(
+            StatusCode::CONFLICT,
+            &format!(
+                "nothing was deleted: {expected} message(s) were confirmed but the DLQ now holds 0 of them; review the selection again"
+            ),
+        ),
         Ok(r) => report_page(
             "Purged",
             &format!("Deleted {} of the {expected} confirmed message(s).", r.deleted),
@@ -880,7 +970,7 @@ async fn purge_do(State(app): AppState, body: String) -> Response {
     }
 }
 
-async fn edit_preview(State(app): AppState, body: String) -> Response {
+async fn edit_preview(State(app): AppState, FormBody(body): FormBody) -> Response {
     let p = Params::parse(&body);
     if let Some(r) = csrf_refusal(&app, &p) {
         return r;
@@ -888,7 +978,6 @@ async fn edit_preview(State(app): AppState, body: String) -> Response {
     let Some(id) = p.get("id") else {
         return refuse(StatusCode::BAD_REQUEST, "no message id: nothing was changed");
     };
-    let new_body = p.raw("body").unwrap_or_default();
     let report = match dlq::show(&app.ctx, &app.opts.dlq_url, id, app.opts.max_scan).await {
         Ok(r) => r,
         Err(e) => return error_page(&e),
@@ -902,7 +991,10 @@ async fn edit_preview(State(app): AppState, body: String) -> Response {
             ),
         );
     };
-    let changed = m.body != new_body;
+    // Browsers submit a textarea's line breaks as CRLF: a body that had none gets its LFs back.
+    let lf = !m.body.contains('\r');
+    let new_body = &submitted_body(&p, lf);
+    let changed = m.body != *new_body;
     let json_note = match serde_json::from_str::<serde_json::Value>(new_body) {
         Ok(_) => "The new body is valid JSON.".to_owned(),
         Err(e) => format!("The new body is not valid JSON ({e}); it is sent as it is."),
@@ -922,11 +1014,12 @@ from the DLQ. {} {}</p><h2>Now</h2>{}<h2>Edited</h2>{}",
     );
     let _ = write!(
         b,
-        "<form method=\"post\" action=\"/edit\" class=\"confirm\">{}{}{}{}\
+        "<form method=\"post\" action=\"/edit\" class=\"confirm\">{}{}{}{}{}\
 <p><button id=\"confirm\">Replay the edited message</button> <a href=\"/dlq/message/{}\">Cancel</a></p></form>",
         hidden("csrf", &app.csrf),
         hidden("id", &m.summary.message_id),
         hidden("body", new_body),
+        if lf { hidden("lf", "1") } else { String::new() },
         if changed {
             String::new()
         } else {
@@ -937,7 +1030,18 @@ from the DLQ. {} {}</p><h2>Now</h2>{}<h2>Edited</h2>{}",
     html_ok("Confirm the edit", &b)
 }
 
-async fn edit_do(State(app): AppState, body: String) -> Response {
+/// The body a form submitted, byte for byte but for line breaks: with `lf` (the original body
+/// had no CR), the CRLFs a browser sends for every line break become LFs again.
+fn submitted_body(p: &Params, lf: bool) -> String {
+    let raw = p.raw("body").unwrap_or_default();
+    if lf {
+        raw.replace("\r\n", "\n")
+    } else {
+        raw.to_owned()
+    }
+}
+
+async fn edit_do(State(app): AppState, FormBody(body): FormBody) -> Response {
     let p = Params::parse(&body);
     if let Some(r) = csrf_refusal(&app, &p) {
         return r;
@@ -951,7 +1055,7 @@ async fn edit_do(State(app): AppState, body: String) -> Response {
         max_scan: app.opts.max_scan,
         ..dlq::EditOptions::new(
             id,
-            dlq::EditSource::Body(p.raw("body").unwrap_or_default().to_owned()),
+            dlq::EditSource::Body(submitted_body(&p, p.get("lf").is_some())),
         )
     };
     match dlq::edit(&app.ctx, &app.opts.dlq_url, &opts).await {
@@ -1015,7 +1119,7 @@ as <code>parked</code> with the {} attempt(s) it used. Nothing changes until you
     html_ok("Confirm the park", &b)
 }
 
-async fn park_do(State(app): AppState, body: String) -> Response {
+async fn park_do(State(app): AppState, FormBody(body): FormBody) -> Response {
     let p = Params::parse(&body);
     if let Some(r) = csrf_refusal(&app, &p) {
         return r;
@@ -1112,7 +1216,7 @@ Nothing changes until you confirm.</p><h2>Now</h2>{}",
     html_ok("Confirm the breaker force", &b)
 }
 
-async fn breaker_do(State(app): AppState, body: String) -> Response {
+async fn breaker_do(State(app): AppState, FormBody(body): FormBody) -> Response {
     let p = Params::parse(&body);
     if let Some(r) = csrf_refusal(&app, &p) {
         return r;

@@ -173,3 +173,22 @@ test("forcing a breaker changes its phase", async () => {
   assert.match(await page.textContent("#result"), /is now closed/);
   assert.deepEqual(dialogs, []);
 });
+
+test("the live refresh shows a new dead letter without a reload", async () => {
+  // A breaker open until a date JavaScript cannot print must not stop the refresh.
+  triage(["--json", "breaker", "open", "far.future", "--for", "300000y", "--yes"]);
+  await page.goto(`${base}/`);
+  assert.equal(await page.locator('[data-breaker="far.future"][data-part="phase"]').textContent(), "open");
+  const before = Number(await page.textContent("#dlq-visible"));
+  // Gone if the page were loaded again.
+  await page.evaluate(() => { window.__sameLoad = true; });
+  // No handler for this type: the worker dead-letters it as `invalid`.
+  triage(["--json", "send", "--type", "no.such.handler", "--payload", "{}"]);
+  await page.waitForFunction(
+    (n) => document.querySelector("#dlq-visible").textContent === String(n),
+    before + 1,
+    { timeout: 30000 },
+  );
+  assert.equal(await page.evaluate(() => window.__sameLoad), true, "the page was reloaded");
+  assert.equal(await page.getAttribute("body", "data-stale"), null, "the refresh failed");
+});

@@ -398,6 +398,13 @@ async fn bad_input_gets_one_clear_line_and_a_nonzero_exit() {
     assert_one_line_error(&o, 2, "soon");
     let o = run(Some(&stack), &["dlq", "replay", "--rate", "0"]);
     assert_one_line_error(&o, 2, "--rate must be a positive number");
+    // A rate so small that its pacing overflows a Duration is refused, not a panic.
+    for tiny in ["1e-19", "0.001"] {
+        let o = run(Some(&stack), &["dlq", "replay", "--rate", tiny]);
+        assert_one_line_error(&o, 2, "--rate must be");
+    }
+    let o = run(Some(&stack), &["dlq", "replay", "--rate", "1e9"]);
+    assert_one_line_error(&o, 2, "--rate must be");
     let o = run(Some(&stack), &["dlq", "frobnicate"]);
     assert_one_line_error(&o, 2, "frobnicate");
     let o = run(

@@ -139,6 +139,12 @@ async fn seed(
     payload: serde_json::Value,
     error: &str,
 ) -> String {
+    let body = json!({"type": job_type, "id": job_id, "payload": payload}).to_string();
+    seed_body(stack, job_type, job_id, &body, error).await
+}
+
+/// [`seed`] with the job's body as it is.
+async fn seed_body(stack: &SetupReport, job_type: &str, job_id: &str, body: &str, error: &str) -> String {
     let record = FailureRecord {
         class: FailureClass::Fatal,
         error: error.into(),
@@ -150,7 +156,6 @@ async fn seed(
         first_received_at: 1,
         failed_at: sqs_triage::clock::now_ms(),
     };
-    let body = json!({"type": job_type, "id": job_id, "payload": payload}).to_string();
     let attrs: HashMap<String, MessageAttributeValue> = [(
         "tenant".to_owned(),
         MessageAttributeValue::builder()
@@ -160,7 +165,7 @@ async fn seed(
             .unwrap(),
     )]
     .into();
-    let copy = dlq_copy(&body, &attrs, &record, 1 << 20).unwrap();
+    let copy = dlq_copy(body, &attrs, &record, 1 << 20).unwrap();
     support::sqs_client()
         .await
         .send_message()
@@ -527,6 +532,12 @@ async fn with_bind_every_request_needs_the_token() {
         .unwrap()
         .to_owned();
     assert!(cookie.contains(&token));
+    // Another console on this host (another port) keeps a cookie of its own.
+    let port = c.base.rsplit(':').next().unwrap();
+    assert!(
+        cookie.starts_with(&format!("triage_console_token_{port}=")),
+        "{cookie}"
+    );
     let ok = http("GET", &format!("{}/dlq", c.base), &[("cookie", &cookie)], None).await;
     assert_eq!(ok.status, 200, "{}", ok.body);
 
@@ -661,5 +672,347 @@ async fn a_park_shows_the_ledger_first_and_then_parks_the_job() {
         record.error.contains("by ops-alice: vendor down"),
         "{}",
         record.error
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_site_get_reads_nothing_and_max_scan_stays_bounded() {
+    let stack = support::fresh_resources("console-xsite", false).await;
+    seed(&stack, "billing.charge", "x0", json!(null), "card token is None").await;
+    let c = start(&stack, &["--max-scan", "50"], &[]);
+    let sqs = support::sqs_client().await;
+    // Another site's `<img src=http://127.0.0.1:PORT/dlq>`: the browser marks it cross-site.
+    for site in ["cross-site", "same-site"] {
+        let r = http(
+            "GET",
+            &format!("{}/dlq", c.base),
+            &[("sec-fetch-site", site)],
+            None,
+        )
+        .await;
+        assert_eq!(r.status, 403, "{site}: {}", r.body);
+    }
+    let d = support::queue_depth(&sqs, &stack.dlq_url).await;
+    assert_eq!((d.visible, d.in_flight), (1, 0), "a refused GET read the DLQ");
+    let m = sqs
+        .receive_message()
+        .queue_url(&stack.dlq_url)
+        .message_system_attribute_names(
+            aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount,
+        )
+        .visibility_timeout(0)
+        .send()
+        .await
+        .unwrap();
+    let count = m.messages()[0]
+        .attributes()
+        .unwrap()
+        .get(&aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount)
+        .cloned();
+    assert_eq!(count.as_deref(), Some("1"), "the DLQ message was received before");
+    // The operator's own navigation still works.
+    for site in ["same-origin", "none"] {
+        let r = http(
+            "GET",
+            &format!("{}/dlq", c.base),
+            &[("sec-fetch-site", site)],
+            None,
+        )
+        .await;
+        assert_eq!(r.status, 200, "{site}: {}", r.body);
+    }
+    let big = get(&c, "/dlq?max_scan=1000000").await;
+    assert_eq!(big.status, 400, "{}", big.body);
+    assert!(big.body.contains("--max-scan"), "{}", big.body);
+    assert_eq!(get(&c, "/dlq?max_scan=50").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_finishes_when_the_browser_goes_away() {
+    use tokio::io::AsyncWriteExt;
+    let stack = support::fresh_resources("console-gone", false).await;
+    for i in 0..4 {
+        seed(
+            &stack,
+            "billing.charge",
+            &format!("g{i}"),
+            json!({"n": i}),
+            "card token is None",
+        )
+        .await;
+    }
+    let c = start(&stack, &[], &[]);
+    let sqs = support::sqs_client().await;
+    let confirm = get(&c, "/replay?type=billing.charge").await;
+    assert_eq!(confirm.status, 200, "{}", confirm.body);
+    let ids = hidden_values(&confirm.body, "id");
+    assert_eq!(ids.len(), 4);
+    let token = csrf(&confirm.body);
+    let mut form: Vec<(&str, &str)> = vec![("csrf", &token), ("expected", "4"), ("rate", "1")];
+    form.extend(ids.iter().map(|i| ("id", i.as_str())));
+    let body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(form.iter().copied())
+        .finish();
+    let addr = c.base.strip_prefix("http://").unwrap().to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let req = format!(
+        "POST /replay HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).await.unwrap();
+    // Once the replay has begun (the first message is back in the source queue), the tab closes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while support::queue_depth(&sqs, &stack.queue_url).await.total() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the replay never began");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    drop(stream);
+    let ctx = ctx().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let src = support::queue_depth(&sqs, &stack.queue_url).await.total();
+        let dlq = support::queue_depth(&sqs, &stack.dlq_url).await.total();
+        let trail = audit::list(
+            &ctx,
+            &stack.table,
+            std::time::Duration::from_secs(3600),
+            Some("dlq.replay"),
+            10,
+        )
+        .await
+        .unwrap();
+        let counts: Vec<Option<u64>> = trail.entries.iter().map(|e| e.count).collect();
+        if src == 4 && dlq == 0 && counts == [Some(4)] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replay stopped with the connection: source {src}, DLQ {dlq}, audit counts {counts:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_rate_out_of_bounds_is_refused_and_moves_nothing() {
+    let stack = support::fresh_resources("console-rate", false).await;
+    seed(&stack, "billing.charge", "r0", json!(null), "card token is None").await;
+    let c = start(&stack, &[], &[]);
+    let sqs = support::sqs_client().await;
+    let confirm = get(&c, "/replay?type=billing.charge").await;
+    let ids = hidden_values(&confirm.body, "id");
+    let token = csrf(&confirm.body);
+    for rate in ["1e-19", "1e9"] {
+        let done = post(
+            &c,
+            "/replay",
+            &[
+                ("csrf", &token),
+                ("expected", "1"),
+                ("rate", rate),
+                ("id", &ids[0]),
+            ],
+        )
+        .await;
+        assert_eq!(done.status, 400, "{rate}: {}", done.body);
+        assert!(done.body.contains("rate must be"), "{}", done.body);
+    }
+    let d = support::queue_depth(&sqs, &stack.dlq_url).await;
+    assert_eq!((d.visible, d.in_flight), (1, 0));
+    assert_eq!(support::queue_depth(&sqs, &stack.queue_url).await.total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loopback_console_answers_to_loopback_names_on_any_port() {
+    let stack = support::fresh_resources("console-host", false).await;
+    let c = start(&stack, &[], &[]);
+    // An SSH tunnel from another local port, and a browser that omits the port (`--port 80`).
+    for host in [
+        "localhost:9000",
+        "localhost",
+        "127.0.0.1",
+        "[::1]:8443",
+        "LOCALHOST:9000",
+    ] {
+        let r = http("GET", &format!("{}/", c.base), &[("host", host)], None).await;
+        assert_eq!(r.status, 200, "{host}: {}", r.body);
+    }
+    // The tunnel's form posts with the tunnel's own origin.
+    let confirm = get(&c, "/breaker?type=t.x&action=reset").await;
+    let body = format!("type=t.x&action=reset&csrf={}", csrf(&confirm.body));
+    let headers = [("host", "localhost:9000"), ("origin", "http://localhost:9000")];
+    let ok = http("POST", &format!("{}/breaker", c.base), &headers, Some(body)).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    for host in [
+        "evil.example",
+        "evil.example:9000",
+        "127.0.0.2:9000",
+        "localhost.evil.example",
+    ] {
+        let r = http("GET", &format!("{}/", c.base), &[("host", host)], None).await;
+        assert_eq!(r.status, 421, "{host}: {}", r.body);
+    }
+}
+
+/// Deletes DLQ message `id` behind the console's back (another operator's purge); the others
+/// are made visible again.
+async fn delete_behind(sqs: &aws_sdk_sqs::Client, dlq_url: &str, ids: &[&str]) {
+    for m in support::read_all(sqs, dlq_url, 60, 0).await {
+        let h = m.receipt_handle().unwrap();
+        if ids.contains(&m.message_id().unwrap()) {
+            sqs.delete_message()
+                .queue_url(dlq_url)
+                .receipt_handle(h)
+                .send()
+                .await
+                .unwrap();
+        } else {
+            sqs.change_message_visibility()
+                .queue_url(dlq_url)
+                .receipt_handle(h)
+                .visibility_timeout(0)
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_names_what_it_did_not_move_and_a_purge_of_nothing_left_is_a_conflict() {
+    let stack = support::fresh_resources("console-gone2", false).await;
+    for i in 0..2 {
+        seed(
+            &stack,
+            "billing.charge",
+            &format!("m{i}"),
+            json!(null),
+            "card token is None",
+        )
+        .await;
+    }
+    seed(&stack, "email.send", "p0", json!(null), "smtp refused").await;
+    let c = start(&stack, &[], &[]);
+    let sqs = support::sqs_client().await;
+
+    let confirm = get(&c, "/replay?type=billing.charge").await;
+    let ids = hidden_values(&confirm.body, "id");
+    assert_eq!(ids.len(), 2);
+    let token = csrf(&confirm.body);
+    delete_behind(&sqs, &stack.dlq_url, &[&ids[1]]).await;
+    let mut form: Vec<(&str, &str)> = vec![("csrf", &token), ("expected", "2")];
+    form.extend(ids.iter().map(|i| ("id", i.as_str())));
+    let done = post(&c, "/replay", &form).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert!(done.body.contains("Replayed 1 of the 2"), "{}", done.body);
+    let problem = done
+        .body
+        .split("id=\"problem\">")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no problem shown: {}", done.body));
+    let problem = &problem[..problem.find("</p>").unwrap()];
+    assert!(problem.contains(&ids[1]), "{problem}");
+    assert!(!problem.contains(&ids[0]), "{problem}");
+
+    let confirm = get(&c, "/purge?type=email.send").await;
+    let ids = hidden_values(&confirm.body, "id");
+    assert_eq!(ids.len(), 1);
+    delete_behind(&sqs, &stack.dlq_url, &[&ids[0]]).await;
+    let form: Vec<(&str, &str)> = vec![("csrf", &token), ("expected", "1"), ("id", &ids[0])];
+    let refused = post(&c, "/purge", &form).await;
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert!(refused.body.contains("now holds 0"), "{}", refused.body);
+}
+
+/// What a browser submits for a form field the page gave: character references decoded, and
+/// every line break as CRLF (the HTML form encoding).
+fn as_browser_submits(html_text: &str) -> String {
+    html_text
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+        .replace("\r\n", "\n")
+        .replace('\n', "\r\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untouched_body_survives_a_browser_byte_for_byte() {
+    let stack = support::fresh_resources("console-crlf", false).await;
+    let original = "\n{\"type\": \"report.build\",\n \"id\": \"r9\",\n \"payload\": {\"s\": \"a&b <c>\"}}\n";
+    let id = seed_body(&stack, "report.build", "r9", original, "n must be positive").await;
+    let c = start(&stack, &[], &[]);
+    let sqs = support::sqs_client().await;
+    let m = get(&c, &format!("/dlq/message/{id}")).await;
+    assert_eq!(m.status, 200, "{}", m.body);
+    let token = csrf(&m.body);
+    let start_tag = m.body.find("<textarea").unwrap();
+    let open = start_tag + m.body[start_tag..].find('>').unwrap() + 1;
+    let close = open + m.body[open..].find("</textarea>").unwrap();
+    // The HTML parser drops one newline right after `<textarea>`.
+    let shown = &m.body[open..close];
+    let shown = shown.strip_prefix('\n').unwrap_or(shown);
+    let submitted = as_browser_submits(shown);
+    let preview = post(
+        &c,
+        "/edit/preview",
+        &[("csrf", &token), ("id", &id), ("body", &submitted)],
+    )
+    .await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    assert!(preview.body.contains("The body is unchanged"), "{}", preview.body);
+    // The preview's form, as the browser submits it again.
+    let mut form: Vec<(String, String)> = Vec::new();
+    for name in ["csrf", "id", "body", "force", "lf"] {
+        for v in hidden_values(&preview.body, name) {
+            form.push((name.to_owned(), as_browser_submits(&v)));
+        }
+    }
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let done = post(&c, "/edit", &form).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    let sent = support::read_all(&sqs, &stack.queue_url, 60, 0).await;
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].body(), Some(original), "the replayed body changed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_form_is_taken_and_a_too_large_one_gets_an_error_page() {
+    let stack = support::fresh_resources("console-large", false).await;
+    let id = seed(&stack, "report.build", "l1", json!(null), "too big").await;
+    let c = start(&stack, &[], &[]);
+    let m = get(&c, &format!("/dlq/message/{id}")).await;
+    let token = csrf(&m.body);
+    // A 1 MiB body (SQS's largest) of characters that URL-encode to three bytes each.
+    let big = "<".repeat(1 << 20);
+    let preview = post(
+        &c,
+        "/edit/preview",
+        &[("csrf", &token), ("id", &id), ("body", &big)],
+    )
+    .await;
+    assert_eq!(
+        preview.status,
+        200,
+        "{}",
+        &preview.body[..preview.body.len().min(2000)]
+    );
+    assert!(preview.body.contains("The body changed."));
+    let huge = "<".repeat(6 << 20);
+    let refused = post(
+        &c,
+        "/edit/preview",
+        &[("csrf", &token), ("id", &id), ("body", &huge)],
+    )
+    .await;
+    assert_eq!(refused.status, 413, "{}", refused.body);
+    assert!(refused.body.contains("id=\"error\""), "{}", refused.body);
+    assert!(refused.body.contains("16 MiB"), "{}", refused.body);
+    assert_eq!(
+        support::queue_depth(&support::sqs_client().await, &stack.dlq_url)
+            .await
+            .total(),
+        1
     );
 }

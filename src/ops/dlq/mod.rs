@@ -25,4 +25,4 @@ pub use redrive::{
     MoveTask, RedriveAction, RedrivePlan, RedriveReport, redrive_cancel, redrive_start,
     redrive_start_confirmed, redrive_status,
 };
-pub use replay::{NotMoved, ReplayOptions, ReplayReport, TargetCount, replay};
+pub use replay::{MAX_RATE, MIN_RATE, NotMoved, ReplayOptions, ReplayReport, TargetCount, replay};

@@ -93,6 +93,10 @@ pub struct ReplayReport {
     pub interrupted: bool,
     /// Wall time, in milliseconds.
     pub elapsed_ms: u64,
+    /// The DLQ message ids sent to their target (none in a dry run); not in the JSON report,
+    /// whose `moved` counts them.
+    #[serde(skip)]
+    pub moved_ids: Vec<String>,
     /// Whether the replay was audited (replays through an auditing context, not dry runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub audit: Option<AuditStatus>,
@@ -176,6 +180,12 @@ impl Report for ReplayReport {
         self.audit.as_ref()
     }
 }
+
+/// The slowest replay rate accepted, in messages per second (one message every 100 s).
+pub const MIN_RATE: f64 = 0.01;
+
+/// The fastest replay rate accepted, in messages per second (far above what one replay sends).
+pub const MAX_RATE: f64 = 1000.0;
 
 /// Paces sends to `rate` messages per second, starting with an empty bucket: n messages take
 /// at least n / rate seconds.
@@ -327,10 +337,10 @@ enum Fate {
 pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult<ReplayReport> {
     opts.filter.validate()?;
     if let Some(r) = opts.rate {
-        if !(r.is_finite() && r > 0.0) {
-            return Err(OpsError::usage(
-                "--rate must be a positive number of messages per second",
-            ));
+        if !(r.is_finite() && (MIN_RATE..=MAX_RATE).contains(&r)) {
+            return Err(OpsError::usage(format!(
+                "--rate must be a positive number of messages per second, from {MIN_RATE} to {MAX_RATE}: `{r}` is not"
+            )));
         }
     }
     if opts.limit == Some(0) {
@@ -492,6 +502,13 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
     }
 
     let now = now_ms();
+    let mut moved_ids: Vec<String> = st
+        .fates
+        .iter()
+        .filter(|(_, f)| matches!(f, Fate::Moved | Fate::MovedUndeleted))
+        .map(|(id, _)| id.clone())
+        .collect();
+    moved_ids.sort();
     Ok(ReplayReport {
         dlq_url: dlq_url.to_owned(),
         dry_run: opts.dry_run,
@@ -510,6 +527,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         unverified: st.unverified,
         interrupted: stopped(),
         elapsed_ms: started.elapsed().as_millis() as u64,
+        moved_ids,
         audit,
     })
 }
