@@ -159,16 +159,22 @@ impl DlqLimit {
     }
 
     /// The limit: known, or read now from `dlq_url` (`GetQueueAttributes`, through the
-    /// storage retries) and kept. A read that fails is not kept: this batch's copies are sized
-    /// for [`FALLBACK_MAX_MESSAGE_BYTES`] (logged as a warning) and the next batch reads again.
-    pub async fn learn(&self, sqs: &crate::effects::sqs::Sqs, dlq_url: &str) -> usize {
+    /// storage retries, every try ending by `deadline`) and kept. A read that fails is not
+    /// kept: this batch's copies are sized for [`FALLBACK_MAX_MESSAGE_BYTES`] (logged as a
+    /// warning) and the next batch reads again.
+    pub async fn learn(
+        &self,
+        sqs: &crate::effects::sqs::Sqs,
+        dlq_url: &str,
+        deadline: Option<tokio::time::Instant>,
+    ) -> usize {
         use aws_sdk_sqs::types::QueueAttributeName as A;
         if let Some(b) = self.get() {
             return b;
         }
         let read = sqs
             .retry()
-            .call("GetQueueAttributes", None, || {
+            .call("GetQueueAttributes", deadline, || {
                 sqs.client()
                     .get_queue_attributes()
                     .queue_url(dlq_url)

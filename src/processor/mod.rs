@@ -346,7 +346,7 @@ impl Processor {
         let (ran, read_metrics, deadline) = self.admit_and_run_held(records, deadline).await;
         let mut plan = match self.dlq_limit.get() {
             Some(_) => self.plan(ran, now_ms()),
-            None => self.plan_learning_dlq_limit(ran, now_ms()).await,
+            None => self.plan_learning_dlq_limit(ran, now_ms(), deadline).await,
         };
         plan.metrics.merge(read_metrics);
         let mut outcome = self.execute(plan, deadline).await;
@@ -359,15 +359,17 @@ impl Processor {
 
     /// The plan while the DLQ's limit is not known yet: planned with the fallback size; when
     /// that plan sends any copy to the DLQ, the limit is read from the DLQ and the batch
-    /// planned again with it (planning is pure), so no copy is sized for a limit the DLQ does
-    /// not have.
-    async fn plan_learning_dlq_limit(&self, ran: Vec<Ran>, now_ms: u64) -> plan::Plan {
+    /// planned again with it (planning is pure). The read ends by the batch's settle deadline:
+    /// a read that fails or runs out of time leaves the copies sized for the fallback.
+    async fn plan_learning_dlq_limit(&self, ran: Vec<Ran>, now_ms: u64, deadline: Deadline) -> plan::Plan {
         let again = ran.clone();
         let plan = self.plan(ran, now_ms);
         if !plan.sends_copies() {
             return plan;
         }
-        self.dlq_limit.learn(&self.sqs, &self.dlq_url).await;
+        self.dlq_limit
+            .learn(&self.sqs, &self.dlq_url, deadline.settle())
+            .await;
         self.plan(again, now_ms)
     }
 

@@ -306,8 +306,10 @@ fn url_names_arn(url: &str, arn: &str) -> bool {
         return false;
     };
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let parts: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
-    let [host, url_account, url_name] = parts[..] else {
+    // The host, then the account and the name as the last two segments: path-style URLs
+    // (`/queue/<region>/<account>/<name>`) and doubled slashes name the same queue.
+    let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
+    let [host, .., url_account, url_name] = parts[..] else {
         return false;
     };
     let labels: Vec<&str> = host.split('.').collect();
@@ -654,6 +656,9 @@ mod url_tests {
             "https://us-east-1.queue.amazonaws.com/123456789012/jobs-dlq",
             "http://127.0.0.1:45660/123456789012/jobs-dlq/",
             "http://localhost:4566/123456789012/jobs-dlq",
+            // Path-style and doubled slashes (LocalStack, hand-written URLs).
+            "http://localhost:4566/queue/us-east-1/123456789012/jobs-dlq",
+            "https://sqs.us-east-1.amazonaws.com//123456789012/jobs-dlq",
         ] {
             assert!(url_names_arn(url, arn), "{url}");
         }

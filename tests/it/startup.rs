@@ -202,3 +202,60 @@ async fn the_dlq_size_is_learned_at_the_first_dlq_send_when_start_up_could_not_r
     assert_fits(&r.dlq().await);
     assert_eq!(r.dlq_reads(), 1, "kept");
 }
+
+/// A DLQ that never answers the size read at the first DLQ send: the read ends with the
+/// batch's settle deadline, the copy is sized for the fallback, and the batch still settles
+/// before its deadline instead of running into the function's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_dlq_size_read_still_settles_the_batch_by_its_deadline() {
+    let r = rig("start-stall").await;
+    r.proxy.add_rule(FaultRule {
+        ops: Some(vec!["GetQueueAttributes".into()]),
+        body_contains: Some(r.dlq_url.clone()),
+        fault: Fault::Throttle,
+        times: None,
+    });
+    let env = r.build(&[]).await;
+    r.proxy.clear_faults();
+    r.proxy.add_rule(FaultRule {
+        ops: Some(vec!["GetQueueAttributes".into()]),
+        body_contains: Some(r.dlq_url.clone()),
+        fault: Fault::Delay(Duration::from_secs(120)),
+        times: None,
+    });
+    r.sqs
+        .send_message()
+        .queue_url(&r.queue_url)
+        .message_body(big_error("stall-1"))
+        .send()
+        .await
+        .unwrap();
+    let batch = r
+        .sqs
+        .receive_message()
+        .queue_url(&r.queue_url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(2)
+        .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::All)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default();
+    assert_eq!(batch.len(), 1);
+    let records = batch
+        .into_iter()
+        .map(sqs_triage::processor::Incoming::from_sdk)
+        .collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+    // The guard is far past the deadline and far short of the stalled read: only a read
+    // without the batch's deadline reaches it.
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(40),
+        env.processor.process(records, Some(deadline)),
+    )
+    .await
+    .expect("the batch settled while the DLQ's size read was stalled");
+    assert_eq!(outcome.records.len(), 1);
+}
