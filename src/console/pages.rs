@@ -490,15 +490,19 @@ fn filter_form(p: &Params) -> String {
     )
 }
 
-async fn dlq_page(State(app): AppState, RawQuery(raw): RawQuery) -> Response {
+/// The query's parameters, the selection they make, and the DLQ messages it takes (read as
+/// `dlq list` reads them); the error page when the query or the read fails.
+async fn selected(app: &App, raw: Option<String>) -> Result<(Params, Selection, Vec<DlqMessage>), Response> {
     let p = Params::query(raw);
-    let sel = match Selection::from(&p, app.opts.max_scan) {
-        Ok(s) => s,
-        Err(e) => return error_page(&e),
-    };
-    let messages = match sel.read(&app).await {
-        Ok(m) => m,
-        Err(e) => return error_page(&e),
+    let sel = Selection::from(&p, app.opts.max_scan).map_err(|e| error_page(&e))?;
+    let messages = sel.read(app).await.map_err(|e| error_page(&e))?;
+    Ok((p, sel, messages))
+}
+
+async fn dlq_page(State(app): AppState, RawQuery(raw): RawQuery) -> Response {
+    let (p, sel, messages) = match selected(&app, raw).await {
+        Ok(x) => x,
+        Err(page) => return page,
     };
     let now = now_ms();
     let gs = groups(&messages);
@@ -585,14 +589,9 @@ fn message_rows(messages: &[&DlqMessage], now: u64, checkboxes: bool) -> Vec<Vec
 }
 
 async fn group_page(State(app): AppState, RawQuery(raw): RawQuery) -> Response {
-    let p = Params::query(raw);
-    let sel = match Selection::from(&p, app.opts.max_scan) {
-        Ok(s) => s,
-        Err(e) => return error_page(&e),
-    };
-    let messages = match sel.read(&app).await {
-        Ok(m) => m,
-        Err(e) => return error_page(&e),
+    let (_, sel, messages) = match selected(&app, raw).await {
+        Ok(x) => x,
+        Err(page) => return page,
     };
     let now = now_ms();
     let refs: Vec<&DlqMessage> = messages.iter().collect();
@@ -747,14 +746,9 @@ fn selection_form(app: &App, action: &str, messages: &[DlqMessage], extra: &str,
 }
 
 async fn replay_confirm(State(app): AppState, RawQuery(raw): RawQuery) -> Response {
-    let p = Params::query(raw);
-    let sel = match Selection::from(&p, app.opts.max_scan) {
-        Ok(s) => s,
-        Err(e) => return error_page(&e),
-    };
-    let messages = match sel.read(&app).await {
-        Ok(m) => m,
-        Err(e) => return error_page(&e),
+    let (p, _, messages) = match selected(&app, raw).await {
+        Ok(x) => x,
+        Err(page) => return page,
     };
     if messages.is_empty() {
         return refuse(
@@ -883,14 +877,9 @@ async fn replay_do(State(app): AppState, FormBody(body): FormBody) -> Response {
 }
 
 async fn purge_confirm(State(app): AppState, RawQuery(raw): RawQuery) -> Response {
-    let p = Params::query(raw);
-    let sel = match Selection::from(&p, app.opts.max_scan) {
-        Ok(s) => s,
-        Err(e) => return error_page(&e),
-    };
-    let messages = match sel.read(&app).await {
-        Ok(m) => m,
-        Err(e) => return error_page(&e),
+    let (_, _, messages) = match selected(&app, raw).await {
+        Ok(x) => x,
+        Err(page) => return page,
     };
     if messages.is_empty() {
         return refuse(

@@ -183,6 +183,14 @@ async fn ctx() -> Ctx {
     Ctx::from_config(&support::sdk_config().await).unwrap()
 }
 
+/// The last hour's audit entries whose action starts with `prefix`, newest first.
+async fn audited(ctx: &Ctx, table: &str, prefix: &str) -> Vec<audit::AuditRecord> {
+    audit::list(ctx, table, std::time::Duration::from_secs(3600), Some(prefix), 10)
+        .await
+        .unwrap()
+        .entries
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_show_the_real_depths_and_groups_and_escape_every_body() {
     let stack = support::fresh_resources("console-pages", false).await;
@@ -380,16 +388,8 @@ async fn state_changes_need_the_csrf_token_the_same_origin_and_our_host() {
     .await;
     assert_eq!(ok.status, 200, "{}", ok.body);
     assert_eq!(phase().await, "closed");
-    let trail = audit::list(
-        &ctx,
-        &stack.table,
-        std::time::Duration::from_secs(3600),
-        Some("breaker"),
-        10,
-    )
-    .await
-    .unwrap();
-    let actions: Vec<&str> = trail.entries.iter().map(|e| e.action.as_str()).collect();
+    let trail = audited(&ctx, &stack.table, "breaker").await;
+    let actions: Vec<&str> = trail.iter().map(|e| e.action.as_str()).collect();
     assert_eq!(actions, ["breaker.reset", "breaker.open"], "{actions:?}");
 }
 
@@ -475,16 +475,8 @@ async fn a_confirmed_group_replay_moves_exactly_the_group() {
     let purged = post(&c, "/purge", &form).await;
     assert_eq!(purged.status, 200, "{}", purged.body);
     assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.total(), 0);
-    let trail = audit::list(
-        &ctx().await,
-        &stack.table,
-        std::time::Duration::from_secs(3600),
-        Some("dlq"),
-        10,
-    )
-    .await
-    .unwrap();
-    let actions: Vec<&str> = trail.entries.iter().map(|e| e.action.as_str()).collect();
+    let trail = audited(&ctx().await, &stack.table, "dlq").await;
+    let actions: Vec<&str> = trail.iter().map(|e| e.action.as_str()).collect();
     assert_eq!(actions, ["dlq.purge", "dlq.replay"], "{actions:?}");
 }
 
@@ -772,16 +764,8 @@ async fn a_replay_finishes_when_the_browser_goes_away() {
     loop {
         let src = support::queue_depth(&sqs, &stack.queue_url).await.total();
         let dlq = support::queue_depth(&sqs, &stack.dlq_url).await.total();
-        let trail = audit::list(
-            &ctx,
-            &stack.table,
-            std::time::Duration::from_secs(3600),
-            Some("dlq.replay"),
-            10,
-        )
-        .await
-        .unwrap();
-        let counts: Vec<Option<u64>> = trail.entries.iter().map(|e| e.count).collect();
+        let trail = audited(&ctx, &stack.table, "dlq.replay").await;
+        let counts: Vec<Option<u64>> = trail.iter().map(|e| e.count).collect();
         if src == 4 && dlq == 0 && counts == [Some(4)] {
             break;
         }
