@@ -22,6 +22,8 @@ use super::{Stack, WorkerProcess, report_note};
 const START_WITHIN: Duration = Duration::from_secs(120);
 /// How long after its deadline an invocation counts as timed out.
 const GRACE: Duration = Duration::from_secs(3);
+/// How long a poller waits after a failed ReceiveMessage, as the mapping backs off.
+const POLL_ERROR_PAUSE: Duration = Duration::from_millis(500);
 
 /// One execution environment: a `triage-lambda` process and the Runtime API it polls.
 pub struct LambdaEnv {
@@ -164,6 +166,9 @@ pub struct EsmStats {
     pub duplicated_batches: AtomicU64,
     pub error_responses: AtomicU64,
     pub timeouts: AtomicU64,
+    /// Polls the emulator answered with an error (after the SDK's own retries); the poller
+    /// polls again, as the real mapping does.
+    pub poll_errors: AtomicU64,
     /// The most body bytes in one received batch.
     pub max_batch_bytes: AtomicU64,
 }
@@ -172,13 +177,15 @@ impl EsmStats {
     pub fn summary(&self, fleet: &Fleet) -> String {
         format!(
             "{} invocations of triage-lambda processes, {} with a short deadline, {} batches \
-             delivered twice, {} error responses, {} timed out or not started, {} environments started",
+             delivered twice, {} error responses, {} timed out or not started, {} environments started, \
+             {} failed polls",
             self.invocations.load(Ordering::Relaxed),
             self.short_deadlines.load(Ordering::Relaxed),
             self.duplicated_batches.load(Ordering::Relaxed),
             self.error_responses.load(Ordering::Relaxed),
             self.timeouts.load(Ordering::Relaxed),
             fleet.environments_started(),
+            self.poll_errors.load(Ordering::Relaxed),
         )
     }
 }
@@ -237,7 +244,23 @@ pub async fn esm_loop(
                 .send() => r,
             _ = stop.changed() => return,
         };
-        let messages = received.unwrap().messages.unwrap_or_default();
+        let messages = match received {
+            Ok(r) => r.messages.unwrap_or_default(),
+            Err(e) => {
+                // An emulator's internal error on ReceiveMessage is not the product's fault
+                // and not a message's: the mapping polls again after a pause.
+                stats.poll_errors.fetch_add(1, Ordering::Relaxed);
+                report_note(&format!(
+                    "{}: poller {me}: ReceiveMessage failed: {}",
+                    fleet.name,
+                    aws_sdk_sqs::error::DisplayErrorContext(&e)
+                ));
+                tokio::select! {
+                    _ = tokio::time::sleep(POLL_ERROR_PAUSE) => continue,
+                    _ = stop.changed() => return,
+                }
+            }
+        };
         if messages.is_empty() {
             continue;
         }
