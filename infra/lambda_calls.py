@@ -11,7 +11,8 @@ of the same name that it calls or names (`name(`, `.name(`, `Path::name`), which
 methods and trait dispatch rather than missing any. From `main`, the reachable functions' SDK
 calls are the fluent builders of the SQS and DynamoDB clients (`.get_item()`, `.send_message_batch()`,
 ...: every operation of both SDKs is listed below), mapped to IAM actions (`batch_get_item` ->
-`dynamodb:BatchGetItem`; SQS's `*_batch` operations are authorized by the single action).
+`dynamodb:BatchGetItem`; SQS's `*_batch` operations are authorized by the single action;
+`batch_execute_statement` by the PartiQL actions of the statements the ledger issues).
 
 A reachable function that sends an SDK request (`.send()`) whose operation is not recognised,
 or an operation whose IAM action cannot be derived from its name, is an error: the check cannot
@@ -64,6 +65,20 @@ SQS_BATCH_ACTION = {
 
 def pascal(snake: str) -> str:
     return "".join(p.capitalize() for p in snake.split("_"))
+
+
+# PartiQL is authorized per statement kind. The ledger's batched writes
+# (AttemptLedger::write_batch in src/effects/ledger.rs) issue INSERT, UPDATE and DELETE
+# statements; a new kind of statement there must be added here.
+PARTIQL_ACTIONS = {
+    "batch_execute_statement": ["dynamodb:PartiQLInsert", "dynamodb:PartiQLUpdate", "dynamodb:PartiQLDelete"],
+}
+
+
+def iam_actions(op: str) -> list[str]:
+    if op in PARTIQL_ACTIONS:
+        return PARTIQL_ACTIONS[op]
+    return [iam_action(op)]
 
 
 def iam_action(op: str) -> str:
@@ -325,7 +340,7 @@ def lambda_calls(root: Path) -> tuple[list[Call], list[str]]:
             problems.append(f"{fn.file}:{fn.line} fn {fn.name} sends an SDK request whose operation is not recognised")
         for op in sorted(fn.ops):
             try:
-                calls.append(Call(op, iam_action(op), fn.name, str(fn.file), fn.line))
+                calls.extend(Call(op, a, fn.name, str(fn.file), fn.line) for a in iam_actions(op))
             except ValueError as e:
                 problems.append(f"{fn.file}:{fn.line} fn {fn.name}: {e}")
     return calls, problems

@@ -6,8 +6,11 @@
 //! `UpdateItem` keyed on the delivery (its receive count): `ADD` makes racing distinct
 //! deliveries each count once, and the condition
 //! `attribute_not_exists(pk) OR NOT contains(deliveries, :delivery)` makes the same delivery
-//! count at most once. First deliveries need no read; redeliveries are read with one
-//! `BatchGetItem` per 100 jobs. See `docs/state.md` for why each condition is safe.
+//! count at most once. The processor writes an invocation's counts and deletes together,
+//! one PartiQL `BatchExecuteStatement` per 25 items with a condition per statement, and falls
+//! back to that `UpdateItem` for any statement refused ([`AttemptLedger::write_batch`]).
+//! First deliveries need no read; redeliveries are read with one `BatchGetItem` per 100 jobs.
+//! See `docs/state.md` for why each condition is safe.
 //!
 //! Every operation names its jobs as `(job type, job id)` pairs (anything implementing
 //! [`JobRef`]).
@@ -19,11 +22,12 @@ use crate::clock::now_ms;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, DeleteRequest, KeysAndAttributes, PutRequest, ReturnValue, WriteRequest,
+    AttributeValue, BatchStatementErrorCodeEnum, BatchStatementRequest, DeleteRequest, KeysAndAttributes,
+    PutRequest, ReturnValue, WriteRequest,
 };
 use tokio::time::Instant;
 
-use super::storage_retry::{BatchStep, StorageError, StorageRetry};
+use super::storage_retry::{BatchStep, FailureKind, StorageError, StorageRetry};
 use super::table::{
     LEDGER_SK_DIGEST_PREFIX, LEDGER_SK_PREFIX, PK, SK, TTL_ATTRIBUTE, get_consistent, ledger_key, ledger_pk,
     ledger_sk,
@@ -44,6 +48,48 @@ pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(15 * 24 * 3600);
 /// second: saturating, so no lifetime can wrap it around to the past.
 fn expires_at_s(now_ms: u64, ttl: Duration) -> u64 {
     (now_ms / 1000).saturating_add(ttl.as_secs().max(1))
+}
+
+/// One execution to count with [`AttemptLedger::write_batch`]: what
+/// [`AttemptLedger::count_waiting`] takes, and whether the job's item is believed to exist.
+#[derive(Debug, Clone, Copy)]
+pub struct Count<'a> {
+    /// The job type.
+    pub job_type: &'a str,
+    /// The job id.
+    pub job_id: &'a str,
+    /// The delivery that ran.
+    pub delivery: Delivery<'a>,
+    /// The earliest next attempt (a retry), or none.
+    pub next_attempt_at_ms: Option<u64>,
+    /// Where a retry's message can be reached while it waits.
+    pub waiting: Option<Waiting<'a>>,
+    /// The failure's text (empty for none).
+    pub last_error: &'a str,
+    /// The job's item was read and exists: chooses `UPDATE` over `INSERT`. A wrong guess
+    /// costs one more write, never a wrong count.
+    pub exists: bool,
+}
+
+/// Which request a statement of [`AttemptLedger::write_batch`] serves.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    /// The count at this index.
+    Count(usize),
+    /// The delete at this index.
+    Forget(usize),
+}
+
+/// What one statement came to.
+#[derive(Debug)]
+enum Statement {
+    /// Written.
+    Done,
+    /// Refused for good (its condition, the item not as expected, or the call itself, e.g. a
+    /// role without the PartiQL actions): written again by the single-item call.
+    Refused,
+    /// Not written by the time the policy stopped (deadline, budget, attempts).
+    Failed(StorageError),
 }
 
 /// The answer of [`AttemptLedger::count`].
@@ -514,6 +560,260 @@ impl AttemptLedger {
             Err(e) if e.is_conditional_check_failed() => Ok(Counted::AlreadyCounted),
             Err(e) => Err(e.with_resource(&self.table)),
         }
+    }
+
+    /// Counts an invocation's executions and deletes its finished ledgers in one
+    /// `BatchExecuteStatement` per 25 items (chunks in parallel), each statement under its
+    /// own condition: an execution of a job whose item is believed absent is an `INSERT`
+    /// (refused when the item exists), one whose item was read is an `UPDATE ... WHERE NOT
+    /// contains(deliveries, ?)` (refused when the item is gone or the delivery was counted).
+    /// A refused statement, and a second execution of the same job in the call (one
+    /// statement per item), is written again by [`count_waiting`](Self::count_waiting), whose
+    /// condition says whether it counts: the result is the same as one `UpdateItem` per
+    /// execution, and a retried call whose first try landed counts nothing twice. A call
+    /// refused outright (a role without the PartiQL actions) falls back the same way, deletes
+    /// to [`forget`](Self::forget). A job both counted and in `forget` keeps its item, with
+    /// every execution counted: at worst it dead-letters early, never late (a delete racing
+    /// the count could lose them). Throttled and unanswered statements are sent again.
+    /// Returns one result per count, in order, and the deletes' result.
+    pub async fn write_batch(
+        &self,
+        counts: &[Count<'_>],
+        forget: &[JobKey],
+        deadline: Option<Instant>,
+    ) -> (Vec<Result<(), StorageError>>, Result<(), StorageError>) {
+        let now = now_ms();
+        let exp = expires_at_s(now, self.ttl);
+        let mut keys: HashSet<(String, String)> = HashSet::with_capacity(counts.len() + forget.len());
+        let mut statements: Vec<(Target, BatchStatementRequest)> = Vec::new();
+        let mut again: Vec<usize> = Vec::new();
+        for (i, c) in counts.iter().enumerate() {
+            if keys.insert((ledger_pk(c.job_id), ledger_sk(c.job_type))) {
+                statements.push((Target::Count(i), self.count_statement(c, now, exp)));
+            } else {
+                again.push(i);
+            }
+        }
+        for (k, (t, id)) in forget.iter().enumerate() {
+            if keys.insert((ledger_pk(id), ledger_sk(t))) {
+                let delete = BatchStatementRequest::builder()
+                    .statement(format!(
+                        "DELETE FROM \"{}\" WHERE \"{PK}\" = ? AND \"{SK}\" = ?",
+                        self.table
+                    ))
+                    .parameters(AttributeValue::S(ledger_pk(id)))
+                    .parameters(AttributeValue::S(ledger_sk(t)))
+                    .build()
+                    .expect("statement is set");
+                statements.push((Target::Forget(k), delete));
+            }
+        }
+        let chunks = statements
+            .chunks(BATCH_WRITE_MAX)
+            .map(|c| self.execute_chunk(c.to_vec(), deadline));
+        let mut results: Vec<Option<Result<(), StorageError>>> = vec![None; counts.len()];
+        let mut forgotten = Ok(());
+        let mut forget_again: Vec<&JobKey> = Vec::new();
+        for outcomes in futures::future::join_all(chunks).await {
+            for (target, outcome) in outcomes {
+                match (target, outcome) {
+                    (Target::Count(i), Statement::Done) => results[i] = Some(Ok(())),
+                    (Target::Count(i), Statement::Refused) => again.push(i),
+                    (Target::Count(i), Statement::Failed(e)) => results[i] = Some(Err(e)),
+                    (Target::Forget(_), Statement::Done) => {}
+                    (Target::Forget(k), Statement::Refused) => forget_again.push(&forget[k]),
+                    (Target::Forget(_), Statement::Failed(e)) => forgotten = forgotten.and(Err(e)),
+                }
+            }
+        }
+        let deletes = async {
+            if forget_again.is_empty() {
+                return Ok(());
+            }
+            self.forget(forget_again, deadline).await
+        };
+        let rewrites = futures::future::join_all(again.iter().map(|&i| {
+            let c = &counts[i];
+            self.count_waiting(
+                c.job_type,
+                c.job_id,
+                c.delivery,
+                c.next_attempt_at_ms,
+                c.waiting,
+                c.last_error,
+                deadline,
+            )
+        }));
+        let (rewrites, deleted) = tokio::join!(rewrites, deletes);
+        forgotten = forgotten.and(deleted);
+        for (&i, r) in again.iter().zip(rewrites) {
+            results[i] = Some(r.map(|_| ()));
+        }
+        let results = results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(StorageError::new(
+                        "BatchExecuteStatement",
+                        None,
+                        "no answer for the statement",
+                        FailureKind::Transient,
+                    ))
+                })
+            })
+            .collect();
+        (results, forgotten)
+    }
+
+    /// The statement that counts `c`: `INSERT` of a new item, or a conditional `UPDATE` of
+    /// the item that was read. Both write what [`count_waiting`](Self::count_waiting) writes.
+    fn count_statement(&self, c: &Count<'_>, now: u64, exp: u64) -> BatchStatementRequest {
+        let waiting = c.waiting.filter(|_| c.next_attempt_at_ms.is_some());
+        let delivery = format!("{}#{}", c.delivery.message_id, c.delivery.receive_count);
+        let mut fields: Vec<(&str, AttributeValue)> = vec![
+            ("last_receive_count", num(u64::from(c.delivery.receive_count))),
+            ("job_type", AttributeValue::S(c.job_type.to_owned())),
+            ("job_id", AttributeValue::S(c.job_id.to_owned())),
+            (
+                "last_error",
+                AttributeValue::S(truncate(c.last_error, LAST_ERROR_MAX).to_owned()),
+            ),
+            ("updated_at", num(now)),
+            (TTL_ATTRIBUTE, num(exp)),
+        ];
+        if let Some(at) = c.next_attempt_at_ms {
+            fields.push(("next_attempt_at", num(at)));
+        }
+        if let Some(w) = waiting {
+            fields.push(("receipt_handle", AttributeValue::S(w.receipt_handle.to_owned())));
+            fields.push(("queue_url", AttributeValue::S(w.queue_url.to_owned())));
+        }
+        let table = &self.table;
+        let b = BatchStatementRequest::builder();
+        let b = if c.exists {
+            let mut sql = format!(
+                "UPDATE \"{table}\" SET \"attempts\" = \"attempts\" + ? SET \"deliveries\" = set_add(\"deliveries\", ?)"
+            );
+            let mut params = vec![num(1), AttributeValue::Ss(vec![delivery.clone()])];
+            for (name, v) in fields {
+                sql.push_str(&format!(" SET \"{name}\" = ?"));
+                params.push(v);
+            }
+            let removed: &[&str] = match (c.next_attempt_at_ms, waiting) {
+                (None, _) => &["next_attempt_at", "receipt_handle", "queue_url"],
+                (Some(_), None) => &["receipt_handle", "queue_url"],
+                (Some(_), Some(_)) => &[],
+            };
+            for name in removed {
+                sql.push_str(&format!(" REMOVE \"{name}\""));
+            }
+            sql.push_str(&format!(
+                " WHERE \"{PK}\" = ? AND \"{SK}\" = ? AND NOT contains(\"deliveries\", ?)"
+            ));
+            params.push(AttributeValue::S(ledger_pk(c.job_id)));
+            params.push(AttributeValue::S(ledger_sk(c.job_type)));
+            params.push(AttributeValue::S(delivery));
+            b.statement(sql).set_parameters(Some(params))
+        } else {
+            let mut sql = format!(
+                "INSERT INTO \"{table}\" VALUE {{'{PK}': ?, '{SK}': ?, 'attempts': ?, 'deliveries': ?"
+            );
+            let mut params = vec![
+                AttributeValue::S(ledger_pk(c.job_id)),
+                AttributeValue::S(ledger_sk(c.job_type)),
+                num(1),
+                AttributeValue::Ss(vec![delivery]),
+            ];
+            for (name, v) in fields {
+                sql.push_str(&format!(", '{name}': ?"));
+                params.push(v);
+            }
+            sql.push('}');
+            b.statement(sql).set_parameters(Some(params))
+        };
+        b.build().expect("statement is set")
+    }
+
+    /// One `BatchExecuteStatement` of at most 25 statements, retried by the storage policy:
+    /// throttled and failed statements are sent again. What each statement came to.
+    async fn execute_chunk(
+        &self,
+        statements: Vec<(Target, BatchStatementRequest)>,
+        deadline: Option<Instant>,
+    ) -> Vec<(Target, Statement)> {
+        let result = self
+            .retry
+            .batch(
+                "BatchExecuteStatement",
+                deadline,
+                statements,
+                |pending| async move {
+                    let requests: Vec<BatchStatementRequest> =
+                        pending.iter().map(|(_, r)| r.clone()).collect();
+                    let resp = self
+                        .retry
+                        .call("BatchExecuteStatement", deadline, || {
+                            self.client
+                                .batch_execute_statement()
+                                .set_statements(Some(requests.clone()))
+                                .send()
+                        })
+                        .await
+                        .map_err(|e| e.with_resource(&self.table))?;
+                    let mut step = BatchStep::default();
+                    let answers = resp.responses();
+                    for (k, (target, request)) in pending.into_iter().enumerate() {
+                        // Answers come in the order of the statements.
+                        let Some(answer) = answers.get(k) else {
+                            step.retry.push((target, request));
+                            continue;
+                        };
+                        let Some(err) = answer.error() else {
+                            step.succeeded.push((target, Statement::Done));
+                            continue;
+                        };
+                        match err.code() {
+                            Some(
+                                BatchStatementErrorCodeEnum::ConditionalCheckFailed
+                                | BatchStatementErrorCodeEnum::DuplicateItem
+                                | BatchStatementErrorCodeEnum::ValidationError,
+                            ) => step.succeeded.push((target, Statement::Refused)),
+                            Some(
+                                BatchStatementErrorCodeEnum::ThrottlingError
+                                | BatchStatementErrorCodeEnum::ProvisionedThroughputExceeded
+                                | BatchStatementErrorCodeEnum::RequestLimitExceeded
+                                | BatchStatementErrorCodeEnum::TransactionConflict
+                                | BatchStatementErrorCodeEnum::InternalServerError,
+                            ) => step.retry.push((target, request)),
+                            // Refused for another reason (access, a missing table, an item
+                            // collection full): the single-item write says whether it is so.
+                            _ => step.succeeded.push((target, Statement::Refused)),
+                        }
+                    }
+                    Ok(step)
+                },
+            )
+            .await;
+        let mut outcomes = result.succeeded;
+        // A call refused outright (a role without the PartiQL actions, a request DynamoDB
+        // rejects) falls back to the single-item writes; one that ran out of time, budget or
+        // attempts does not: there is no time left for them.
+        let refused = result
+            .error
+            .as_ref()
+            .is_some_and(|e| e.kind == FailureKind::Permanent);
+        for ((target, _), why) in result.failed {
+            let outcome = match &result.error {
+                _ if refused => Statement::Refused,
+                Some(e) => Statement::Failed(e.clone()),
+                None => Statement::Failed(
+                    StorageError::new("BatchExecuteStatement", None, why, FailureKind::Transient)
+                        .with_resource(&self.table),
+                ),
+            };
+            outcomes.push((target, outcome));
+        }
+        outcomes
     }
 
     /// Deletes the ledgers of jobs that are done with them, given as `(job type, job id)`

@@ -13,7 +13,7 @@ use super::plan::{Plan, Step};
 use super::{BatchOutcome, Deadline, Processor, loggable};
 use crate::core::Decision;
 use crate::core::breaker::Phase;
-use crate::effects::ledger::{Delivery, Waiting};
+use crate::effects::ledger::{Count, Delivery, Waiting};
 
 impl Processor {
     /// Step 4: performs `plan`.
@@ -37,15 +37,17 @@ impl Processor {
                     .map(|v| (i, s.record.inc.receipt_handle.clone(), v))
             })
             .collect();
-        let forget: Vec<(String, String)> = steps
-            .iter()
-            .filter(|s| s.effects.forget)
-            .map(|s| s.record.ledger_key())
-            .collect();
         let done: Vec<((String, String), std::time::Duration)> = steps
             .iter()
             .filter(|s| s.effects.settled && s.effects.mark_done)
             .filter_map(|s| s.record.done_marker.map(|ttl| (s.record.ledger_key(), ttl)))
+            .collect();
+        // A job given a completion marker keeps its item: the marker replaces it.
+        let forget: Vec<(String, String)> = steps
+            .iter()
+            .filter(|s| s.effects.forget)
+            .map(|s| s.record.ledger_key())
+            .filter(|k| !done.iter().any(|(d, _)| d == k))
             .collect();
         let reports = futures::future::join_all(breaker_reports.iter().map(|(t, a)| async move {
             let Some(b) = self.breakers.get(t) else {
@@ -63,19 +65,16 @@ impl Processor {
         let (_, lost, opened, _) = tokio::join!(
             self.sqs
                 .change_visibility(&self.source_queue, visibility, deadline),
-            self.count(&steps, deadline),
+            self.write_ledger(&steps, &forget, deadline),
             reports,
             async {
-                if forget.is_empty() && done.is_empty() {
+                if done.is_empty() {
                     return;
                 }
                 let marks = done.len();
-                if let Err(e) = self.ledger.finish(&forget, done, deadline).await {
-                    if marks > 0 {
-                        warn!(error = %e, completed = marks, "completion markers not written: a duplicate of these jobs would run again; the ledger items left expire by TTL");
-                    } else {
-                        warn!(error = %e, "attempt ledger cleanup failed; the items expire by TTL");
-                    }
+                let none: [(String, String); 0] = [];
+                if let Err(e) = self.ledger.finish(&none, done, deadline).await {
+                    warn!(error = %e, completed = marks, "completion markers not written: a duplicate of these jobs would run again; the ledger items left expire by TTL");
                 }
             },
         );
@@ -147,41 +146,55 @@ impl Processor {
         }
     }
 
-    /// Counts executions in the ledger (one conditional write each, in parallel); a retry's
-    /// count also stores where its message can be reached while it waits (for `triage
-    /// park`). Returns the steps whose count could not be written.
-    async fn count(&self, steps: &[Step], deadline: Option<Instant>) -> Vec<usize> {
+    /// Counts executions and deletes finished ledgers in one batched write (see
+    /// [`AttemptLedger::write_batch`](crate::effects::ledger::AttemptLedger::write_batch)); a
+    /// retry's count also stores where its message can be reached while it waits (for
+    /// `triage park`). Returns the steps whose count could not be written.
+    async fn write_ledger(
+        &self,
+        steps: &[Step],
+        forget: &[(String, String)],
+        deadline: Option<Instant>,
+    ) -> Vec<usize> {
         let counted: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].effects.count).collect();
-        let writes = futures::future::join_all(counted.iter().map(|&i| {
-            let s = &steps[i];
-            let (next, error) = match &s.report.decision {
-                Decision::Retry {
+        if counted.is_empty() && forget.is_empty() {
+            return Vec::new();
+        }
+        let counts: Vec<Count<'_>> = counted
+            .iter()
+            .map(|&i| {
+                let s = &steps[i];
+                let (next_attempt_at_ms, last_error) = match &s.report.decision {
+                    Decision::Retry {
+                        next_attempt_at_ms,
+                        error,
+                        ..
+                    } => (Some(*next_attempt_at_ms), error.as_str()),
+                    Decision::DeadLetter { error, .. } => (None, error.as_str()),
+                    _ => (None, ""),
+                };
+                let waiting = Waiting {
+                    receipt_handle: &s.record.inc.receipt_handle,
+                    queue_url: &self.source_queue,
+                };
+                Count {
+                    job_type: s.record.job_type().unwrap_or_default(),
+                    job_id: &s.record.job_id,
+                    delivery: Delivery {
+                        message_id: &s.record.inc.message_id,
+                        receive_count: s.record.inc.receive_count,
+                    },
                     next_attempt_at_ms,
-                    error,
-                    ..
-                } => (Some(*next_attempt_at_ms), error.as_str()),
-                Decision::DeadLetter { error, .. } => (None, error.as_str()),
-                _ => (None, ""),
-            };
-            let delivery = Delivery {
-                message_id: &s.record.inc.message_id,
-                receive_count: s.record.inc.receive_count,
-            };
-            let waiting = Waiting {
-                receipt_handle: &s.record.inc.receipt_handle,
-                queue_url: &self.source_queue,
-            };
-            self.ledger.count_waiting(
-                s.record.job_type().unwrap_or_default(),
-                &s.record.job_id,
-                delivery,
-                next,
-                Some(waiting).filter(|w| !w.receipt_handle.is_empty()),
-                error,
-                deadline,
-            )
-        }))
-        .await;
+                    waiting: Some(waiting).filter(|w| !w.receipt_handle.is_empty()),
+                    last_error,
+                    exists: s.record.believes_item_exists(),
+                }
+            })
+            .collect();
+        let (writes, forgotten) = self.ledger.write_batch(&counts, forget, deadline).await;
+        if let Err(e) = forgotten {
+            warn!(error = %e, "attempt ledger cleanup failed; the items expire by TTL");
+        }
         let mut lost = Vec::new();
         for (w, &i) in writes.iter().zip(&counted) {
             if let Err(e) = w {

@@ -26,8 +26,9 @@
 //! Per invocation it makes at most: one ledger read for all redeliveries and for the records
 //! of job types with a completion marker (none when every record is a first delivery of a
 //! type without one), one cached breaker read per job type, and then, only for records that
-//! need them, batched DLQ sends, batched visibility changes, one conditional ledger write per
-//! retried record, one batched ledger write (deletes and completion markers), and one breaker
+//! need them, batched DLQ sends, batched visibility changes, one batched ledger write for the
+//! counts and deletes (a condition per item, 25 items per call; a single write for an item
+//! whose statement was refused), one batched write of completion markers, and one breaker
 //! report per job type; and, per heartbeat tick while handlers still run, one visibility
 //! change per ten messages. A batch of first deliveries that all succeed before the first
 //! tick, of job types without a completion marker, makes no AWS call at all.

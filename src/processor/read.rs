@@ -57,6 +57,12 @@ impl Record {
         (t, id, self.inc.message_id.clone())
     }
 
+    /// Whether the job's ledger item is believed to exist: it was read and found, or could
+    /// not be read for a redelivery. Chooses how a count is written, never what it counts.
+    pub(super) fn believes_item_exists(&self) -> bool {
+        self.had_ledger_item || (self.inc.receive_count > 1 && self.ledger == Ledger::Unavailable)
+    }
+
     /// A redelivery of a runnable job, or any delivery of a job type with a completion
     /// marker: its ledger is read.
     fn reads_ledger(&self) -> bool {

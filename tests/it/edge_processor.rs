@@ -20,12 +20,14 @@ fn record_of(m: &aws_sdk_sqs::types::Message) -> sqs_triage::core::failure::Fail
 }
 
 /// Item: a count write that fails for good is not forgotten. The proxy refuses every
-/// `UpdateItem` (the ledger's conditional count), while reads work: each redelivery reads a
+/// `BatchExecuteStatement` and `UpdateItem` (the ledger's batched count and its single
+/// rewrite), while reads work: each redelivery reads a
 /// ledger that never moved. The job must still stop at `max_attempts` executions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ledger_that_refuses_counts_cannot_make_a_job_run_past_its_limit() {
     let proxy = FaultProxy::start(&support::ddb_endpoint());
     proxy.fail_always("UpdateItem", Fault::Status500);
+    proxy.fail_always("BatchExecuteStatement", Fault::Status500);
     let h = Harness::build(Options {
         prefix: "nocount",
         policy: fast_policy(3),
@@ -48,7 +50,7 @@ async fn a_ledger_that_refuses_counts_cannot_make_a_job_run_past_its_limit() {
     let r = record_of(&dlq[0]);
     assert_eq!(r.class, FailureClass::Exhausted);
     assert_eq!(r.attempts, 3, "{r:?}");
-    assert!(proxy.count("UpdateItem") >= 1, "the counts were tried");
+    assert!(proxy.count("BatchExecuteStatement") >= 1, "the counts were tried");
 }
 
 /// Item: FIFO order across a failed DLQ send. In group `g`, a fatal job is followed by an ok
@@ -278,8 +280,14 @@ async fn a_refused_count_after_many_deferrals_does_not_dead_letter_early() {
         h.release(&h.queue_url, &m).await;
     }
     proxy.fail_always("UpdateItem", Fault::Status500);
+    proxy.fail_always("BatchExecuteStatement", Fault::Status500);
     let m = take(&h, 1).await;
     let outcome = process(&h.env, &m, &h.queue_url, Duration::from_secs(30)).await;
+    assert!(
+        proxy.faults().contains_key("Status500"),
+        "the count was refused: {:?}",
+        proxy.counts()
+    );
     assert!(
         matches!(
             outcome.records[0].decision,

@@ -4,10 +4,10 @@ use crate::support;
 
 use std::sync::Arc;
 
-use sqs_triage::effects::ledger::{AttemptLedger, Counted, Delivery};
+use sqs_triage::effects::ledger::{AttemptLedger, Count, Counted, Delivery, Waiting};
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb_config};
 use sqs_triage::effects::table::{create_table, delete_table};
-use support::fault_proxy::FaultProxy;
+use support::fault_proxy::{Fault, FaultProxy, FaultRule};
 
 async fn ledger_on(client: aws_sdk_dynamodb::Client) -> (AttemptLedger, String) {
     let table = support::unique_name("ledger");
@@ -199,5 +199,237 @@ async fn read_many_is_one_batch_get_per_100_ids_and_close_reset_work() {
             .unwrap()
             .is_empty()
     );
+    delete_table(&client, &table).await.unwrap();
+}
+
+fn count<'a>(job_id: &'a str, message_id: &'a str, receive_count: u32, exists: bool) -> Count<'a> {
+    Count {
+        job_type: "t",
+        job_id,
+        delivery: Delivery {
+            message_id,
+            receive_count,
+        },
+        next_attempt_at_ms: None,
+        waiting: None,
+        last_error: "e",
+        exists,
+    }
+}
+
+async fn via_proxy() -> (FaultProxy, aws_sdk_dynamodb::Client) {
+    let conf = support::sdk_config().await;
+    let proxy = FaultProxy::start(&support::ddb_endpoint());
+    let client =
+        aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&conf).endpoint_url(proxy.url()).build());
+    (proxy, client)
+}
+
+async fn attempts(ledger: &AttemptLedger, job_id: &str) -> Option<u32> {
+    ledger.show("t", job_id).await.unwrap().map(|i| i.attempts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_invocations_counts_and_deletes_are_one_call_and_exact_whatever_the_guess() {
+    let (proxy, client) = via_proxy().await;
+    let (ledger, table) = ledger_on(client.clone()).await;
+    for (id, m) in [("old", "m0"), ("old2", "m2"), ("gone", "m3")] {
+        ledger
+            .count(
+                "t",
+                id,
+                Delivery {
+                    message_id: m,
+                    receive_count: 1,
+                },
+                Some(5),
+                "e",
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    let mut retry = count("n1", "m1", 1, false);
+    retry.next_attempt_at_ms = Some(777);
+    retry.waiting = Some(Waiting {
+        receipt_handle: "rh-1",
+        queue_url: "http://q",
+    });
+    let counts = [
+        retry,
+        // Read and found: an UPDATE, which also clears the earlier retry's fields.
+        count("old", "m0", 2, true),
+        // Guessed absent but there: the INSERT is refused and written again singly.
+        count("old2", "m2", 2, false),
+        // Guessed present but missing: the UPDATE is refused and written again singly.
+        count("ghost", "m4", 2, true),
+        // A second message of a job already in the call: one statement per item.
+        count("n1", "m9", 1, false),
+    ];
+    let forget = [
+        ("t".to_owned(), "gone".to_owned()),
+        // Counted in the same call: its item stays.
+        ("t".to_owned(), "n1".to_owned()),
+    ];
+    proxy.reset_counts();
+    let (results, forgotten) = ledger.write_batch(&counts, &forget, None).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    forgotten.unwrap();
+    assert_eq!(proxy.count("BatchExecuteStatement"), 1, "{:?}", proxy.counts());
+    assert_eq!(proxy.count("UpdateItem"), 3, "{:?}", proxy.counts());
+    assert_eq!(proxy.count("BatchWriteItem"), 0);
+    assert_eq!(attempts(&ledger, "n1").await, Some(2));
+    assert_eq!(attempts(&ledger, "old").await, Some(2));
+    assert_eq!(attempts(&ledger, "old2").await, Some(2));
+    assert_eq!(attempts(&ledger, "ghost").await, Some(1));
+    assert_eq!(attempts(&ledger, "gone").await, None, "deleted");
+    let n1 = ledger.show("t", "n1").await.unwrap().unwrap();
+    assert_eq!(n1.deliveries, vec!["m1#1".to_owned(), "m9#1".to_owned()]);
+    assert_eq!(n1.job_id, "n1");
+    let old = ledger.show("t", "old").await.unwrap().unwrap();
+    assert_eq!(old.next_attempt_at_ms, None, "a count without a retry removes it");
+    assert_eq!(old.last_receive_count, Some(2));
+    assert_eq!(old.last_error.as_deref(), Some("e"));
+    assert!(old.expires_at_s.is_some());
+
+    // The whole invocation again (a duplicate delivery of the batch): nothing counts twice,
+    // whichever statement each count takes.
+    let (results, _) = ledger.write_batch(&counts, &[], None).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    for (id, want) in [("n1", 2), ("old", 2), ("old2", 2), ("ghost", 1)] {
+        assert_eq!(attempts(&ledger, id).await, Some(want), "{id}");
+    }
+
+    // 60 counts: three calls of at most 25 statements.
+    let ids: Vec<String> = (0..60).map(|i| format!("bulk{i}")).collect();
+    let bulk: Vec<Count<'_>> = ids.iter().map(|id| count(id, "m", 1, false)).collect();
+    proxy.reset_counts();
+    let (results, _) = ledger.write_batch(&bulk, &[], None).await;
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(proxy.count("BatchExecuteStatement"), 3, "{:?}", proxy.counts());
+    assert_eq!(proxy.total(), 3);
+    delete_table(&client, &table).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_whose_answer_was_lost_or_throttled_counts_each_execution_once() {
+    let (proxy, client) = via_proxy().await;
+    let (ledger, table) = ledger_on(client.clone()).await;
+    let ids: Vec<String> = (0..30).map(|i| format!("j{i}")).collect();
+    for id in ids.iter().step_by(2) {
+        ledger
+            .count(
+                "t",
+                id,
+                Delivery {
+                    message_id: "m",
+                    receive_count: 1,
+                },
+                None,
+                "e",
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    // Even jobs were read and have an item; odd ones are first executions.
+    let counts: Vec<Count<'_>> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| count(id, "m", 2, i % 2 == 0))
+        .collect();
+    for (round, fault) in [
+        // The statements ran, the answer never came: the retry's statements are refused and
+        // each count is settled singly by its condition.
+        Fault::LostAnswer,
+        // Every statement throttled: sent again.
+        Fault::Body {
+            status: 200,
+            body: serde_json::json!({
+                "Responses": (0..25).map(|_| serde_json::json!({"Error": {"Code": "ThrottlingError", "Message": "slow down"}})).collect::<Vec<_>>()
+            })
+            .to_string(),
+        },
+        // An answer listing no statement: all sent again.
+        Fault::Body {
+            status: 200,
+            body: "{}".into(),
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = fault.kind_name();
+        proxy.add_rule(FaultRule {
+            ops: Some(vec!["BatchExecuteStatement".into()]),
+            body_contains: None,
+            fault,
+            times: Some(1),
+        });
+        let delivery = round as u32 + 2;
+        let counts: Vec<Count<'_>> = counts
+            .iter()
+            .map(|c| Count {
+                delivery: Delivery {
+                    message_id: "m",
+                    receive_count: delivery,
+                },
+                exists: c.exists || delivery > 2,
+                ..*c
+            })
+            .collect();
+        let (results, _) = ledger.write_batch(&counts, &[], None).await;
+        assert!(results.iter().all(Result::is_ok), "{name}: {results:?}");
+        for (i, id) in ids.iter().enumerate() {
+            let want = delivery - 1 + u32::from(i % 2 == 0);
+            assert_eq!(attempts(&ledger, id).await, Some(want), "{name}: {id}");
+        }
+    }
+    assert_eq!(proxy.faults_injected(), 3, "{:?}", proxy.faults());
+    delete_table(&client, &table).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_role_without_partiql_still_counts_and_deletes_through_the_single_item_calls() {
+    let (proxy, client) = via_proxy().await;
+    let (ledger, table) = ledger_on(client.clone()).await;
+    ledger
+        .count(
+            "t",
+            "done",
+            Delivery {
+                message_id: "m",
+                receive_count: 1,
+            },
+            None,
+            "e",
+            None,
+        )
+        .await
+        .unwrap();
+    // A stack deployed before its role had the PartiQL actions: every call refused.
+    proxy.fail_always(
+        "BatchExecuteStatement",
+        Fault::Error {
+            status: 400,
+            code: "AccessDeniedException".into(),
+        },
+    );
+    let counts = [count("a", "m", 1, false), count("b", "m", 2, true)];
+    let forget = [("t".to_owned(), "done".to_owned())];
+    let (results, forgotten) = ledger.write_batch(&counts, &forget, None).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    forgotten.unwrap();
+    assert_eq!(attempts(&ledger, "a").await, Some(1));
+    assert_eq!(attempts(&ledger, "b").await, Some(1));
+    assert_eq!(attempts(&ledger, "done").await, None, "deleted");
+    assert_eq!(proxy.count("UpdateItem"), 3, "{:?}", proxy.counts());
+    assert_eq!(proxy.count("BatchWriteItem"), 1, "{:?}", proxy.counts());
+
+    // Counts only: a refused call is no cleanup failure.
+    let (results, forgotten) = ledger.write_batch(&[count("c", "m", 1, false)], &[], None).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    forgotten.unwrap();
+    proxy.clear_faults();
     delete_table(&client, &table).await.unwrap();
 }

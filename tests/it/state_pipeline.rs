@@ -45,6 +45,8 @@ fn writes(calls: &BTreeMap<String, u64>) -> u64 {
         "DeleteItem",
         "BatchWriteItem",
         "TransactWriteItems",
+        "BatchExecuteStatement",
+        "ExecuteStatement",
     ]
     .iter()
     .map(|op| calls.get(&format!("DynamoDB.{op}")).copied().unwrap_or(0))

@@ -61,6 +61,9 @@ pub enum Fault {
     Status503,
     /// Read the whole request, then close the connection without any response.
     Reset,
+    /// Forward the request (the service acts on it), then close the connection without the
+    /// answer: a call whose first try landed, retried by a client that never heard back.
+    LostAnswer,
     /// Wait this long, then forward the request normally (latency injection).
     Delay(Duration),
     /// Wait this long, then forward the request even if the client has stopped waiting for
@@ -86,6 +89,7 @@ impl Fault {
             Fault::Status500 => "Status500".into(),
             Fault::Status503 => "Status503".into(),
             Fault::Reset => "Reset".into(),
+            Fault::LostAnswer => "LostAnswer".into(),
             Fault::Delay(_) => "Delay".into(),
             Fault::LateDelivery(_) => "LateDelivery".into(),
             Fault::Error { code, .. } => format!("Error:{code}"),
@@ -510,6 +514,11 @@ async fn handle(
                 .await
                 .unwrap_or_else(|e| proxy_error(&format!("late delivery: {e}"))));
         }
+        Some(Fault::LostAnswer) => {
+            let _ = forward(&ctx, parts, body).await;
+            let _ = kill.try_send(());
+            return Ok(std::future::pending::<Response<Full<Bytes>>>().await);
+        }
         Some(Fault::Reset) => {
             let _ = kill.try_send(());
             // Never answer; the connection task drops the socket.
@@ -648,7 +657,10 @@ fn error_parts(service: Service, fault: &Fault) -> (u16, String, String, String)
                 format!("{code} (injected by fault proxy)"),
             )
         }
-        (_, Fault::Reset | Fault::Delay(_) | Fault::LateDelivery(_) | Fault::Body { .. }) => {
+        (
+            _,
+            Fault::Reset | Fault::LostAnswer | Fault::Delay(_) | Fault::LateDelivery(_) | Fault::Body { .. },
+        ) => {
             unreachable!("not an error response")
         }
     };

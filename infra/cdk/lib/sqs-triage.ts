@@ -487,8 +487,10 @@ export class SqsTriage extends Construct {
               actions: ['sqs:SendMessage', 'sqs:GetQueueAttributes'],
               resources: [dlq.queueArn],
             }),
-            // Attempt ledger: BatchGetItem (reads), UpdateItem (counts), BatchWriteItem (cleanup).
-            // Breakers: GetItem (reads), UpdateItem (failure counts), PutItem (transitions).
+            // Attempt ledger: BatchGetItem (reads), PartiQL INSERT/UPDATE/DELETE (an invocation's
+            // counts and cleanup, in one BatchExecuteStatement), UpdateItem (a count written
+            // singly), BatchWriteItem (completion markers). Breakers: GetItem (reads), UpdateItem
+            // (failure counts), PutItem (transitions).
             new iam.PolicyStatement({
               sid: 'StateTable',
               actions: [
@@ -497,6 +499,9 @@ export class SqsTriage extends Construct {
                 'dynamodb:PutItem',
                 'dynamodb:UpdateItem',
                 'dynamodb:BatchWriteItem',
+                'dynamodb:PartiQLInsert',
+                'dynamodb:PartiQLUpdate',
+                'dynamodb:PartiQLDelete',
               ],
               resources: [table.tableArn],
             }),
