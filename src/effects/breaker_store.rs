@@ -14,7 +14,8 @@
 //! from that one read per batch and job type. The healthy path (closed, nothing to report) makes no
 //! writes. Failure reports are aggregated by the caller per invocation and job type, so a
 //! failing invocation costs one write per job type once its window is counting (an `ADD`
-//! conditioned on the window, see [`Increment`]) and a read and a write when it starts a
+//! conditioned on the window, see [`Increment`]; the processor sends it as a statement of its
+//! batched ledger write, [`BreakerStore::fold`]) and a read and a write when it starts a
 //! window or changes the phase. The failure counter is a single attribute (not sharded):
 //! only failing invocations write it, and once the threshold is reached the breaker opens and
 //! further reports stop writing.
@@ -27,10 +28,11 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use aws_sdk_dynamodb::types::{AttributeValue, BatchStatementRequest, ReturnValue};
 use rand::Rng;
 use tokio::time::Instant;
 
+use super::ledger::Written;
 use super::storage_retry::{FailureKind, StorageError, StorageRetry};
 use super::table::{BREAKER_SK, PK, SK, TTL_ATTRIBUTE, breaker_key, breaker_pk, get_consistent};
 use crate::core::breaker::{Acquire, Aggregate, BreakerConfig, BreakerState, Increment, Lease, Phase, gate};
@@ -349,6 +351,85 @@ impl BreakerStore {
             .await
     }
 
+    /// The report of `agg` as one PartiQL statement to ride in the invocation's batched
+    /// ledger write, when this environment's cached state says the report only adds failures
+    /// to a counting window and stays below the threshold. The statement's condition says so
+    /// of the item itself (closed, same generation and window, `failures + n` below the
+    /// threshold, and not this write's own token: a retried call whose first try landed is
+    /// refused). `None`: send the report with [`report`](Self::report). Finish it with
+    /// [`settle`](Self::settle).
+    pub fn fold(&self, job_type: &str, agg: &Aggregate, now_ms: u64) -> Option<FoldedReport> {
+        let config = self.config;
+        let cached = self.cached(job_type)?;
+        let inc = cached.increment(agg, now_ms, &config)?;
+        let limit = config.threshold().checked_sub(inc.failures)?;
+        let token = format!("{:016x}", rand::rng().random::<u64>());
+        let now_s = crate::clock::now_ms() / 1000;
+        let statement = BatchStatementRequest::builder()
+            .statement(format!(
+                "UPDATE \"{}\" SET \"failures\" = \"failures\" + ? SET \"version\" = \"version\" + 1 \
+                 SET \"writer\" = ? SET \"updated_at\" = ? SET \"{TTL_ATTRIBUTE}\" = ? \
+                 WHERE \"{PK}\" = ? AND \"{SK}\" = ? AND \"phase\" = ? AND \"generation\" = ? \
+                 AND \"window_start\" = ? AND \"failures\" > 0 AND \"failures\" < ? \
+                 AND (\"writer\" IS MISSING OR \"writer\" <> ?)",
+                self.table
+            ))
+            .set_parameters(Some(vec![
+                num(u64::from(inc.failures)),
+                AttributeValue::S(token.clone()),
+                num(now_s * 1000),
+                num(now_s + BREAKER_TTL.as_secs()),
+                AttributeValue::S(breaker_pk(job_type)),
+                AttributeValue::S(BREAKER_SK.to_owned()),
+                AttributeValue::S(Phase::Closed.as_str().to_owned()),
+                num(inc.generation),
+                num(inc.window_start_ms),
+                num(u64::from(limit)),
+                AttributeValue::S(token.clone()),
+            ]))
+            .build()
+            .expect("statement is set");
+        let mut counted = cached;
+        counted.failures = counted.failures.saturating_add(inc.failures);
+        counted.version = counted.version.saturating_add(1);
+        Some(FoldedReport {
+            statement,
+            token,
+            counted,
+        })
+    }
+
+    /// Finishes a folded report from what its statement came to: written, the state as this
+    /// environment now knows it (closed, below the threshold); refused, the report is made
+    /// the long way (read, then a conditional write of the reported state), unless the read
+    /// shows this write's own token (it had landed).
+    pub async fn settle(
+        &self,
+        job_type: &str,
+        folded: FoldedReport,
+        written: Written,
+        agg: &Aggregate,
+        now_ms: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Option<BreakerState>, StorageError> {
+        match written {
+            Written::Done => {
+                self.remember(job_type, &folded.counted);
+                Ok(Some(folded.counted))
+            }
+            Written::Failed(e) => Err(e),
+            Written::Refused => {
+                let (fresh, writer) = self.read_raw(job_type, deadline).await?;
+                if writer.as_deref() == Some(folded.token.as_str()) {
+                    return Ok(Some(fresh));
+                }
+                let config = self.config;
+                self.transition(job_type, deadline, |s| s.report(agg, now_ms, &config))
+                    .await
+            }
+        }
+    }
+
     /// This environment's last known state of a breaker, however old (only used to choose
     /// how to write; conditions check the real item).
     fn cached(&self, job_type: &str) -> Option<BreakerState> {
@@ -526,6 +607,18 @@ impl BreakerStore {
             .map_err(|e| e.with_resource(&self.table))?;
         Ok(())
     }
+}
+
+/// A breaker report made into a statement of another batched write
+/// ([`BreakerStore::fold`]).
+#[derive(Debug, Clone)]
+pub struct FoldedReport {
+    /// The statement to send.
+    pub statement: BatchStatementRequest,
+    /// This write's token.
+    token: String,
+    /// The state as this environment will know it once the statement is written.
+    counted: BreakerState,
 }
 
 fn num(v: u64) -> AttributeValue {

@@ -78,11 +78,13 @@ enum Target {
     Count(usize),
     /// The delete at this index.
     Forget(usize),
+    /// The caller's own statement at this index.
+    Extra(usize),
 }
 
-/// What one statement came to.
-#[derive(Debug)]
-enum Statement {
+/// What one statement of [`AttemptLedger::write_batch`] came to.
+#[derive(Debug, Clone)]
+pub enum Written {
     /// Written.
     Done,
     /// Refused for good (its condition, the item not as expected, or the call itself, e.g. a
@@ -90,6 +92,17 @@ enum Statement {
     Refused,
     /// Not written by the time the policy stopped (deadline, budget, attempts).
     Failed(StorageError),
+}
+
+/// The answer of [`AttemptLedger::write_batch`].
+#[derive(Debug)]
+pub struct Batched {
+    /// One result per count, in order.
+    pub counts: Vec<Result<(), StorageError>>,
+    /// The deletes' result.
+    pub forgotten: Result<(), StorageError>,
+    /// What each extra statement came to, in order.
+    pub extras: Vec<Written>,
 }
 
 /// The answer of [`AttemptLedger::count`].
@@ -576,12 +589,17 @@ impl AttemptLedger {
     /// every execution counted: at worst it dead-letters early, never late (a delete racing
     /// the count could lose them). Throttled and unanswered statements are sent again.
     /// Returns one result per count, in order, and the deletes' result.
+    ///
+    /// `extra` statements (another item's conditional write, e.g. a breaker report) ride in
+    /// the same calls, each on an item none of the others names; what each came to is
+    /// returned in order, and a refused one is the caller's to write otherwise.
     pub async fn write_batch(
         &self,
         counts: &[Count<'_>],
         forget: &[JobKey],
+        extra: &[BatchStatementRequest],
         deadline: Option<Instant>,
-    ) -> (Vec<Result<(), StorageError>>, Result<(), StorageError>) {
+    ) -> Batched {
         let now = now_ms();
         let exp = expires_at_s(now, self.ttl);
         let mut keys: HashSet<(String, String)> = HashSet::with_capacity(counts.len() + forget.len());
@@ -608,21 +626,34 @@ impl AttemptLedger {
                 statements.push((Target::Forget(k), delete));
             }
         }
+        for (k, statement) in extra.iter().enumerate() {
+            statements.push((Target::Extra(k), statement.clone()));
+        }
         let chunks = statements
             .chunks(BATCH_WRITE_MAX)
             .map(|c| self.execute_chunk(c.to_vec(), deadline));
         let mut results: Vec<Option<Result<(), StorageError>>> = vec![None; counts.len()];
         let mut forgotten = Ok(());
         let mut forget_again: Vec<&JobKey> = Vec::new();
+        let no_answer = || {
+            StorageError::new(
+                "BatchExecuteStatement",
+                None,
+                "no answer for the statement",
+                FailureKind::Transient,
+            )
+        };
+        let mut extras: Vec<Written> = vec![Written::Failed(no_answer()); extra.len()];
         for outcomes in futures::future::join_all(chunks).await {
             for (target, outcome) in outcomes {
                 match (target, outcome) {
-                    (Target::Count(i), Statement::Done) => results[i] = Some(Ok(())),
-                    (Target::Count(i), Statement::Refused) => again.push(i),
-                    (Target::Count(i), Statement::Failed(e)) => results[i] = Some(Err(e)),
-                    (Target::Forget(_), Statement::Done) => {}
-                    (Target::Forget(k), Statement::Refused) => forget_again.push(&forget[k]),
-                    (Target::Forget(_), Statement::Failed(e)) => forgotten = forgotten.and(Err(e)),
+                    (Target::Count(i), Written::Done) => results[i] = Some(Ok(())),
+                    (Target::Count(i), Written::Refused) => again.push(i),
+                    (Target::Count(i), Written::Failed(e)) => results[i] = Some(Err(e)),
+                    (Target::Forget(_), Written::Done) => {}
+                    (Target::Forget(k), Written::Refused) => forget_again.push(&forget[k]),
+                    (Target::Forget(_), Written::Failed(e)) => forgotten = forgotten.and(Err(e)),
+                    (Target::Extra(k), outcome) => extras[k] = outcome,
                 }
             }
         }
@@ -649,20 +680,15 @@ impl AttemptLedger {
         for (&i, r) in again.iter().zip(rewrites) {
             results[i] = Some(r.map(|_| ()));
         }
-        let results = results
+        let counts = results
             .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(StorageError::new(
-                        "BatchExecuteStatement",
-                        None,
-                        "no answer for the statement",
-                        FailureKind::Transient,
-                    ))
-                })
-            })
+            .map(|r| r.unwrap_or_else(|| Err(no_answer())))
             .collect();
-        (results, forgotten)
+        Batched {
+            counts,
+            forgotten,
+            extras,
+        }
     }
 
     /// The statement that counts `c`: `INSERT` of a new item, or a conditional `UPDATE` of
@@ -740,7 +766,7 @@ impl AttemptLedger {
         &self,
         statements: Vec<(Target, BatchStatementRequest)>,
         deadline: Option<Instant>,
-    ) -> Vec<(Target, Statement)> {
+    ) -> Vec<(Target, Written)> {
         let result = self
             .retry
             .batch(
@@ -769,7 +795,7 @@ impl AttemptLedger {
                             continue;
                         };
                         let Some(err) = answer.error() else {
-                            step.succeeded.push((target, Statement::Done));
+                            step.succeeded.push((target, Written::Done));
                             continue;
                         };
                         match err.code() {
@@ -777,7 +803,7 @@ impl AttemptLedger {
                                 BatchStatementErrorCodeEnum::ConditionalCheckFailed
                                 | BatchStatementErrorCodeEnum::DuplicateItem
                                 | BatchStatementErrorCodeEnum::ValidationError,
-                            ) => step.succeeded.push((target, Statement::Refused)),
+                            ) => step.succeeded.push((target, Written::Refused)),
                             Some(
                                 BatchStatementErrorCodeEnum::ThrottlingError
                                 | BatchStatementErrorCodeEnum::ProvisionedThroughputExceeded
@@ -787,7 +813,7 @@ impl AttemptLedger {
                             ) => step.retry.push((target, request)),
                             // Refused for another reason (access, a missing table, an item
                             // collection full): the single-item write says whether it is so.
-                            _ => step.succeeded.push((target, Statement::Refused)),
+                            _ => step.succeeded.push((target, Written::Refused)),
                         }
                     }
                     Ok(step)
@@ -804,9 +830,9 @@ impl AttemptLedger {
             .is_some_and(|e| e.kind == FailureKind::Permanent);
         for ((target, _), why) in result.failed {
             let outcome = match &result.error {
-                _ if refused => Statement::Refused,
-                Some(e) => Statement::Failed(e.clone()),
-                None => Statement::Failed(
+                _ if refused => Written::Refused,
+                Some(e) => Written::Failed(e.clone()),
+                None => Written::Failed(
                     StorageError::new("BatchExecuteStatement", None, why, FailureKind::Transient)
                         .with_resource(&self.table),
                 ),

@@ -12,8 +12,11 @@ use tracing::{info_span, warn};
 use super::plan::{Plan, Step};
 use super::{BatchOutcome, Deadline, Processor, loggable};
 use crate::core::Decision;
+use crate::core::breaker::BreakerState;
 use crate::core::breaker::Phase;
-use crate::effects::ledger::{Count, Delivery, Waiting};
+use crate::effects::ledger::{Batched, Count, Delivery, Waiting, Written};
+use crate::effects::storage_retry::StorageError;
+use aws_sdk_dynamodb::types::BatchStatementRequest;
 
 impl Processor {
     /// Step 4: performs `plan`.
@@ -49,23 +52,40 @@ impl Processor {
             .map(|s| s.record.ledger_key())
             .filter(|k| !done.iter().any(|(d, _)| d == k))
             .collect();
-        let reports = futures::future::join_all(breaker_reports.iter().map(|(t, a)| async move {
+        // A breaker report that only adds to a counting window rides in the ledger's batched
+        // write; the others are written on their own, at the same time.
+        let mut folded = Vec::new();
+        let mut direct = Vec::new();
+        for (t, a) in &breaker_reports {
             let Some(b) = self.breakers.get(t) else {
-                return false;
+                continue;
             };
-            match b.report(t, a, now_ms, deadline).await {
-                Ok(Some(state)) => state.phase == Phase::Open,
-                Ok(None) => false,
-                Err(e) => {
-                    warn!(job_type = t, error = %e, "breaker report lost");
-                    false
-                }
+            match b.fold(t, a, now_ms) {
+                Some(f) => folded.push((t, b, a, f)),
+                None => direct.push((t, b, a)),
             }
-        }));
-        let (_, lost, opened, _) = tokio::join!(
+        }
+        let extra: Vec<BatchStatementRequest> = folded.iter().map(|(.., f)| f.statement.clone()).collect();
+        let reports = futures::future::join_all(
+            direct
+                .iter()
+                .map(|(t, b, a)| async move { opened(t, b.report(t, a, now_ms, deadline).await) }),
+        );
+        let ledger = async {
+            let (lost, written) = self.write_ledger(&steps, &forget, &extra, deadline).await;
+            let settled =
+                folded
+                    .into_iter()
+                    .zip(written)
+                    .map(|((t, b, a, f), w)| async move {
+                        opened(t, b.settle(t, f, w, a, now_ms, deadline).await)
+                    });
+            (lost, futures::future::join_all(settled).await)
+        };
+        let (_, (lost, folded_opened), direct_opened, _) = tokio::join!(
             self.sqs
                 .change_visibility(&self.source_queue, visibility, deadline),
-            self.write_ledger(&steps, &forget, deadline),
+            ledger,
             reports,
             async {
                 if done.is_empty() {
@@ -78,10 +98,8 @@ impl Processor {
                 }
             },
         );
-        for (t, o) in breaker_reports.keys().zip(opened) {
-            if o {
-                metrics.add(self.dimension(Some(t)), "BreakerOpened", 1);
-            }
+        for t in direct_opened.into_iter().chain(folded_opened).flatten() {
+            metrics.add(self.dimension(Some(t)), "BreakerOpened", 1);
         }
         self.remember_counts(&steps, &lost);
         for s in steps.iter().filter(|s| s.effects.unrecorded) {
@@ -147,18 +165,20 @@ impl Processor {
     }
 
     /// Counts executions and deletes finished ledgers in one batched write (see
-    /// [`AttemptLedger::write_batch`](crate::effects::ledger::AttemptLedger::write_batch)); a
-    /// retry's count also stores where its message can be reached while it waits (for
-    /// `triage park`). Returns the steps whose count could not be written.
+    /// [`AttemptLedger::write_batch`](crate::effects::ledger::AttemptLedger::write_batch)),
+    /// with the folded breaker reports (`extra`); a retry's count also stores where its
+    /// message can be reached while it waits (for `triage park`). Returns the steps whose
+    /// count could not be written, and what each extra statement came to.
     async fn write_ledger(
         &self,
         steps: &[Step],
         forget: &[(String, String)],
+        extra: &[BatchStatementRequest],
         deadline: Option<Instant>,
-    ) -> Vec<usize> {
+    ) -> (Vec<usize>, Vec<Written>) {
         let counted: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].effects.count).collect();
-        if counted.is_empty() && forget.is_empty() {
-            return Vec::new();
+        if counted.is_empty() && forget.is_empty() && extra.is_empty() {
+            return (Vec::new(), Vec::new());
         }
         let counts: Vec<Count<'_>> = counted
             .iter()
@@ -191,7 +211,11 @@ impl Processor {
                 }
             })
             .collect();
-        let (writes, forgotten) = self.ledger.write_batch(&counts, forget, deadline).await;
+        let Batched {
+            counts: writes,
+            forgotten,
+            extras,
+        } = self.ledger.write_batch(&counts, forget, extra, deadline).await;
         if let Err(e) = forgotten {
             warn!(error = %e, "attempt ledger cleanup failed; the items expire by TTL");
         }
@@ -202,7 +226,7 @@ impl Processor {
                 lost.push(i);
             }
         }
-        lost
+        (lost, extras)
     }
 
     /// Keeps this environment's memory of counts the ledger refused: a job whose count was
@@ -220,6 +244,19 @@ impl Processor {
         }
         for s in steps.iter().filter(|s| s.effects.settled) {
             memory.forget(&s.record.lost_key());
+        }
+    }
+}
+
+/// The job type when its report opened the breaker; a report that could not be written is
+/// logged.
+fn opened(job_type: &str, report: Result<Option<BreakerState>, StorageError>) -> Option<&str> {
+    match report {
+        Ok(Some(state)) if state.phase == Phase::Open => Some(job_type),
+        Ok(_) => None,
+        Err(e) => {
+            warn!(job_type, error = %e, "breaker report lost");
+            None
         }
     }
 }

@@ -288,3 +288,88 @@ async fn counting_windows_take_one_write_per_report_and_open_once() {
     assert!(updates >= 6, "every racer tried an increment ({updates})");
     delete_table(&client, &table).await.unwrap();
 }
+
+/// A report that only adds to a counting window rides in the ledger's batched write as one
+/// statement: counted once when written, once when the call's answer was lost and it was sent
+/// again, and made the long way (which opens the breaker) when other environments' failures
+/// would take it to the threshold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_folded_report_counts_once_and_one_that_would_reach_the_threshold_opens_the_breaker() {
+    use sqs_triage::effects::ledger::{AttemptLedger, Batched, Written};
+    use support::fault_proxy::{Fault, FaultProxy, FaultRule};
+
+    let (client, table) = setup().await;
+    let sdk = support::sdk_config().await;
+    let proxy = FaultProxy::start(&support::ddb_endpoint());
+    let proxied =
+        aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&sdk).endpoint_url(proxy.url()).build());
+    let caching = BreakerConfig::builder()
+        .threshold(5)
+        .cache_ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let store = BreakerStore::new(proxied.clone(), &table, StorageRetry::default()).with_config(caching);
+    let other = BreakerStore::new(client.clone(), &table, StorageRetry::default()).with_config(caching);
+    let ledger = AttemptLedger::new(proxied, &table, StorageRetry::default());
+    let jt = "email";
+    let one = Aggregate {
+        transient_failures: 1,
+        generation: 0,
+        ..Aggregate::default()
+    };
+    // Nothing cached: no fold. The first failure starts the window the long way.
+    assert!(store.fold(jt, &one, T0).is_none());
+    store.report(jt, &one, T0, None).await.unwrap();
+
+    let written = |f: &sqs_triage::effects::breaker_store::FoldedReport| {
+        let statement = f.statement.clone();
+        let ledger = &ledger;
+        async move {
+            let Batched { extras, .. } = ledger.write_batch(&[], &[], &[statement], None).await;
+            extras.into_iter().next().unwrap()
+        }
+    };
+
+    // Written in the batch: one call, no UpdateItem.
+    proxy.reset_counts();
+    let f = store
+        .fold(jt, &one, T0 + 1)
+        .expect("a counting window below the threshold");
+    let w = written(&f).await;
+    assert!(matches!(w, Written::Done), "{w:?}");
+    let s = store.settle(jt, f, w, &one, T0 + 1, None).await.unwrap().unwrap();
+    assert_eq!((s.phase, s.failures), (Phase::Closed, 2));
+    assert_eq!(
+        proxy.counts(),
+        BTreeMap::from([("BatchExecuteStatement".to_owned(), 1)])
+    );
+    assert_eq!(other.read(jt).await.unwrap().failures, 2);
+
+    // The call landed and its answer was lost: the retry is refused by the token, and the
+    // read shows this write's own token. Counted once.
+    proxy.add_rule(FaultRule {
+        ops: Some(vec!["BatchExecuteStatement".into()]),
+        body_contains: None,
+        fault: Fault::LostAnswer,
+        times: Some(1),
+    });
+    let f = store.fold(jt, &one, T0 + 2).unwrap();
+    let w = written(&f).await;
+    assert!(matches!(w, Written::Refused), "{w:?}");
+    let s = store.settle(jt, f, w, &one, T0 + 2, None).await.unwrap().unwrap();
+    assert_eq!((s.phase, s.failures), (Phase::Closed, 3));
+    assert_eq!(other.read(jt).await.unwrap().failures, 3, "counted once");
+
+    // Another environment's failure takes the window to 4; this one still knows 3, so its
+    // statement (4 + 1 would reach 5) is refused and the report, made the long way, opens it.
+    other.report(jt, &one, T0 + 3, None).await.unwrap();
+    let f = store.fold(jt, &one, T0 + 4).expect("the cache still says 3");
+    let w = written(&f).await;
+    assert!(matches!(w, Written::Refused), "{w:?}");
+    let s = store.settle(jt, f, w, &one, T0 + 4, None).await.unwrap().unwrap();
+    assert_eq!(s.phase, Phase::Open, "{s:?}");
+    assert_eq!(other.read(jt).await.unwrap().phase, Phase::Open);
+    // Open: nothing more to fold.
+    assert!(store.fold(jt, &one, T0 + 5).is_none());
+    delete_table(&client, &table).await.unwrap();
+}

@@ -4,7 +4,7 @@ use crate::support;
 
 use std::sync::Arc;
 
-use sqs_triage::effects::ledger::{AttemptLedger, Count, Counted, Delivery, Waiting};
+use sqs_triage::effects::ledger::{AttemptLedger, Batched, Count, Counted, Delivery, Waiting};
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb_config};
 use sqs_triage::effects::table::{create_table, delete_table};
 use support::fault_proxy::{Fault, FaultProxy, FaultRule};
@@ -272,7 +272,11 @@ async fn an_invocations_counts_and_deletes_are_one_call_and_exact_whatever_the_g
         ("t".to_owned(), "n1".to_owned()),
     ];
     proxy.reset_counts();
-    let (results, forgotten) = ledger.write_batch(&counts, &forget, None).await;
+    let Batched {
+        counts: results,
+        forgotten,
+        ..
+    } = ledger.write_batch(&counts, &forget, &[], None).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     forgotten.unwrap();
     assert_eq!(proxy.count("BatchExecuteStatement"), 1, "{:?}", proxy.counts());
@@ -294,7 +298,7 @@ async fn an_invocations_counts_and_deletes_are_one_call_and_exact_whatever_the_g
 
     // The whole invocation again (a duplicate delivery of the batch): nothing counts twice,
     // whichever statement each count takes.
-    let (results, _) = ledger.write_batch(&counts, &[], None).await;
+    let Batched { counts: results, .. } = ledger.write_batch(&counts, &[], &[], None).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     for (id, want) in [("n1", 2), ("old", 2), ("old2", 2), ("ghost", 1)] {
         assert_eq!(attempts(&ledger, id).await, Some(want), "{id}");
@@ -304,7 +308,7 @@ async fn an_invocations_counts_and_deletes_are_one_call_and_exact_whatever_the_g
     let ids: Vec<String> = (0..60).map(|i| format!("bulk{i}")).collect();
     let bulk: Vec<Count<'_>> = ids.iter().map(|id| count(id, "m", 1, false)).collect();
     proxy.reset_counts();
-    let (results, _) = ledger.write_batch(&bulk, &[], None).await;
+    let Batched { counts: results, .. } = ledger.write_batch(&bulk, &[], &[], None).await;
     assert!(results.iter().all(Result::is_ok));
     assert_eq!(proxy.count("BatchExecuteStatement"), 3, "{:?}", proxy.counts());
     assert_eq!(proxy.total(), 3);
@@ -378,7 +382,7 @@ async fn a_batch_whose_answer_was_lost_or_throttled_counts_each_execution_once()
                 ..*c
             })
             .collect();
-        let (results, _) = ledger.write_batch(&counts, &[], None).await;
+        let Batched { counts: results, .. } = ledger.write_batch(&counts, &[], &[], None).await;
         assert!(results.iter().all(Result::is_ok), "{name}: {results:?}");
         for (i, id) in ids.iter().enumerate() {
             let want = delivery - 1 + u32::from(i % 2 == 0);
@@ -417,7 +421,11 @@ async fn a_role_without_partiql_still_counts_and_deletes_through_the_single_item
     );
     let counts = [count("a", "m", 1, false), count("b", "m", 2, true)];
     let forget = [("t".to_owned(), "done".to_owned())];
-    let (results, forgotten) = ledger.write_batch(&counts, &forget, None).await;
+    let Batched {
+        counts: results,
+        forgotten,
+        ..
+    } = ledger.write_batch(&counts, &forget, &[], None).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     forgotten.unwrap();
     assert_eq!(attempts(&ledger, "a").await, Some(1));
@@ -427,7 +435,13 @@ async fn a_role_without_partiql_still_counts_and_deletes_through_the_single_item
     assert_eq!(proxy.count("BatchWriteItem"), 1, "{:?}", proxy.counts());
 
     // Counts only: a refused call is no cleanup failure.
-    let (results, forgotten) = ledger.write_batch(&[count("c", "m", 1, false)], &[], None).await;
+    let Batched {
+        counts: results,
+        forgotten,
+        ..
+    } = ledger
+        .write_batch(&[count("c", "m", 1, false)], &[], &[], None)
+        .await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     forgotten.unwrap();
     proxy.clear_faults();
