@@ -361,6 +361,11 @@ impl BreakerStore {
     pub fn fold(&self, job_type: &str, agg: &Aggregate, now_ms: u64) -> Option<FoldedReport> {
         let config = self.config;
         let cached = self.cached(job_type)?;
+        // An item without a `version` (written by hand or by something else) is left to
+        // `report`, whose `ADD version` gives it one; the statement's `version + 1` cannot.
+        if cached.version == 0 {
+            return None;
+        }
         let inc = cached.increment(agg, now_ms, &config)?;
         let limit = config.threshold().checked_sub(inc.failures)?;
         let token = format!("{:016x}", rand::rng().random::<u64>());
@@ -402,7 +407,10 @@ impl BreakerStore {
     /// Finishes a folded report from what its statement came to: written, the state as this
     /// environment now knows it (closed, below the threshold); refused, the report is made
     /// the long way (read, then a conditional write of the reported state), unless the read
-    /// shows this write's own token (it had landed).
+    /// shows this write's own token (it had landed); not written by the deadline or the retry
+    /// policy's end, the report is sent on its own ([`report`](Self::report)), which may count
+    /// it twice if the statement had landed after all: the breaker then opens early, never
+    /// late.
     pub async fn settle(
         &self,
         job_type: &str,
@@ -417,14 +425,14 @@ impl BreakerStore {
                 self.remember(job_type, &folded.counted);
                 Ok(Some(folded.counted))
             }
-            Written::Failed(e) => Err(e),
+            Written::Failed(_) => self.report(job_type, agg, now_ms, deadline).await,
             Written::Refused => {
                 let (fresh, writer) = self.read_raw(job_type, deadline).await?;
                 if writer.as_deref() == Some(folded.token.as_str()) {
                     return Ok(Some(fresh));
                 }
                 let config = self.config;
-                self.transition(job_type, deadline, |s| s.report(agg, now_ms, &config))
+                self.transition_from(job_type, fresh, deadline, |s| s.report(agg, now_ms, &config))
                     .await
             }
         }
@@ -537,9 +545,20 @@ impl BreakerStore {
         &self,
         job_type: &str,
         deadline: Option<Instant>,
+        f: impl FnMut(&BreakerState) -> Option<BreakerState>,
+    ) -> Result<Option<BreakerState>, StorageError> {
+        let cur = self.read_by(job_type, deadline).await?;
+        self.transition_from(job_type, cur, deadline, f).await
+    }
+
+    /// [`transition`](Self::transition) from a state just read.
+    async fn transition_from(
+        &self,
+        job_type: &str,
+        mut cur: BreakerState,
+        deadline: Option<Instant>,
         mut f: impl FnMut(&BreakerState) -> Option<BreakerState>,
     ) -> Result<Option<BreakerState>, StorageError> {
-        let mut cur = self.read_by(job_type, deadline).await?;
         let limit = MAX_CONFLICTS + self.config.probes();
         for _ in 0..limit {
             let Some(next) = f(&cur) else {

@@ -600,6 +600,28 @@ impl AttemptLedger {
         extra: &[BatchStatementRequest],
         deadline: Option<Instant>,
     ) -> Batched {
+        let (mut batched, extras) = self
+            .write_batch_then(counts, forget, extra, deadline, std::future::ready)
+            .await;
+        batched.extras = extras;
+        batched
+    }
+
+    /// [`write_batch`](Self::write_batch), handing what the extra statements came to to
+    /// `then` as soon as the batched calls have answered, to run beside the single-item
+    /// rewrites (the returned [`Batched`] has no `extras`).
+    pub async fn write_batch_then<F, Fut>(
+        &self,
+        counts: &[Count<'_>],
+        forget: &[JobKey],
+        extra: &[BatchStatementRequest],
+        deadline: Option<Instant>,
+        then: F,
+    ) -> (Batched, Fut::Output)
+    where
+        F: FnOnce(Vec<Written>) -> Fut,
+        Fut: std::future::Future,
+    {
         let now = now_ms();
         let exp = expires_at_s(now, self.ttl);
         let mut keys: HashSet<(String, String)> = HashSet::with_capacity(counts.len() + forget.len());
@@ -675,7 +697,7 @@ impl AttemptLedger {
                 deadline,
             )
         }));
-        let (rewrites, deleted) = tokio::join!(rewrites, deletes);
+        let (rewrites, deleted, after) = tokio::join!(rewrites, deletes, then(extras));
         forgotten = forgotten.and(deleted);
         for (&i, r) in again.iter().zip(rewrites) {
             results[i] = Some(r.map(|_| ()));
@@ -684,11 +706,12 @@ impl AttemptLedger {
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(no_answer())))
             .collect();
-        Batched {
+        let batched = Batched {
             counts,
             forgotten,
-            extras,
-        }
+            extras: Vec::new(),
+        };
+        (batched, after)
     }
 
     /// The statement that counts `c`: `INSERT` of a new item, or a conditional `UPDATE` of

@@ -71,8 +71,9 @@ impl Processor {
                 .iter()
                 .map(|(t, b, a)| async move { opened(t, b.report(t, a, now_ms, deadline).await) }),
         );
-        let ledger = async {
-            let (lost, written) = self.write_ledger(&steps, &forget, &extra, deadline).await;
+        // Folded reports are settled as soon as the batched call answers, beside the ledger's
+        // own single-item rewrites.
+        let ledger = self.write_ledger(&steps, &forget, &extra, deadline, |written| {
             let settled =
                 folded
                     .into_iter()
@@ -80,8 +81,8 @@ impl Processor {
                     .map(|((t, b, a, f), w)| async move {
                         opened(t, b.settle(t, f, w, a, now_ms, deadline).await)
                     });
-            (lost, futures::future::join_all(settled).await)
-        };
+            futures::future::join_all(settled)
+        });
         let (_, (lost, folded_opened), direct_opened, _) = tokio::join!(
             self.sqs
                 .change_visibility(&self.source_queue, visibility, deadline),
@@ -167,18 +168,24 @@ impl Processor {
     /// Counts executions and deletes finished ledgers in one batched write (see
     /// [`AttemptLedger::write_batch`](crate::effects::ledger::AttemptLedger::write_batch)),
     /// with the folded breaker reports (`extra`); a retry's count also stores where its
-    /// message can be reached while it waits (for `triage park`). Returns the steps whose
-    /// count could not be written, and what each extra statement came to.
-    async fn write_ledger(
+    /// message can be reached while it waits (for `triage park`); `then` gets what each extra
+    /// statement came to as soon as the batched calls answer. Returns the steps whose count
+    /// could not be written, and what `then` came to.
+    async fn write_ledger<F, Fut>(
         &self,
         steps: &[Step],
         forget: &[(String, String)],
         extra: &[BatchStatementRequest],
         deadline: Option<Instant>,
-    ) -> (Vec<usize>, Vec<Written>) {
+        then: F,
+    ) -> (Vec<usize>, Fut::Output)
+    where
+        F: FnOnce(Vec<Written>) -> Fut,
+        Fut: std::future::Future,
+    {
         let counted: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].effects.count).collect();
         if counted.is_empty() && forget.is_empty() && extra.is_empty() {
-            return (Vec::new(), Vec::new());
+            return (Vec::new(), then(Vec::new()).await);
         }
         let counts: Vec<Count<'_>> = counted
             .iter()
@@ -211,11 +218,17 @@ impl Processor {
                 }
             })
             .collect();
-        let Batched {
-            counts: writes,
-            forgotten,
-            extras,
-        } = self.ledger.write_batch(&counts, forget, extra, deadline).await;
+        let (
+            Batched {
+                counts: writes,
+                forgotten,
+                ..
+            },
+            after,
+        ) = self
+            .ledger
+            .write_batch_then(&counts, forget, extra, deadline, then)
+            .await;
         if let Err(e) = forgotten {
             warn!(error = %e, "attempt ledger cleanup failed; the items expire by TTL");
         }
@@ -226,7 +239,7 @@ impl Processor {
                 lost.push(i);
             }
         }
-        (lost, extras)
+        (lost, after)
     }
 
     /// Keeps this environment's memory of counts the ledger refused: a job whose count was

@@ -254,7 +254,9 @@ impl BatchOutcome {
 }
 
 impl Processor {
-    /// A processor over these effects.
+    /// A processor over these effects. Breaker reports that only add to a counting window
+    /// are sent through `ledger`'s client, in its batched write: the breakers' tables must be
+    /// reachable with it (the same account and region).
     pub fn new(
         registry: Arc<Registry>,
         sqs: Sqs,

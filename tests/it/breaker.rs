@@ -295,7 +295,9 @@ async fn counting_windows_take_one_write_per_report_and_open_once() {
 /// would take it to the threshold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_folded_report_counts_once_and_one_that_would_reach_the_threshold_opens_the_breaker() {
+    use aws_sdk_dynamodb::types::AttributeValue;
     use sqs_triage::effects::ledger::{AttemptLedger, Batched, Written};
+    use sqs_triage::effects::storage_retry::StorageRetryConfig;
     use support::fault_proxy::{Fault, FaultProxy, FaultRule};
 
     let (client, table) = setup().await;
@@ -304,13 +306,20 @@ async fn a_folded_report_counts_once_and_one_that_would_reach_the_threshold_open
     let proxied =
         aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&sdk).endpoint_url(proxy.url()).build());
     let caching = BreakerConfig::builder()
-        .threshold(5)
+        .threshold(6)
         .cache_ttl(Duration::from_secs(60))
         .build()
         .unwrap();
     let store = BreakerStore::new(proxied.clone(), &table, StorageRetry::default()).with_config(caching);
     let other = BreakerStore::new(client.clone(), &table, StorageRetry::default()).with_config(caching);
-    let ledger = AttemptLedger::new(proxied, &table, StorageRetry::default());
+    let quick = StorageRetry::new(StorageRetryConfig {
+        base: Duration::from_millis(2),
+        throttle_base: Duration::from_millis(5),
+        max_backoff: Duration::from_millis(20),
+        ..StorageRetryConfig::default()
+    })
+    .unwrap();
+    let ledger = AttemptLedger::new(proxied, &table, quick);
     let jt = "email";
     let one = Aggregate {
         transient_failures: 1,
@@ -360,16 +369,56 @@ async fn a_folded_report_counts_once_and_one_that_would_reach_the_threshold_open
     assert_eq!((s.phase, s.failures), (Phase::Closed, 3));
     assert_eq!(other.read(jt).await.unwrap().failures, 3, "counted once");
 
-    // Another environment's failure takes the window to 4; this one still knows 3, so its
-    // statement (4 + 1 would reach 5) is refused and the report, made the long way, opens it.
-    other.report(jt, &one, T0 + 3, None).await.unwrap();
-    let f = store.fold(jt, &one, T0 + 4).expect("the cache still says 3");
+    // The batched call fails for good (the retry policy gives up): the report is sent on
+    // its own.
+    proxy.fail_always("BatchExecuteStatement", Fault::Status503);
+    let f = store.fold(jt, &one, T0 + 3).unwrap();
+    let w = written(&f).await;
+    assert!(matches!(w, Written::Failed(_)), "{w:?}");
+    let s = store.settle(jt, f, w, &one, T0 + 3, None).await.unwrap().unwrap();
+    assert_eq!((s.phase, s.failures), (Phase::Closed, 4));
+    proxy.clear_faults();
+
+    // Another environment's failure takes the window to 5; this one still knows 4, so its
+    // statement (5 + 1 would reach 6) is refused and the report, made the long way, opens it:
+    // the refused statement, one read, one write.
+    other.report(jt, &one, T0 + 4, None).await.unwrap();
+    let f = store.fold(jt, &one, T0 + 5).expect("the cache still says 4");
+    proxy.reset_counts();
     let w = written(&f).await;
     assert!(matches!(w, Written::Refused), "{w:?}");
-    let s = store.settle(jt, f, w, &one, T0 + 4, None).await.unwrap().unwrap();
+    let s = store.settle(jt, f, w, &one, T0 + 5, None).await.unwrap().unwrap();
     assert_eq!(s.phase, Phase::Open, "{s:?}");
+    assert_eq!(
+        proxy.counts(),
+        BTreeMap::from([
+            ("BatchExecuteStatement".to_owned(), 1),
+            ("GetItem".to_owned(), 1),
+            ("PutItem".to_owned(), 1)
+        ])
+    );
     assert_eq!(other.read(jt).await.unwrap().phase, Phase::Open);
     // Open: nothing more to fold.
-    assert!(store.fold(jt, &one, T0 + 5).is_none());
+    assert!(store.fold(jt, &one, T0 + 6).is_none());
+
+    // An item without a `version` (written by something else) is not folded: `report`'s
+    // `ADD version` gives it one, where the statement's `version + 1` could not.
+    let jt = "bare";
+    client
+        .put_item()
+        .table_name(&table)
+        .item("pk", AttributeValue::S(format!("breaker#{jt}")))
+        .item("sk", AttributeValue::S("state".into()))
+        .item("phase", AttributeValue::S("closed".into()))
+        .item("generation", AttributeValue::N("0".into()))
+        .item("window_start", AttributeValue::N(T0.to_string()))
+        .item("failures", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .unwrap();
+    store.read(jt).await.unwrap();
+    assert!(store.fold(jt, &one, T0 + 1).is_none());
+    let s = store.report(jt, &one, T0 + 1, None).await.unwrap().unwrap();
+    assert_eq!((s.phase, s.failures, s.version), (Phase::Closed, 2, 1));
     delete_table(&client, &table).await.unwrap();
 }
