@@ -8,8 +8,11 @@
 //! An invocation is modelled on the processor's storage path, through the real store:
 //! `BreakerStore::observe` (cached read) and `view` for the batch; `admit` for a record that
 //! would run as a half-open probe; one `BreakerStore::report` per invocation with the batch's
-//! aggregate. The handlers take `HANDLER_MS`. Each execution that fails costs the processor one
-//! ledger count (a conditional `UpdateItem` on that job's own item): those are counted on the
+//! aggregate (the processor sends a report that only adds to a counting window as a statement
+//! of its batched ledger write instead: the same conditional write on the same item, so the
+//! breaker item's writes and conflicts are the same). The handlers take `HANDLER_MS`. Each
+//! execution that fails costs the processor one ledger count (a conditional write on that
+//! job's own item, in the invocation's batched call): those are counted on the
 //! same timeline but not sent, because they go to one item per job, spread over the table's
 //! partitions, and DynamoDB Local — one process on the same cores — would spend its whole
 //! throughput on them and measure itself instead of the shared breaker item. The SQS calls a
