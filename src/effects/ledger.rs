@@ -16,6 +16,8 @@
 //! [`JobRef`]).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::clock::now_ms;
@@ -353,6 +355,8 @@ pub struct AttemptLedger {
     table: String,
     retry: StorageRetry,
     ttl: Duration,
+    /// Whether a refused batched write has been logged (once per ledger and its clones).
+    refusal_logged: Arc<AtomicBool>,
 }
 
 impl AttemptLedger {
@@ -363,6 +367,7 @@ impl AttemptLedger {
             table: table.into(),
             retry,
             ttl: DEFAULT_TTL,
+            refusal_logged: Arc::default(),
         }
     }
 
@@ -851,6 +856,11 @@ impl AttemptLedger {
             .error
             .as_ref()
             .is_some_and(|e| e.kind == FailureKind::Permanent);
+        if let Some(e) = result.error.as_ref().filter(|_| refused) {
+            if !self.refusal_logged.swap(true, Ordering::Relaxed) {
+                tracing::warn!(error = %e, "batched ledger write refused: counts and deletes fall back to one call per item (a role without dynamodb:PartiQLInsert, PartiQLUpdate and PartiQLDelete on the table refuses it); logged once");
+            }
+        }
         for ((target, _), why) in result.failed {
             let outcome = match &result.error {
                 _ if refused => Written::Refused,
