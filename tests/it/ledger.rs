@@ -217,12 +217,27 @@ fn count<'a>(job_id: &'a str, message_id: &'a str, receive_count: u32, exists: b
     }
 }
 
-async fn via_proxy() -> (FaultProxy, aws_sdk_dynamodb::Client) {
-    let conf = support::sdk_config().await;
-    let proxy = FaultProxy::start(&support::ddb_endpoint());
-    let client =
-        aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&conf).endpoint_url(proxy.url()).build());
-    (proxy, client)
+/// Counts a first execution of job `job_id` of type `t`, delivered as message `message_id`.
+async fn seed(ledger: &AttemptLedger, job_id: &str, message_id: &str) {
+    let delivery = Delivery {
+        message_id,
+        receive_count: 1,
+    };
+    ledger
+        .count("t", job_id, delivery, None, "e", None)
+        .await
+        .unwrap();
+}
+
+/// Writes a batch of counts and deletes, every one of which must be written.
+async fn write_all(ledger: &AttemptLedger, counts: &[Count<'_>], forget: &[(String, String)]) {
+    let Batched {
+        counts: results,
+        forgotten,
+        ..
+    } = ledger.write_batch(counts, forget, &[], None).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    forgotten.unwrap();
 }
 
 async fn attempts(ledger: &AttemptLedger, job_id: &str) -> Option<u32> {
@@ -231,7 +246,7 @@ async fn attempts(ledger: &AttemptLedger, job_id: &str) -> Option<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_invocations_counts_and_deletes_are_one_call_and_exact_whatever_the_guess() {
-    let (proxy, client) = via_proxy().await;
+    let (proxy, client) = support::ddb_via_proxy().await;
     let (ledger, table) = ledger_on(client.clone()).await;
     for (id, m) in [("old", "m0"), ("old2", "m2"), ("gone", "m3")] {
         ledger
@@ -272,13 +287,7 @@ async fn an_invocations_counts_and_deletes_are_one_call_and_exact_whatever_the_g
         ("t".to_owned(), "n1".to_owned()),
     ];
     proxy.reset_counts();
-    let Batched {
-        counts: results,
-        forgotten,
-        ..
-    } = ledger.write_batch(&counts, &forget, &[], None).await;
-    assert!(results.iter().all(Result::is_ok), "{results:?}");
-    forgotten.unwrap();
+    write_all(&ledger, &counts, &forget).await;
     assert_eq!(proxy.count("BatchExecuteStatement"), 1, "{:?}", proxy.counts());
     assert_eq!(proxy.count("UpdateItem"), 3, "{:?}", proxy.counts());
     assert_eq!(proxy.count("BatchWriteItem"), 0);
@@ -317,24 +326,11 @@ async fn an_invocations_counts_and_deletes_are_one_call_and_exact_whatever_the_g
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_whose_answer_was_lost_or_throttled_counts_each_execution_once() {
-    let (proxy, client) = via_proxy().await;
+    let (proxy, client) = support::ddb_via_proxy().await;
     let (ledger, table) = ledger_on(client.clone()).await;
     let ids: Vec<String> = (0..30).map(|i| format!("j{i}")).collect();
     for id in ids.iter().step_by(2) {
-        ledger
-            .count(
-                "t",
-                id,
-                Delivery {
-                    message_id: "m",
-                    receive_count: 1,
-                },
-                None,
-                "e",
-                None,
-            )
-            .await
-            .unwrap();
+        seed(&ledger, id, "m").await;
     }
     // Even jobs were read and have an item; odd ones are first executions.
     let counts: Vec<Count<'_>> = ids
@@ -395,22 +391,9 @@ async fn a_batch_whose_answer_was_lost_or_throttled_counts_each_execution_once()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_role_without_partiql_still_counts_and_deletes_through_the_single_item_calls() {
-    let (proxy, client) = via_proxy().await;
+    let (proxy, client) = support::ddb_via_proxy().await;
     let (ledger, table) = ledger_on(client.clone()).await;
-    ledger
-        .count(
-            "t",
-            "done",
-            Delivery {
-                message_id: "m",
-                receive_count: 1,
-            },
-            None,
-            "e",
-            None,
-        )
-        .await
-        .unwrap();
+    seed(&ledger, "done", "m").await;
     // A stack deployed before its role had the PartiQL actions: every call refused.
     proxy.fail_always(
         "BatchExecuteStatement",
@@ -421,13 +404,7 @@ async fn a_role_without_partiql_still_counts_and_deletes_through_the_single_item
     );
     let counts = [count("a", "m", 1, false), count("b", "m", 2, true)];
     let forget = [("t".to_owned(), "done".to_owned())];
-    let Batched {
-        counts: results,
-        forgotten,
-        ..
-    } = ledger.write_batch(&counts, &forget, &[], None).await;
-    assert!(results.iter().all(Result::is_ok), "{results:?}");
-    forgotten.unwrap();
+    write_all(&ledger, &counts, &forget).await;
     assert_eq!(attempts(&ledger, "a").await, Some(1));
     assert_eq!(attempts(&ledger, "b").await, Some(1));
     assert_eq!(attempts(&ledger, "done").await, None, "deleted");

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqs_triage::effects::ledger::{AttemptLedger, Counted, Delivery};
-use sqs_triage::effects::storage_retry::{Stop, StorageRetry, StorageRetryConfig, dynamodb_config};
+use sqs_triage::effects::storage_retry::{Stop, StorageRetry, StorageRetryConfig};
 use sqs_triage::effects::table::{create_table, delete_table};
-use support::fault_proxy::{Fault, FaultPlan, FaultProxy};
+use support::fault_proxy::{Fault, FaultPlan};
 
 fn policy(capacity: u32) -> StorageRetry {
     StorageRetry::new(StorageRetryConfig {
@@ -20,14 +20,6 @@ fn policy(capacity: u32) -> StorageRetry {
         ..StorageRetryConfig::default()
     })
     .unwrap()
-}
-
-async fn via_proxy() -> (FaultProxy, aws_sdk_dynamodb::Client) {
-    let conf = support::sdk_config().await;
-    let proxy = FaultProxy::start(&support::ddb_endpoint());
-    let client =
-        aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&conf).endpoint_url(proxy.url()).build());
-    (proxy, client)
 }
 
 fn all_kinds() -> Vec<Fault> {
@@ -42,7 +34,7 @@ fn all_kinds() -> Vec<Fault> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn ledger_is_exact_through_a_share_of_faults_and_retries_stay_in_budget() {
-    let (proxy, client) = via_proxy().await;
+    let (proxy, client) = support::ddb_via_proxy().await;
     let table = support::unique_name("retry");
     create_table(&client, &table).await.unwrap();
     let retry = policy(400);
@@ -106,7 +98,7 @@ async fn ledger_is_exact_through_a_share_of_faults_and_retries_stay_in_budget() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn all_faults_fail_after_bounded_retries_with_a_clear_error() {
-    let (proxy, client) = via_proxy().await;
+    let (proxy, client) = support::ddb_via_proxy().await;
     let table = support::unique_name("retry");
     create_table(&client, &table).await.unwrap();
     for fault in all_kinds() {
@@ -155,7 +147,7 @@ async fn all_faults_fail_after_bounded_retries_with_a_clear_error() {
 
 #[tokio::test]
 async fn missing_table_surfaces_at_once_with_what_to_do() {
-    let (proxy, client) = via_proxy().await;
+    let (proxy, client) = support::ddb_via_proxy().await;
     let ledger = AttemptLedger::new(client, "no-such-table", policy(100));
     let err = ledger
         .count(

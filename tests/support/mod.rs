@@ -56,6 +56,19 @@ pub async fn sdk_config() -> SdkConfig {
     aws_config::defaults(BehaviorVersion::latest()).load().await
 }
 
+/// A fault proxy in front of DynamoDB Local, and a DynamoDB client (the crate's storage
+/// configuration) that goes through it.
+pub async fn ddb_via_proxy() -> (fault_proxy::FaultProxy, aws_sdk_dynamodb::Client) {
+    let conf = sdk_config().await;
+    let proxy = fault_proxy::FaultProxy::start(&ddb_endpoint());
+    let client = aws_sdk_dynamodb::Client::from_conf(
+        sqs_triage::effects::storage_retry::dynamodb_config(&conf)
+            .endpoint_url(proxy.url())
+            .build(),
+    );
+    (proxy, client)
+}
+
 /// Standard retry mode with `max_attempts` in all and millisecond backoffs, so tests
 /// that inject faults stay fast.
 pub fn fast_retry(max_attempts: u32) -> RetryConfig {
