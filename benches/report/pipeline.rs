@@ -11,8 +11,9 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use sqs_triage::core::envelope::EnvelopeLimits;
 use sqs_triage::core::{Decision, JobError};
 use sqs_triage::effects::calls::CallCounter;
@@ -21,6 +22,7 @@ use sqs_triage::effects::sqs::Sqs;
 use sqs_triage::effects::storage_retry::StorageRetry;
 use sqs_triage::processor::registry::{JobContext, Registry};
 use sqs_triage::processor::{BatchOutcome, Deadline, Incoming, Plan, Processor, ProcessorConfig, Ran};
+use sqs_triage::runtime::lambda::read_records;
 use tokio::time::Instant;
 
 /// The one job type of the generated event.
@@ -301,10 +303,16 @@ impl Bench {
     }
 }
 
-/// The records of a serialized Lambda SQS event.
+/// The records of a serialized Lambda SQS event, read as the shipped function reads them:
+/// `lambda_runtime` hands over the event's JSON text, and the adapter reads each record from
+/// it ([`read_records`]).
 pub fn incoming(raw: &[u8]) -> Vec<Incoming> {
-    let event: SqsEvent = serde_json::from_slice(raw).expect("a valid SQS event");
-    event.records.into_iter().map(Incoming::from_lambda).collect()
+    let event: Box<RawValue> = serde_json::from_slice(raw).expect("a valid JSON event");
+    read_records(event.get())
+        .expect("an SQS event")
+        .into_iter()
+        .map(|r| r.expect("a readable record"))
+        .collect()
 }
 
 /// A Lambda SQS event of `records` first deliveries that all succeed (the healthy path), as

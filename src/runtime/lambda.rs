@@ -1,8 +1,8 @@
 //! The Lambda adapter: an SQS event in, a partial batch response out.
 //!
-//! [`run`] is the whole of a function's `main`; [`handle_json`] is one invocation, for tests
-//! and for functions that drive `lambda_runtime` themselves. [`event`] reads the event's
-//! records.
+//! [`run`] is the whole of a function's `main`; [`handle_raw`] (the event as its JSON text)
+//! and [`handle_json`] (the event parsed) are one invocation, for tests and for functions that
+//! drive `lambda_runtime` themselves. [`event`] reads the event's records.
 
 pub mod event;
 
@@ -10,9 +10,11 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_config::SdkConfig;
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use lambda_runtime::{LambdaEvent, service_fn};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use lambda_runtime::{Context, LambdaEvent, service_fn};
+use serde::Deserialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::RuntimeError;
@@ -43,10 +45,10 @@ pub async fn run_with(registry: Registry, sdk: &SdkConfig) -> Result<(), Runtime
     install_panic_hook(config.log_payloads);
     let env: Environment = build(&config, registry, sdk).await?;
     let processor = &env.processor;
-    // The event is taken as JSON and read record by record: one record the typed model
-    // rejects must not fail the others.
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        handle_json(processor, event).await
+    // The event is taken as its JSON text and read record by record: one record the typed
+    // model rejects must not fail the others.
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Box<RawValue>>| async move {
+        handle_raw(processor, event).await
     }))
     .await
 }
@@ -73,6 +75,132 @@ pub async fn handle(
     handle_json(processor, LambdaEvent::new(payload, context)).await
 }
 
+/// The event's shape on the fast path: its records, each kept as its JSON text.
+#[derive(Deserialize)]
+struct RawEvent<'a> {
+    #[serde(rename = "Records", borrow)]
+    records: Vec<&'a RawValue>,
+}
+
+/// One record of the event, as far as it has been read. The typed variant is the usual one and
+/// is not boxed: that would cost an allocation per record.
+#[allow(clippy::large_enum_variant)]
+enum RawRecord {
+    /// The typed model read it (the usual case).
+    Typed(SqsMessage),
+    /// The typed model rejected it: read in part by [`Incoming::from_lambda_json`].
+    Loose(Value),
+    /// Not readable as JSON at all (nested past the parser's depth limit).
+    Unparsed(String),
+}
+
+impl RawRecord {
+    /// Reads a record from its JSON text: with the typed model straight from the text (no
+    /// intermediate JSON tree), or, when that fails, as JSON for the lenient reading.
+    fn from_text(raw: &RawValue) -> Self {
+        match serde_json::from_str::<SqsMessage>(raw.get()) {
+            Ok(m) => Self::Typed(m),
+            Err(_) => match serde_json::from_str::<Value>(raw.get()) {
+                Ok(v) => Self::Loose(v),
+                Err(e) => Self::Unparsed(format!("the record cannot be read as JSON ({e})")),
+            },
+        }
+    }
+
+    /// Its non-empty message id, when one reads.
+    fn message_id(&self) -> Option<&str> {
+        match self {
+            Self::Typed(m) => m.message_id.as_deref(),
+            Self::Loose(v) => v["messageId"].as_str(),
+            Self::Unparsed(_) => None,
+        }
+        .filter(|id| !id.is_empty())
+    }
+
+    /// Whether its source ARN names a FIFO queue.
+    fn is_fifo(&self) -> bool {
+        match self {
+            Self::Typed(m) => m.event_source_arn.as_deref(),
+            Self::Loose(v) => v["eventSourceARN"].as_str(),
+            Self::Unparsed(_) => None,
+        }
+        .is_some_and(|a| a.ends_with(".fifo"))
+    }
+
+    /// Its `MessageGroupId` system attribute.
+    fn group(&self) -> Option<&str> {
+        match self {
+            Self::Typed(m) => m.attributes.get("MessageGroupId").map(String::as_str),
+            Self::Loose(v) => v["attributes"]["MessageGroupId"].as_str(),
+            Self::Unparsed(_) => None,
+        }
+    }
+
+    fn read(self) -> Result<Incoming, UnreadableRecord> {
+        match self {
+            Self::Typed(m) => Ok(Incoming::from_lambda(m)),
+            Self::Loose(v) => Incoming::from_lambda_json(&v),
+            Self::Unparsed(reason) => Err(UnreadableRecord {
+                message_id: None,
+                reason,
+            }),
+        }
+    }
+}
+
+/// Handles one event given as its JSON text, as `lambda_runtime` receives it: each record is
+/// read with the typed model straight from its text, and only a record the model rejects is
+/// read as JSON and in part. An event without a `Records` array is read as JSON and handled by
+/// [`handle_json`], which says what is wrong with it. Same answers as [`handle_json`].
+pub async fn handle_raw(
+    processor: &Processor,
+    event: LambdaEvent<Box<RawValue>>,
+) -> Result<SqsBatchResponse, RuntimeError> {
+    let clock = Clock::of(&event.context);
+    let (payload, context) = (event.payload, event.context);
+    let records = match serde_json::from_str::<RawEvent<'_>>(payload.get()) {
+        Ok(e) => e.records.into_iter().map(RawRecord::from_text).collect(),
+        Err(_) => {
+            let v: Value =
+                serde_json::from_str(payload.get()).map_err(|e| format!("cannot read the event: {e}"))?;
+            return handle_json(processor, LambdaEvent::new(v, context)).await;
+        }
+    };
+    handle_records(processor, records, clock).await
+}
+
+/// The records of an SQS event given as its JSON text, read as [`handle_raw`] reads them (a
+/// FIFO group's records are not held back here): for benchmarks and tools.
+pub fn read_records(event: &str) -> Result<Vec<Result<Incoming, UnreadableRecord>>, RuntimeError> {
+    let e = serde_json::from_str::<RawEvent<'_>>(event)
+        .map_err(|e| format!("not an SQS event with a `Records` array: {e}"))?;
+    Ok(e.records
+        .into_iter()
+        .map(|r| RawRecord::from_text(r).read())
+        .collect())
+}
+
+/// When an invocation must answer, read once as it starts.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    deadline_ms: u64,
+    left: Duration,
+    deadline: Option<Instant>,
+}
+
+impl Clock {
+    fn of(context: &Context) -> Self {
+        let deadline_ms = context.deadline;
+        let now = UNIX_EPOCH + Duration::from_millis(now_ms());
+        let left = time_left(context.deadline(), now);
+        Self {
+            deadline_ms,
+            left,
+            deadline: (deadline_ms > 0).then(|| Instant::now() + left),
+        }
+    }
+}
+
 /// Handles one event: reads it record by record ([`Incoming::from_lambda_json`]), processes
 /// the records that read, prints the metrics as EMF, and reports failed records.
 ///
@@ -86,13 +214,29 @@ pub async fn handle_json(
     processor: &Processor,
     event: LambdaEvent<Value>,
 ) -> Result<SqsBatchResponse, RuntimeError> {
-    let deadline_ms = event.context.deadline;
-    let now = UNIX_EPOCH + Duration::from_millis(now_ms());
-    let left = time_left(event.context.deadline(), now);
-    let deadline = (deadline_ms > 0).then(|| Instant::now() + left);
-    let Some(Value::Array(raw)) = event.payload.get("Records") else {
-        return Err("not an SQS event (no `Records` array); failing the whole batch".into());
+    let clock = Clock::of(&event.context);
+    let raw = match event.payload {
+        Value::Object(mut map) => match map.remove("Records") {
+            Some(Value::Array(raw)) => raw,
+            _ => return Err(NOT_SQS.into()),
+        },
+        _ => return Err(NOT_SQS.into()),
     };
+    handle_records(processor, raw.into_iter().map(RawRecord::Loose).collect(), clock).await
+}
+
+const NOT_SQS: &str = "not an SQS event (no `Records` array); failing the whole batch";
+
+async fn handle_records(
+    processor: &Processor,
+    raw: Vec<RawRecord>,
+    clock: Clock,
+) -> Result<SqsBatchResponse, RuntimeError> {
+    let Clock {
+        deadline_ms,
+        left,
+        deadline,
+    } = clock;
     tracing::debug!(
         deadline_ms,
         time_left_ms = left.as_millis() as u64,
@@ -103,11 +247,10 @@ pub async fn handle_json(
     // Reported failed without being processed: records that cannot be read and, on a FIFO
     // queue, the records of their message group behind them (they must not overtake them).
     let mut unreadable = Vec::new();
-    let mut held_groups: HashSet<&str> = HashSet::new();
+    let mut held_groups: HashSet<String> = HashSet::new();
     let mut hold_all = false;
-    for (index, r) in raw.iter().enumerate() {
-        let fifo = processor.is_fifo() || r["eventSourceARN"].as_str().is_some_and(|a| a.ends_with(".fifo"));
-        let group = r["attributes"]["MessageGroupId"].as_str();
+    for (index, r) in raw.into_iter().enumerate() {
+        let fifo = processor.is_fifo() || r.is_fifo();
         let whole_batch = |reason: &str| -> RuntimeError {
             tracing::error!(
                 record = index,
@@ -116,8 +259,8 @@ pub async fn handle_json(
             );
             format!("record {index}: {reason}, and it has no message id; failing the whole batch").into()
         };
-        if fifo && (hold_all || group.is_some_and(|g| held_groups.contains(g))) {
-            match r["messageId"].as_str().filter(|id| !id.is_empty()) {
+        if fifo && (hold_all || r.group().is_some_and(|g| held_groups.contains(g))) {
+            match r.message_id() {
                 Some(id) => {
                     tracing::warn!(message_id = %id, "held back behind an unreadable record of its FIFO group; reported failed");
                     unreadable.push(id.to_owned());
@@ -130,7 +273,8 @@ pub async fn handle_json(
                 }
             }
         }
-        match Incoming::from_lambda_json(r) {
+        let group = if fifo { r.group().map(str::to_owned) } else { None };
+        match r.read() {
             Ok(inc) => records.push(inc),
             Err(e) => match e.message_id {
                 Some(id) => {

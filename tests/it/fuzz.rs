@@ -18,6 +18,7 @@ use sqs_triage::core::{
     Verdict, admit, invalid as invalid_decision, settle,
 };
 use sqs_triage::processor::Incoming;
+use sqs_triage::runtime::lambda::read_records;
 
 const REGISTERED: &str = "triage.chaos";
 
@@ -116,6 +117,29 @@ fn event_bytes(bytes: &[u8]) -> usize {
     n
 }
 
+/// The function reads an event from its JSON text (`read_records`: each record with the typed
+/// model straight from its text, a rejected one as JSON); the JSON reading
+/// (`Incoming::from_lambda_json` on each record of the parsed event) is the reference. Both
+/// must read every record the same way. Returns whether the bytes were an event to compare.
+fn readings_agree(bytes: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return false;
+    };
+    let Ok(serde_json::Value::Object(mut event)) = serde_json::from_str(text) else {
+        return false;
+    };
+    let Some(serde_json::Value::Array(records)) = event.remove("Records") else {
+        return false;
+    };
+    let Ok(from_text) = read_records(text) else {
+        // A `Records` key given twice: the function reads such an event as JSON instead.
+        return false;
+    };
+    let from_json: Vec<_> = records.iter().map(Incoming::from_lambda_json).collect();
+    assert_eq!(from_text, from_json, "{text}");
+    true
+}
+
 fn envelope_bytes(bytes: &[u8], job_type: Option<String>) {
     let body = String::from_utf8_lossy(bytes).into_owned();
     for outcome in [Ok(()), Err(JobError::fatal("f")), Err(JobError::transient("t"))] {
@@ -164,10 +188,13 @@ fn sqs_event_corpus_replays_without_panic() {
     let files = corpus("sqs_event");
     assert!(files.len() >= 15);
     let mut records = 0;
+    let mut compared = 0;
     for (name, bytes) in files {
         eprintln!("{name}");
         records += event_bytes(&bytes);
+        compared += usize::from(readings_agree(&bytes));
     }
+    assert!(compared > 5, "{compared} corpus events compared");
     assert!(
         records > 10,
         "the corpus reaches the processor ({records} records)"
@@ -339,5 +366,6 @@ proptest! {
     #[test]
     fn sqs_event_takes_any_record_shape(bytes in event_like()) {
         event_bytes(&bytes);
+        prop_assert!(readings_agree(&bytes));
     }
 }
