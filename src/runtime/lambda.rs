@@ -75,7 +75,34 @@ pub async fn handle(
     handle_json(processor, LambdaEvent::new(payload, context)).await
 }
 
-/// The event's shape on the fast path: its records, each kept as its JSON text.
+/// The event's shape on the fast path: every record an object the typed model reads.
+#[derive(Deserialize)]
+struct TypedEvent {
+    #[serde(rename = "Records")]
+    records: Vec<ObjectRecord>,
+}
+
+/// A record the typed model reads from a JSON object (never from an array, which the derived
+/// reader would also take).
+struct ObjectRecord(SqsMessage);
+
+impl<'de> Deserialize<'de> for ObjectRecord {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object;
+        impl<'de> serde::de::Visitor<'de> for Object {
+            type Value = ObjectRecord;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an SQS record object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ObjectRecord, A::Error> {
+                SqsMessage::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(ObjectRecord)
+            }
+        }
+        d.deserialize_map(Object)
+    }
+}
+
+/// The event's shape on the record-by-record path: its records, each kept as its JSON text.
 #[derive(Deserialize)]
 struct RawEvent<'a> {
     #[serde(rename = "Records", borrow)]
@@ -98,9 +125,14 @@ impl RawRecord {
     /// Reads a record from its JSON text: with the typed model straight from the text (no
     /// intermediate JSON tree), or, when that fails, as JSON for the lenient reading.
     fn from_text(raw: &RawValue) -> Self {
-        match serde_json::from_str::<SqsMessage>(raw.get()) {
-            Ok(m) => Self::Typed(m),
-            Err(_) => match serde_json::from_str::<Value>(raw.get()) {
+        // Only an object is read typed here: the typed model would also read a record written
+        // as a JSON array, whose message id and group the lenient reading does not see.
+        let typed = is_object(raw.get())
+            .then(|| serde_json::from_str::<SqsMessage>(raw.get()).ok())
+            .flatten();
+        match typed {
+            Some(m) => Self::Typed(m),
+            None => match serde_json::from_str::<Value>(raw.get()) {
                 Ok(v) => Self::Loose(v),
                 Err(e) => Self::Unparsed(format!("the record cannot be read as JSON ({e})")),
             },
@@ -150,17 +182,21 @@ impl RawRecord {
 
 /// Handles one event given as its JSON text, as `lambda_runtime` receives it: each record is
 /// read with the typed model straight from its text, and only a record the model rejects is
-/// read as JSON and in part. An event without a `Records` array is read as JSON and handled by
-/// [`handle_json`], which says what is wrong with it. Same answers as [`handle_json`].
+/// read as JSON and in part. An event that is not an object with a `Records` array is read as
+/// JSON and handled by [`handle_json`], which says what is wrong with it. Every event an SQS
+/// event source mapping sends gets [`handle_json`]'s answer. Some malformed events that cannot
+/// be parsed as a whole are read here where `handle_json`'s caller could not parse them: a
+/// field the model ignores holding a lone surrogate escape, a number out of range, or nesting
+/// past the parser's depth limit no longer fails the invocation.
 pub async fn handle_raw(
     processor: &Processor,
     event: LambdaEvent<Box<RawValue>>,
 ) -> Result<SqsBatchResponse, RuntimeError> {
     let clock = Clock::of(&event.context);
     let (payload, context) = (event.payload, event.context);
-    let records = match serde_json::from_str::<RawEvent<'_>>(payload.get()) {
-        Ok(e) => e.records.into_iter().map(RawRecord::from_text).collect(),
-        Err(_) => {
+    let records = match read_raw(payload.get()) {
+        Some(records) => records,
+        None => {
             let v: Value =
                 serde_json::from_str(payload.get()).map_err(|e| format!("cannot read the event: {e}"))?;
             return handle_json(processor, LambdaEvent::new(v, context)).await;
@@ -172,12 +208,27 @@ pub async fn handle_raw(
 /// The records of an SQS event given as its JSON text, read as [`handle_raw`] reads them (a
 /// FIFO group's records are not held back here): for benchmarks and tools.
 pub fn read_records(event: &str) -> Result<Vec<Result<Incoming, UnreadableRecord>>, RuntimeError> {
-    let e = serde_json::from_str::<RawEvent<'_>>(event)
-        .map_err(|e| format!("not an SQS event with a `Records` array: {e}"))?;
-    Ok(e.records
-        .into_iter()
-        .map(|r| RawRecord::from_text(r).read())
-        .collect())
+    let records = read_raw(event).ok_or(NOT_SQS)?;
+    Ok(records.into_iter().map(RawRecord::read).collect())
+}
+
+/// The records of an event given as its JSON text: in one pass with the typed model when
+/// every record reads with it (the usual case), else record by record
+/// ([`RawRecord::from_text`]). `None` when the text is not an object with a `Records` array.
+fn read_raw(event: &str) -> Option<Vec<RawRecord>> {
+    if !is_object(event) {
+        return None;
+    }
+    if let Ok(e) = serde_json::from_str::<TypedEvent>(event) {
+        return Some(e.records.into_iter().map(|r| RawRecord::Typed(r.0)).collect());
+    }
+    let e = serde_json::from_str::<RawEvent<'_>>(event).ok()?;
+    Some(e.records.into_iter().map(RawRecord::from_text).collect())
+}
+
+/// Whether a JSON text is an object (the derived readers would also take an array).
+fn is_object(json: &str) -> bool {
+    json.trim_start().starts_with('{')
 }
 
 /// When an invocation must answer, read once as it starts.
@@ -321,6 +372,30 @@ mod tests {
         ctx.deadline = deadline_ms;
         let now = UNIX_EPOCH + Duration::from_millis(now_ms);
         time_left(ctx.deadline(), now).as_millis() as u64
+    }
+
+    #[test]
+    fn arrays_are_not_read_as_an_event_or_as_typed_records() {
+        assert!(super::read_records(r#"[[{"messageId":"m1","receiptHandle":"r","body":"{}"}]]"#).is_err());
+        assert!(super::read_records("[[]]").is_err());
+        let raw = serde_json::value::RawValue::from_string(
+            r#"["b","rh","{}",null,null,{"MessageGroupId":"g"},{},"arn:aws:sqs:us-east-1:1:q.fifo"]"#.into(),
+        )
+        .unwrap();
+        let r = super::RawRecord::from_text(&raw);
+        assert!(matches!(r, super::RawRecord::Loose(_)));
+        // As the JSON reading sees it: no message id, no group, not FIFO.
+        assert_eq!((r.message_id(), r.group(), r.is_fifo()), (None, None, false));
+        let obj = serde_json::value::RawValue::from_string(
+            r#" {"messageId":"a","receiptHandle":"r","body":"{}","attributes":{"MessageGroupId":"g"},"eventSourceARN":"arn:aws:sqs:us-east-1:1:q.fifo"}"#.into(),
+        )
+        .unwrap();
+        let r = super::RawRecord::from_text(&obj);
+        assert!(matches!(r, super::RawRecord::Typed(_)));
+        assert_eq!(
+            (r.message_id(), r.group(), r.is_fifo()),
+            (Some("a"), Some("g"), true)
+        );
     }
 
     #[test]
