@@ -158,7 +158,10 @@ async fn a_fatal_bug_is_dead_lettered_then_replayed_after_the_fix() {
     };
     let sqs = aws_sdk_sqs::Client::new(&support::sdk_config().await);
 
-    // Workers, in-process, over the real processor.
+    // One worker, in-process, over the real processor, one batch in flight: moto's
+    // ReceiveMessage takes no lock, so concurrent receives can hand out the same message
+    // (a duplicate execution, or a second DLQ copy of a broken job) when the machine is
+    // loaded; that is the emulator's, not what this test looks at.
     let fixed = Arc::new(AtomicBool::new(false));
     let runs: Runs = Arc::default();
     let vars = HashMap::from([
@@ -181,19 +184,15 @@ async fn a_fatal_bug_is_dead_lettered_then_replayed_after_the_fix() {
             max_messages: 10,
             emf: false,
         },
-    );
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut workers = Vec::new();
-    for _ in 0..3 {
-        let w = worker.clone();
-        let mut stop = stop_rx.clone();
-        workers.push(tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            w.run(shutdown, |_| {}).await
-        }));
-    }
+    )
+    .with_batches(1);
+    let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
+    let workers = vec![tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        worker.run(shutdown, |_| {}).await
+    })];
 
     // 500 jobs through `triage send`.
     let mut ndjson = String::new();
