@@ -67,5 +67,10 @@ impl Incoming {
 /// A missing or unreadable receive count is read as 1: the ledger read is skipped and the
 /// ledger's conditional write still keeps the count exact.
 pub(crate) fn parse_count(v: Option<&str>) -> u32 {
-    v.and_then(|v| v.parse().ok()).filter(|n| *n >= 1).unwrap_or(1)
+    v.and_then(read_count).unwrap_or(1)
+}
+
+/// A receive count as written: `None` unless it reads as a count of at least 1.
+pub(crate) fn read_count(v: &str) -> Option<u32> {
+    v.parse().ok().filter(|n| *n >= 1)
 }

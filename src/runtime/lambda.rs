@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_config::SdkConfig;
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{Context, LambdaEvent, service_fn};
 use serde::Deserialize;
 use serde_json::Value;
@@ -25,6 +25,7 @@ use crate::effects::metrics::UNREGISTERED;
 use crate::processor::registry::Registry;
 use crate::processor::{Incoming, Processor};
 
+use event::LeanMessage;
 pub use event::UnreadableRecord;
 
 /// Runs `registry` as a Lambda function: reads the configuration from the environment once
@@ -82,9 +83,9 @@ struct TypedEvent {
     records: Vec<ObjectRecord>,
 }
 
-/// A record the typed model reads from a JSON object (never from an array, which the derived
+/// A record the lean model reads from a JSON object (never from an array, which the derived
 /// reader would also take).
-struct ObjectRecord(SqsMessage);
+struct ObjectRecord(LeanMessage);
 
 impl<'de> Deserialize<'de> for ObjectRecord {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -95,7 +96,7 @@ impl<'de> Deserialize<'de> for ObjectRecord {
                 f.write_str("an SQS record object")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ObjectRecord, A::Error> {
-                SqsMessage::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(ObjectRecord)
+                LeanMessage::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(ObjectRecord)
             }
         }
         d.deserialize_map(Object)
@@ -113,8 +114,9 @@ struct RawEvent<'a> {
 /// is not boxed: that would cost an allocation per record.
 #[allow(clippy::large_enum_variant)]
 enum RawRecord {
-    /// The typed model read it (the usual case).
-    Typed(SqsMessage),
+    /// The lean model read it (the usual case): the typed model reads it too, to the same
+    /// record.
+    Typed(LeanMessage),
     /// The typed model rejected it: read in part by [`Incoming::from_lambda_json`].
     Loose(Value),
     /// Not readable as JSON at all (nested past the parser's depth limit).
@@ -128,7 +130,7 @@ impl RawRecord {
         // Only an object is read typed here: the typed model would also read a record written
         // as a JSON array, whose message id and group the lenient reading does not see.
         let typed = is_object(raw.get())
-            .then(|| serde_json::from_str::<SqsMessage>(raw.get()).ok())
+            .then(|| serde_json::from_str::<LeanMessage>(raw.get()).ok())
             .flatten();
         match typed {
             Some(m) => Self::Typed(m),
@@ -142,7 +144,7 @@ impl RawRecord {
     /// Its non-empty message id, when one reads.
     fn message_id(&self) -> Option<&str> {
         match self {
-            Self::Typed(m) => m.message_id.as_deref(),
+            Self::Typed(m) => m.message_id(),
             Self::Loose(v) => v["messageId"].as_str(),
             Self::Unparsed(_) => None,
         }
@@ -152,7 +154,7 @@ impl RawRecord {
     /// Whether its source ARN names a FIFO queue.
     fn is_fifo(&self) -> bool {
         match self {
-            Self::Typed(m) => m.event_source_arn.as_deref(),
+            Self::Typed(m) => return m.is_fifo(),
             Self::Loose(v) => v["eventSourceARN"].as_str(),
             Self::Unparsed(_) => None,
         }
@@ -162,7 +164,7 @@ impl RawRecord {
     /// Its `MessageGroupId` system attribute.
     fn group(&self) -> Option<&str> {
         match self {
-            Self::Typed(m) => m.attributes.get("MessageGroupId").map(String::as_str),
+            Self::Typed(m) => m.group(),
             Self::Loose(v) => v["attributes"]["MessageGroupId"].as_str(),
             Self::Unparsed(_) => None,
         }
@@ -170,7 +172,7 @@ impl RawRecord {
 
     fn read(self) -> Result<Incoming, UnreadableRecord> {
         match self {
-            Self::Typed(m) => Ok(Incoming::from_lambda(m)),
+            Self::Typed(m) => Ok(Incoming::from_lean(m)),
             Self::Loose(v) => Incoming::from_lambda_json(&v),
             Self::Unparsed(reason) => Err(UnreadableRecord {
                 message_id: None,

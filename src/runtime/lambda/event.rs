@@ -1,7 +1,9 @@
 //! Lambda's SQS event, read record by record into the processor's [`Incoming`].
 
 use aws_lambda_events::encodings::Base64Data;
-use aws_lambda_events::event::sqs::SqsMessage;
+use std::collections::HashMap;
+
+use aws_lambda_events::event::sqs::{SqsMessage, SqsMessageAttribute};
 use aws_sdk_sqs::primitives::Blob;
 use aws_sdk_sqs::types::MessageAttributeValue;
 use serde::Deserialize;
@@ -9,14 +11,221 @@ use serde_json::{Map, Value};
 
 use crate::core::envelope::{JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE, json_kind};
 use crate::processor::Incoming;
-use crate::processor::record::parse_count;
+use crate::processor::record::read_count;
+
+/// A record of the event as the fast path reads it, straight from its text: the typed model's
+/// (`SqsMessage`'s) fields, each read as that model reads it, so it rejects exactly the
+/// records the typed model rejects (a field of the wrong kind, a field given twice), and
+/// reads the others to the same [`Incoming`]; but only what the processor uses is kept: the
+/// fields it does not use are checked, not copied, and of the system attributes only the four
+/// the processor reads are kept, the receive count and timestamps as numbers.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+// The `Unused` fields are read only to be checked.
+#[allow(dead_code)]
+pub(crate) struct LeanMessage {
+    #[serde(default)]
+    message_id: Option<String>,
+    #[serde(default)]
+    receipt_handle: Option<String>,
+    #[serde(default)]
+    body: Option<String>,
+    #[serde(default)]
+    md5_of_body: Option<Unused>,
+    #[serde(default)]
+    md5_of_message_attributes: Option<Unused>,
+    #[serde(default)]
+    attributes: Option<SystemAttributes>,
+    #[serde(default)]
+    message_attributes: Option<HashMap<String, SqsMessageAttribute>>,
+    #[serde(default, rename = "eventSourceARN")]
+    event_source_arn: Option<FifoArn>,
+    #[serde(default)]
+    event_source: Option<Unused>,
+    #[serde(default)]
+    aws_region: Option<Unused>,
+}
+
+impl LeanMessage {
+    /// The message id as read (possibly empty).
+    pub(crate) fn message_id(&self) -> Option<&str> {
+        self.message_id.as_deref()
+    }
+
+    /// Whether the source ARN names a FIFO queue.
+    pub(crate) fn is_fifo(&self) -> bool {
+        self.event_source_arn.as_ref().is_some_and(|a| a.0)
+    }
+
+    /// The `MessageGroupId` system attribute.
+    pub(crate) fn group(&self) -> Option<&str> {
+        self.attributes.as_ref().and_then(|a| a.group_id.as_deref())
+    }
+}
+
+/// A string field the processor does not use: checked to be a string, not kept.
+struct Unused;
+
+impl<'de> Deserialize<'de> for Unused {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(StrVisitor(|_: &str| Unused))
+    }
+}
+
+/// The source ARN, read as whether it names a FIFO queue.
+struct FifoArn(bool);
+
+impl<'de> Deserialize<'de> for FifoArn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(StrVisitor(|s: &str| FifoArn(is_fifo_arn(s))))
+    }
+}
+
+fn is_fifo_arn(arn: &str) -> bool {
+    arn.ends_with(".fifo")
+}
+
+/// Reads a string without keeping it: `f` takes what it needs.
+struct StrVisitor<F>(F);
+
+impl<'de, T, F: FnOnce(&str) -> T> serde::de::Visitor<'de> for StrVisitor<F> {
+    type Value = T;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
+        Ok((self.0)(v))
+    }
+}
+
+/// The system attributes the processor reads. As in the typed model's map, every value must
+/// be a string and the last of a name given twice counts.
+#[derive(Default)]
+struct SystemAttributes {
+    /// `ApproximateReceiveCount`, when it reads as a count of at least 1.
+    receive_count: Option<u32>,
+    first_received_at_ms: Option<u64>,
+    sent_at_ms: Option<u64>,
+    group_id: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for SystemAttributes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Attributes;
+        impl<'de> serde::de::Visitor<'de> for Attributes {
+            type Value = SystemAttributes;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of strings")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<SystemAttributes, A::Error> {
+                let mut out = SystemAttributes::default();
+                while let Some(name) = map.next_key::<SystemName>()? {
+                    match name {
+                        SystemName::ReceiveCount => {
+                            out.receive_count = map.next_value::<Counted>()?.0;
+                        }
+                        SystemName::FirstReceived => {
+                            out.first_received_at_ms = map.next_value::<Parsed<u64>>()?.0
+                        }
+                        SystemName::Sent => out.sent_at_ms = map.next_value::<Parsed<u64>>()?.0,
+                        SystemName::Group => out.group_id = Some(map.next_value()?),
+                        SystemName::Other => {
+                            map.next_value::<Unused>()?;
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(Attributes)
+    }
+}
+
+/// A system attribute's name, as far as the processor tells them apart.
+enum SystemName {
+    ReceiveCount,
+    FirstReceived,
+    Sent,
+    Group,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for SystemName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(StrVisitor(|s: &str| match s {
+            "ApproximateReceiveCount" => SystemName::ReceiveCount,
+            "ApproximateFirstReceiveTimestamp" => SystemName::FirstReceived,
+            "SentTimestamp" => SystemName::Sent,
+            "MessageGroupId" => SystemName::Group,
+            _ => SystemName::Other,
+        }))
+    }
+}
+
+/// A receive count, read as [`read_count`] reads it.
+struct Counted(Option<u32>);
+
+impl<'de> Deserialize<'de> for Counted {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(StrVisitor(|s: &str| Counted(read_count(s))))
+    }
+}
+
+/// A string value read as a number: `None` when it does not read as one.
+struct Parsed<T>(Option<T>);
+
+impl<'de, T: std::str::FromStr> Deserialize<'de> for Parsed<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(StrVisitor(|s: &str| Parsed(s.parse().ok())))
+    }
+}
 
 impl Incoming {
     /// Reads a record from a Lambda SQS event. An attribute without a data type or without a
     /// value (SQS never sends one; it could not be sent on to the DLQ) is left out.
     pub fn from_lambda(m: SqsMessage) -> Self {
-        let attributes = m
-            .message_attributes
+        let attr = |name: &str| m.attributes.get(name).map(String::as_str);
+        let system = SystemAttributes {
+            receive_count: attr("ApproximateReceiveCount").and_then(read_count),
+            first_received_at_ms: attr("ApproximateFirstReceiveTimestamp").and_then(|v| v.parse().ok()),
+            sent_at_ms: attr("SentTimestamp").and_then(|v| v.parse().ok()),
+            group_id: attr("MessageGroupId").map(str::to_owned),
+        };
+        Self::with_system(
+            m.message_id,
+            m.receipt_handle,
+            m.body,
+            system,
+            m.message_attributes,
+            m.event_source_arn.as_deref().is_some_and(is_fifo_arn),
+        )
+    }
+
+    /// Reads a record the lean model read ([`LeanMessage`]): as [`Incoming::from_lambda`] reads
+    /// the same record.
+    pub(crate) fn from_lean(m: LeanMessage) -> Self {
+        Self::with_system(
+            m.message_id,
+            m.receipt_handle,
+            m.body,
+            m.attributes.unwrap_or_default(),
+            m.message_attributes.unwrap_or_default(),
+            m.event_source_arn.is_some_and(|a| a.0),
+        )
+    }
+
+    fn with_system(
+        message_id: Option<String>,
+        receipt_handle: Option<String>,
+        body: Option<String>,
+        system: SystemAttributes,
+        message_attributes: HashMap<String, SqsMessageAttribute>,
+        from_fifo: bool,
+    ) -> Self {
+        let attributes = message_attributes
             .into_iter()
             .filter_map(|(name, a)| {
                 let data_type = a.data_type?;
@@ -34,21 +243,15 @@ impl Incoming {
             })
             .collect();
         Self {
-            message_id: m.message_id.unwrap_or_default(),
-            receipt_handle: m.receipt_handle.unwrap_or_default(),
-            body: m.body.unwrap_or_default(),
-            receive_count: parse_count(m.attributes.get("ApproximateReceiveCount").map(String::as_str)),
-            first_received_at_ms: m
-                .attributes
-                .get("ApproximateFirstReceiveTimestamp")
-                .and_then(|v| v.parse().ok()),
-            sent_at_ms: m.attributes.get("SentTimestamp").and_then(|v| v.parse().ok()),
-            group_id: m.attributes.get("MessageGroupId").cloned(),
+            message_id: message_id.unwrap_or_default(),
+            receipt_handle: receipt_handle.unwrap_or_default(),
+            body: body.unwrap_or_default(),
+            receive_count: system.receive_count.unwrap_or(1),
+            first_received_at_ms: system.first_received_at_ms,
+            sent_at_ms: system.sent_at_ms,
+            group_id: system.group_id,
             attributes,
-            from_fifo: m
-                .event_source_arn
-                .as_deref()
-                .is_some_and(|a| a.ends_with(".fifo")),
+            from_fifo,
         }
     }
 
@@ -234,6 +437,41 @@ mod tests {
             },
             "eventSourceARN": "arn:aws:sqs:us-east-1:1:q.fifo"
         })
+    }
+
+    /// The lean model reads a record exactly when the typed model does, and to the same record.
+    #[test]
+    fn the_lean_model_reads_what_the_typed_model_reads() {
+        let texts = [
+            record().to_string(),
+            r#"{"messageId":"m","attributes":{"ApproximateReceiveCount":"2","ApproximateReceiveCount":"x"}}"#.into(),
+            r#"{"messageId":"m","attributes":{"ApproximateReceiveCount":"0","SentTimestamp":"12","SentTimestamp":"13"}}"#.into(),
+            r#"{"messageId":"m","attributes":{"ApproximateReceiveCount":"4294967296","ApproximateFirstReceiveTimestamp":"-1"}}"#.into(),
+            r#"{"messageId":"m","attributes":{"Other":5}}"#.into(),
+            r#"{"messageId":"m","attributes":{"MessageGroupId":null}}"#.into(),
+            r#"{"messageId":"m","attributes":null,"messageAttributes":null,"eventSourceARN":null}"#.into(),
+            r#"{"messageId":"m","attributes":[]}"#.into(),
+            r#"{"messageId":"m","md5OfBody":5}"#.into(),
+            r#"{"messageId":"m","md5OfBody":null,"awsRegion":"x","eventSource":"aws:sqs"}"#.into(),
+            r#"{"messageId":"m","md5OfMessageAttributes":"\ud800"}"#.into(),
+            r#"{"messageId":"m","awsRegion":{}}"#.into(),
+            r#"{"messageId":"m","eventSource":"a","eventSource":"b"}"#.into(),
+            r#"{"messageId":"m","messageId":"n"}"#.into(),
+            r#"{"messageId":"m","eventSourceARN":"arn:q.fifo","other":{"deep":[1,2,{"x":null}]}}"#.into(),
+            r#"{"messageId":"m","eventSourceARN":7}"#.into(),
+            r#"{"messageId":"m","attributes":{"MessageGroupId":"g1","MessageGroupId":"g2"}}"#.into(),
+            r#"{"body":"x","messageAttributes":{"a":{"dataType":"String"}}}"#.into(),
+            r#"{}"#.into(),
+        ];
+        for t in texts {
+            let lean = serde_json::from_str::<LeanMessage>(&t)
+                .ok()
+                .map(Incoming::from_lean);
+            let typed = serde_json::from_str::<SqsMessage>(&t)
+                .ok()
+                .map(Incoming::from_lambda);
+            assert_eq!(lean, typed, "{t}");
+        }
     }
 
     #[test]
