@@ -24,6 +24,9 @@
 
 use std::collections::BTreeMap;
 
+use serde::de::{DeserializeOwned, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
@@ -38,15 +41,53 @@ pub const MAX_JOB_TYPE_LEN: usize = 256;
 /// Longest accepted job id; it becomes a DynamoDB key (2 KiB at most) with a prefix.
 pub const MAX_JOB_ID_LEN: usize = 512;
 
-/// A job, as read from one record.
+/// A job, as read from one record: its payload a JSON value ([`parse_with`]) or, as the
+/// processor reads it, a [`Payload`] ([`parse_for_handler`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Job {
+pub struct Job<P = Value> {
     /// Which handler runs it.
     pub job_type: String,
     /// The producer's job id, if it gave one. Without it the SQS message id identifies the job.
     pub id: Option<String>,
     /// The handler's input.
-    pub payload: Value,
+    pub payload: P,
+}
+
+/// A job's payload on its way to the handler: a JSON value, or the payload's JSON text as the
+/// body holds it, decoded straight into the handler's type (no JSON tree in between).
+#[derive(Debug, Clone)]
+pub enum Payload {
+    /// A JSON value.
+    Value(Value),
+    /// The payload's text, known to read as JSON as the body's parse reads it.
+    Text(Box<RawValue>),
+}
+
+impl Default for Payload {
+    fn default() -> Self {
+        Self::Value(Value::Null)
+    }
+}
+
+impl Payload {
+    /// Decodes the payload into `P`, as `serde_json::from_value` decodes the payload's JSON
+    /// value: from the text when that reads, else (a key given twice, which the JSON value
+    /// keeps the last of) from the value, whose error is the one returned.
+    pub fn decode<P: DeserializeOwned>(self) -> Result<P, serde_json::Error> {
+        match self {
+            Self::Value(v) => serde_json::from_value(v),
+            Self::Text(raw) => serde_json::from_str(raw.get())
+                .or_else(|_| serde_json::from_str::<Value>(raw.get()).and_then(serde_json::from_value)),
+        }
+    }
+
+    /// The payload as a JSON value.
+    pub fn into_value(self) -> Value {
+        match self {
+            Self::Value(v) => v,
+            Self::Text(raw) => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
+        }
+    }
 }
 
 /// Every way a body can fail to be a job. Each one dead-letters the record as `invalid`.
@@ -258,6 +299,199 @@ pub fn parse_with(
         });
     }
     read(body, type_attribute, id_attribute, eventbridge, Nesting::Top)
+}
+
+/// Reads a job for its handler: the job [`parse_with`] reads, the same job or the same error,
+/// but the payload of a plain envelope (an object whose `type` is a string, no field given
+/// twice, its payload nested at most [`TEXT_PAYLOAD_DEPTH`] deep) is kept as its text
+/// ([`Payload::Text`]) rather than read into a JSON value; every other body is read by
+/// `parse_with` ([`Payload::Value`]).
+pub fn parse_for_handler(
+    body: &str,
+    type_attribute: Option<&str>,
+    id_attribute: Option<&str>,
+    limits: EnvelopeLimits,
+    eventbridge: &EventBridgeTypes,
+) -> Result<Job<Payload>, EnvelopeError> {
+    if type_attribute.is_none() && body.len() <= limits.max_body_bytes {
+        if let Some(job) = plain(body, id_attribute) {
+            return job;
+        }
+    }
+    parse_with(body, type_attribute, id_attribute, limits, eventbridge).map(|j| Job {
+        job_type: j.job_type,
+        id: j.id,
+        payload: Payload::Value(j.payload),
+    })
+}
+
+/// The deepest payload kept as text: deeper ones are read by [`parse_with`], which applies
+/// the JSON parser's depth limit to the whole body.
+pub const TEXT_PAYLOAD_DEPTH: usize = 64;
+
+/// The fields of a plain envelope. Every other field is read as the body's parse reads it
+/// ([`Checked`]) and dropped; a field given twice is not a plain envelope.
+struct Plain<'a> {
+    job_type: String,
+    id: Option<String>,
+    payload: Option<&'a RawValue>,
+}
+
+/// A plain envelope's field names.
+enum Field {
+    Type,
+    Id,
+    Payload,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Field {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl Visitor<'_> for Name {
+            type Value = Field;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Field, E> {
+                Ok(match v {
+                    "type" => Field::Type,
+                    "id" => Field::Id,
+                    "payload" => Field::Payload,
+                    _ => Field::Other,
+                })
+            }
+        }
+        d.deserialize_str(Name)
+    }
+}
+
+impl<'de> Deserialize<'de> for Plain<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = Plain<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an envelope")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Plain<'de>, A::Error> {
+                use serde::de::Error;
+                let (mut job_type, mut id, mut payload) = (None, None, None);
+                while let Some(field) = map.next_key::<Field>()? {
+                    match field {
+                        Field::Type if job_type.is_none() => job_type = Some(map.next_value::<String>()?),
+                        Field::Id if id.is_none() => id = Some(map.next_value::<Option<String>>()?),
+                        Field::Payload if payload.is_none() => {
+                            payload = Some(map.next_value::<Option<&'de RawValue>>()?)
+                        }
+                        Field::Other => map.next_value_seed(Checked(TEXT_PAYLOAD_DEPTH))?,
+                        _ => return Err(A::Error::custom("a field given twice")),
+                    }
+                }
+                Ok(Plain {
+                    job_type: job_type.ok_or_else(|| A::Error::missing_field("type"))?,
+                    id: id.flatten(),
+                    payload: payload.flatten(),
+                })
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
+/// A body read as a plain envelope, when it is one (`None`: it is not, or not surely; the
+/// general reading decides).
+fn plain(body: &str, id_attribute: Option<&str>) -> Option<Result<Job<Payload>, EnvelopeError>> {
+    let p: Plain<'_> = serde_json::from_str(body).ok()?;
+    let payload = match p.payload {
+        None => Payload::Value(Value::Null),
+        Some(raw) => {
+            // Skipping a value checks less than reading it (escapes, numbers' range, depth):
+            // the payload must read as the body's parse would read it.
+            Checked(TEXT_PAYLOAD_DEPTH).deserialize(&mut serde_json::Deserializer::from_str(raw.get())).ok()?;
+            Payload::Text(raw.to_owned())
+        }
+    };
+    Some(plain_job(p.job_type, p.id, payload, id_attribute))
+}
+
+/// A plain envelope's job, checked as [`envelope`] checks it.
+fn plain_job(
+    job_type: String,
+    id: Option<String>,
+    payload: Payload,
+    id_attribute: Option<&str>,
+) -> Result<Job<Payload>, EnvelopeError> {
+    check_type(&job_type)?;
+    let id = match id {
+        Some(id) => {
+            check_id(&id)?;
+            Some(id)
+        }
+        None => id_attribute.map(check_id).transpose()?.map(str::to_owned),
+    };
+    Ok(Job {
+        job_type,
+        id,
+        payload,
+    })
+}
+
+/// Reads a JSON value as the parser reads it into a `Value`, keeping nothing; fails past
+/// its depth.
+struct Checked(usize);
+
+impl Checked {
+    fn deeper<E: serde::de::Error>(&self) -> Result<Self, E> {
+        match self.0 {
+            0 => Err(E::custom("nested too deep")),
+            n => Ok(Self(n - 1)),
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Checked {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Checked {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let inner = self.deeper()?;
+        while seq.next_element_seed(Checked(inner.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let inner = self.deeper()?;
+        while map.next_key_seed(Checked(0))?.is_some() {
+            map.next_value_seed(Checked(inner.0))?;
+        }
+        Ok(())
+    }
 }
 
 /// Which wrappers a body may still be.
@@ -898,6 +1132,122 @@ mod tests {
         let merged = code.or(&types("A=env;B=env"));
         assert_eq!(merged.get("A"), Some("code"));
         assert_eq!(merged.get("B"), Some("env"));
+    }
+
+    /// The handler's reading of a body as the general reading has it: the job (its payload as
+    /// a JSON value) or the error.
+    fn for_handler(body: &str, id_attribute: Option<&str>) -> Result<Job, EnvelopeError> {
+        parse_for_handler(body, None, id_attribute, EnvelopeLimits::default(), &EventBridgeTypes::new())
+            .map(|j| Job {
+                job_type: j.job_type,
+                id: j.id,
+                payload: j.payload.into_value(),
+            })
+    }
+
+    fn general(body: &str, id_attribute: Option<&str>) -> Result<Job, EnvelopeError> {
+        parse_with(body, None, id_attribute, EnvelopeLimits::default(), &EventBridgeTypes::new())
+    }
+
+    fn nested(depth: usize) -> String {
+        format!("{}1{}", "[".repeat(depth), "]".repeat(depth))
+    }
+
+    #[test]
+    fn the_handlers_reading_is_the_general_reading() {
+        let deep = |d: usize| format!(r#"{{"type":"t","payload":{}}}"#, nested(d));
+        let bodies = [
+            r#"{"type":"t","id":"j","payload":{"to":"a@b","n":[1,2.5,-3,null,true]}}"#.to_owned(),
+            r#" {"payload":{"a":"\u00e9\n"},"type":"t"}"#.into(),
+            r#"{"type":"t"}"#.into(),
+            r#"{"type":"t","payload":null,"id":null}"#.into(),
+            r#"{"type":"t","type":"u","payload":1}"#.into(),
+            r#"{"type":"t","payload":1,"payload":2}"#.into(),
+            r#"{"type":null,"payload":1}"#.into(),
+            r#"{"type":5}"#.into(),
+            r#"{"type":""}"#.into(),
+            r#"{"type":"t","id":7}"#.into(),
+            r#"{"type":"t","id":""}"#.into(),
+            r#"{"type":"t","payload":"\ud800"}"#.into(),
+            r#"{"type":"t","payload":{"k":"\udc00x"}}"#.into(),
+            r#"{"type":"t","payload":[1e400]}"#.into(),
+            r#"{"type":"t","payload":-1e-400}"#.into(),
+            r#"{"type":"t","payload":{"\ud800":1}}"#.into(),
+            r#"{"typ\u0065":"t","payload":2}"#.into(),
+            r#"{"type":"t","payload":1} x"#.into(),
+            r#"{"type":"t","payload":1"#.into(),
+            r#"["t",null,1]"#.into(),
+            r#"{"Type":"Notification","TopicArn":"a","Message":"{}","MessageId":"m","type":"t"}"#.into(),
+            r#"{"detail-type":"d","source":"s","detail":{"type":"x","payload":1},"id":"e"}"#.into(),
+            format!(r#"{{"type":"{}"}}"#, "x".repeat(MAX_JOB_TYPE_LEN + 1)),
+            deep(TEXT_PAYLOAD_DEPTH),
+            deep(TEXT_PAYLOAD_DEPTH + 1),
+            deep(126),
+            deep(127),
+            deep(1_000),
+        ];
+        for body in &bodies {
+            for id_attribute in [None, Some("attr-id"), Some("")] {
+                assert_eq!(
+                    for_handler(body, id_attribute),
+                    general(body, id_attribute),
+                    "{body} / {id_attribute:?}"
+                );
+            }
+        }
+        // The plain envelopes keep their payload as text; the others are read as JSON.
+        let text = |body: &str| {
+            matches!(
+                parse_for_handler(body, None, None, EnvelopeLimits::default(), &EventBridgeTypes::new()),
+                Ok(Job { payload: Payload::Text(_), .. })
+            )
+        };
+        assert!(text(&bodies[0]) && text(&bodies[1]) && text(&deep(TEXT_PAYLOAD_DEPTH)));
+        assert!(!text(&bodies[2]) && !text(&bodies[11]) && !text(&deep(TEXT_PAYLOAD_DEPTH + 1)));
+    }
+
+    #[test]
+    fn a_text_payload_decodes_as_its_json_value_does() {
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        struct Email {
+            to: String,
+        }
+        let text = |t: &str| Payload::Text(RawValue::from_string(t.to_owned()).unwrap());
+        let value = |t: &str| Payload::Value(serde_json::from_str(t).unwrap());
+        for t in [r#"{"to":"a"}"#, r#"{"to":"a","to":"b"}"#, r#"{"to":"a","cc":[1,{"x":null}]}"#] {
+            assert_eq!(text(t).decode::<Email>().unwrap(), value(t).decode::<Email>().unwrap(), "{t}");
+            assert_eq!(text(t).decode::<Value>().unwrap(), value(t).decode::<Value>().unwrap(), "{t}");
+        }
+        for t in [r#"{"to":5}"#, r#"{"cc":1}"#, "[1]", "null"] {
+            assert_eq!(
+                text(t).decode::<Email>().unwrap_err().to_string(),
+                value(t).decode::<Email>().unwrap_err().to_string(),
+                "{t}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Bodies made of envelope fields, given in any order, any number of times, with odd
+        /// values: the handler's reading is the general reading.
+        #[test]
+        fn the_handlers_reading_is_the_general_reading_on_odd_bodies(
+            fields in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec!["type", "id", "payload", "typ\\u0065", "other"]),
+                    proptest::sample::select(vec![
+                        "\"t\"", "\"\"", "null", "1", "1e400", "\"\\ud800\"", "[1,{\"a\":[]}]",
+                        "{\"to\":\"x\",\"to\":\"y\"}", "{}", "true", "\"\\u00e9\"",
+                    ]),
+                ),
+                0..6,
+            ),
+            space in proptest::sample::select(vec!["", " ", "\n", "\u{a0}"]),
+        ) {
+            let inner: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+            let body = format!("{space}{{{}}}", inner.join(","));
+            proptest::prop_assert_eq!(for_handler(&body, None), general(&body, None), "{}", body);
+        }
     }
 
     proptest::proptest! {

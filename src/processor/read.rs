@@ -12,7 +12,7 @@ use super::{Deadline, Incoming, Processor};
 use crate::clock::now_ms;
 use crate::core::breaker::BreakerState;
 use crate::core::decision::{StoredAttempts, retention_margin};
-use crate::core::envelope::{self, Job};
+use crate::core::envelope::{self, Job, Payload};
 use crate::core::{Ledger, RecordFacts};
 use crate::effects::metrics::Metrics;
 
@@ -22,7 +22,7 @@ use crate::effects::metrics::Metrics;
 pub struct Record {
     pub(super) inc: Incoming,
     /// The job, when its envelope reads and its type has a handler; else why not.
-    pub(super) job: Result<Job, String>,
+    pub(super) job: Result<Job<Payload>, String>,
     pub(super) job_id: String,
     /// The job type the envelope names, registered or not (for the failure record).
     pub(super) named_type: Option<String>,
@@ -78,7 +78,7 @@ pub(super) fn no_handler(job_type: &str) -> String {
 impl Processor {
     /// Reads one record: parses its envelope and routes its job type.
     pub(super) fn read(&self, inc: Incoming) -> Record {
-        let parsed = envelope::parse_with(
+        let parsed = envelope::parse_for_handler(
             &inc.body,
             inc.job_type_attribute(),
             inc.job_id_attribute(),

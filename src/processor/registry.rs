@@ -24,7 +24,7 @@ use serde::de::DeserializeOwned;
 
 use crate::core::JobError;
 use crate::core::breaker::BreakerConfig;
-use crate::core::envelope::EventBridgeTypes;
+use crate::core::envelope::{EventBridgeTypes, Payload};
 use crate::core::policy::RetryPolicy;
 
 /// What a handler knows about the job it runs, besides its payload.
@@ -43,7 +43,7 @@ pub struct JobContext {
 }
 
 type BoxFuture = Pin<Box<dyn Future<Output = Result<(), JobError>> + Send + 'static>>;
-type ErasedHandler = dyn Fn(serde_json::Value, JobContext) -> BoxFuture + Send + Sync;
+type ErasedHandler = dyn Fn(Payload, JobContext) -> BoxFuture + Send + Sync;
 
 /// A registered job type: its handler and policies.
 #[derive(Clone)]
@@ -69,7 +69,7 @@ impl std::fmt::Debug for Route {
 
 impl Route {
     /// Runs the handler: decodes the payload (a decode failure is fatal) and calls the user's code.
-    pub(crate) fn call(&self, payload: serde_json::Value, ctx: JobContext) -> BoxFuture {
+    pub(crate) fn call(&self, payload: Payload, ctx: JobContext) -> BoxFuture {
         (self.handler)(payload, ctx)
     }
 }
@@ -239,7 +239,7 @@ impl Registry {
         let erased: Arc<ErasedHandler> = Arc::new(move |payload, ctx| {
             let handler = Arc::clone(&handler);
             Box::pin(async move {
-                let payload: P = serde_json::from_value(payload).map_err(|e| JobError::payload_decode(&e))?;
+                let payload: P = payload.decode().map_err(|e| JobError::payload_decode(&e))?;
                 handler(payload, ctx).await
             })
         });

@@ -20,6 +20,7 @@ use super::{Deadline, Processor};
 use crate::clock::now_ms;
 use crate::core::breaker::{Aggregate, BreakerState, Lease};
 use crate::core::decision::{attempts_before, held_back};
+use crate::core::envelope::Payload;
 use crate::core::error::ErrorKind;
 use crate::core::{Decision, Gate, Inputs, JobError, Verdict, admit, invalid, settle};
 use crate::effects::breaker_store::{Admission, BreakerStore};
@@ -299,7 +300,7 @@ impl Processor {
 /// heartbeat keeps the batch's messages hidden.
 async fn run_handler(
     route: &Route,
-    payload: serde_json::Value,
+    payload: Payload,
     ctx: JobContext,
     hold: &Hold,
     cap: Option<Instant>,
