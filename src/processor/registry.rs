@@ -42,7 +42,8 @@ pub struct JobContext {
     pub max_attempts: u32,
 }
 
-type BoxFuture = Pin<Box<dyn Future<Output = Result<(), JobError>> + Send + 'static>>;
+/// A handler's run, as the processor drives it.
+pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = Result<(), JobError>> + Send + 'static>>;
 type ErasedHandler = dyn Fn(Payload, JobContext) -> BoxFuture + Send + Sync;
 
 /// A registered job type: its handler and policies.

@@ -4,6 +4,8 @@
 //! records run side by side, `concurrency` at a time.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::task::Poll;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -15,7 +17,7 @@ use tracing::{Instrument, warn};
 use super::heartbeat::Hold;
 use super::plan::tally;
 use super::read::{Record, no_handler};
-use super::registry::{JobContext, Route};
+use super::registry::{BoxFuture, JobContext, Route};
 use super::{Deadline, Processor};
 use crate::clock::now_ms;
 use crate::core::breaker::{Aggregate, BreakerState, Lease};
@@ -68,41 +70,54 @@ impl Processor {
         states: &HashMap<String, BreakerState>,
         hold: &Hold,
     ) -> Vec<Ran> {
-        let groups = self.groups(records);
-        let mut ran: Vec<(usize, Ran)> = stream::iter(groups)
-            .map(|group| async move {
-                let mut out = Vec::with_capacity(group.len());
-                let mut blocked = false;
-                for (i, record) in group {
-                    let r = if blocked {
-                        // FIFO: after a failure in the group, later records must not overtake it.
-                        let facts = self.facts(&record);
-                        let decision = held_back(facts, attempts_before(facts, record.ledger));
-                        Ran::without_run(record, decision)
-                    } else {
-                        self.run_one(record, states, hold).await
-                    };
-                    // A dead-lettered record blocks its group too: its DLQ copy is sent after
-                    // the handlers, and a later record must not run before that copy exists.
-                    blocked |= !matches!(r.decision, Decision::Done { .. } | Decision::Duplicate { .. });
-                    out.push((i, r));
-                }
-                out
-            })
-            .buffer_unordered(self.concurrency)
-            .flat_map(stream::iter)
-            .collect()
-            .await;
+        let concurrency = self.concurrency;
+        let mut ran: Vec<(usize, Ran)> = if self.is_fifo() || records.iter().any(|r| r.inc.from_fifo) {
+            stream::iter(self.groups(records))
+                .map(|group| self.run_group(group, states, hold))
+                .buffer_unordered(concurrency)
+                .flat_map(stream::iter)
+                .collect()
+                .await
+        } else {
+            stream::iter(records.into_iter().enumerate())
+                .map(|(i, record)| async move { (i, self.run_one(record, states, hold).await) })
+                .buffer_unordered(concurrency)
+                .collect()
+                .await
+        };
         ran.sort_by_key(|(i, _)| *i);
         ran.into_iter().map(|(_, r)| r).collect()
     }
 
-    /// Runs of records that must go in order, each record with its position: a FIFO message
-    /// group, else each record alone.
-    fn groups(&self, records: Vec<Record>) -> Vec<Vec<(usize, Record)>> {
-        if !self.is_fifo() && !records.iter().any(|r| r.inc.from_fifo) {
-            return records.into_iter().enumerate().map(|r| vec![r]).collect();
+    /// The records of one FIFO message group, in order: after one that does not finish, the
+    /// rest are held back.
+    async fn run_group(
+        &self,
+        group: Vec<(usize, Record)>,
+        states: &HashMap<String, BreakerState>,
+        hold: &Hold,
+    ) -> Vec<(usize, Ran)> {
+        let mut out = Vec::with_capacity(group.len());
+        let mut blocked = false;
+        for (i, record) in group {
+            let r = if blocked {
+                // FIFO: after a failure in the group, later records must not overtake it.
+                let facts = self.facts(&record);
+                let decision = held_back(facts, attempts_before(facts, record.ledger));
+                Ran::without_run(record, decision)
+            } else {
+                self.run_one(record, states, hold).await
+            };
+            // A dead-lettered record blocks its group too: its DLQ copy is sent after the
+            // handlers, and a later record must not run before that copy exists.
+            blocked |= !matches!(r.decision, Decision::Done { .. } | Decision::Duplicate { .. });
+            out.push((i, r));
         }
+        out
+    }
+
+    /// The records of a FIFO batch by message group, each record with its position.
+    fn groups(&self, records: Vec<Record>) -> Vec<Vec<(usize, Record)>> {
         let mut order: Vec<Vec<(usize, Record)>> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
         for (i, r) in records.into_iter().enumerate() {
@@ -305,7 +320,12 @@ async fn run_handler(
     hold: &Hold,
     cap: Option<Instant>,
 ) -> Result<(), JobError> {
-    let mut task = tokio::spawn(route.call(payload, ctx).instrument(tracing::Span::current()));
+    let mut handler = route.call(payload, ctx);
+    // A handler that finishes on its first poll (most, in a healthy batch) needs no task.
+    if let Some(done) = first_poll(&mut handler).await {
+        return done;
+    }
+    let mut task = tokio::spawn(handler.instrument(tracing::Span::current()));
     let deadline = || {
         let d = hold.deadline();
         cap.map_or(d, |c| d.at_most(c))
@@ -330,4 +350,17 @@ async fn run_handler(
         Err(e) if e.is_panic() => Err(JobError::panic(e.into_panic().as_ref())),
         Err(_) => Err(JobError::transient("handler task was cancelled")),
     }
+}
+
+/// Polls a handler once, here: its result when it finished (a panic fails only its record),
+/// `None` when it waits on something (it then goes on in its own task).
+fn first_poll(handler: &mut BoxFuture) -> impl Future<Output = Option<Result<(), JobError>>> + '_ {
+    std::future::poll_fn(move |cx| {
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.as_mut().poll(cx)));
+        Poll::Ready(match polled {
+            Ok(Poll::Ready(r)) => Some(r),
+            Ok(Poll::Pending) => None,
+            Err(panic) => Some(Err(JobError::panic(panic.as_ref()))),
+        })
+    })
 }
