@@ -74,7 +74,7 @@ pub fn run(opts: &Options) -> Section {
             .map_or("n/a".into(), |p| format!("{:.1}×", p.cost.cpu_us / us))
     };
     s.row(&[
-        "sqs-triage, 10% failing: processor without the AWS calls (deserialize, read, admit, task per record, decide, plan, batch response)".into(),
+        "sqs-triage, 10% failing: processor without the AWS calls (deserialize, read, admit, run, decide, plan, batch response)".into(),
         format!("{:.2}", rust.cpu_us),
         ratio(&python, rust.cpu_us),
         format!("{:.2}", rust.wall_us),
@@ -92,7 +92,7 @@ pub fn run(opts: &Options) -> Section {
                 reps.to_string(),
             ]);
             s.row(&[
-                "sqs-triage, healthy: deserialize, whole `Processor::process` (task per record, spans, no AWS call), batch response".into(),
+                "sqs-triage, healthy: deserialize, whole `Processor::process` (spans, no AWS call), batch response".into(),
                 format!("{:.2}", h.process.cpu_us),
                 ratio(&python_healthy, h.process.cpu_us),
                 format!("{:.2}", h.process.wall_us),
@@ -144,7 +144,7 @@ pub fn run(opts: &Options) -> Section {
          task, the decision, `plan`) and serializes the response, leaving out only the execution \
          of the plan's AWS calls. The healthy rows use the event of first deliveries that all \
          succeed: `plan` alone (on records that have run), and deserialization, the whole \
-         `Processor::process` with its per-record task and tracing spans (INFO, written nowhere) \
+         `Processor::process` with its tracing spans (INFO, written nowhere) \
          and the response, which makes no AWS call on that path (counted)."
             .into(),
     );

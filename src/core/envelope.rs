@@ -408,7 +408,9 @@ fn plain(body: &str, id_attribute: Option<&str>) -> Option<Result<Job<Payload>, 
         Some(raw) => {
             // Skipping a value checks less than reading it (escapes, numbers' range, depth):
             // the payload must read as the body's parse would read it.
-            Checked(TEXT_PAYLOAD_DEPTH).deserialize(&mut serde_json::Deserializer::from_str(raw.get())).ok()?;
+            Checked(TEXT_PAYLOAD_DEPTH)
+                .deserialize(&mut serde_json::Deserializer::from_str(raw.get()))
+                .ok()?;
             Payload::Text(raw.to_owned())
         }
     };
@@ -1137,16 +1139,28 @@ mod tests {
     /// The handler's reading of a body as the general reading has it: the job (its payload as
     /// a JSON value) or the error.
     fn for_handler(body: &str, id_attribute: Option<&str>) -> Result<Job, EnvelopeError> {
-        parse_for_handler(body, None, id_attribute, EnvelopeLimits::default(), &EventBridgeTypes::new())
-            .map(|j| Job {
-                job_type: j.job_type,
-                id: j.id,
-                payload: j.payload.into_value(),
-            })
+        parse_for_handler(
+            body,
+            None,
+            id_attribute,
+            EnvelopeLimits::default(),
+            &EventBridgeTypes::new(),
+        )
+        .map(|j| Job {
+            job_type: j.job_type,
+            id: j.id,
+            payload: j.payload.into_value(),
+        })
     }
 
     fn general(body: &str, id_attribute: Option<&str>) -> Result<Job, EnvelopeError> {
-        parse_with(body, None, id_attribute, EnvelopeLimits::default(), &EventBridgeTypes::new())
+        parse_with(
+            body,
+            None,
+            id_attribute,
+            EnvelopeLimits::default(),
+            &EventBridgeTypes::new(),
+        )
     }
 
     fn nested(depth: usize) -> String {
@@ -1198,8 +1212,17 @@ mod tests {
         // The plain envelopes keep their payload as text; the others are read as JSON.
         let text = |body: &str| {
             matches!(
-                parse_for_handler(body, None, None, EnvelopeLimits::default(), &EventBridgeTypes::new()),
-                Ok(Job { payload: Payload::Text(_), .. })
+                parse_for_handler(
+                    body,
+                    None,
+                    None,
+                    EnvelopeLimits::default(),
+                    &EventBridgeTypes::new()
+                ),
+                Ok(Job {
+                    payload: Payload::Text(_),
+                    ..
+                })
             )
         };
         assert!(text(&bodies[0]) && text(&bodies[1]) && text(&deep(TEXT_PAYLOAD_DEPTH)));
@@ -1214,9 +1237,21 @@ mod tests {
         }
         let text = |t: &str| Payload::Text(RawValue::from_string(t.to_owned()).unwrap());
         let value = |t: &str| Payload::Value(serde_json::from_str(t).unwrap());
-        for t in [r#"{"to":"a"}"#, r#"{"to":"a","to":"b"}"#, r#"{"to":"a","cc":[1,{"x":null}]}"#] {
-            assert_eq!(text(t).decode::<Email>().unwrap(), value(t).decode::<Email>().unwrap(), "{t}");
-            assert_eq!(text(t).decode::<Value>().unwrap(), value(t).decode::<Value>().unwrap(), "{t}");
+        for t in [
+            r#"{"to":"a"}"#,
+            r#"{"to":"a","to":"b"}"#,
+            r#"{"to":"a","cc":[1,{"x":null}]}"#,
+        ] {
+            assert_eq!(
+                text(t).decode::<Email>().unwrap(),
+                value(t).decode::<Email>().unwrap(),
+                "{t}"
+            );
+            assert_eq!(
+                text(t).decode::<Value>().unwrap(),
+                value(t).decode::<Value>().unwrap(),
+                "{t}"
+            );
         }
         for t in [r#"{"to":5}"#, r#"{"cc":1}"#, "[1]", "null"] {
             assert_eq!(

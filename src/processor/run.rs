@@ -1,12 +1,12 @@
 //! Step 2, admit and run: per record, admission (the decision before the handler, with the
-//! breaker's answer), the handler in its own task, and the decision after it. Records of one
+//! breaker's answer), the handler, and the decision after it. Records of one
 //! FIFO message group go in order and stop at the first that does not finish; all other
 //! records run side by side, `concurrency` at a time.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::task::Poll;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -80,7 +80,8 @@ impl Processor {
                 .await
         } else {
             stream::iter(records.into_iter().enumerate())
-                .map(|(i, record)| async move { (i, self.run_one(record, states, hold).await) })
+                // Boxed: a record's future is large, and the stream moves it on its way.
+                .map(|(i, record)| Box::pin(async move { (i, self.run_one(record, states, hold).await) }))
                 .buffer_unordered(concurrency)
                 .collect()
                 .await
@@ -310,7 +311,8 @@ impl Processor {
     }
 }
 
-/// Runs a handler in its own task so a panic fails only this record, and stops it at the
+/// Runs a handler: polled once in place, and when it waits, in its own task (so handlers that
+/// wait run side by side on the runtime's threads); a panic fails only this record. Stops it at the
 /// report margin before the deadline — the deadline as it is then: a worker's moves while the
 /// heartbeat keeps the batch's messages hidden.
 async fn run_handler(
