@@ -7,8 +7,7 @@
 //!    environment could not write, `lost.rs`) and one breaker state per job type.
 //! 2. **Admit and run** (`run.rs`): record by record — a FIFO group in order, everything else
 //!    side by side — admission (the decision before the handler, with a probe permit when the
-//!    breaker is half-open), the handler (polled once in place; one that waits goes on in its own
-//!    task), and the decision after it: a `Ran`.
+//!    breaker is half-open), the handler in its own task, and the decision after it: a `Ran`.
 //!    Meanwhile the visibility heartbeat (`heartbeat.rs`) keeps the batch's messages hidden
 //!    while handlers outlast their visibility timeout; it has stopped, its last call answered,
 //!    before step 3.

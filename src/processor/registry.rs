@@ -42,8 +42,7 @@ pub struct JobContext {
     pub max_attempts: u32,
 }
 
-/// A handler's run, as the processor drives it.
-pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = Result<(), JobError>> + Send + 'static>>;
+type BoxFuture = Pin<Box<dyn Future<Output = Result<(), JobError>> + Send + 'static>>;
 type ErasedHandler = dyn Fn(Payload, JobContext) -> BoxFuture + Send + Sync;
 
 /// A registered job type: its handler and policies.

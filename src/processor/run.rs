@@ -1,12 +1,10 @@
 //! Step 2, admit and run: per record, admission (the decision before the handler, with the
-//! breaker's answer), the handler, and the decision after it. Records of one
+//! breaker's answer), the handler in its own task, and the decision after it. Records of one
 //! FIFO message group go in order and stop at the first that does not finish; all other
 //! records run side by side, `concurrency` at a time.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::task::Poll;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -17,7 +15,7 @@ use tracing::{Instrument, warn};
 use super::heartbeat::Hold;
 use super::plan::tally;
 use super::read::{Record, no_handler};
-use super::registry::{BoxFuture, JobContext, Route};
+use super::registry::{JobContext, Route};
 use super::{Deadline, Processor};
 use crate::clock::now_ms;
 use crate::core::breaker::{Aggregate, BreakerState, Lease};
@@ -311,8 +309,9 @@ impl Processor {
     }
 }
 
-/// Runs a handler: polled once in place, and when it waits, in its own task (so handlers that
-/// wait run side by side on the runtime's threads); a panic fails only this record. Stops it at the
+/// Runs a handler in its own task so a panic fails only this record, handlers run side by
+/// side on the runtime's threads, and one that never yields (blocking or CPU-bound) neither
+/// holds up the batch (its heartbeat, the other handlers) nor outlives it: it is stopped at the
 /// report margin before the deadline — the deadline as it is then: a worker's moves while the
 /// heartbeat keeps the batch's messages hidden.
 async fn run_handler(
@@ -322,12 +321,7 @@ async fn run_handler(
     hold: &Hold,
     cap: Option<Instant>,
 ) -> Result<(), JobError> {
-    let mut handler = route.call(payload, ctx);
-    // A handler that finishes on its first poll (most, in a healthy batch) needs no task.
-    if let Some(done) = first_poll(&mut handler).await {
-        return done;
-    }
-    let mut task = tokio::spawn(handler.instrument(tracing::Span::current()));
+    let mut task = tokio::spawn(route.call(payload, ctx).instrument(tracing::Span::current()));
     let deadline = || {
         let d = hold.deadline();
         cap.map_or(d, |c| d.at_most(c))
@@ -352,17 +346,4 @@ async fn run_handler(
         Err(e) if e.is_panic() => Err(JobError::panic(e.into_panic().as_ref())),
         Err(_) => Err(JobError::transient("handler task was cancelled")),
     }
-}
-
-/// Polls a handler once, here: its result when it finished (a panic fails only its record),
-/// `None` when it waits on something (it then goes on in its own task).
-fn first_poll(handler: &mut BoxFuture) -> impl Future<Output = Option<Result<(), JobError>>> + '_ {
-    std::future::poll_fn(move |cx| {
-        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.as_mut().poll(cx)));
-        Poll::Ready(match polled {
-            Ok(Poll::Ready(r)) => Some(r),
-            Ok(Poll::Pending) => None,
-            Err(panic) => Some(Err(JobError::panic(panic.as_ref()))),
-        })
-    })
 }

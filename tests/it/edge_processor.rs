@@ -479,3 +479,66 @@ async fn a_job_deferred_past_the_queues_retention_is_dead_lettered_with_a_record
         "never ran: the breaker was open"
     );
 }
+
+/// Review finding: a handler that never yields (it blocks its thread) is still stopped at the
+/// report margin before the deadline: the batch answers without waiting for it, the record
+/// is retried, and the other records of the batch run beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_blocks_its_thread_cannot_hold_the_batch_past_its_deadline() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let release = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicBool::new(false));
+    let (r, f) = (release.clone(), finished.clone());
+    let h = Harness::build(Options {
+        prefix: "blocking",
+        register: Box::new(move |registry, _| {
+            registry.handle_with(
+                "blocking",
+                fast_policy(5),
+                quiet_breaker(),
+                move |_: serde_json::Value, _| {
+                    let (r, f) = (r.clone(), f.clone());
+                    async move {
+                        // Blocks its thread (no await) until the test lets it go.
+                        while !r.load(Ordering::SeqCst) {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        f.store(true, Ordering::SeqCst);
+                        Ok(())
+                    }
+                },
+            )
+        }),
+        ..Options::default()
+    })
+    .await;
+    // Should the batch wait for the handler after all, it is let go in the end, so the test
+    // fails rather than hangs.
+    let watchdog = release.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(60));
+        watchdog.store(true, Ordering::SeqCst);
+    });
+    h.send_raw(&[(r#"{"type":"blocking","id":"b1"}"#, None)]).await;
+    h.send_jobs(&[("ok1", json!({"outcome": "ok"}))]).await;
+    let m = take(&h, 2).await;
+    let outcome = process(&h.env, &m, &h.queue_url, Duration::from_secs(4)).await;
+    let stuck = finished.load(Ordering::SeqCst);
+    release.store(true, Ordering::SeqCst);
+    assert!(!stuck, "the batch waited for the blocked handler to end");
+    let report = |job: &str| {
+        outcome
+            .records
+            .iter()
+            .find(|r| r.job_id == job)
+            .unwrap_or_else(|| panic!("{job} reported: {:?}", outcome.records))
+    };
+    assert!(
+        matches!(report("b1").decision, sqs_triage::core::Decision::Retry { .. }),
+        "{:?}",
+        report("b1")
+    );
+    assert!(!report("b1").settled);
+    assert!(report("ok1").settled, "{:?}", report("ok1"));
+}
