@@ -71,8 +71,11 @@ impl Default for Payload {
 
 impl Payload {
     /// Decodes the payload into `P`, as `serde_json::from_value` decodes the payload's JSON
-    /// value: from the text when that reads, else (a key given twice, which the JSON value
-    /// keeps the last of) from the value, whose error is the one returned.
+    /// value: from the text (kept only when it holds no float and no key given twice, so it
+    /// decodes as the value would), and when that fails, from the value, whose error is the
+    /// one returned. One difference: a type that keeps the payload's text (`Box<RawValue>`)
+    /// or the order of its keys gets them as the producer wrote them, where the value would
+    /// give them written anew, keys sorted.
     pub fn decode<P: DeserializeOwned>(self) -> Result<P, serde_json::Error> {
         match self {
             Self::Value(v) => serde_json::from_value(v),
@@ -342,6 +345,8 @@ enum Field {
     Type,
     Id,
     Payload,
+    /// [`RAW_VALUE_KEY`].
+    RawValue,
     Other,
 }
 
@@ -358,6 +363,7 @@ impl<'de> Deserialize<'de> for Field {
                     "type" => Field::Type,
                     "id" => Field::Id,
                     "payload" => Field::Payload,
+                    RAW_VALUE_KEY => Field::RawValue,
                     _ => Field::Other,
                 })
             }
@@ -384,7 +390,11 @@ impl<'de> Deserialize<'de> for Plain<'de> {
                         Field::Payload if payload.is_none() => {
                             payload = Some(map.next_value::<Option<&'de RawValue>>()?)
                         }
-                        Field::Other => map.next_value_seed(Checked(TEXT_PAYLOAD_DEPTH))?,
+                        Field::Other => map.next_value_seed(Checked {
+                            depth: TEXT_PAYLOAD_DEPTH,
+                            strict: false,
+                        })?,
+                        Field::RawValue => return Err(A::Error::custom("the raw-value key")),
                         _ => return Err(A::Error::custom("a field given twice")),
                     }
                 }
@@ -407,8 +417,13 @@ fn plain(body: &str, id_attribute: Option<&str>) -> Option<Result<Job<Payload>, 
         None => Payload::Value(Value::Null),
         Some(raw) => {
             // Skipping a value checks less than reading it (escapes, numbers' range, depth):
-            // the payload must read as the body's parse would read it.
-            Checked(TEXT_PAYLOAD_DEPTH)
+            // the payload must read as the body's parse would read it, and decode from its
+            // text as from its JSON value.
+            let checked = Checked {
+                depth: TEXT_PAYLOAD_DEPTH,
+                strict: true,
+            };
+            checked
                 .deserialize(&mut serde_json::Deserializer::from_str(raw.get()))
                 .ok()?;
             Payload::Text(raw.to_owned())
@@ -439,15 +454,28 @@ fn plain_job(
     })
 }
 
-/// Reads a JSON value as the parser reads it into a `Value`, keeping nothing; fails past
-/// its depth.
-struct Checked(usize);
+/// The key by which serde_json's parser tells a raw value inside a JSON text (its
+/// `raw_value` feature): a JSON value reads an object that holds it otherwise than as an
+/// object, so a body holding it anywhere is left to the general reading.
+const RAW_VALUE_KEY: &str = "$serde_json::private::RawValue";
+
+/// Reads a JSON value as the parser reads it into a `Value`, keeping nothing. It fails past
+/// its depth and on the parser's raw-value key; strict (a payload to be decoded from its
+/// text), it also fails on any number a JSON value holds as a float (a fraction, an exponent,
+/// an integer past 64 bits, `-0`: a type reading the text could read such an integer where
+/// the float fails) and on a key given twice in an object (a JSON value keeps the last; a
+/// type reading the text may refuse it, or read it otherwise).
+#[derive(Clone, Copy)]
+struct Checked {
+    depth: usize,
+    strict: bool,
+}
 
 impl Checked {
-    fn deeper<E: serde::de::Error>(&self) -> Result<Self, E> {
-        match self.0 {
+    fn deeper<E: serde::de::Error>(self) -> Result<Self, E> {
+        match self.depth {
             0 => Err(E::custom("nested too deep")),
-            n => Ok(Self(n - 1)),
+            n => Ok(Self { depth: n - 1, ..self }),
         }
     }
 }
@@ -473,8 +501,11 @@ impl<'de> Visitor<'de> for Checked {
     fn visit_u64<E>(self, _: u64) -> Result<(), E> {
         Ok(())
     }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
+        match self.strict {
+            true => Err(E::custom("a number held as a float")),
+            false => Ok(()),
+        }
     }
     fn visit_str<E>(self, _: &str) -> Result<(), E> {
         Ok(())
@@ -484,15 +515,61 @@ impl<'de> Visitor<'de> for Checked {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let inner = self.deeper()?;
-        while seq.next_element_seed(Checked(inner.0))?.is_some() {}
+        while seq.next_element_seed(inner)?.is_some() {}
         Ok(())
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        use serde::de::Error;
         let inner = self.deeper()?;
-        while map.next_key_seed(Checked(0))?.is_some() {
-            map.next_value_seed(Checked(inner.0))?;
+        let mut keys: Vec<Key<'de>> = Vec::new();
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            if key.as_str() == RAW_VALUE_KEY {
+                return Err(A::Error::custom("the raw-value key"));
+            }
+            map.next_value_seed(inner)?;
+            if self.strict {
+                keys.push(key);
+            }
+        }
+        keys.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        if keys.windows(2).any(|w| w[0].as_str() == w[1].as_str()) {
+            return Err(A::Error::custom("a key given twice"));
         }
         Ok(())
+    }
+}
+
+/// An object's key as read: borrowed from the text unless it had escapes.
+enum Key<'de> {
+    Borrowed(&'de str),
+    Owned(String),
+}
+
+impl Key<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            Self::Borrowed(s) => s,
+            Self::Owned(s) => s,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key::Borrowed(v))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key::Owned(v.to_owned()))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
     }
 }
 
@@ -751,6 +828,7 @@ pub(crate) fn json_kind(v: &Value) -> &'static str {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::collections::HashMap;
 
     fn p(body: &str) -> Result<Job, EnvelopeError> {
         parse(body, None, None, EnvelopeLimits::default())
@@ -1225,8 +1303,13 @@ mod tests {
                 })
             )
         };
-        assert!(text(&bodies[0]) && text(&bodies[1]) && text(&deep(TEXT_PAYLOAD_DEPTH)));
+        assert!(text(&bodies[1]) && text(&deep(TEXT_PAYLOAD_DEPTH)));
+        assert!(text(
+            r#"{"type":"t","id":"j","payload":{"to":"a@b","n":[1,-3,null,true]}}"#
+        ));
+        // No payload, a lone surrogate, too deep, a float.
         assert!(!text(&bodies[2]) && !text(&bodies[11]) && !text(&deep(TEXT_PAYLOAD_DEPTH + 1)));
+        assert!(!text(&bodies[0]));
     }
 
     #[test]
@@ -1259,6 +1342,62 @@ mod tests {
                 value(t).decode::<Email>().unwrap_err().to_string(),
                 "{t}"
             );
+        }
+    }
+
+    /// What decoding through the handler's reading gives, against decoding the general
+    /// reading's JSON value: the same value or the same error text.
+    fn decodes_alike<P>(body: &str)
+    where
+        P: DeserializeOwned + PartialEq + std::fmt::Debug,
+    {
+        let fast = parse_for_handler(
+            body,
+            None,
+            None,
+            EnvelopeLimits::default(),
+            &EventBridgeTypes::new(),
+        )
+        .map(|j| j.payload.decode::<P>().map_err(|e| e.to_string()));
+        let general =
+            general(body, None).map(|j| serde_json::from_value::<P>(j.payload).map_err(|e| e.to_string()));
+        assert_eq!(fast, general, "{body}");
+    }
+
+    #[test]
+    fn payloads_a_json_value_would_read_otherwise_decode_from_that_value() {
+        // Integers past 64 bits and `-0`: a JSON value holds them as floats.
+        decodes_alike::<u128>(r#"{"type":"t","payload":18446744073709551616}"#);
+        decodes_alike::<i128>(r#"{"type":"t","payload":-9223372036854775809}"#);
+        decodes_alike::<i128>(r#"{"type":"t","payload":-0}"#);
+        decodes_alike::<f64>(r#"{"type":"t","payload":1.5e3}"#);
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        struct Wide {
+            n: u128,
+        }
+        decodes_alike::<Wide>(r#"{"type":"t","payload":{"n":340282366920938463463374607431768211455}}"#);
+        // A key given twice: the value keeps the last, and an untagged enum's first variant
+        // reads it.
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Typed { to: String },
+            Any(Value),
+        }
+        decodes_alike::<Either>(r#"{"type":"t","payload":{"to":"a","to":"b"}}"#);
+        decodes_alike::<Either>(r#"{"type":"t","payload":{"to":"a"}}"#);
+        decodes_alike::<Either>(r#"{"type":"t","payload":[{"x":{"y":1,"y":2}}]}"#);
+        // The parser's raw-value key, in the payload or anywhere in the body.
+        for body in [
+            r#"{"type":"t","x":{"$serde_json::private::RawValue":"not json"}}"#,
+            r#"{"type":"t","payload":{"$serde_json::private::RawValue":"1","b":2}}"#,
+            r#"{"type":"t","payload":{"$serde_json::private::RawValue":"[1,2]"}}"#,
+            r#"{"$serde_json::private::RawValue":"1","type":"t"}"#,
+            r#"{"$serde_json::private::RawValue":"{\"type\":\"t\"}"}"#,
+        ] {
+            assert_eq!(for_handler(body, None), general(body, None), "{body}");
+            decodes_alike::<HashMap<String, Value>>(body);
+            decodes_alike::<Value>(body);
         }
     }
 
