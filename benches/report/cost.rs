@@ -1,6 +1,7 @@
 //! Item 1, per-record cost: the in-process pipeline against Powertools' `BatchProcessor`, on the same
 //! event file, timed in the same run.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -74,7 +75,7 @@ pub fn run(opts: &Options) -> Section {
             .map_or("n/a".into(), |p| format!("{:.1}×", p.cost.cpu_us / us))
     };
     s.row(&[
-        "sqs-triage, 10% failing: processor without the AWS calls (deserialize, read, admit, run, decide, plan, batch response)".into(),
+        "sqs-triage, 10% failing: processor without the AWS calls (deserialize, read, admit, task per record, decide, plan, batch response)".into(),
         format!("{:.2}", rust.cpu_us),
         ratio(&python, rust.cpu_us),
         format!("{:.2}", rust.wall_us),
@@ -92,7 +93,7 @@ pub fn run(opts: &Options) -> Section {
                 reps.to_string(),
             ]);
             s.row(&[
-                "sqs-triage, healthy: deserialize, whole `Processor::process` (spans, no AWS call), batch response".into(),
+                "sqs-triage, healthy: deserialize, whole `Processor::process` (task per record, spans, no AWS call), batch response".into(),
                 format!("{:.2}", h.process.cpu_us),
                 ratio(&python_healthy, h.process.cpu_us),
                 format!("{:.2}", h.process.wall_us),
@@ -144,7 +145,7 @@ pub fn run(opts: &Options) -> Section {
          task, the decision, `plan`) and serializes the response, leaving out only the execution \
          of the plan's AWS calls. The healthy rows use the event of first deliveries that all \
          succeed: `plan` alone (on records that have run), and deserialization, the whole \
-         `Processor::process` with its tracing spans (INFO, written nowhere) \
+         `Processor::process` with its per-record task and tracing spans (INFO, written nowhere) \
          and the response, which makes no AWS call on that path (counted)."
             .into(),
     );
@@ -485,6 +486,34 @@ fn instructions(opts: &Options, s: &mut Section, file: &Path, healthy_file: &Pat
             Err(e) => s.fail(format!("profile of {title}: {e}")),
         }
     }
+    if let Ok((_, _, out)) = &counted[1] {
+        match inclusive(out) {
+            Ok(by_name) => {
+                let pass = by_name.get(STAGES[STAGES.len() - 1].1[0]).copied();
+                s.line(String::new());
+                s.line(format!(
+                    "Where a healthy record's instructions go, stage by stage: each stage the \
+                     instructions of its functions and of all they call, per record of the {} \
+                     (`callgrind_annotate --inclusive=yes {}`); a stage whose functions were \
+                     inlined reads n/a.",
+                    opts.records,
+                    out.strip_prefix(&opts.manifest_dir).unwrap_or(out).display()
+                ));
+                s.line(String::new());
+                s.header(&["stage", "instructions/record", "share of the pass"]);
+                for (what, v) in stages(&by_name, opts.records) {
+                    let share = match (v, pass) {
+                        (Some(v), Some(p)) if p > 0 => {
+                            format!("{:.0}%", v * opts.records as f64 * 100.0 / p as f64)
+                        }
+                        _ => "n/a".into(),
+                    };
+                    s.row(&[what.into(), v.map_or("n/a".into(), |v| format!("{v:.0}")), share]);
+                }
+            }
+            Err(e) => s.fail(format!("stages of the healthy pass: {e}")),
+        }
+    }
 }
 
 /// Runs `args` under callgrind, its profile written to `out`; returns the instructions counted.
@@ -514,7 +543,25 @@ fn callgrind(args: &[std::ffi::OsString], out: &Path) -> Result<u64, String> {
 fn top_functions(out: &Path, n: usize) -> Result<Vec<(u64, String)>, String> {
     let text =
         super::output(Command::new("callgrind_annotate").arg(out)).ok_or("callgrind_annotate did not run")?;
-    let mut top = Vec::new();
+    let top: Vec<(u64, String)> = annotated(&text)
+        .into_iter()
+        .take(n)
+        .map(|(ir, mut function)| {
+            if function.chars().count() > 110 {
+                function = function.chars().take(110).collect::<String>() + "…";
+            }
+            (ir, function.replace('|', "\\|").replace('`', "'"))
+        })
+        .collect();
+    if top.is_empty() {
+        return Err(format!("no functions in {}", out.display()));
+    }
+    Ok(top)
+}
+
+/// The functions of `callgrind_annotate`'s listing with their instructions, in its order.
+fn annotated(text: &str) -> Vec<(u64, String)> {
+    let mut listed = Vec::new();
     for l in text.lines() {
         let l = l.trim_start();
         let Some((count, rest)) = l.split_once(' ') else {
@@ -531,19 +578,80 @@ fn top_functions(out: &Path, n: usize) -> Result<Vec<(u64, String)>, String> {
         }
         let rest = rest.split_once(" [").map_or(rest, |(f, _)| f);
         let function = rest.split_once(':').map_or(rest, |(_, f)| f);
-        let mut function = function.to_owned();
-        if function.chars().count() > 110 {
-            function = function.chars().take(110).collect::<String>() + "…";
-        }
-        top.push((ir, function.replace('|', "\\|").replace('`', "'")));
-        if top.len() == n {
-            break;
-        }
+        listed.push((ir, function.to_owned()));
     }
-    if top.is_empty() {
-        return Err(format!("no functions in {}", out.display()));
-    }
-    Ok(top)
+    listed
+}
+
+/// The stages of the healthy pass, each the inclusive instructions of the functions named
+/// (`-` before a name: less that one's), per record.
+const STAGES: [(&str, &[&str]); 7] = [
+    (
+        "the event's text as `lambda_runtime` takes it (`Box<RawValue>`: one pass over the whole event)",
+        &[
+            "report::report::pipeline::incoming",
+            "-sqs_triage::runtime::lambda::read_records",
+        ],
+    ),
+    (
+        "records read from that text (`read_records`: the lean typed model)",
+        &["sqs_triage::runtime::lambda::read_records"],
+    ),
+    (
+        "envelope parsed (`parse_for_handler`)",
+        &["sqs_triage::core::envelope::parse_for_handler"],
+    ),
+    (
+        "the handler: its payload decoded, the job run",
+        &["sqs_triage::processor::registry::Registry::insert::{{closure}}::{{closure}}"],
+    ),
+    (
+        "admission and the decision around it (`run_one`, less the handler)",
+        &[
+            "sqs_triage::processor::run::<impl sqs_triage::processor::Processor>::run_one::{{closure}}",
+            "-sqs_triage::processor::registry::Registry::insert::{{closure}}::{{closure}}",
+        ],
+    ),
+    (
+        "`plan`",
+        &["sqs_triage::processor::plan::<impl sqs_triage::processor::Processor>::plan"],
+    ),
+    (
+        "the rest: routing, the batch's stream, `execute` (reports, metrics), the response, freeing",
+        &[
+            "report::report::pipeline::Bench::handle_event",
+            "-report::report::pipeline::incoming",
+            "-sqs_triage::core::envelope::parse_for_handler",
+            "-sqs_triage::processor::run::<impl sqs_triage::processor::Processor>::run_one::{{closure}}",
+            "-sqs_triage::processor::plan::<impl sqs_triage::processor::Processor>::plan",
+        ],
+    ),
+];
+
+/// Every function's inclusive instructions in a callgrind profile, by name.
+fn inclusive(out: &Path) -> Result<HashMap<String, u64>, String> {
+    let text = super::output(Command::new("callgrind_annotate").arg("--inclusive=yes").arg(out))
+        .ok_or("callgrind_annotate did not run")?;
+    Ok(annotated(&text).into_iter().map(|(ir, f)| (f, ir)).collect())
+}
+
+/// The stages' instructions per record of a healthy pass over `records` records: `None` for a
+/// stage whose functions are not all in the profile (inlined).
+fn stages(by_name: &HashMap<String, u64>, records: usize) -> Vec<(&'static str, Option<f64>)> {
+    STAGES
+        .iter()
+        .map(|(what, names)| {
+            let mut sum = 0i64;
+            for n in *names {
+                let (sign, name) = n.strip_prefix('-').map_or((1, *n), |m| (-1, m));
+                match by_name.get(name) {
+                    Some(ir) => sum += sign * *ir as i64,
+                    None => return (*what, None),
+                }
+            }
+            (*what, Some(sum.max(0) as f64 / records as f64))
+        })
+        .collect()
 }
 
 /// 1234567 as `1,234,567`.

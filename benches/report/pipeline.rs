@@ -1,6 +1,6 @@
 //! The processor itself over one Lambda SQS event, without network: deserialize the event,
 //! then the real [`Processor`]'s steps — read each record, admit it, run the registered handler
-//! (in its own tokio task when it waits), decide, and [`plan`](Processor::plan) the batch's effects (DLQ copies,
+//! in its own tokio task, decide, and [`plan`](Processor::plan) the batch's effects (DLQ copies,
 //! visibility changes, metrics, reports) — and serialize the partial batch response. Only the
 //! plan's execution (batched SQS and DynamoDB calls) is left out; on the healthy path (first
 //! deliveries that succeed) there is nothing to execute, and [`Bench::process`] runs the whole
@@ -235,7 +235,7 @@ impl Bench {
         Some(Instant::now() + self.patience)
     }
 
-    /// Steps 1 and 2 of the processor (read, admit, run each handler): each
+    /// Steps 1 and 2 of the processor (read, admit, run each handler in its own task): each
     /// record with its final decision.
     pub fn run(&self, records: Vec<Incoming>) -> Vec<Ran> {
         self.block_on(
