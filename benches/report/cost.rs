@@ -602,27 +602,25 @@ const STAGES: [(&str, &[&str]); 7] = [
         &["sqs_triage::core::envelope::parse_for_handler"],
     ),
     (
-        "the handler: its payload decoded, the job run",
-        &["sqs_triage::processor::registry::Registry::insert::{{closure}}::{{closure}}"],
+        "admission, the handler's task started and awaited, the decision (`run_one`)",
+        &["sqs_triage::processor::run::<impl sqs_triage::processor::Processor>::run_one::{{closure}}"],
     ),
     (
-        "admission and the decision around it (`run_one`, less the handler)",
-        &[
-            "sqs_triage::processor::run::<impl sqs_triage::processor::Processor>::run_one::{{closure}}",
-            "-sqs_triage::processor::registry::Registry::insert::{{closure}}::{{closure}}",
-        ],
+        "the handler, in its task: its payload decoded, the job run",
+        &["sqs_triage::processor::registry::Registry::insert::{{closure}}::{{closure}}"],
     ),
     (
         "`plan`",
         &["sqs_triage::processor::plan::<impl sqs_triage::processor::Processor>::plan"],
     ),
     (
-        "the rest: routing, the batch's stream, `execute` (reports, metrics), the response, freeing",
+        "the rest: routing, the tasks' scheduling, the batch's stream, `execute` (reports, metrics), the response, freeing",
         &[
             "report::report::pipeline::Bench::handle_event",
             "-report::report::pipeline::incoming",
             "-sqs_triage::core::envelope::parse_for_handler",
             "-sqs_triage::processor::run::<impl sqs_triage::processor::Processor>::run_one::{{closure}}",
+            "-sqs_triage::processor::registry::Registry::insert::{{closure}}::{{closure}}",
             "-sqs_triage::processor::plan::<impl sqs_triage::processor::Processor>::plan",
         ],
     ),
