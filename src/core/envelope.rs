@@ -70,12 +70,14 @@ impl Default for Payload {
 }
 
 impl Payload {
-    /// Decodes the payload into `P`, as `serde_json::from_value` decodes the payload's JSON
-    /// value: from the text (kept only when it holds no float and no key given twice, so it
-    /// decodes as the value would), and when that fails, from the value, whose error is the
-    /// one returned. One difference: a type that keeps the payload's text (`Box<RawValue>`)
-    /// or the order of its keys gets them as the producer wrote them, where the value would
-    /// give them written anew, keys sorted.
+    /// Decodes the payload into `P`: a text payload as `serde_json::from_str` decodes it, and
+    /// when that fails, from its JSON value, whose error is the one returned; a value payload
+    /// from the value. A payload that decodes from its JSON value therefore decodes from its
+    /// text too. The text decodes a few shapes the value does not (a struct variant written as
+    /// an array, an adjacently tagged enum whose content comes before its tag); where two keys
+    /// name one entry of a map (an alias) the later in the text wins; a type that keeps the text
+    /// (`Box<RawValue>`) or the order of keys gets them as written. Numbers the value would
+    /// hold as floats and keys given twice are never in a text payload ([`parse_for_handler`]).
     pub fn decode<P: DeserializeOwned>(self) -> Result<P, serde_json::Error> {
         match self {
             Self::Value(v) => serde_json::from_value(v),
@@ -1399,6 +1401,41 @@ mod tests {
             decodes_alike::<HashMap<String, Value>>(body);
             decodes_alike::<Value>(body);
         }
+    }
+
+    /// The few shapes a payload's text decodes and its JSON value did not: what the README
+    /// says of them holds.
+    #[test]
+    fn a_text_payload_decodes_the_shapes_serde_json_reads_from_text() {
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        enum Shape {
+            Point { x: u8, y: u8 },
+        }
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        #[serde(tag = "kind", content = "value")]
+        enum Msg {
+            Stop(()),
+        }
+        let decode = |body: &str| {
+            parse_for_handler(
+                body,
+                None,
+                None,
+                EnvelopeLimits::default(),
+                &EventBridgeTypes::new(),
+            )
+            .unwrap()
+            .payload
+        };
+        let array = r#"{"type":"t","payload":{"Point":[1,2]}}"#;
+        assert!(serde_json::from_value::<Shape>(general(array, None).unwrap().payload).is_err());
+        assert_eq!(
+            decode(array).decode::<Shape>().unwrap(),
+            Shape::Point { x: 1, y: 2 }
+        );
+        let content_first = r#"{"type":"t","payload":{"value":{},"kind":"Stop"}}"#;
+        assert!(serde_json::from_value::<Msg>(general(content_first, None).unwrap().payload).is_err());
+        assert_eq!(decode(content_first).decode::<Msg>().unwrap(), Msg::Stop(()));
     }
 
     proptest::proptest! {
