@@ -489,7 +489,7 @@ fn instructions(opts: &Options, s: &mut Section, file: &Path, healthy_file: &Pat
     if let Ok((_, _, out)) = &counted[1] {
         match inclusive(out) {
             Ok(by_name) => {
-                let pass = by_name.get(STAGES[STAGES.len() - 1].1[0]).copied();
+                let pass = by_name.get(PASS).copied();
                 s.line(String::new());
                 s.line(format!(
                     "Where a healthy record's instructions go, stage by stage: each stage the \
@@ -583,9 +583,15 @@ fn annotated(text: &str) -> Vec<(u64, String)> {
     listed
 }
 
+/// The healthy pass whose stages [`STAGES`] are.
+const PASS: &str = "report::report::pipeline::Bench::handle_event";
+
+/// What of [`PASS`] no stage of [`STAGES`] names.
+const REST: &str = "the rest: routing, the tasks' scheduling, the batch's stream, `execute` (reports, metrics), the response, freeing";
+
 /// The stages of the healthy pass, each the inclusive instructions of the functions named
 /// (`-` before a name: less that one's), per record.
-const STAGES: [(&str, &[&str]); 7] = [
+const STAGES: [(&str, &[&str]); 6] = [
     (
         "the event's text as `lambda_runtime` takes it (`Box<RawValue>`: one pass over the whole event)",
         &[
@@ -613,17 +619,6 @@ const STAGES: [(&str, &[&str]); 7] = [
         "`plan`",
         &["sqs_triage::processor::plan::<impl sqs_triage::processor::Processor>::plan"],
     ),
-    (
-        "the rest: routing, the tasks' scheduling, the batch's stream, `execute` (reports, metrics), the response, freeing",
-        &[
-            "report::report::pipeline::Bench::handle_event",
-            "-report::report::pipeline::incoming",
-            "-sqs_triage::core::envelope::parse_for_handler",
-            "-sqs_triage::processor::run::<impl sqs_triage::processor::Processor>::run_one::{{closure}}",
-            "-sqs_triage::processor::registry::Registry::insert::{{closure}}::{{closure}}",
-            "-sqs_triage::processor::plan::<impl sqs_triage::processor::Processor>::plan",
-        ],
-    ),
 ];
 
 /// Every function's inclusive instructions in a callgrind profile, by name.
@@ -633,23 +628,26 @@ fn inclusive(out: &Path) -> Result<HashMap<String, u64>, String> {
     Ok(annotated(&text).into_iter().map(|(ir, f)| (f, ir)).collect())
 }
 
-/// The stages' instructions per record of a healthy pass over `records` records: `None` for a
-/// stage whose functions are not all in the profile (inlined).
+/// The stages' instructions per record of a healthy pass over `records` records, [`REST`]
+/// last: `None` for a stage whose functions are not all in the profile (inlined).
 fn stages(by_name: &HashMap<String, u64>, records: usize) -> Vec<(&'static str, Option<f64>)> {
-    STAGES
-        .iter()
-        .map(|(what, names)| {
-            let mut sum = 0i64;
-            for n in *names {
-                let (sign, name) = n.strip_prefix('-').map_or((1, *n), |m| (-1, m));
-                match by_name.get(name) {
-                    Some(ir) => sum += sign * *ir as i64,
-                    None => return (*what, None),
-                }
-            }
-            (*what, Some(sum.max(0) as f64 / records as f64))
+    let ir = |names: &[&str]| -> Option<i64> {
+        names.iter().try_fold(0i64, |sum, n| {
+            let (sign, name) = n.strip_prefix('-').map_or((1, *n), |m| (-1, m));
+            by_name.get(name).map(|ir| sum + sign * *ir as i64)
         })
-        .collect()
+    };
+    let per_record = |ir: Option<i64>| ir.map(|ir| ir.max(0) as f64 / records as f64);
+    let mut out: Vec<(&'static str, Option<f64>)> = Vec::new();
+    let mut named = Some(0i64);
+    for (what, names) in STAGES {
+        let stage = ir(names);
+        named = named.zip(stage).map(|(a, b)| a + b);
+        out.push((what, per_record(stage)));
+    }
+    let rest = ir(&[PASS]).zip(named).map(|(pass, named)| pass - named);
+    out.push((REST, per_record(rest)));
+    out
 }
 
 /// 1234567 as `1,234,567`.

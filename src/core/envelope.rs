@@ -22,6 +22,7 @@
 //! always read as an envelope, and a `job-type` message attribute on the SQS message keeps the
 //! whole body, wrapper and all, as the payload.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::de::{DeserializeOwned, DeserializeSeed, MapAccess, SeqAccess, Visitor};
@@ -354,23 +355,26 @@ enum Field {
 
 impl<'de> Deserialize<'de> for Field {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Name;
-        impl Visitor<'_> for Name {
-            type Value = Field;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a field name")
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Field, E> {
-                Ok(match v {
-                    "type" => Field::Type,
-                    "id" => Field::Id,
-                    "payload" => Field::Payload,
-                    RAW_VALUE_KEY => Field::RawValue,
-                    _ => Field::Other,
-                })
-            }
-        }
-        d.deserialize_str(Name)
+        d.deserialize_str(StrVisitor(|v: &str| match v {
+            "type" => Field::Type,
+            "id" => Field::Id,
+            "payload" => Field::Payload,
+            RAW_VALUE_KEY => Field::RawValue,
+            _ => Field::Other,
+        }))
+    }
+}
+
+/// Reads a string without keeping it: `f` takes what it needs.
+pub(crate) struct StrVisitor<F>(pub(crate) F);
+
+impl<'de, T, F: FnOnce(&str) -> T> Visitor<'de> for StrVisitor<F> {
+    type Value = T;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
+        Ok((self.0)(v))
     }
 }
 
@@ -431,29 +435,15 @@ fn plain(body: &str, id_attribute: Option<&str>) -> Option<Result<Job<Payload>, 
             Payload::Text(raw.to_owned())
         }
     };
-    Some(plain_job(p.job_type, p.id, payload, id_attribute))
-}
-
-/// A plain envelope's job, checked as [`envelope`] checks it.
-fn plain_job(
-    job_type: String,
-    id: Option<String>,
-    payload: Payload,
-    id_attribute: Option<&str>,
-) -> Result<Job<Payload>, EnvelopeError> {
-    check_type(&job_type)?;
-    let id = match id {
-        Some(id) => {
-            check_id(&id)?;
-            Some(id)
-        }
-        None => id_attribute.map(check_id).transpose()?.map(str::to_owned),
-    };
-    Ok(Job {
-        job_type,
-        id,
-        payload,
-    })
+    // Checked as `envelope` checks an envelope.
+    let job = check_type(&p.job_type)
+        .and_then(|_| job_id(p.id, id_attribute))
+        .map(|id| Job {
+            job_type: p.job_type,
+            id,
+            payload,
+        });
+    Some(job)
 }
 
 /// The key by which serde_json's parser tells a raw value inside a JSON text (its
@@ -523,9 +513,9 @@ impl<'de> Visitor<'de> for Checked {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         use serde::de::Error;
         let inner = self.deeper()?;
-        let mut keys: Vec<Key<'de>> = Vec::new();
-        while let Some(key) = map.next_key::<Key<'de>>()? {
-            if key.as_str() == RAW_VALUE_KEY {
+        let mut keys: Vec<Cow<'de, str>> = Vec::new();
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+            if key == RAW_VALUE_KEY {
                 return Err(A::Error::custom("the raw-value key"));
             }
             map.next_value_seed(inner)?;
@@ -533,8 +523,8 @@ impl<'de> Visitor<'de> for Checked {
                 keys.push(key);
             }
         }
-        keys.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
-        if keys.windows(2).any(|w| w[0].as_str() == w[1].as_str()) {
+        keys.sort_unstable();
+        if keys.windows(2).any(|w| w[0] == w[1]) {
             return Err(A::Error::custom("a key given twice"));
         }
         Ok(())
@@ -542,19 +532,7 @@ impl<'de> Visitor<'de> for Checked {
 }
 
 /// An object's key as read: borrowed from the text unless it had escapes.
-enum Key<'de> {
-    Borrowed(&'de str),
-    Owned(String),
-}
-
-impl Key<'_> {
-    fn as_str(&self) -> &str {
-        match self {
-            Self::Borrowed(s) => s,
-            Self::Owned(s) => s,
-        }
-    }
-}
+struct Key<'de>(Cow<'de, str>);
 
 impl<'de> Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -565,10 +543,10 @@ impl<'de> Deserialize<'de> for Key<'de> {
                 f.write_str("a key")
             }
             fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key::Borrowed(v))
+                Ok(Key(Cow::Borrowed(v)))
             }
             fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
-                Ok(Key::Owned(v.to_owned()))
+                Ok(Key(Cow::Owned(v.to_owned())))
             }
         }
         d.deserialize_str(KeyVisitor)
@@ -627,11 +605,8 @@ fn envelope(mut map: Map<String, Value>, id_attribute: Option<&str>) -> Result<J
         Some(other) => return Err(EnvelopeError::TypeNotString(json_kind(&other))),
     };
     let id = match map.remove("id") {
-        None | Some(Value::Null) => id_attribute.map(check_id).transpose()?.map(str::to_owned),
-        Some(Value::String(s)) => {
-            check_id(&s)?;
-            Some(s)
-        }
+        None | Some(Value::Null) => job_id(None, id_attribute)?,
+        Some(Value::String(s)) => job_id(Some(s), id_attribute)?,
         Some(other) => return Err(EnvelopeError::IdNotString(json_kind(&other))),
     };
     let payload = map.remove("payload").unwrap_or(Value::Null);
@@ -640,6 +615,17 @@ fn envelope(mut map: Map<String, Value>, id_attribute: Option<&str>) -> Result<J
         id,
         payload,
     })
+}
+
+/// An envelope's job id, checked: its own, else `id_attribute`'s.
+fn job_id(id: Option<String>, id_attribute: Option<&str>) -> Result<Option<String>, EnvelopeError> {
+    match id {
+        Some(id) => {
+            check_id(&id)?;
+            Ok(Some(id))
+        }
+        None => Ok(id_attribute.map(check_id).transpose()?.map(str::to_owned)),
+    }
 }
 
 /// SNS's JSON around a message: `Type` and `TopicArn` strings, `Type` one SNS sends to an SQS

@@ -25,8 +25,8 @@ use crate::effects::metrics::UNREGISTERED;
 use crate::processor::registry::Registry;
 use crate::processor::{Incoming, Processor};
 
-use event::LeanMessage;
 pub use event::UnreadableRecord;
+use event::{LeanMessage, is_fifo_arn};
 
 /// Runs `registry` as a Lambda function: reads the configuration from the environment once
 /// (the `TRIAGE_*` variables; for a [`Registry::default`] their policies are its defaults, see
@@ -158,7 +158,7 @@ impl RawRecord {
             Self::Loose(v) => v["eventSourceARN"].as_str(),
             Self::Unparsed(_) => None,
         }
-        .is_some_and(|a| a.ends_with(".fifo"))
+        .is_some_and(is_fifo_arn)
     }
 
     /// Its `MessageGroupId` system attribute.

@@ -9,7 +9,7 @@ use aws_sdk_sqs::types::MessageAttributeValue;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::core::envelope::{JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE, json_kind};
+use crate::core::envelope::{JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE, StrVisitor, json_kind};
 use crate::processor::Incoming;
 use crate::processor::record::read_count;
 
@@ -81,21 +81,9 @@ impl<'de> Deserialize<'de> for FifoArn {
     }
 }
 
-fn is_fifo_arn(arn: &str) -> bool {
+/// Whether a source ARN names a FIFO queue.
+pub(crate) fn is_fifo_arn(arn: &str) -> bool {
     arn.ends_with(".fifo")
-}
-
-/// Reads a string without keeping it: `f` takes what it needs.
-struct StrVisitor<F>(F);
-
-impl<'de, T, F: FnOnce(&str) -> T> serde::de::Visitor<'de> for StrVisitor<F> {
-    type Value = T;
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a string")
-    }
-    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
-        Ok((self.0)(v))
-    }
 }
 
 /// The system attributes the processor reads. As in the typed model's map, every value must
