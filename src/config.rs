@@ -36,6 +36,10 @@ pub struct Config {
     /// the stack that made the DLQ configured it. Unset: the runtime reads the DLQ's own limit
     /// at its first DLQ send and keeps it (see [`DlqLimit`](crate::effects::dlq::DlqLimit)).
     pub dlq_max_bytes: Option<usize>,
+    /// `TRIAGE_QUEUE_RETENTION_S`, `TRIAGE_QUEUE_VISIBILITY_S` and `TRIAGE_QUEUE_MAX_RECEIVE`:
+    /// the source queue's attributes as the stack that made it configured them, all three or
+    /// none. Set, start-up does not read the source queue (see [`QueueFacts`]).
+    pub source_queue: Option<QueueFacts>,
     /// Default retry policy of every job type.
     pub policy: RetryPolicy,
     /// Default breaker settings of every job type.
@@ -59,6 +63,29 @@ pub struct Config {
     /// win for the detail-types they name.
     pub eventbridge_types: EventBridgeTypes,
 }
+
+/// What the runtimes need to know of the source queue, as its stack configured it: with these
+/// given, start-up makes no call to the source queue (unset, it reads them with
+/// `GetQueueAttributes`). They are trusted for the process's life, so they must be the queue's
+/// own: the SAM and CDK stacks set them from the queue they make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFacts {
+    /// `MessageRetentionPeriod`: every retry policy's worst case must fit in it.
+    pub retention: Duration,
+    /// `VisibilityTimeout`: the heartbeat never sets less, and must tick more often.
+    pub visibility: Duration,
+    /// The redrive policy's `maxReceiveCount`; `None` (`0`) when the queue has no redrive policy.
+    pub max_receive: Option<u32>,
+}
+
+/// The source queue's attributes a stack may configure ([`QueueFacts`]): each variable's name and
+/// the range SQS allows the attribute (`0` for the receive limit: no redrive policy). Like
+/// [`DLQ_MAX_BYTES`], not in [`vars`]: no default and no template parameter.
+pub const QUEUE_FACTS: [(&str, u64, u64); 3] = [
+    ("TRIAGE_QUEUE_RETENTION_S", 60, 1_209_600),
+    ("TRIAGE_QUEUE_VISIBILITY_S", 0, 43_200),
+    ("TRIAGE_QUEUE_MAX_RECEIVE", 0, 1_000),
+];
 
 /// A number type a variable is read as: whole numbers (`u32`, `u64`, `usize`) or any number
 /// (`f64`).
@@ -275,6 +302,34 @@ fn invalid(var: &'static str, value: impl ToString, expected: impl ToString) -> 
     }
 }
 
+/// The source queue's configured attributes: all three variables of [`QUEUE_FACTS`], or none.
+fn queue_facts(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Option<QueueFacts>, ConfigError> {
+    let set = |var: &str| lookup(var).is_some_and(|v| !v.trim().is_empty());
+    let missing: Vec<&str> = QUEUE_FACTS.iter().map(|f| f.0).filter(|v| !set(v)).collect();
+    if missing.len() == QUEUE_FACTS.len() {
+        return Ok(None);
+    }
+    if let Some(first) = missing.first() {
+        return Err(invalid(
+            first,
+            "",
+            format!(
+                "a value: {} go together (all three set, start-up does not read the source queue; \
+                 none set, it does), and {} not set",
+                QUEUE_FACTS.map(|f| f.0).join(", "),
+                missing.join(", ")
+            ),
+        ));
+    }
+    let [retention, visibility, max_receive] =
+        QUEUE_FACTS.map(|(var, min, max)| parse(lookup, var, min, min, max));
+    Ok(Some(QueueFacts {
+        retention: Duration::from_secs(retention?),
+        visibility: Duration::from_secs(visibility?),
+        max_receive: Some(max_receive? as u32).filter(|n| *n > 0),
+    }))
+}
+
 /// `TRIAGE_DONE_MARKER_TYPES`: job types separated by commas, blanks around each ignored; an
 /// empty entry (`a,,b`) or one longer than a job type may be (256 characters) is refused.
 fn done_marker_types(raw: Option<&str>) -> Result<Vec<String>, ConfigError> {
@@ -377,6 +432,7 @@ impl Config {
             dlq_url: text("TRIAGE_DLQ_URL"),
             table: text("TRIAGE_TABLE"),
             dlq_max_bytes,
+            source_queue: queue_facts(lookup)?,
             policy,
             breaker,
             concurrency: v.concurrency.read(lookup)?,
@@ -437,6 +493,54 @@ mod tests {
             assert_eq!(
                 e.to_string(),
                 format!("TRIAGE_DLQ_MAX_BYTES={bad:?} is not valid: expected a number from 1024 to 1048576")
+            );
+        }
+    }
+
+    #[test]
+    fn the_source_queue_facts_are_all_three_or_none() {
+        assert_eq!(with(&[]).unwrap().source_queue, None);
+        let all = [
+            ("TRIAGE_QUEUE_RETENTION_S", "1209600"),
+            ("TRIAGE_QUEUE_VISIBILITY_S", "180"),
+            ("TRIAGE_QUEUE_MAX_RECEIVE", "50"),
+        ];
+        assert_eq!(
+            with(&all).unwrap().source_queue,
+            Some(QueueFacts {
+                retention: Duration::from_secs(1_209_600),
+                visibility: Duration::from_secs(180),
+                max_receive: Some(50),
+            })
+        );
+        let no_redrive = with(&[all[0], all[1], ("TRIAGE_QUEUE_MAX_RECEIVE", "0")]).unwrap();
+        assert_eq!(no_redrive.source_queue.unwrap().max_receive, None);
+        // One or two of them: refused, naming the first missing one and listing the rest.
+        let e = with(&[all[0], ("TRIAGE_QUEUE_MAX_RECEIVE", "50")]).unwrap_err();
+        assert_eq!(e.var, "TRIAGE_QUEUE_VISIBILITY_S");
+        assert!(e.expected.contains("TRIAGE_QUEUE_VISIBILITY_S not set"), "{e}");
+        let e = with(&[all[2], ("TRIAGE_QUEUE_VISIBILITY_S", " ")]).unwrap_err();
+        assert_eq!(e.var, "TRIAGE_QUEUE_RETENTION_S");
+        assert!(
+            e.expected
+                .contains("TRIAGE_QUEUE_RETENTION_S, TRIAGE_QUEUE_VISIBILITY_S not set"),
+            "{e}"
+        );
+        // Out of SQS's ranges: refused with the range.
+        for (var, bad, range) in [
+            ("TRIAGE_QUEUE_RETENTION_S", "59", "60 to 1209600"),
+            ("TRIAGE_QUEUE_RETENTION_S", "1209601", "60 to 1209600"),
+            ("TRIAGE_QUEUE_VISIBILITY_S", "43201", "0 to 43200"),
+            ("TRIAGE_QUEUE_MAX_RECEIVE", "1001", "0 to 1000"),
+            ("TRIAGE_QUEUE_MAX_RECEIVE", "5.0", "0 to 1000"),
+        ] {
+            let mut vars = all.to_vec();
+            vars.retain(|(v, _)| *v != var);
+            vars.push((var, bad));
+            let e = with(&vars).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("{var}={bad:?} is not valid: expected a number from {range}")
             );
         }
     }
@@ -545,6 +649,9 @@ mod tests {
                         // Numeric, but no policy: no default and no template parameter (the
                         // stacks set it from the DLQ they make), so not in `limits()`.
                         | "TRIAGE_DLQ_MAX_BYTES"
+                        | "TRIAGE_QUEUE_RETENTION_S"
+                        | "TRIAGE_QUEUE_VISIBILITY_S"
+                        | "TRIAGE_QUEUE_MAX_RECEIVE"
                 )
             })
             .collect();

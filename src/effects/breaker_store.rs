@@ -97,6 +97,49 @@ pub enum Probe {
     NotHalfOpen(BreakerState),
 }
 
+/// Breakers read by [`warm`], at most (the first job types in order): as many as a batch of
+/// SQS's largest size, 10 records, can name.
+pub(crate) const WARM_TYPES: usize = 10;
+
+/// Reads the breakers of the job types in `stores` (each type's own store), the first
+/// [`WARM_TYPES`] in order, at once: one consistent `GetItem` each, as
+/// [`observe`](BreakerStore::observe) reads them, through `retry` (start-up's own, so that a
+/// throttled start-up does not spend the retry budget the batches share), each kept in its
+/// store's cache for that store's `cache_ttl`. A batch within that lifetime then reads none of
+/// them. The runtimes call it at start-up, where it is the table's check too (a missing table,
+/// another key schema or a role that may not read the breakers fails it). A job type no
+/// envelope can name (longer than [`MAX_JOB_TYPE_LEN`](crate::core::envelope::MAX_JOB_TYPE_LEN))
+/// is not read. Returns how many breakers were read; `Err` is the first read that failed after
+/// the retries.
+pub async fn warm(
+    stores: &HashMap<String, BreakerStore>,
+    retry: &StorageRetry,
+    deadline: Option<Instant>,
+) -> Result<usize, StorageError> {
+    let mut types: Vec<&str> = stores
+        .keys()
+        .map(String::as_str)
+        .filter(|t| t.chars().count() <= crate::core::envelope::MAX_JOB_TYPE_LEN)
+        .collect();
+    types.sort_unstable();
+    types.truncate(WARM_TYPES);
+    let reads = types.iter().map(|t| async move {
+        let store = &stores[*t];
+        let item = get_consistent(&store.client, retry, &store.table, breaker_key(t), deadline).await?;
+        store.remember(t, &item.as_ref().map(from_item).unwrap_or_default());
+        Ok::<_, StorageError>(())
+    });
+    Ok(futures::future::try_join_all(reads).await?.len())
+}
+
+/// Whether a state read `elapsed` ago by the monotonic clock, at `read_ms` by the wall clock,
+/// is still within `ttl` at `now_ms`: by both clocks, since the monotonic one may not advance
+/// while an environment is frozen (between Lambda invocations, or between a provisioned
+/// environment's init and its first event) while the breaker's item goes on changing.
+fn fresh(elapsed: Duration, read_ms: u64, now_ms: u64, ttl: Duration) -> bool {
+    elapsed < ttl && u128::from(now_ms.saturating_sub(read_ms)) < ttl.as_millis()
+}
+
 /// The breakers of every job type, in one table.
 #[derive(Debug)]
 pub struct BreakerStore {
@@ -104,7 +147,9 @@ pub struct BreakerStore {
     table: String,
     retry: StorageRetry,
     config: BreakerConfig,
-    cache: Mutex<HashMap<String, (BreakerState, Instant)>>,
+    /// Per job type: the state, and when it was read by the monotonic clock and by the wall
+    /// clock (epoch ms).
+    cache: Mutex<HashMap<String, (BreakerState, Instant, u64)>>,
 }
 
 impl BreakerStore {
@@ -177,8 +222,8 @@ impl BreakerStore {
         deadline: Option<Instant>,
     ) -> Result<BreakerState, StorageError> {
         let ttl = self.config.cache_ttl();
-        if let Some((s, at)) = self.cache.lock().expect("cache lock").get(job_type) {
-            if at.elapsed() < ttl {
+        if let Some((s, at, at_ms)) = self.cache.lock().expect("cache lock").get(job_type) {
+            if fresh(at.elapsed(), *at_ms, crate::clock::now_ms(), ttl) {
                 return Ok(s.clone());
             }
         }
@@ -187,10 +232,10 @@ impl BreakerStore {
 
     fn remember(&self, job_type: &str, state: &BreakerState) {
         if !self.config.cache_ttl().is_zero() {
-            self.cache
-                .lock()
-                .expect("cache lock")
-                .insert(job_type.to_owned(), (state.clone(), Instant::now()));
+            self.cache.lock().expect("cache lock").insert(
+                job_type.to_owned(),
+                (state.clone(), Instant::now(), crate::clock::now_ms()),
+            );
         }
     }
 
@@ -442,7 +487,7 @@ impl BreakerStore {
     /// how to write; conditions check the real item).
     fn cached(&self, job_type: &str) -> Option<BreakerState> {
         let cache = self.cache.lock().expect("cache lock");
-        cache.get(job_type).map(|(s, _)| s.clone())
+        cache.get(job_type).map(|(s, ..)| s.clone())
     }
 
     /// Adds failures to a counting window in one `UpdateItem`, on condition that the item is
@@ -702,6 +747,55 @@ fn from_item(item: &HashMap<String, AttributeValue>) -> BreakerState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cached_state_is_fresh_only_while_both_clocks_say_so() {
+        let ttl = Duration::from_secs(5);
+        let t0 = 1_800_000_000_000;
+        assert!(fresh(Duration::from_secs(1), t0, t0 + 1_000, ttl));
+        // The monotonic clock stood still (a frozen environment) while the wall clock went on.
+        assert!(!fresh(Duration::ZERO, t0, t0 + 3_600_000, ttl));
+        // The other way round.
+        assert!(!fresh(Duration::from_secs(6), t0, t0, ttl));
+        // A wall clock stepped back is not an age.
+        assert!(fresh(Duration::from_secs(1), t0, t0 - 60_000, ttl));
+        assert!(!fresh(Duration::ZERO, t0, t0, Duration::ZERO));
+    }
+
+    /// A store whose reads cannot reach any table (nothing listens on its endpoint).
+    fn unreachable_store() -> BreakerStore {
+        let conf = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+            .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+                "a", "b", None, None, "test",
+            ))
+            .endpoint_url("http://127.0.0.1:9")
+            .build();
+        BreakerStore::new(Client::from_conf(conf), "t", StorageRetry::default())
+    }
+
+    #[tokio::test]
+    async fn a_state_cached_before_a_freeze_is_read_again() {
+        let store = unreachable_store();
+        let open = BreakerState {
+            phase: Phase::Open,
+            ..BreakerState::default()
+        };
+        store.remember("jt", &open);
+        let soon = || Some(Instant::now() + Duration::from_millis(300));
+        assert_eq!(
+            store.state("jt", soon()).await.unwrap(),
+            open,
+            "fresh: from the cache"
+        );
+        // Read an hour ago by the wall clock, now by the monotonic one (it stood still).
+        store.cache.lock().unwrap().get_mut("jt").unwrap().2 -= 3_600_000;
+        assert!(
+            store.state("jt", soon()).await.is_err(),
+            "read again, not trusted"
+        );
+    }
 
     #[test]
     fn items_round_trip() {

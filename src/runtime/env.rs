@@ -1,5 +1,6 @@
 //! Builds a processor from configuration, once per container (or worker process).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use std::time::Duration;
@@ -8,7 +9,7 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_sqs::types::QueueAttributeName;
 
 use super::RuntimeError;
-use crate::config::Config;
+use crate::config::{Config, QueueFacts};
 use crate::core::envelope::EnvelopeLimits;
 use crate::effects::breaker_store::BreakerStore;
 use crate::effects::calls::CallCounter;
@@ -39,6 +40,9 @@ pub struct Environment {
     /// Start-up checks that could not be made or found something odd, one line each (also
     /// logged as warnings): the runtime runs, degraded or as configured.
     pub startup_warnings: Vec<String>,
+    /// The source queue's visibility timeout as configured (`TRIAGE_QUEUE_VISIBILITY_S`): the
+    /// worker receives with it instead of reading the queue. `None`: read at the first receive.
+    pub configured_visibility: Option<Duration>,
 }
 
 /// A start-up check failed: the configuration cannot work. The Lambda function fails its
@@ -94,9 +98,20 @@ pub async fn build_with(
     let retry = StorageRetry::default();
     let sqs = Sqs::new(sqs_client.clone(), retry.clone());
 
-    if same_url(&queue_url, &dlq_url) {
+    if urls_name_one_queue(&queue_url, &dlq_url) {
         return Err(source_as_dlq(&queue_url).into());
     }
+    // One store per job type, each with that type's breaker settings and its own cache.
+    let breakers: HashMap<String, BreakerStore> = registry
+        .job_types()
+        .filter_map(|t| registry.route(t).map(|r| (t, r)))
+        .map(|(t, r)| {
+            (
+                t.to_owned(),
+                BreakerStore::new(ddb_client.clone(), &table, retry.clone()).with_config(r.breaker),
+            )
+        })
+        .collect();
     let attrs = |url: String, names: Vec<QueueAttributeName>| {
         let c = sqs_client.clone();
         let retry = retry.clone();
@@ -112,8 +127,25 @@ pub async fn build_with(
                 .map(|o| o.attributes.unwrap_or_default())
         }
     };
-    // The DLQ is read only when its size is not configured (the stacks configure it): the
-    // reads at once, so a cold start waits for the slowest alone.
+    // A queue is read only when what start-up needs of it is not configured (the stacks
+    // configure both); the reads go at once, so a cold start waits for the slowest alone.
+    let source_read = async {
+        match config.source_queue {
+            Some(_) => None,
+            None => Some(
+                attrs(
+                    queue_url.clone(),
+                    vec![
+                        QueueAttributeName::MessageRetentionPeriod,
+                        QueueAttributeName::RedrivePolicy,
+                        QueueAttributeName::QueueArn,
+                        QueueAttributeName::VisibilityTimeout,
+                    ],
+                )
+                .await,
+            ),
+        }
+    };
     let dlq_read = async {
         match config.dlq_max_bytes {
             Some(_) => None,
@@ -129,19 +161,17 @@ pub async fn build_with(
             ),
         }
     };
-    let (source, dlq, table_probe) = tokio::join!(
-        attrs(
-            queue_url.clone(),
-            vec![
-                QueueAttributeName::MessageRetentionPeriod,
-                QueueAttributeName::RedrivePolicy,
-                QueueAttributeName::QueueArn,
-                QueueAttributeName::VisibilityTimeout,
-            ]
-        ),
-        dlq_read,
-        probe_table(&ddb_client, &retry, &table),
-    );
+    // The table's check is the read of the breakers a first batch would make (the first 10 job
+    // types'): such a batch then reads none of them, within the breaker cache's lifetime. Its
+    // retries have their own budget. Without a job type to read, a probe.
+    let startup_retry = StorageRetry::default();
+    let table_check = async {
+        match crate::effects::breaker_store::warm(&breakers, &startup_retry, None).await {
+            Ok(0) => probe_table(&ddb_client, &startup_retry, &table).await,
+            read => read.map(|_| ()),
+        }
+    };
+    let (source, dlq, table_check) = tokio::join!(source_read, dlq_read, table_check);
     let mut warnings: Vec<String> = registry
         .eventbridge_types()
         .iter()
@@ -154,34 +184,43 @@ pub async fn build_with(
         })
         .collect();
     let mut skipped = 0u64;
-    let source = source.map_err(|e| queue_error(e, "TRIAGE_QUEUE_URL", "the source queue", &queue_url))?;
-    let retention = source
-        .get(&QueueAttributeName::MessageRetentionPeriod)
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_secs);
-    if let Some(retention) = retention {
-        registry
-            .check_retention(retention)
-            .map_err(|e| format!("retry policy rejected for {queue_url}: {e}"))?;
+    let source = match (config.source_queue, source) {
+        (Some(facts), _) => SourceQueue::configured(facts),
+        (None, Some(Ok(attributes))) => SourceQueue::read(&attributes),
+        (None, Some(Err(e))) => {
+            return Err(queue_error(e, "TRIAGE_QUEUE_URL", "the source queue", &queue_url).into());
+        }
+        (None, None) => unreachable!("the source queue is read when it is not configured"),
+    };
+    if let Some(retention) = source.retention {
+        registry.check_retention(retention).map_err(|e| {
+            let of = if config.source_queue.is_some() {
+                " (TRIAGE_QUEUE_RETENTION_S)"
+            } else {
+                ""
+            };
+            format!("retry policy rejected for {queue_url}{of}: {e}")
+        })?;
     }
-    let visibility = source
-        .get(&QueueAttributeName::VisibilityTimeout)
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_secs);
-    if let (Some(every), Some(v)) = (config.heartbeat, visibility) {
+    if let (Some(every), Some(v)) = (config.heartbeat, source.visibility) {
         if every >= v {
+            let (of, or) = match config.source_queue {
+                Some(_) => (
+                    " (TRIAGE_QUEUE_VISIBILITY_S)",
+                    " (or check TRIAGE_QUEUE_VISIBILITY_S against the queue)",
+                ),
+                None => ("", ""),
+            };
             warnings.push(format!(
-                "TRIAGE_HEARTBEAT_S ({} s) is not shorter than the source queue's visibility timeout ({} s): \
-                 a message may be visible again before the heartbeat's first tick extends it; lower TRIAGE_HEARTBEAT_S",
+                "TRIAGE_HEARTBEAT_S ({} s) is not shorter than the source queue's visibility timeout{of} ({} s): \
+                 a message may be visible again before the heartbeat's first tick extends it; lower TRIAGE_HEARTBEAT_S{or}",
                 every.as_secs(),
                 v.as_secs()
             ));
         }
     }
-    let redrive_policy = source.get(&QueueAttributeName::RedrivePolicy);
-    let receive_limit = redrive_policy.and_then(|p| max_receive_count(p));
-    let source_arn = source.get(&QueueAttributeName::QueueArn);
-    let target = redrive_policy.and_then(|p| dead_letter_target(p));
+    let source_arn = source.arn.as_deref();
+    let target = source.redrive_target.as_deref();
     let mismatched_target = |target: &str, dlq: &str| {
         format!(
             "the source queue's RedrivePolicy sends to {target}, not to TRIAGE_DLQ_URL ({dlq}): \
@@ -199,7 +238,7 @@ pub async fn build_with(
                 }
             }
             if let Some(target) = target.filter(|t| !url_names_arn(&dlq_url, t)) {
-                warnings.push(mismatched_target(&target, &dlq_url));
+                warnings.push(mismatched_target(target, &dlq_url));
             }
             DlqLimit::known(
                 config
@@ -208,13 +247,13 @@ pub async fn build_with(
             )
         }
         Some(Ok(a)) => {
-            let dlq_arn = a.get(&QueueAttributeName::QueueArn);
-            if let (Some(s), Some(d)) = (source_arn, dlq_arn) {
-                if s == d {
+            if let Some(d) = a.get(&QueueAttributeName::QueueArn) {
+                // The source queue configured (not read): its URL against the DLQ's ARN.
+                if source_arn.map_or(url_names_arn(&queue_url, d), |s| s == d) {
                     return Err(source_as_dlq(&queue_url).into());
                 }
                 if let Some(target) = target.filter(|t| t != d) {
-                    warnings.push(mismatched_target(&target, d));
+                    warnings.push(mismatched_target(target, d));
                 }
             }
             match a
@@ -235,7 +274,7 @@ pub async fn build_with(
         }
         Some(Err(e)) => return Err(queue_error(e, "TRIAGE_DLQ_URL", "the DLQ", &dlq_url).into()),
     };
-    match table_probe {
+    match table_check {
         Ok(()) => {}
         Err(e) if e.is_unavailable() => {
             skipped += 1;
@@ -258,17 +297,6 @@ pub async fn build_with(
     }
 
     let ledger = AttemptLedger::new(ddb_client.clone(), &table, retry.clone());
-    // One store per job type, each with that type's breaker settings and its own cache.
-    let breakers = registry
-        .job_types()
-        .filter_map(|t| registry.route(t).map(|r| (t, r)))
-        .map(|(t, r)| {
-            (
-                t.to_owned(),
-                BreakerStore::new(ddb_client.clone(), &table, retry.clone()).with_config(r.breaker),
-            )
-        })
-        .collect();
     let processor = Processor::new(
         Arc::new(registry),
         sqs,
@@ -281,20 +309,109 @@ pub async fn build_with(
             concurrency: config.concurrency,
             limits: EnvelopeLimits::default(),
             log_payloads: config.log_payloads,
-            receive_limit,
-            retention,
+            receive_limit: source.receive_limit,
+            retention: source.retention,
         },
     )
     .with_dlq_limit(dlq_limit)
     .with_heartbeat(config.heartbeat)
-    .with_visibility_timeout(visibility);
+    .with_visibility_timeout(source.visibility);
     Ok(Environment {
         processor,
         queue_url,
         calls,
         retry,
         startup_warnings: warnings,
+        configured_visibility: config.source_queue.map(|f| f.visibility),
     })
+}
+
+/// What start-up knows of the source queue: configured ([`QueueFacts`]) or read.
+struct SourceQueue {
+    retention: Option<Duration>,
+    visibility: Option<Duration>,
+    receive_limit: Option<u32>,
+    /// Its `QueueArn`, when read.
+    arn: Option<String>,
+    /// Where its redrive policy sends, when read.
+    redrive_target: Option<String>,
+}
+
+impl SourceQueue {
+    fn configured(facts: QueueFacts) -> Self {
+        Self {
+            retention: Some(facts.retention),
+            visibility: Some(facts.visibility),
+            receive_limit: facts.max_receive,
+            arn: None,
+            redrive_target: None,
+        }
+    }
+
+    fn read(attributes: &HashMap<QueueAttributeName, String>) -> Self {
+        let secs = |name| {
+            attributes
+                .get(&name)
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_secs)
+        };
+        let redrive = attributes.get(&QueueAttributeName::RedrivePolicy);
+        Self {
+            retention: secs(QueueAttributeName::MessageRetentionPeriod),
+            visibility: secs(QueueAttributeName::VisibilityTimeout),
+            receive_limit: redrive.and_then(|p| max_receive_count(p)),
+            arn: attributes.get(&QueueAttributeName::QueueArn).cloned(),
+            redrive_target: redrive.and_then(|p| dead_letter_target(p)),
+        }
+    }
+}
+
+/// What a queue URL (`https://HOST/ACCOUNT/NAME`) names: the region when the host names one (`sqs.REGION.…`, `REGION.queue.…`) or the path
+/// does (path-style `/queue/REGION/ACCOUNT/NAME`), and the account and name, the last two
+/// path segments (doubled slashes name the same queue).
+struct QueueUrl<'a> {
+    region: Option<&'a str>,
+    account: &'a str,
+    name: &'a str,
+}
+
+fn url_parts(url: &str) -> Option<QueueUrl<'_>> {
+    let url = url.trim();
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
+    let [host, ref path @ .., account, name] = parts[..] else {
+        return None;
+    };
+    let labels: Vec<&str> = host.split('.').collect();
+    let region = match (&labels[..], path) {
+        (["sqs", r, ..], _) if r.contains('-') => Some(*r),
+        ([r, "queue", ..], _) if r.contains('-') => Some(*r),
+        (_, [.., "queue", r]) if r.contains('-') => Some(*r),
+        _ => None,
+    };
+    Some(QueueUrl {
+        region,
+        account,
+        name,
+    })
+}
+
+/// True when two queue URLs name one queue: the same text but for a trailing `/`, or the same
+/// account and name (queue names are case-sensitive) in the same region when both name one.
+/// The host does not tell queues apart: one SQS client, with one endpoint, sends to both.
+fn urls_name_one_queue(a: &str, b: &str) -> bool {
+    let norm = |u: &str| u.trim().trim_end_matches('/').to_owned();
+    if norm(a) == norm(b) {
+        return true;
+    }
+    let (Some(a), Some(b)) = (url_parts(a), url_parts(b)) else {
+        return false;
+    };
+    let same_region = a
+        .region
+        .zip(b.region)
+        .is_none_or(|(ra, rb)| ra.eq_ignore_ascii_case(rb));
+    a.account == b.account && a.name == b.name && same_region
 }
 
 /// True when queue URL `url` (`https://HOST/ACCOUNT/NAME`) names the queue of `arn`
@@ -305,26 +422,9 @@ fn url_names_arn(url: &str, arn: &str) -> bool {
     let [_, _, _, region, account, name] = arn[..] else {
         return false;
     };
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    // The host, then the account and the name as the last two segments: path-style URLs
-    // (`/queue/<region>/<account>/<name>`) and doubled slashes name the same queue.
-    let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
-    let [host, .., url_account, url_name] = parts[..] else {
-        return false;
-    };
-    let labels: Vec<&str> = host.split('.').collect();
-    let host_region = match labels[..] {
-        ["sqs", r, ..] if r.contains('-') => Some(r),
-        [r, "queue", ..] if r.contains('-') => Some(r),
-        _ => None,
-    };
-    url_account == account && url_name == name && host_region.is_none_or(|r| r == region)
-}
-
-/// True when two queue URLs are the same text but for case and a trailing `/`.
-fn same_url(a: &str, b: &str) -> bool {
-    let norm = |u: &str| u.trim().trim_end_matches('/').to_ascii_lowercase();
-    norm(a) == norm(b)
+    url_parts(url).is_some_and(|u| {
+        u.account == account && u.name == name && u.region.is_none_or(|r| r.eq_ignore_ascii_case(region))
+    })
 }
 
 fn source_as_dlq(queue_url: &str) -> StartupError {
@@ -646,7 +746,7 @@ mod panic_tests {
 
 #[cfg(test)]
 mod url_tests {
-    use super::url_names_arn;
+    use super::{url_names_arn, urls_name_one_queue};
 
     #[test]
     fn a_queue_url_names_an_arn_by_account_name_and_region() {
@@ -674,6 +774,41 @@ mod url_tests {
         assert!(!url_names_arn(
             "https://sqs.us-east-1.amazonaws.com/123456789012/jobs-dlq",
             "jobs-dlq"
+        ));
+    }
+
+    #[test]
+    fn two_queue_urls_name_one_queue_by_account_and_name() {
+        let url = "https://sqs.us-east-1.amazonaws.com/123456789012/jobs";
+        for other in [
+            "HTTPS://SQS.US-EAST-1.AMAZONAWS.COM/123456789012/jobs/",
+            "https://us-east-1.queue.amazonaws.com/123456789012/jobs",
+            "https://queue.amazonaws.com/123456789012/jobs",
+            "http://localhost:4566/queue/us-east-1/123456789012/jobs",
+            "https://sqs.us-east-1.amazonaws.com//123456789012/jobs",
+        ] {
+            assert!(urls_name_one_queue(url, other), "{other}");
+            assert!(urls_name_one_queue(other, url), "{other}");
+        }
+        for other in [
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/jobs",
+            "https://sqs.us-east-1.amazonaws.com/210987654321/jobs",
+            "https://sqs.us-east-1.amazonaws.com/123456789012/jobs-dlq",
+            "https://sqs.us-east-1.amazonaws.com/123456789012/Jobs",
+            "http://localhost:4566/queue/eu-west-1/123456789012/jobs",
+            "jobs",
+        ] {
+            assert!(!urls_name_one_queue(url, other), "{other}");
+        }
+        // Without a region the host does not tell them apart: one client sends to both.
+        let local = "http://localhost:4566/123456789012/jobs";
+        assert!(urls_name_one_queue(
+            local,
+            "http://127.0.0.1:4566/123456789012//jobs"
+        ));
+        assert!(!urls_name_one_queue(
+            local,
+            "http://localhost:4566/123456789012/jobs-dlq"
         ));
     }
 }

@@ -33,7 +33,8 @@ use event::{LeanMessage, is_fifo_arn};
 /// [`Registry::configured`]), builds the SDK clients once for the container, and serves SQS
 /// events until the runtime stops. A configuration that cannot work (an invalid variable, a
 /// missing queue or table) ends it with an error before the first event, which fails the
-/// function's init.
+/// function's init; with the source queue's attributes configured (`TRIAGE_QUEUE_*`) the
+/// source queue is not read, so a missing one is not among them.
 pub async fn run(registry: Registry) -> Result<(), RuntimeError> {
     run_with(registry, &sdk_config().await).await
 }

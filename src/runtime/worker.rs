@@ -1,8 +1,8 @@
 //! The long-polling worker: the same pipeline as the Lambda adapter, for local development
 //! and for hosts outside Lambda.
 //!
-//! Each batch has a deadline tied to the source queue's visibility timeout (read once, at
-//! start-up, and passed on every receive), moved forward by the processor's visibility
+//! Each batch has a deadline tied to the source queue's visibility timeout (configured, or
+//! read once at start-up, and passed on every receive), moved forward by the processor's visibility
 //! heartbeat as SQS accepts its extensions: the processor stops a handler still running at
 //! its report margin before that deadline (a transient failure, counted), settles the batch
 //! and the worker deletes what is settled, all before the messages could be handed to
@@ -164,16 +164,34 @@ struct Health {
     failing_since: Option<Instant>,
 }
 
+/// The source queue's visibility timeout `v`, but at least [`MIN_VISIBILITY`] (warned).
+fn at_least_min(url: &str, v: Duration) -> Duration {
+    if v < MIN_VISIBILITY {
+        tracing::warn!(
+            queue = %url,
+            visibility_s = v.as_secs(),
+            "the source queue's visibility timeout is too short for a batch to start, run and settle a handler: the worker receives with {} s instead",
+            MIN_VISIBILITY.as_secs()
+        );
+        return MIN_VISIBILITY;
+    }
+    v
+}
+
 impl Worker {
     /// A worker polling `env`'s source queue, one batch in flight per [`run`](Self::run),
     /// giving up after [`DEFAULT_GIVE_UP_AFTER`] of permanent receive failures.
     pub fn new(env: Environment, opts: WorkerOptions) -> Self {
+        let visibility = match env.configured_visibility {
+            Some(v) => OnceCell::new_with(Some(at_least_min(&env.queue_url, v))),
+            None => OnceCell::new(),
+        };
         Self {
             env,
             opts,
             batches: 1,
             give_up_after: DEFAULT_GIVE_UP_AFTER,
-            visibility: Arc::new(OnceCell::new()),
+            visibility: Arc::new(visibility),
         }
     }
 
@@ -209,8 +227,9 @@ impl Worker {
         &self.env
     }
 
-    /// The visibility timeout the worker receives with: the source queue's, read with
-    /// `GetQueueAttributes` on first use and kept, but at least [`MIN_VISIBILITY`]. Every
+    /// The visibility timeout the worker receives with: the source queue's, configured
+    /// (`TRIAGE_QUEUE_VISIBILITY_S`) or read with `GetQueueAttributes` on first use and kept,
+    /// but at least [`MIN_VISIBILITY`]. Every
     /// receive asks for it explicitly, so a later change of the queue's setting does not
     /// shorten a batch under the worker. Fails when the queue cannot be read.
     pub async fn visibility_timeout(&self) -> Result<Duration, WorkerError> {
@@ -248,17 +267,7 @@ impl Worker {
                 kind: WorkerErrorKind::Failed,
                 message: format!("the source queue {url} did not report its visibility timeout"),
             })?;
-        let v = Duration::from_secs(secs);
-        if v < MIN_VISIBILITY {
-            tracing::warn!(
-                queue = %url,
-                visibility_s = secs,
-                "the source queue's visibility timeout is too short for a batch to start, run and settle a handler: the worker receives with {} s instead",
-                MIN_VISIBILITY.as_secs()
-            );
-            return Ok(MIN_VISIBILITY);
-        }
-        Ok(v)
+        Ok(at_least_min(url, Duration::from_secs(secs)))
     }
 
     /// Receives one batch (long poll), processes it, deletes what is settled.
@@ -368,7 +377,8 @@ impl Worker {
 
     /// Polls until `shutdown` resolves, calling `on_batch` after each batch.
     ///
-    /// Reads the source queue's visibility timeout first (an error if it cannot be read). Keeps up to [`with_batches`](Self::with_batches) batches in flight.
+    /// Reads the source queue's visibility timeout first unless it is configured (an error if
+    /// it cannot be read). Keeps up to [`with_batches`](Self::with_batches) batches in flight.
     /// A shutdown during a receive stops it at once (messages SQS handed to that receive
     /// come back after their visibility timeout); during a batch, the records not started
     /// are released and the running ones finish or are stopped at the batch's deadline, so

@@ -261,16 +261,7 @@ async fn setup_is_idempotent_and_wires_the_redrive_policy() {
         "{text}"
     );
 
-    let attrs = sqs()
-        .await
-        .get_queue_attributes()
-        .queue_url(first["queue_url"].as_str().unwrap())
-        .attribute_names(QueueAttributeName::All)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap();
+    let attrs = support::all_attributes(&sqs().await, first["queue_url"].as_str().unwrap()).await;
     let redrive: Value = serde_json::from_str(&attrs[&QueueAttributeName::RedrivePolicy]).unwrap();
     assert_eq!(redrive["deadLetterTargetArn"], first["dlq_arn"]);
     assert_eq!(redrive["maxReceiveCount"].to_string().trim_matches('"'), "50");

@@ -1,5 +1,7 @@
 //! What start-up calls, and the DLQ's size limit without a start-up read: configured
-//! (`TRIAGE_DLQ_MAX_BYTES`, as the stacks set it) or learned at the first DLQ send.
+//! (`TRIAGE_DLQ_MAX_BYTES`, as the stacks set it) or learned at the first DLQ send. With the
+//! source queue's attributes configured too (`TRIAGE_QUEUE_*`, as the stacks set them),
+//! start-up reads no queue: its one call is the breaker read the first batch would make.
 
 use crate::support;
 
@@ -67,15 +69,24 @@ impl Rig {
     }
 
     async fn build(&self, vars: &[(&str, &str)]) -> Environment {
+        self.try_build(vars).await.unwrap()
+    }
+
+    async fn try_build(&self, vars: &[(&str, &str)]) -> Result<Environment, String> {
         let mut all = vec![
             ("TRIAGE_QUEUE_URL", self.queue_url.as_str()),
             ("TRIAGE_DLQ_URL", self.dlq_url.as_str()),
             ("TRIAGE_TABLE", self.table.as_str()),
         ];
+        // A variable given here wins over the rig's own.
         all.extend_from_slice(vars);
-        let config =
-            Config::from_lookup(&|k| all.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned()))
-                .unwrap();
+        let config = Config::from_lookup(&|k| {
+            all.iter()
+                .rev()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        })
+        .map_err(|e| e.to_string())?;
         let registry = chaos::register(
             Registry::new(config.policy.clone(), config.breaker),
             config.policy.clone(),
@@ -93,11 +104,46 @@ impl Rig {
             dynamodb_config(&sdk),
         )
         .await
-        .unwrap()
+        .map_err(|e| e.to_string())
+    }
+
+    /// The start-up error for `vars`, which must be refused (`why`).
+    async fn refused(&self, vars: &[(&str, &str)], why: &str) -> String {
+        match self.try_build(vars).await {
+            Ok(_) => panic!("start-up accepted {vars:?}: {why}"),
+            Err(e) => e,
+        }
+    }
+
+    /// The source queue's attributes as `triage setup` made them, and the DLQ's size: the
+    /// variables the stacks set from the queues they make.
+    async fn stack_vars(&self) -> Vec<(&'static str, String)> {
+        let a = support::all_attributes(&self.sqs, &self.queue_url).await;
+        let redrive: Value = serde_json::from_str(&a[&QueueAttributeName::RedrivePolicy]).unwrap();
+        vec![
+            ("TRIAGE_DLQ_MAX_BYTES", DLQ_BYTES.to_string()),
+            (
+                "TRIAGE_QUEUE_RETENTION_S",
+                a[&QueueAttributeName::MessageRetentionPeriod].clone(),
+            ),
+            (
+                "TRIAGE_QUEUE_VISIBILITY_S",
+                a[&QueueAttributeName::VisibilityTimeout].clone(),
+            ),
+            (
+                "TRIAGE_QUEUE_MAX_RECEIVE",
+                redrive["maxReceiveCount"]
+                    .to_string()
+                    .trim_matches('"')
+                    .to_owned(),
+            ),
+            // A cache that outlives a slow machine's gap between start-up and the first batch.
+            ("TRIAGE_BREAKER_CACHE_MS", "300000".to_owned()),
+        ]
     }
 
     /// Sends `body`, then one worker poll (receive, process, delete what is settled).
-    async fn run(&self, env: &Environment, body: &str) {
+    async fn run(&self, env: &Environment, body: &str) -> sqs_triage::processor::BatchOutcome {
         self.sqs
             .send_message()
             .queue_url(&self.queue_url)
@@ -113,7 +159,7 @@ impl Rig {
                 emf: false,
             },
         );
-        worker.poll_once().await.unwrap().expect("a batch");
+        worker.poll_once().await.unwrap().expect("a batch")
     }
 
     async fn dlq(&self) -> Vec<Message> {
@@ -154,11 +200,11 @@ async fn with_the_dlq_size_configured_start_up_reads_nothing_from_the_dlq() {
     let env = r.build(&[("TRIAGE_DLQ_MAX_BYTES", &DLQ_BYTES.to_string())]).await;
     assert_eq!(r.dlq_reads(), 0, "no DLQ read at start-up");
     // What start-up still calls: the source queue's attributes (retention, visibility timeout,
-    // redrive policy) and the table probe.
+    // redrive policy) and the breakers' reads, one per job type (the table's check).
     assert_eq!(
         env.calls.snapshot(),
         BTreeMap::from([
-            ("DynamoDB.GetItem".to_owned(), 1),
+            ("DynamoDB.GetItem".to_owned(), 2),
             ("SQS.GetQueueAttributes".to_owned(), 1),
         ]),
     );
@@ -168,6 +214,198 @@ async fn with_the_dlq_size_configured_start_up_reads_nothing_from_the_dlq() {
     r.run(&env, &big_error("conf-1")).await;
     assert_fits(&r.dlq().await);
     assert_eq!(r.dlq_reads(), 0);
+}
+
+fn pairs<'a>(vars: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    vars.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_queues_configured_start_up_only_reads_the_breakers_and_the_first_batch_reads_none() {
+    let r = rig("start-facts").await;
+    let vars = r.stack_vars().await;
+    let env = r.build(&pairs(&vars)).await;
+    // Only the breakers' reads, one per job type (this registry has two), which are the
+    // table's check too.
+    assert_eq!(
+        env.calls.snapshot(),
+        BTreeMap::from([("DynamoDB.GetItem".to_owned(), 2)]),
+    );
+    assert!(env.startup_warnings.is_empty(), "{:?}", env.startup_warnings);
+    env.calls.reset();
+    let out = r.run(&env, &ok("facts-1")).await;
+    assert!(
+        out.records[0].executed && out.records[0].settled,
+        "{:?}",
+        out.records
+    );
+    let calls = env.calls.snapshot();
+    assert!(
+        !calls.keys().any(|k| k.starts_with("DynamoDB.")),
+        "the first batch read its breaker again: {calls:?}"
+    );
+    // The worker receives with the configured visibility timeout: it reads no queue either.
+    assert_eq!(calls.get("SQS.GetQueueAttributes"), None, "{calls:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_open_before_start_up_defers_the_first_batch_from_the_start_up_read() {
+    let r = rig("start-open").await;
+    let sdk = support::sdk_config().await;
+    sqs_triage::effects::breaker_store::BreakerStore::new(
+        sqs_triage::effects::storage_retry::dynamodb_client(&sdk),
+        &r.table,
+        sqs_triage::effects::storage_retry::StorageRetry::default(),
+    )
+    .force_open(chaos::CHAOS, None, sqs_triage::clock::now_ms())
+    .await
+    .unwrap();
+    let vars = r.stack_vars().await;
+    let env = r.build(&pairs(&vars)).await;
+    env.calls.reset();
+    let out = r.run(&env, &ok("open-1")).await;
+    assert!(
+        matches!(
+            out.records[0].decision,
+            sqs_triage::core::decision::Decision::Defer { .. }
+        ),
+        "{:?}",
+        out.records
+    );
+    assert!(!out.records[0].executed);
+    assert_eq!(env.calls.snapshot().get("DynamoDB.GetItem"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_queue_attributes_are_checked_as_read_ones_are() {
+    let r = rig("start-facts-bad").await;
+    let vars = r.stack_vars().await;
+    let with = |var: &'static str, value: &'static str| {
+        let mut v = pairs(&vars);
+        v.push((var, value));
+        v
+    };
+    // A retention shorter than the policy's worst case (20 attempts, about 5 hours): refused,
+    // naming the variable.
+    let mut short = with("TRIAGE_QUEUE_RETENTION_S", "3600");
+    short.push(("TRIAGE_MAX_ATTEMPTS", "20"));
+    let e = r
+        .refused(&short, "a policy longer than the configured retention is refused")
+        .await;
+    assert!(e.contains("TRIAGE_QUEUE_RETENTION_S"), "{e}");
+    // A heartbeat no shorter than the configured visibility timeout: a warning.
+    let env = r.build(&with("TRIAGE_QUEUE_VISIBILITY_S", "5")).await;
+    assert!(
+        env.startup_warnings
+            .iter()
+            .any(|w| w.contains("TRIAGE_HEARTBEAT_S")),
+        "{:?}",
+        env.startup_warnings
+    );
+    // Two of the three: refused, naming the missing one.
+    let e = r
+        .refused(&with("TRIAGE_QUEUE_MAX_RECEIVE", ""), "two of three are refused")
+        .await;
+    assert!(e.contains("TRIAGE_QUEUE_MAX_RECEIVE"), "{e}");
+    // The source queue as its own DLQ under another spelling: refused without reading either.
+    let mut own = pairs(&vars);
+    let spelled = r.queue_url.replace("127.0.0.1", "localhost");
+    assert_ne!(spelled, r.queue_url, "the test needs another spelling");
+    own.push(("TRIAGE_DLQ_URL", &spelled));
+    let e = r
+        .refused(&own, "the source queue as its own DLQ is refused")
+        .await;
+    assert!(e.contains("names the source queue"), "{e}");
+}
+
+/// Start-up reads the breakers of the first ten job types (as many as a batch can name), none
+/// that no envelope can name, and does it on its own retry budget: a throttled table at
+/// start-up leaves the budget the batches share untouched. The worker receives with the
+/// configured visibility timeout, raised to its minimum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_reads_ten_breakers_on_its_own_retry_budget() {
+    let r = rig("start-many").await;
+    let vars = r.stack_vars().await;
+    let mut vars = pairs(&vars);
+    vars.extend([
+        ("TRIAGE_QUEUE_URL", r.queue_url.as_str()),
+        ("TRIAGE_DLQ_URL", r.dlq_url.as_str()),
+        ("TRIAGE_TABLE", r.table.as_str()),
+        ("TRIAGE_QUEUE_VISIBILITY_S", "0"),
+    ]);
+    let config = Config::from_lookup(&|k| {
+        vars.iter()
+            .rev()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| (*v).to_owned())
+    })
+    .unwrap();
+    let long = "t".repeat(sqs_triage::core::envelope::MAX_JOB_TYPE_LEN + 1);
+    let registry = |types: &[String]| {
+        types.iter().fold(Registry::default(), |reg, t| {
+            reg.handle(t, |_: Value, _ctx: JobContext| async { Ok::<_, JobError>(()) })
+        })
+    };
+    let mut types: Vec<String> = (0..12).map(|i| format!("many.{i:02}")).collect();
+    types.push(long.clone());
+    let proxy = FaultProxy::start(&support::ddb_endpoint());
+    let sdk = support::sdk_config().await;
+    let build = |types: Vec<String>| {
+        let (config, sdk, proxy) = (&config, &sdk, &proxy);
+        async move {
+            build_with(
+                config,
+                registry(&types),
+                sqs_config(sdk),
+                dynamodb_config(sdk).endpoint_url(proxy.url()),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let env = build(types.clone()).await;
+    assert_eq!(
+        env.calls.snapshot(),
+        BTreeMap::from([("DynamoDB.GetItem".to_owned(), 10)]),
+        "the first ten types' breakers, not the eleventh, twelfth or the one too long to name"
+    );
+    let worker = Worker::new(
+        env,
+        WorkerOptions {
+            wait: Duration::from_secs(1),
+            max_messages: 10,
+            emf: false,
+        },
+    );
+    assert_eq!(
+        worker.visibility_timeout().await.unwrap(),
+        sqs_triage::runtime::worker::MIN_VISIBILITY
+    );
+    assert_eq!(worker.env().calls.snapshot().get("SQS.GetQueueAttributes"), None);
+
+    // Only the long type: nothing to read, so the table is probed.
+    let env = build(vec![long]).await;
+    assert_eq!(
+        env.calls.snapshot(),
+        BTreeMap::from([("DynamoDB.GetItem".to_owned(), 1)])
+    );
+
+    // Every read throttled: start-up warns and goes on, its retries spent on its own budget.
+    proxy.add_rule(FaultRule {
+        ops: Some(vec!["GetItem".into()]),
+        body_contains: None,
+        fault: Fault::Throttle,
+        times: None,
+    });
+    let env = build(types).await;
+    assert!(proxy.faults_injected() > 10, "the reads were retried");
+    assert!(
+        env.startup_warnings.iter().any(|w| w.contains("TRIAGE_TABLE")),
+        "{:?}",
+        env.startup_warnings
+    );
+    let shared = env.retry.stats();
+    assert_eq!((shared.retries, shared.budget_refusals), (0, 0), "{shared:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

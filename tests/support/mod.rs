@@ -202,6 +202,21 @@ impl QueueDepth {
     }
 }
 
+/// Every attribute of `queue_url`, in one `GetQueueAttributes`.
+pub async fn all_attributes(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+) -> std::collections::HashMap<aws_sdk_sqs::types::QueueAttributeName, String> {
+    sqs.get_queue_attributes()
+        .queue_url(queue_url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap()
+}
+
 /// The approximate counts of `queue_url`, in one `GetQueueAttributes`.
 pub async fn queue_depth(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> QueueDepth {
     use aws_sdk_sqs::types::QueueAttributeName as A;
