@@ -60,7 +60,7 @@ QUEUES_OF_SQS_ACTION = {
     "sqs:DeleteMessage": {"source"},
     "sqs:ReceiveMessage": {"source"},
     "sqs:SendMessage": {"dlq"},                  # dead-lettered copies
-    "sqs:GetQueueAttributes": {"source", "dlq"},  # start-up: retention; the DLQ's size limit without TRIAGE_DLQ_MAX_BYTES
+    "sqs:GetQueueAttributes": {"source", "dlq"},  # start-up without TRIAGE_QUEUE_* / TRIAGE_DLQ_MAX_BYTES (the stacks set both)
 }
 # DynamoDB calls in this file go to TRIAGE_CHAOS_RECORD_TABLE (a test side table), not to the
 # state table; the stacks do not set that variable, so they grant nothing for them.
@@ -767,6 +767,15 @@ class Facts:
             "TRIAGE_DLQ_MAX_BYTES" in self.env
             and num(self.env["TRIAGE_DLQ_MAX_BYTES"]) == num(dlqp.get("MaximumMessageSize", MAX_MESSAGE_SIZE)),
             f"TRIAGE_DLQ_MAX_BYTES {self.env.get('TRIAGE_DLQ_MAX_BYTES')} dlq {dlqp.get('MaximumMessageSize')}"))
+        queue_vars = ("TRIAGE_QUEUE_RETENTION_S", "TRIAGE_QUEUE_VISIBILITY_S", "TRIAGE_QUEUE_MAX_RECEIVE")
+        self.c("TRIAGE_QUEUE_RETENTION_S, _VISIBILITY_S and _MAX_RECEIVE are the source queue's (start-up then reads no queue)", lambda: (
+            # Unset on the queue, the resource defaults apply: 4 days, 30 s.
+            all(k in self.env for k in queue_vars)
+            and num(self.env["TRIAGE_QUEUE_RETENTION_S"]) == num(srcp.get("MessageRetentionPeriod", 345600))
+            and num(self.env["TRIAGE_QUEUE_VISIBILITY_S"]) == num(srcp.get("VisibilityTimeout", 30))
+            and num(self.env["TRIAGE_QUEUE_MAX_RECEIVE"]) == num(parse_json_prop(srcp["RedrivePolicy"])["maxReceiveCount"]),
+            f"{ {k: self.env.get(k) for k in queue_vars} } source retention {srcp.get('MessageRetentionPeriod')} "
+            f"visibility {srcp.get('VisibilityTimeout')} redrive {json.dumps(srcp.get('RedrivePolicy'))}"))
         self.fifo_facts(srcp, dlqp)
         self.c("DLQ keeps messages 14 days, source queue 4 days", lambda: (
             num(dlqp["MessageRetentionPeriod"]) == 1209600 and num(srcp["MessageRetentionPeriod"]) == 345600,
@@ -1525,6 +1534,12 @@ MUTANTS = [
      lambda t: _queue(t, "dlq").__setitem__("MaximumMessageSize", 262144), "TRIAGE_DLQ_MAX_BYTES is the DLQ's"),
     ("function without TRIAGE_DLQ_MAX_BYTES",
      lambda t: _fn_env(t).pop("TRIAGE_DLQ_MAX_BYTES"), "TRIAGE_DLQ_MAX_BYTES is the DLQ's"),
+    ("source queue keeps messages 1 day, TRIAGE_QUEUE_RETENTION_S still the parameter's",
+     lambda t: _queue(t, "source").__setitem__("MessageRetentionPeriod", 86400), "TRIAGE_QUEUE_RETENTION_S, _VISIBILITY_S"),
+    ("source queue's visibility timeout raised, TRIAGE_QUEUE_VISIBILITY_S not",
+     lambda t: _queue(t, "source").__setitem__("VisibilityTimeout", 43200), "TRIAGE_QUEUE_RETENTION_S, _VISIBILITY_S"),
+    ("function without TRIAGE_QUEUE_MAX_RECEIVE",
+     lambda t: _fn_env(t).pop("TRIAGE_QUEUE_MAX_RECEIVE"), "TRIAGE_QUEUE_RETENTION_S, _VISIBILITY_S"),
     ("source queue without MaximumMessageSize",
      lambda t: _queue(t, "source").pop("MaximumMessageSize"), "both queues take SQS's largest message"),
     ("mapping with both MaximumConcurrency and provisioned pollers",

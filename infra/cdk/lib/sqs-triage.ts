@@ -469,8 +469,8 @@ export class SqsTriage extends Construct {
             }),
             // ReceiveMessage, DeleteMessage, GetQueueAttributes: the event source mapping's (it
             // polls and deletes with this role); ChangeMessageVisibility: retries, deferrals and
-            // the visibility heartbeat; GetQueueAttributes: the retention and visibility timeout
-            // checks at start-up too.
+            // the visibility heartbeat; GetQueueAttributes: start-up's checks too, when the
+            // TRIAGE_QUEUE_* variables below are unset.
             new iam.PolicyStatement({
               sid: 'ConsumeSourceQueue',
               actions: [
@@ -532,6 +532,11 @@ export class SqsTriage extends Construct {
         TRIAGE_DLQ_URL: dlq.queueUrl,
         // The DLQ's MaximumMessageSize, so start-up reads no size from the DLQ.
         TRIAGE_DLQ_MAX_BYTES: String(MAX_MESSAGE_SIZE_BYTES),
+        // The source queue's retention, visibility timeout and maxReceiveCount, so start-up
+        // reads nothing from it either (its one call is the breakers' read).
+        TRIAGE_QUEUE_RETENTION_S: String(props.sourceRetentionSeconds),
+        TRIAGE_QUEUE_VISIBILITY_S: String(props.functionTimeoutSeconds * VISIBILITY_FACTOR),
+        TRIAGE_QUEUE_MAX_RECEIVE: String(props.maxReceiveCount),
         TRIAGE_TABLE: table.tableName,
         ...props.policy,
       },
