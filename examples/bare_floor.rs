@@ -2,7 +2,10 @@
 //! `lambda_runtime` function that loads the AWS configuration, builds the same two SDK clients
 //! (SQS and DynamoDB) and answers each SQS event with an empty partial batch response, printing
 //! one line per event as `triage-lambda` prints its metrics. No triage logic, no start-up check.
-//! `cargo bench --bench report` builds it with `cargo build --release --example bare_floor`.
+//! With `FLOOR_TABLE` set it also makes, per event, the one DynamoDB call a cold
+//! `triage-lambda`'s first event needs: a consistent read of one item of that table (the
+//! breaker's read). `cargo bench --bench report` builds it with
+//! `cargo build --release --example bare_floor`.
 #![forbid(unsafe_code)]
 
 use aws_config::BehaviorVersion;
@@ -14,10 +17,21 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let sdk = aws_config::defaults(BehaviorVersion::latest()).load().await;
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     let ddb = aws_sdk_dynamodb::Client::new(&sdk);
-    let (sqs, ddb) = (&sqs, &ddb);
+    let table = std::env::var("FLOOR_TABLE").ok();
+    let (sqs, ddb, table) = (&sqs, &ddb, &table);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         // The clients are kept alive (and so built) for the function's life, as a real one's.
-        let _ = (sqs, ddb);
+        let _ = sqs;
+        if let Some(table) = table {
+            let key = |v: &str| aws_sdk_dynamodb::types::AttributeValue::S(v.to_owned());
+            ddb.get_item()
+                .table_name(table)
+                .key("pk", key("breaker#floor"))
+                .key("sk", key("state"))
+                .consistent_read(true)
+                .send()
+                .await?;
+        }
         let records = event.payload["Records"].as_array().map_or(0, Vec::len);
         println!("{}", json!({"handled": records}));
         Ok::<_, lambda_runtime::Error>(json!({"batchItemFailures": []}))

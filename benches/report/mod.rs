@@ -369,10 +369,11 @@ impl Report {
         row(
             "Cold start: process start → first event handled; binary size".into(),
             format!(
-                "**{} ms** ({}× the floor: bare `lambda_runtime` + the two SDK clients, {} ms), {} MiB",
+                "**{} ms** ({}× the floor: bare `lambda_runtime` + the two SDK clients, {} ms; {}× that floor with the first event's one breaker read), {} MiB",
                 f("cold.handled_ms", 0),
                 f("cold.floor_ratio", 2),
                 f("cold.floor_ms", 0),
+                f("cold.read_floor_ratio", 2),
                 f("cold.binary_mib", 1)
             ),
             format!(
