@@ -159,8 +159,8 @@ async fn a_deferral_on_the_last_receive_is_dead_lettered_with_a_record() {
         .send()
         .await
         .unwrap();
-    // Rebuild the processor so it reads the new redrive policy at start-up.
-    let env = env_for(&h, fast_policy(5), &h.dlq_url).await;
+    // The breaker opened before the environment starts, so its start-up read (which it keeps
+    // for the cache's lifetime) sees it open.
     let sdk = support::sdk_config().await;
     let store = sqs_triage::effects::breaker_store::BreakerStore::new(
         sqs_triage::effects::storage_retry::dynamodb_client(&sdk),
@@ -171,6 +171,8 @@ async fn a_deferral_on_the_last_receive_is_dead_lettered_with_a_record() {
         .force_open(sqs_triage::demo::chaos::CHAOS, None, sqs_triage::clock::now_ms())
         .await
         .unwrap();
+    // Rebuild the processor so it reads the new redrive policy at start-up.
+    let env = env_for(&h, fast_policy(5), &h.dlq_url).await;
     let body = json!({"type": sqs_triage::demo::chaos::CHAOS, "id": "held", "payload": {}}).to_string();
     h.send_raw(&[(&body, None)]).await;
     let mut deliveries = 0;
@@ -436,7 +438,7 @@ async fn a_job_deferred_past_the_queues_retention_is_dead_lettered_with_a_record
         .max_delay(Duration::from_secs(2))
         .build()
         .unwrap();
-    let env = env_for(&h, policy, &h.dlq_url).await;
+    // Opened before the environment starts: its start-up read sees it open.
     let sdk = support::sdk_config().await;
     let store = sqs_triage::effects::breaker_store::BreakerStore::new(
         sqs_triage::effects::storage_retry::dynamodb_client(&sdk),
@@ -447,6 +449,7 @@ async fn a_job_deferred_past_the_queues_retention_is_dead_lettered_with_a_record
         .force_open(support::pipeline::RECORDED, None, sqs_triage::clock::now_ms())
         .await
         .unwrap();
+    let env = env_for(&h, policy, &h.dlq_url).await;
     h.send_jobs(&[("short-lived", json!({"outcome": "ok"}))]).await;
     // Each delivery is deferred until the retention's end (less its margin); the delivery
     // then is dead-lettered. Bounded: about a minute of the queue's own clock.
