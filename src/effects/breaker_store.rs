@@ -99,7 +99,7 @@ pub enum Probe {
 
 /// Breakers read by [`warm`], at most (the first job types in order): as many as a batch of
 /// SQS's largest size, 10 records, can name.
-pub(crate) const WARM_TYPES: usize = 10;
+pub const WARM_TYPES: usize = 10;
 
 /// Reads the breakers of the job types in `stores` (each type's own store), the first
 /// [`WARM_TYPES`] in order, at once: one consistent `GetItem` each, as
