@@ -131,19 +131,18 @@ pub async fn build_with(
     // configure both); the reads go at once, so a cold start waits for the slowest alone.
     let source_read = async {
         match config.source_queue {
-            Some(_) => None,
-            None => Some(
-                attrs(
-                    queue_url.clone(),
-                    vec![
-                        QueueAttributeName::MessageRetentionPeriod,
-                        QueueAttributeName::RedrivePolicy,
-                        QueueAttributeName::QueueArn,
-                        QueueAttributeName::VisibilityTimeout,
-                    ],
-                )
-                .await,
-            ),
+            Some(facts) => Ok(SourceQueue::configured(facts)),
+            None => attrs(
+                queue_url.clone(),
+                vec![
+                    QueueAttributeName::MessageRetentionPeriod,
+                    QueueAttributeName::RedrivePolicy,
+                    QueueAttributeName::QueueArn,
+                    QueueAttributeName::VisibilityTimeout,
+                ],
+            )
+            .await
+            .map(|a| SourceQueue::read(&a)),
         }
     };
     let dlq_read = async {
@@ -184,14 +183,7 @@ pub async fn build_with(
         })
         .collect();
     let mut skipped = 0u64;
-    let source = match (config.source_queue, source) {
-        (Some(facts), _) => SourceQueue::configured(facts),
-        (None, Some(Ok(attributes))) => SourceQueue::read(&attributes),
-        (None, Some(Err(e))) => {
-            return Err(queue_error(e, "TRIAGE_QUEUE_URL", "the source queue", &queue_url).into());
-        }
-        (None, None) => unreachable!("the source queue is read when it is not configured"),
-    };
+    let source = source.map_err(|e| queue_error(e, "TRIAGE_QUEUE_URL", "the source queue", &queue_url))?;
     if let Some(retention) = source.retention {
         registry.check_retention(retention).map_err(|e| {
             let of = if config.source_queue.is_some() {
@@ -366,15 +358,30 @@ impl SourceQueue {
     }
 }
 
-/// What a queue URL (`https://HOST/ACCOUNT/NAME`) names: the region when the host names one (`sqs.REGION.…`, `REGION.queue.…`) or the path
-/// does (path-style `/queue/REGION/ACCOUNT/NAME`), and the account and name, the last two
-/// path segments (doubled slashes name the same queue).
+/// The queue a URL or an ARN names: its account and name, and its region when known.
 struct QueueUrl<'a> {
     region: Option<&'a str>,
     account: &'a str,
     name: &'a str,
 }
 
+impl QueueUrl<'_> {
+    /// The same account and name (queue names are case-sensitive), in the same region when
+    /// both name one. The host does not tell queues apart: one SQS client, with one endpoint,
+    /// sends to both.
+    fn same_queue(&self, other: &QueueUrl<'_>) -> bool {
+        let same_region = self
+            .region
+            .zip(other.region)
+            .is_none_or(|(a, b)| a.eq_ignore_ascii_case(b));
+        self.account == other.account && self.name == other.name && same_region
+    }
+}
+
+/// What queue URL `url` (`https://HOST/ACCOUNT/NAME`) names: the region when the host names
+/// one (`sqs.REGION.…`, `REGION.queue.…`) or the path does (path-style
+/// `/queue/REGION/ACCOUNT/NAME`), and the account and name, the last two path segments
+/// (doubled slashes name the same queue).
 fn url_parts(url: &str) -> Option<QueueUrl<'_>> {
     let url = url.trim();
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
@@ -397,21 +404,13 @@ fn url_parts(url: &str) -> Option<QueueUrl<'_>> {
 }
 
 /// True when two queue URLs name one queue: the same text but for a trailing `/`, or the same
-/// account and name (queue names are case-sensitive) in the same region when both name one.
-/// The host does not tell queues apart: one SQS client, with one endpoint, sends to both.
+/// queue by [`QueueUrl::same_queue`].
 fn urls_name_one_queue(a: &str, b: &str) -> bool {
     let norm = |u: &str| u.trim().trim_end_matches('/').to_owned();
-    if norm(a) == norm(b) {
-        return true;
-    }
-    let (Some(a), Some(b)) = (url_parts(a), url_parts(b)) else {
-        return false;
-    };
-    let same_region = a
-        .region
-        .zip(b.region)
-        .is_none_or(|(ra, rb)| ra.eq_ignore_ascii_case(rb));
-    a.account == b.account && a.name == b.name && same_region
+    norm(a) == norm(b)
+        || url_parts(a)
+            .zip(url_parts(b))
+            .is_some_and(|(a, b)| a.same_queue(&b))
 }
 
 /// True when queue URL `url` (`https://HOST/ACCOUNT/NAME`) names the queue of `arn`
@@ -422,9 +421,12 @@ fn url_names_arn(url: &str, arn: &str) -> bool {
     let [_, _, _, region, account, name] = arn[..] else {
         return false;
     };
-    url_parts(url).is_some_and(|u| {
-        u.account == account && u.name == name && u.region.is_none_or(|r| r.eq_ignore_ascii_case(region))
-    })
+    let arn = QueueUrl {
+        region: Some(region),
+        account,
+        name,
+    };
+    url_parts(url).is_some_and(|u| u.same_queue(&arn))
 }
 
 fn source_as_dlq(queue_url: &str) -> StartupError {

@@ -151,15 +151,7 @@ impl Rig {
             .send()
             .await
             .unwrap();
-        let worker = Worker::new(
-            env.clone(),
-            WorkerOptions {
-                wait: Duration::from_secs(2),
-                max_messages: 10,
-                emf: false,
-            },
-        );
-        worker.poll_once().await.unwrap().expect("a batch")
+        worker(env.clone()).poll_once().await.unwrap().expect("a batch")
     }
 
     async fn dlq(&self) -> Vec<Message> {
@@ -214,6 +206,18 @@ async fn with_the_dlq_size_configured_start_up_reads_nothing_from_the_dlq() {
     r.run(&env, &big_error("conf-1")).await;
     assert_fits(&r.dlq().await);
     assert_eq!(r.dlq_reads(), 0);
+}
+
+/// A worker on `env`, polling batches of up to 10 with a 2 s long poll.
+fn worker(env: Environment) -> Worker {
+    Worker::new(
+        env,
+        WorkerOptions {
+            wait: Duration::from_secs(2),
+            max_messages: 10,
+            emf: false,
+        },
+    )
 }
 
 fn pairs<'a>(vars: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
@@ -369,14 +373,7 @@ async fn start_up_reads_ten_breakers_on_its_own_retry_budget() {
         BTreeMap::from([("DynamoDB.GetItem".to_owned(), 10)]),
         "the first ten types' breakers, not the eleventh, twelfth or the one too long to name"
     );
-    let worker = Worker::new(
-        env,
-        WorkerOptions {
-            wait: Duration::from_secs(1),
-            max_messages: 10,
-            emf: false,
-        },
-    );
+    let worker = worker(env);
     assert_eq!(
         worker.visibility_timeout().await.unwrap(),
         sqs_triage::runtime::worker::MIN_VISIBILITY
