@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_sqs::types::QueueAttributeName;
+use tokio::time::Instant;
 
 use super::RuntimeError;
 use crate::config::{Config, QueueFacts};
@@ -20,6 +21,12 @@ use crate::effects::storage_retry::{StorageError, StorageRetry, dynamodb_config,
 use crate::effects::table::{PK, SK};
 use crate::processor::registry::Registry;
 use crate::processor::{Processor, ProcessorConfig};
+
+/// How long start-up's reads (the queues' attributes, the breakers) may take in all: half of
+/// the 10 s Lambda gives a function's init. A read not answered by then is one that could not
+/// be made: a table or DLQ check is skipped with a warning, a source queue that must be read
+/// stops the start-up.
+pub const STARTUP_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Loads the standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL*`, credentials).
 pub async fn sdk_config() -> SdkConfig {
@@ -112,12 +119,16 @@ pub async fn build_with(
             )
         })
         .collect();
+    // Every start-up read ends by one deadline: Lambda ends an init at 10 s, and a stalled
+    // service must not take that time (the checks left are skipped or refused as for a
+    // service that does not answer).
+    let deadline = Some(Instant::now() + STARTUP_DEADLINE);
     let attrs = |url: String, names: Vec<QueueAttributeName>| {
         let c = sqs_client.clone();
         let retry = retry.clone();
         async move {
             retry
-                .call("GetQueueAttributes", None, || {
+                .call("GetQueueAttributes", deadline, || {
                     c.get_queue_attributes()
                         .queue_url(&url)
                         .set_attribute_names(Some(names.clone()))
@@ -165,8 +176,8 @@ pub async fn build_with(
     // retries have their own budget. Without a job type to read, a probe.
     let startup_retry = StorageRetry::default();
     let table_check = async {
-        match crate::effects::breaker_store::warm(&breakers, &startup_retry, None).await {
-            Ok(0) => probe_table(&ddb_client, &startup_retry, &table).await,
+        match crate::effects::breaker_store::warm(&breakers, &startup_retry, deadline).await {
+            Ok(0) => probe_table(&ddb_client, &startup_retry, &table, deadline).await,
             read => read.map(|_| ()),
         }
     };
@@ -490,6 +501,7 @@ async fn probe_table(
     client: &aws_sdk_dynamodb::Client,
     retry: &StorageRetry,
     table: &str,
+    deadline: Option<Instant>,
 ) -> Result<(), StorageError> {
     use aws_sdk_dynamodb::types::AttributeValue;
     let key = std::collections::HashMap::from([
@@ -497,7 +509,7 @@ async fn probe_table(
         (SK.to_owned(), AttributeValue::S("probe".into())),
     ]);
     retry
-        .call("GetItem", None, || {
+        .call("GetItem", deadline, || {
             client
                 .get_item()
                 .table_name(table)

@@ -16,7 +16,7 @@ use sqs_triage::demo::chaos;
 use sqs_triage::effects::dlq::{attribute_size, failure_record};
 use sqs_triage::effects::storage_retry::{dynamodb_config, sqs_config};
 use sqs_triage::processor::registry::{JobContext, Registry};
-use sqs_triage::runtime::env::{Environment, build_with};
+use sqs_triage::runtime::env::{Environment, STARTUP_DEADLINE, build_with};
 use sqs_triage::runtime::worker::{Worker, WorkerOptions};
 use support::fault_proxy::{Fault, FaultProxy, FaultRule};
 
@@ -28,12 +28,15 @@ const DLQ_BYTES: usize = 2_048;
 struct Rig {
     sqs: aws_sdk_sqs::Client,
     proxy: FaultProxy,
+    /// In front of DynamoDB.
+    ddb_proxy: FaultProxy,
     queue_url: String,
     dlq_url: String,
     table: String,
 }
 
-/// Fresh queues and table, the DLQ taking [`DLQ_BYTES`], and a proxy in front of SQS.
+/// Fresh queues and table, the DLQ taking [`DLQ_BYTES`], and a proxy in front of SQS and one
+/// in front of DynamoDB.
 async fn rig(name: &str) -> Rig {
     let created = support::fresh_resources(name, false).await;
     let sqs = support::sqs_client().await;
@@ -46,6 +49,7 @@ async fn rig(name: &str) -> Rig {
     Rig {
         sqs,
         proxy: FaultProxy::start(&support::sqs_endpoint()),
+        ddb_proxy: FaultProxy::start(&support::ddb_endpoint()),
         queue_url: created.queue_url,
         dlq_url: created.dlq_url,
         table: created.table,
@@ -101,7 +105,7 @@ impl Rig {
             &config,
             registry,
             sqs_config(&sdk).endpoint_url(self.proxy.url()),
-            dynamodb_config(&sdk),
+            dynamodb_config(&sdk).endpoint_url(self.ddb_proxy.url()),
         )
         .await
         .map_err(|e| e.to_string())
@@ -403,6 +407,49 @@ async fn start_up_reads_ten_breakers_on_its_own_retry_budget() {
     );
     let shared = env.retry.stats();
     assert_eq!((shared.retries, shared.budget_refusals), (0, 0), "{shared:?}");
+}
+
+/// A read that never answers: held far longer than any start-up may take.
+fn stalled(op: &str, body_contains: Option<String>) -> FaultRule {
+    FaultRule {
+        ops: Some(vec![op.into()]),
+        body_contains,
+        fault: Fault::Delay(Duration::from_secs(600)),
+        times: None,
+    }
+}
+
+/// Start-up's reads end by its deadline ([`STARTUP_DEADLINE`]), well inside Lambda's 10 s
+/// init: a DLQ and a table that never answer are checks skipped with a warning, and a source
+/// queue that never answers (and must be read) is a start-up error naming it. Without the
+/// deadline each stalled read waits out its per-call timeout and every retry (minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_service_does_not_hold_start_up_past_its_deadline() {
+    // Far above the deadline, far below what the stalled reads would take without it.
+    let guard = STARTUP_DEADLINE * 6;
+    let r = rig("start-hang").await;
+    r.proxy
+        .add_rule(stalled("GetQueueAttributes", Some(r.dlq_url.clone())));
+    r.ddb_proxy.add_rule(stalled("GetItem", None));
+    let env = tokio::time::timeout(guard, r.build(&[]))
+        .await
+        .expect("start-up ended by its deadline");
+    for var in ["TRIAGE_DLQ_URL", "TRIAGE_TABLE"] {
+        assert!(
+            env.startup_warnings
+                .iter()
+                .any(|w| w.contains(var) && w.contains("deadline")),
+            "{var}: {:?}",
+            env.startup_warnings
+        );
+    }
+    // The source queue stalled too: there is nothing to consume without it.
+    r.proxy
+        .add_rule(stalled("GetQueueAttributes", Some(r.queue_url.clone())));
+    let e = tokio::time::timeout(guard, r.refused(&[], "a source queue that never answers"))
+        .await
+        .expect("start-up ended by its deadline");
+    assert!(e.contains("TRIAGE_QUEUE_URL") && e.contains("deadline"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
