@@ -197,6 +197,37 @@ impl Processor {
         futures::future::join_all(reads).await.into_iter().collect()
     }
 
+    /// Counts the records delivered more often than the receive limit this environment was
+    /// given (`TRIAGE_QUEUE_MAX_RECEIVE`, or the redrive policy read at start-up) as
+    /// `PastReceiveLimit`, and warns once per batch: SQS would have moved such a record to its
+    /// DLQ at that limit, so the queue's `maxReceiveCount` is higher than the one the
+    /// processor works with (or its redrive policy was changed since), and records are taken
+    /// to be on their last receive, and dead-lettered as `expiring` when deferred, too early.
+    pub(super) fn count_past_receive_limit(&self, records: &[Record], metrics: &mut Metrics) {
+        let Some(limit) = self.receive_limit else {
+            return;
+        };
+        let mut past = records.iter().filter(|r| r.inc.receive_count > limit);
+        let Some(first) = past.next() else {
+            return;
+        };
+        let mut n = 0;
+        for r in std::iter::once(first).chain(past) {
+            metrics.add(self.dimension(r.job_type()), "PastReceiveLimit", 1);
+            n += 1;
+        }
+        warn!(
+            message_id = %first.inc.message_id,
+            receive_count = first.inc.receive_count,
+            receive_limit = limit,
+            records = n,
+            "a record was received more often than the queue's maxReceiveCount this function was \
+             given (TRIAGE_QUEUE_MAX_RECEIVE, or the redrive policy read at start-up): the queue's own \
+             limit is higher, so records are dead-lettered as `expiring` before their last receive; \
+             set TRIAGE_QUEUE_MAX_RECEIVE to the queue's maxReceiveCount"
+        );
+    }
+
     /// What SQS says about a record's delivery.
     pub(super) fn facts(&self, record: &Record) -> RecordFacts {
         RecordFacts {

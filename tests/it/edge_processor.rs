@@ -242,11 +242,23 @@ async fn env_for(
     policy: sqs_triage::core::policy::RetryPolicy,
     dlq_url: &str,
 ) -> sqs_triage::runtime::env::Environment {
+    env_with(h, policy, dlq_url, None).await
+}
+
+/// [`env_for`] with the source queue's attributes configured (`TRIAGE_QUEUE_*`) rather than
+/// read.
+async fn env_with(
+    h: &Harness,
+    policy: sqs_triage::core::policy::RetryPolicy,
+    dlq_url: &str,
+    facts: Option<sqs_triage::config::QueueFacts>,
+) -> sqs_triage::runtime::env::Environment {
     let sdk = support::sdk_config().await;
     let mut config = sqs_triage::config::Config::from_lookup(&|_| None).unwrap();
     config.queue_url = Some(h.queue_url.clone());
     config.dlq_url = Some(dlq_url.to_owned());
     config.table = Some(h.table.clone());
+    config.source_queue = facts;
     let registry = sqs_triage::demo::chaos::register(
         sqs_triage::processor::registry::Registry::new(policy.clone(), quiet_breaker()),
         policy.clone(),
@@ -544,4 +556,59 @@ async fn a_handler_that_blocks_its_thread_cannot_hold_the_batch_past_its_deadlin
     );
     assert!(!report("b1").settled);
     assert!(report("ok1").settled, "{:?}", report("ok1"));
+}
+
+/// A record received more often than the receive limit the function was given
+/// (`TRIAGE_QUEUE_MAX_RECEIVE` lower than the queue's real `maxReceiveCount`) is counted as
+/// `PastReceiveLimit`: the sign that records are taken to be on their last receive too early.
+/// Records within the limit are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_past_the_configured_limit_is_counted() {
+    let h = Harness::build(Options {
+        prefix: "pastlimit",
+        ..Options::default()
+    })
+    .await;
+    h.set_redrive(10).await;
+    let facts = sqs_triage::config::QueueFacts {
+        retention: Duration::from_secs(4 * 24 * 3600),
+        visibility: Duration::from_secs(30),
+        max_receive: Some(2),
+    };
+    let env = env_with(&h, fast_policy(5), &h.dlq_url, Some(facts)).await;
+    let body = |id: &str| {
+        json!({"type": sqs_triage::demo::chaos::CHAOS, "id": id, "payload": {"outcome": "ok"}}).to_string()
+    };
+    h.send_raw(&[(&body("past"), None)]).await;
+    let past_limit = |outcome: &sqs_triage::processor::BatchOutcome| {
+        outcome
+            .metrics
+            .by_type
+            .values()
+            .filter_map(|m| m.counts.get("PastReceiveLimit"))
+            .sum::<u64>()
+    };
+    // Receives 1 and 2 are within the limit; the third is past it.
+    for receive in 1..=3u32 {
+        let messages = take(&h, 1).await;
+        let count: u32 = messages[0].attributes().unwrap()
+            [&aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount]
+            .parse()
+            .unwrap();
+        assert_eq!(count, receive);
+        if receive < 3 {
+            h.release(&h.queue_url, &messages).await;
+            continue;
+        }
+        h.send_raw(&[(&body("fresh"), None)]).await;
+        let mut batch = messages;
+        batch.extend(take(&h, 1).await);
+        let outcome = process(&env, &batch, &h.queue_url, Duration::from_secs(30)).await;
+        assert_eq!(past_limit(&outcome), 1, "{:?}", outcome.metrics);
+        assert!(
+            outcome.records.iter().all(|r| r.executed),
+            "{:?}",
+            outcome.records
+        );
+    }
 }
