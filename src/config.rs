@@ -40,6 +40,11 @@ pub struct Config {
     /// the source queue's attributes as the stack that made it configured them, all three or
     /// none. Set, start-up does not read the source queue (see [`QueueFacts`]).
     pub source_queue: Option<QueueFacts>,
+    /// How long start-up's reads may take in all, from no variable: the Lambda adapter sets
+    /// it ([`STARTUP_DEADLINE`](crate::runtime::env::STARTUP_DEADLINE)) so a stalled service
+    /// cannot run the init into Lambda's limit; `None` (the worker's) retries each read as
+    /// the storage retry policy allows.
+    pub startup_deadline: Option<std::time::Duration>,
     /// Default retry policy of every job type.
     pub policy: RetryPolicy,
     /// Default breaker settings of every job type.
@@ -433,6 +438,7 @@ impl Config {
             table: text("TRIAGE_TABLE"),
             dlq_max_bytes,
             source_queue: queue_facts(lookup)?,
+            startup_deadline: None,
             policy,
             breaker,
             concurrency: v.concurrency.read(lookup)?,

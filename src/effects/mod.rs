@@ -6,6 +6,7 @@ pub mod calls;
 pub mod dlq;
 pub mod ledger;
 pub mod metrics;
+pub mod queue_url;
 pub mod sqs;
 pub mod storage_retry;
 pub mod table;

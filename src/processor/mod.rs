@@ -395,6 +395,7 @@ impl Processor {
         let mut metrics = Metrics::default();
         let mut records: Vec<Record> = records.into_iter().map(|r| self.read(r)).collect();
         self.count_past_receive_limit(&records, &mut metrics);
+        self.count_other_source_queue(&records, &mut metrics);
         let hold = Hold::new(deadline);
         let (done, stopped) = tokio::sync::watch::channel(false);
         let held = self.heartbeat.map(|every| (every, self.held(&records, deadline)));

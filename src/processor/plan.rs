@@ -349,6 +349,7 @@ mod tests {
             group_id: None,
             attributes: Default::default(),
             from_fifo: false,
+            source_arn: None,
         });
         if item {
             record.ledger = Ledger::Stored(Some(StoredAttempts::default()));

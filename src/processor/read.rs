@@ -15,6 +15,7 @@ use crate::core::decision::{StoredAttempts, retention_margin};
 use crate::core::envelope::{self, Job, Payload};
 use crate::core::{Ledger, RecordFacts};
 use crate::effects::metrics::Metrics;
+use crate::effects::queue_url::url_names_arn;
 
 /// One record as read: the message, its job (or why it is not a runnable one) and what the
 /// ledger says about it. Everything the later steps know about a record lives here.
@@ -203,6 +204,8 @@ impl Processor {
     /// DLQ at that limit, so the queue's `maxReceiveCount` is higher than the one the
     /// processor works with (or its redrive policy was changed since), and records are taken
     /// to be on their last receive, and dead-lettered as `expiring` when deferred, too early.
+    /// Such a record is seen only when a receive at the limit did not settle it (the
+    /// processor settles every record on that receive when it can).
     pub(super) fn count_past_receive_limit(&self, records: &[Record], metrics: &mut Metrics) {
         let Some(limit) = self.receive_limit else {
             return;
@@ -224,8 +227,51 @@ impl Processor {
             "a record was received more often than the queue's maxReceiveCount this function was \
              given (TRIAGE_QUEUE_MAX_RECEIVE, or the redrive policy read at start-up): the queue's own \
              limit is higher, so records are dead-lettered as `expiring` before their last receive; \
-             set TRIAGE_QUEUE_MAX_RECEIVE to the queue's maxReceiveCount"
+             set the TRIAGE_QUEUE_* variables from the queue's attributes, or restart the function \
+             if the queue's redrive policy changed since it started"
         );
+    }
+
+    /// Counts the records whose event source ARN names another queue than the source queue
+    /// the processor works for (`TRIAGE_QUEUE_URL`) as `OtherSourceQueue`, and warns once per
+    /// batch: the function is mapped to a queue it was not configured for, whose
+    /// `maxReceiveCount` and retention were not checked, and on which its visibility changes
+    /// (retries, deferrals) do not land. One comparison per distinct ARN in the batch.
+    pub(super) fn count_other_source_queue(&self, records: &[Record], metrics: &mut Metrics) {
+        let mut last: Option<(&str, bool)> = None;
+        let mut first: Option<(&Record, &str)> = None;
+        let mut n = 0;
+        for r in records {
+            let Some(arn) = r.inc.source_arn.as_deref().filter(|a| !a.is_empty()) else {
+                continue;
+            };
+            let ours = match last {
+                Some((seen, ours)) if seen == arn => ours,
+                _ => {
+                    let ours = url_names_arn(&self.source_queue, arn);
+                    last = Some((arn, ours));
+                    ours
+                }
+            };
+            if !ours {
+                metrics.add(self.dimension(r.job_type()), "OtherSourceQueue", 1);
+                first.get_or_insert((r, arn));
+                n += 1;
+            }
+        }
+        if let Some((r, arn)) = first {
+            warn!(
+                message_id = %r.inc.message_id,
+                event_source_arn = arn,
+                source_queue = %self.source_queue,
+                records = n,
+                "a record comes from another queue than TRIAGE_QUEUE_URL: its retries and deferrals \
+                 change its visibility on TRIAGE_QUEUE_URL's queue, where they do not land, so it comes \
+                 back after its own queue's visibility timeout, and that queue's maxReceiveCount and \
+                 retention were not checked; map this function to TRIAGE_QUEUE_URL's queue only, or set \
+                 TRIAGE_QUEUE_URL to the queue it is mapped to"
+            );
+        }
     }
 
     /// What SQS says about a record's delivery.

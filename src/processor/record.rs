@@ -27,6 +27,9 @@ pub struct Incoming {
     pub attributes: HashMap<String, MessageAttributeValue>,
     /// True when the record says it came from a FIFO queue (its event source ARN).
     pub from_fifo: bool,
+    /// The queue the record says it came from (its event source ARN, Lambda's records only):
+    /// checked against the source queue the processor works for.
+    pub source_arn: Option<String>,
 }
 
 impl Incoming {
@@ -60,6 +63,7 @@ impl Incoming {
             body: m.body.unwrap_or_default(),
             attributes: m.message_attributes.unwrap_or_default(),
             from_fifo: false,
+            source_arn: None,
         }
     }
 }

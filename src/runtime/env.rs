@@ -16,17 +16,23 @@ use crate::effects::breaker_store::BreakerStore;
 use crate::effects::calls::CallCounter;
 use crate::effects::dlq::DlqLimit;
 use crate::effects::ledger::AttemptLedger;
+use crate::effects::queue_url::{url_names_arn, urls_name_one_queue};
 use crate::effects::sqs::Sqs;
 use crate::effects::storage_retry::{StorageError, StorageRetry, dynamodb_config, sqs_config};
 use crate::effects::table::{PK, SK};
 use crate::processor::registry::Registry;
 use crate::processor::{Processor, ProcessorConfig};
 
-/// How long start-up's reads (the queues' attributes, the breakers) may take in all: half of
-/// the 10 s Lambda gives a function's init. A read not answered by then is one that could not
-/// be made: a table or DLQ check is skipped with a warning, a source queue that must be read
-/// stops the start-up.
-pub const STARTUP_DEADLINE: Duration = Duration::from_secs(5);
+/// How long start-up's reads (the queues' attributes, the breakers) may take in all in Lambda
+/// ([`Config::startup_deadline`], which the Lambda adapter sets): within the 10 s Lambda gives
+/// a function's init, and above the 7.1 s the storage retries of a throttled read take at
+/// most. A read still failing by then is one that could not be made: a table or DLQ check is
+/// skipped with a warning, a source queue that must be read stops the start-up.
+pub const STARTUP_DEADLINE: Duration = Duration::from_secs(8);
+
+/// Longest wait for one try of a start-up read: a try not answered by then is retried (on
+/// another connection), so one stalled request does not take the whole start-up.
+pub const STARTUP_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Loads the standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL*`, credentials).
 pub async fn sdk_config() -> SdkConfig {
@@ -47,9 +53,10 @@ pub struct Environment {
     /// Start-up checks that could not be made or found something odd, one line each (also
     /// logged as warnings): the runtime runs, degraded or as configured.
     pub startup_warnings: Vec<String>,
-    /// The source queue's visibility timeout as configured (`TRIAGE_QUEUE_VISIBILITY_S`): the
-    /// worker receives with it instead of reading the queue. `None`: read at the first receive.
-    pub configured_visibility: Option<Duration>,
+    /// The source queue's visibility timeout as start-up knows it, configured
+    /// (`TRIAGE_QUEUE_VISIBILITY_S`) or read: the worker receives with it instead of reading
+    /// the queue again. `None`: read at the first receive.
+    pub source_visibility: Option<Duration>,
 }
 
 /// A start-up check failed: the configuration cannot work. The Lambda function fails its
@@ -119,13 +126,15 @@ pub async fn build_with(
             )
         })
         .collect();
-    // Every start-up read ends by one deadline: Lambda ends an init at 10 s, and a stalled
-    // service must not take that time (the checks left are skipped or refused as for a
-    // service that does not answer).
-    let deadline = Some(Instant::now() + STARTUP_DEADLINE);
+    // Start-up's reads retry on a budget of their own, so a throttled start-up leaves the
+    // batches' budget whole, and each try is short, so a stalled request is tried again. In
+    // Lambda they end by one deadline inside the init's 10 s (a check still failing then is
+    // skipped or refused as for a service that does not answer).
+    let deadline = config.startup_deadline.map(|d| Instant::now() + d);
+    let startup_retry = StorageRetry::default().with_attempt_timeout(STARTUP_ATTEMPT_TIMEOUT);
     let attrs = |url: String, names: Vec<QueueAttributeName>| {
         let c = sqs_client.clone();
-        let retry = retry.clone();
+        let retry = startup_retry.clone();
         async move {
             retry
                 .call("GetQueueAttributes", deadline, || {
@@ -172,9 +181,8 @@ pub async fn build_with(
         }
     };
     // The table's check is the read of the breakers a first batch would make (the first 10 job
-    // types'): such a batch then reads none of them, within the breaker cache's lifetime. Its
-    // retries have their own budget. Without a job type to read, a probe.
-    let startup_retry = StorageRetry::default();
+    // types'): such a batch then reads none of them, within the breaker cache's lifetime.
+    // Without a job type to read, a probe.
     let table_check = async {
         match crate::effects::breaker_store::warm(&breakers, &startup_retry, deadline).await {
             Ok(0) => probe_table(&ddb_client, &startup_retry, &table, deadline).await,
@@ -325,7 +333,7 @@ pub async fn build_with(
         calls,
         retry,
         startup_warnings: warnings,
-        configured_visibility: config.source_queue.map(|f| f.visibility),
+        source_visibility: source.visibility,
     })
 }
 
@@ -367,77 +375,6 @@ impl SourceQueue {
             redrive_target: redrive.and_then(|p| dead_letter_target(p)),
         }
     }
-}
-
-/// The queue a URL or an ARN names: its account and name, and its region when known.
-struct QueueUrl<'a> {
-    region: Option<&'a str>,
-    account: &'a str,
-    name: &'a str,
-}
-
-impl QueueUrl<'_> {
-    /// The same account and name (queue names are case-sensitive), in the same region when
-    /// both name one. The host does not tell queues apart: one SQS client, with one endpoint,
-    /// sends to both.
-    fn same_queue(&self, other: &QueueUrl<'_>) -> bool {
-        let same_region = self
-            .region
-            .zip(other.region)
-            .is_none_or(|(a, b)| a.eq_ignore_ascii_case(b));
-        self.account == other.account && self.name == other.name && same_region
-    }
-}
-
-/// What queue URL `url` (`https://HOST/ACCOUNT/NAME`) names: the region when the host names
-/// one (`sqs.REGION.…`, `REGION.queue.…`) or the path does (path-style
-/// `/queue/REGION/ACCOUNT/NAME`), and the account and name, the last two path segments
-/// (doubled slashes name the same queue).
-fn url_parts(url: &str) -> Option<QueueUrl<'_>> {
-    let url = url.trim();
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
-    let [host, ref path @ .., account, name] = parts[..] else {
-        return None;
-    };
-    let labels: Vec<&str> = host.split('.').collect();
-    let region = match (&labels[..], path) {
-        (["sqs", r, ..], _) if r.contains('-') => Some(*r),
-        ([r, "queue", ..], _) if r.contains('-') => Some(*r),
-        (_, [.., "queue", r]) if r.contains('-') => Some(*r),
-        _ => None,
-    };
-    Some(QueueUrl {
-        region,
-        account,
-        name,
-    })
-}
-
-/// True when two queue URLs name one queue: the same text but for a trailing `/`, or the same
-/// queue by [`QueueUrl::same_queue`].
-fn urls_name_one_queue(a: &str, b: &str) -> bool {
-    let norm = |u: &str| u.trim().trim_end_matches('/').to_owned();
-    norm(a) == norm(b)
-        || url_parts(a)
-            .zip(url_parts(b))
-            .is_some_and(|(a, b)| a.same_queue(&b))
-}
-
-/// True when queue URL `url` (`https://HOST/ACCOUNT/NAME`) names the queue of `arn`
-/// (`arn:PARTITION:sqs:REGION:ACCOUNT:NAME`): the same account and name, and the same region
-/// when the host names one (`sqs.REGION.…` or `REGION.queue.…`).
-fn url_names_arn(url: &str, arn: &str) -> bool {
-    let arn: Vec<&str> = arn.split(':').collect();
-    let [_, _, _, region, account, name] = arn[..] else {
-        return false;
-    };
-    let arn = QueueUrl {
-        region: Some(region),
-        account,
-        name,
-    };
-    url_parts(url).is_some_and(|u| u.same_queue(&arn))
 }
 
 fn source_as_dlq(queue_url: &str) -> StartupError {
@@ -755,74 +692,5 @@ mod panic_tests {
         let long = "x".repeat(1_000);
         assert_eq!(panic_text(&long, false).chars().count(), 256);
         assert_eq!(panic_text(&long, true), long);
-    }
-}
-
-#[cfg(test)]
-mod url_tests {
-    use super::{url_names_arn, urls_name_one_queue};
-
-    #[test]
-    fn a_queue_url_names_an_arn_by_account_name_and_region() {
-        let arn = "arn:aws:sqs:us-east-1:123456789012:jobs-dlq";
-        for url in [
-            "https://sqs.us-east-1.amazonaws.com/123456789012/jobs-dlq",
-            "https://us-east-1.queue.amazonaws.com/123456789012/jobs-dlq",
-            "http://127.0.0.1:45660/123456789012/jobs-dlq/",
-            "http://localhost:4566/123456789012/jobs-dlq",
-            // Path-style and doubled slashes (LocalStack, hand-written URLs).
-            "http://localhost:4566/queue/us-east-1/123456789012/jobs-dlq",
-            "https://sqs.us-east-1.amazonaws.com//123456789012/jobs-dlq",
-        ] {
-            assert!(url_names_arn(url, arn), "{url}");
-        }
-        for url in [
-            "https://sqs.eu-west-1.amazonaws.com/123456789012/jobs-dlq",
-            "https://sqs.us-east-1.amazonaws.com/210987654321/jobs-dlq",
-            "https://sqs.us-east-1.amazonaws.com/123456789012/jobs",
-            "https://sqs.us-east-1.amazonaws.com/jobs-dlq",
-            "not a url",
-        ] {
-            assert!(!url_names_arn(url, arn), "{url}");
-        }
-        assert!(!url_names_arn(
-            "https://sqs.us-east-1.amazonaws.com/123456789012/jobs-dlq",
-            "jobs-dlq"
-        ));
-    }
-
-    #[test]
-    fn two_queue_urls_name_one_queue_by_account_and_name() {
-        let url = "https://sqs.us-east-1.amazonaws.com/123456789012/jobs";
-        for other in [
-            "HTTPS://SQS.US-EAST-1.AMAZONAWS.COM/123456789012/jobs/",
-            "https://us-east-1.queue.amazonaws.com/123456789012/jobs",
-            "https://queue.amazonaws.com/123456789012/jobs",
-            "http://localhost:4566/queue/us-east-1/123456789012/jobs",
-            "https://sqs.us-east-1.amazonaws.com//123456789012/jobs",
-        ] {
-            assert!(urls_name_one_queue(url, other), "{other}");
-            assert!(urls_name_one_queue(other, url), "{other}");
-        }
-        for other in [
-            "https://sqs.eu-west-1.amazonaws.com/123456789012/jobs",
-            "https://sqs.us-east-1.amazonaws.com/210987654321/jobs",
-            "https://sqs.us-east-1.amazonaws.com/123456789012/jobs-dlq",
-            "https://sqs.us-east-1.amazonaws.com/123456789012/Jobs",
-            "http://localhost:4566/queue/eu-west-1/123456789012/jobs",
-            "jobs",
-        ] {
-            assert!(!urls_name_one_queue(url, other), "{other}");
-        }
-        // Without a region the host does not tell them apart: one client sends to both.
-        let local = "http://localhost:4566/123456789012/jobs";
-        assert!(urls_name_one_queue(
-            local,
-            "http://127.0.0.1:4566/123456789012//jobs"
-        ));
-        assert!(!urls_name_one_queue(
-            local,
-            "http://localhost:4566/123456789012/jobs-dlq"
-        ));
     }
 }

@@ -18,7 +18,9 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::RuntimeError;
-use super::env::{Environment, build, init_tracing, install_panic_hook, print_emf, sdk_config};
+use super::env::{
+    Environment, STARTUP_DEADLINE, build, init_tracing, install_panic_hook, print_emf, sdk_config,
+};
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::effects::metrics::UNREGISTERED;
@@ -43,7 +45,8 @@ pub async fn run(registry: Registry) -> Result<(), RuntimeError> {
 /// own clients passes it on: it is loaded once).
 pub async fn run_with(registry: Registry, sdk: &SdkConfig) -> Result<(), RuntimeError> {
     init_tracing();
-    let config = Config::from_env()?;
+    let mut config = Config::from_env()?;
+    config.startup_deadline = Some(STARTUP_DEADLINE);
     install_panic_hook(config.log_payloads);
     let env: Environment = build(&config, registry, sdk).await?;
     let processor = &env.processor;

@@ -182,7 +182,7 @@ impl Worker {
     /// A worker polling `env`'s source queue, one batch in flight per [`run`](Self::run),
     /// giving up after [`DEFAULT_GIVE_UP_AFTER`] of permanent receive failures.
     pub fn new(env: Environment, opts: WorkerOptions) -> Self {
-        let visibility = match env.configured_visibility {
+        let visibility = match env.source_visibility {
             Some(v) => OnceCell::new_with(Some(at_least_min(&env.queue_url, v))),
             None => OnceCell::new(),
         };

@@ -580,14 +580,8 @@ async fn a_receive_past_the_configured_limit_is_counted() {
         json!({"type": sqs_triage::demo::chaos::CHAOS, "id": id, "payload": {"outcome": "ok"}}).to_string()
     };
     h.send_raw(&[(&body("past"), None)]).await;
-    let past_limit = |outcome: &sqs_triage::processor::BatchOutcome| {
-        outcome
-            .metrics
-            .by_type
-            .values()
-            .filter_map(|m| m.counts.get("PastReceiveLimit"))
-            .sum::<u64>()
-    };
+    let past_limit =
+        |outcome: &sqs_triage::processor::BatchOutcome| metric_count(outcome, "PastReceiveLimit");
     // Receives 1 and 2 are within the limit; the third is past it.
     for receive in 1..=3u32 {
         let messages = take(&h, 1).await;
@@ -597,6 +591,14 @@ async fn a_receive_past_the_configured_limit_is_counted() {
             .unwrap();
         assert_eq!(count, receive);
         if receive < 3 {
+            // Within the limit, and at it: not counted.
+            let outcome = process(&env, &messages, &h.queue_url, Duration::from_secs(30)).await;
+            assert_eq!(
+                past_limit(&outcome),
+                0,
+                "receive {receive}: {:?}",
+                outcome.metrics
+            );
             h.release(&h.queue_url, &messages).await;
             continue;
         }
@@ -605,10 +607,69 @@ async fn a_receive_past_the_configured_limit_is_counted() {
         batch.extend(take(&h, 1).await);
         let outcome = process(&env, &batch, &h.queue_url, Duration::from_secs(30)).await;
         assert_eq!(past_limit(&outcome), 1, "{:?}", outcome.metrics);
+        assert_eq!(
+            metric_count(&outcome, "OtherSourceQueue"),
+            0,
+            "{:?}",
+            outcome.metrics
+        );
         assert!(
             outcome.records.iter().all(|r| r.executed),
             "{:?}",
             outcome.records
         );
     }
+}
+
+/// A metric's count over every job type of a batch.
+fn metric_count(outcome: &sqs_triage::processor::BatchOutcome, metric: &str) -> u64 {
+    outcome
+        .metrics
+        .by_type
+        .values()
+        .filter_map(|m| m.counts.get(metric))
+        .sum()
+}
+
+/// Records whose event source ARN names another queue than `TRIAGE_QUEUE_URL` (a function
+/// mapped to a queue it was not configured for) are counted as `OtherSourceQueue`, and still
+/// run; records of the configured queue are not counted, under any spelling of its URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_from_another_queue_than_the_configured_one_are_counted() {
+    let h = Harness::build(Options {
+        prefix: "otherq",
+        ..Options::default()
+    })
+    .await;
+    let env = env_for(&h, fast_policy(5), &h.dlq_url).await;
+    let body = |id: &str| {
+        json!({"type": sqs_triage::demo::chaos::CHAOS, "id": id, "payload": {"outcome": "ok"}}).to_string()
+    };
+    h.send_raw(&[(&body("a"), None), (&body("b"), None)]).await;
+    let messages = take(&h, 2).await;
+    let other = format!("{}-elsewhere", h.queue_url);
+    let outcome = process(&env, &messages, &other, Duration::from_secs(30)).await;
+    assert_eq!(
+        metric_count(&outcome, "OtherSourceQueue"),
+        2,
+        "{:?}",
+        outcome.metrics
+    );
+    assert!(
+        outcome.records.iter().all(|r| r.executed),
+        "{:?}",
+        outcome.records
+    );
+    // The configured queue, its URL spelled with another host: not counted.
+    h.send_raw(&[(&body("c"), None)]).await;
+    let messages = take(&h, 1).await;
+    let spelled = h.queue_url.replace("127.0.0.1", "localhost");
+    assert_ne!(spelled, h.queue_url, "the test needs another spelling");
+    let outcome = process(&env, &messages, &spelled, Duration::from_secs(30)).await;
+    assert_eq!(
+        metric_count(&outcome, "OtherSourceQueue"),
+        0,
+        "{:?}",
+        outcome.metrics
+    );
 }

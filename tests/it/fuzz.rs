@@ -86,6 +86,7 @@ fn incoming(body: String, job_type: Option<String>, receive_count: u32) -> Incom
         group_id: None,
         attributes: Default::default(),
         from_fifo: false,
+        source_arn: None,
     };
     if let Some(t) = job_type {
         inc.attributes.insert(

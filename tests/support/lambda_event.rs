@@ -11,8 +11,12 @@ use serde_json::{Value, json};
 
 /// The event as JSON.
 pub fn lambda_event_json(messages: &[Message], queue_url: &str) -> Value {
-    let queue_name = queue_url.rsplit('/').next().unwrap_or(queue_url);
-    let records: Vec<Value> = messages.iter().map(|m| record(m, queue_name)).collect();
+    // The queue's ARN as Lambda writes it: the account and name from the URL's path.
+    let mut path = queue_url.trim_end_matches('/').rsplit('/');
+    let queue_name = path.next().unwrap_or(queue_url);
+    let account = path.next().unwrap_or("000000000000");
+    let arn = format!("arn:aws:sqs:us-east-1:{account}:{queue_name}");
+    let records: Vec<Value> = messages.iter().map(|m| record(m, &arn)).collect();
     json!({ "Records": records })
 }
 
@@ -21,7 +25,7 @@ pub fn lambda_event(messages: &[Message], queue_url: &str) -> SqsEvent {
     serde_json::from_value(lambda_event_json(messages, queue_url)).expect("a valid SqsEvent")
 }
 
-fn record(m: &Message, queue_name: &str) -> Value {
+fn record(m: &Message, arn: &str) -> Value {
     let attributes: HashMap<String, String> = m
         .attributes()
         .map(|a| {
@@ -56,7 +60,7 @@ fn record(m: &Message, queue_name: &str) -> Value {
         "messageAttributes": message_attributes,
         "md5OfBody": m.md5_of_body(),
         "eventSource": "aws:sqs",
-        "eventSourceARN": format!("arn:aws:sqs:us-east-1:000000000000:{queue_name}"),
+        "eventSourceARN": arn,
         "awsRegion": "us-east-1",
     })
 }

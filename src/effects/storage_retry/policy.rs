@@ -132,6 +132,9 @@ struct Inner {
 #[derive(Debug, Clone)]
 pub struct StorageRetry {
     inner: Arc<Inner>,
+    /// Longest wait for one try of a [`call`](Self::call), when shorter than the client's own
+    /// per-call timeout: a try not answered by then is retried as a transient failure.
+    attempt_timeout: Option<Duration>,
 }
 
 impl Default for StorageRetry {
@@ -196,7 +199,16 @@ impl StorageRetry {
                 throttled: AtomicU64::new(0),
                 failures: AtomicU64::new(0),
             }),
+            attempt_timeout: None,
         })
+    }
+
+    /// This policy (the same budget and counters) with each try of a [`call`](Self::call)
+    /// given at most `timeout`: a try not answered by then is abandoned and retried as a
+    /// transient failure, so one stalled connection does not take a whole deadline.
+    pub fn with_attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
+        self
     }
 
     /// The settings.
@@ -282,19 +294,44 @@ impl StorageRetry {
         // Whether an earlier try ended without a definite answer.
         let mut uncertain = false;
         loop {
-            let answer = match deadline {
+            let try_ends = self.attempt_timeout.map(|t| Instant::now() + t);
+            let ends = match (deadline, try_ends) {
+                (Some(d), Some(t)) => Some(d.min(t)),
+                (d, t) => d.or(t),
+            };
+            let answer = match ends {
                 None => f().await,
-                Some(d) => match tokio::time::timeout_at(d, f()).await {
+                Some(at) => match tokio::time::timeout_at(at, f()).await {
                     Ok(answer) => answer,
                     Err(_) => {
+                        uncertain = true;
+                        // The try's own time ran out before the deadline: retried as a
+                        // transient failure, when the policy allows another try.
+                        let stop = if deadline.is_some_and(|d| at >= d) {
+                            Stop::Deadline
+                        } else {
+                            match self.next_delay(FailureKind::Transient, attempts, deadline) {
+                                Ok(delay) => {
+                                    tracing::debug!(
+                                        op,
+                                        attempt = attempts,
+                                        ?delay,
+                                        "storage call timed out; retried"
+                                    );
+                                    tokio::time::sleep(delay).await;
+                                    attempts += 1;
+                                    continue;
+                                }
+                                Err(stop) => stop,
+                            }
+                        };
                         self.inner.failures.fetch_add(1, Ordering::Relaxed);
-                        let mut err = StorageError::new(
-                            op,
-                            None,
-                            "no answer before the deadline",
-                            FailureKind::Transient,
-                        );
-                        err.stop = Stop::Deadline;
+                        let what = match stop {
+                            Stop::Deadline => "no answer before the deadline",
+                            _ => "no answer within the time a try may take",
+                        };
+                        let mut err = StorageError::new(op, None, what, FailureKind::Transient);
+                        err.stop = stop;
                         err.attempts = attempts;
                         err.uncertain = true;
                         return Err(err);

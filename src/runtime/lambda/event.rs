@@ -39,7 +39,7 @@ pub(crate) struct LeanMessage {
     #[serde(default)]
     message_attributes: Option<HashMap<String, SqsMessageAttribute>>,
     #[serde(default, rename = "eventSourceARN")]
-    event_source_arn: Option<FifoArn>,
+    event_source_arn: Option<String>,
     #[serde(default)]
     event_source: Option<Unused>,
     #[serde(default)]
@@ -54,7 +54,7 @@ impl LeanMessage {
 
     /// Whether the source ARN names a FIFO queue.
     pub(crate) fn is_fifo(&self) -> bool {
-        self.event_source_arn.as_ref().is_some_and(|a| a.0)
+        self.event_source_arn.as_deref().is_some_and(is_fifo_arn)
     }
 
     /// The `MessageGroupId` system attribute.
@@ -69,15 +69,6 @@ struct Unused;
 impl<'de> Deserialize<'de> for Unused {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_str(StrVisitor(|_: &str| Unused))
-    }
-}
-
-/// The source ARN, read as whether it names a FIFO queue.
-struct FifoArn(bool);
-
-impl<'de> Deserialize<'de> for FifoArn {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_str(StrVisitor(|s: &str| FifoArn(is_fifo_arn(s))))
     }
 }
 
@@ -188,7 +179,7 @@ impl Incoming {
             m.body,
             system,
             m.message_attributes,
-            m.event_source_arn.as_deref().is_some_and(is_fifo_arn),
+            m.event_source_arn,
         )
     }
 
@@ -201,7 +192,7 @@ impl Incoming {
             m.body,
             m.attributes.unwrap_or_default(),
             m.message_attributes.unwrap_or_default(),
-            m.event_source_arn.is_some_and(|a| a.0),
+            m.event_source_arn,
         )
     }
 
@@ -211,7 +202,7 @@ impl Incoming {
         body: Option<String>,
         system: SystemAttributes,
         message_attributes: HashMap<String, SqsMessageAttribute>,
-        from_fifo: bool,
+        source_arn: Option<String>,
     ) -> Self {
         let attributes = message_attributes
             .into_iter()
@@ -239,7 +230,8 @@ impl Incoming {
             sent_at_ms: system.sent_at_ms,
             group_id: system.group_id,
             attributes,
-            from_fifo,
+            from_fifo: source_arn.as_deref().is_some_and(is_fifo_arn),
+            source_arn,
         }
     }
 
