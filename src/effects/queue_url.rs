@@ -32,17 +32,43 @@ fn url_parts(url: &str) -> Option<QueueUrl<'_>> {
         return None;
     };
     let labels: Vec<&str> = host.split('.').collect();
-    let region = match (&labels[..], path) {
-        (["sqs", r, ..], _) if r.contains('-') => Some(*r),
-        ([r, "queue", ..], _) if r.contains('-') => Some(*r),
-        (_, [.., "queue", r]) if r.contains('-') => Some(*r),
-        _ => None,
-    };
+    let is = |label: &str, word: &str| label.eq_ignore_ascii_case(word);
+    // `sqs.REGION.…` anywhere in the host (VPC endpoints put it after their own label),
+    // `REGION.queue.…`, or path-style `/queue/REGION/…`.
+    let region = labels
+        .windows(2)
+        .find_map(|w| match w {
+            [s, r] if is(s, "sqs") && is_region(r) => Some(*r),
+            [r, q] if is(q, "queue") && is_region(r) => Some(*r),
+            _ => None,
+        })
+        .or(match path {
+            [.., q, r] if is(q, "queue") && is_region(r) => Some(*r),
+            _ => None,
+        });
     Some(QueueUrl {
         region,
         account,
         name,
     })
+}
+
+/// Whether a label is shaped as an AWS region: letters, then words, then a number
+/// (`us-east-1`, `us-gov-west-1`, `cn-north-1`), so that another host's dashed label (a
+/// proxy's `sqs.egress-proxy.…`) is not read as one.
+fn is_region(label: &str) -> bool {
+    let parts: Vec<&str> = label.split('-').collect();
+    let [first, middle @ .., last] = &parts[..] else {
+        return false;
+    };
+    !middle.is_empty()
+        && first.len() == 2
+        && first.bytes().all(|b| b.is_ascii_alphabetic())
+        && middle
+            .iter()
+            .all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphabetic()))
+        && !last.is_empty()
+        && last.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// True when two queue URLs name one queue: the same text but for a trailing `/`, or the same
@@ -86,11 +112,19 @@ mod url_tests {
             // Path-style and doubled slashes (LocalStack, hand-written URLs).
             "http://localhost:4566/queue/us-east-1/123456789012/jobs-dlq",
             "https://sqs.us-east-1.amazonaws.com//123456789012/jobs-dlq",
+            // A VPC endpoint, FIPS and dual-stack hosts, LocalStack's regional host.
+            "https://vpce-0a1b2c3d-4e5f6g7h.sqs.us-east-1.vpce.amazonaws.com/123456789012/jobs-dlq",
+            "https://sqs-fips.us-east-1.amazonaws.com/123456789012/jobs-dlq",
+            "https://sqs.us-east-1.api.aws/123456789012/jobs-dlq",
+            "http://sqs.us-east-1.localhost.localstack.cloud:4566/123456789012/jobs-dlq",
+            // A proxy whose host has a dashed label after `sqs`: no region read from it.
+            "https://sqs.egress-proxy.corp.example/123456789012/jobs-dlq",
         ] {
             assert!(url_names_arn(url, arn), "{url}");
         }
         for url in [
             "https://sqs.eu-west-1.amazonaws.com/123456789012/jobs-dlq",
+            "https://vpce-0a1b2c3d-4e5f6g7h.sqs.eu-west-1.vpce.amazonaws.com/123456789012/jobs-dlq",
             "https://sqs.us-east-1.amazonaws.com/210987654321/jobs-dlq",
             "https://sqs.us-east-1.amazonaws.com/123456789012/jobs",
             "https://sqs.us-east-1.amazonaws.com/jobs-dlq",

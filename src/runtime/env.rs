@@ -30,9 +30,12 @@ use crate::processor::{Processor, ProcessorConfig};
 /// skipped with a warning, a source queue that must be read stops the start-up.
 pub const STARTUP_DEADLINE: Duration = Duration::from_secs(8);
 
-/// Longest wait for one try of a start-up read: a try not answered by then is retried (on
-/// another connection), so one stalled request does not take the whole start-up.
-pub const STARTUP_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest wait for one try of a start-up read where start-up has a deadline (in Lambda,
+/// whose credentials come from the environment): a try not answered by then is retried (on
+/// another connection), so one stalled request does not take the whole deadline. As long as
+/// the clients' connect timeout. Without a deadline (the worker) each try keeps the clients'
+/// own timeouts, which also cover loading credentials (a `credential_process`, SSO, IMDS).
+pub const STARTUP_ATTEMPT_TIMEOUT: Duration = crate::effects::storage_retry::CONNECT_TIMEOUT;
 
 /// Loads the standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL*`, credentials).
 pub async fn sdk_config() -> SdkConfig {
@@ -127,11 +130,14 @@ pub async fn build_with(
         })
         .collect();
     // Start-up's reads retry on a budget of their own, so a throttled start-up leaves the
-    // batches' budget whole, and each try is short, so a stalled request is tried again. In
-    // Lambda they end by one deadline inside the init's 10 s (a check still failing then is
-    // skipped or refused as for a service that does not answer).
+    // batches' budget whole. In Lambda they end by one deadline inside the init's 10 s (a
+    // check still failing then is skipped or refused as for a service that does not answer),
+    // and each try is short, so a stalled request is tried again within it.
     let deadline = config.startup_deadline.map(|d| Instant::now() + d);
-    let startup_retry = StorageRetry::default().with_attempt_timeout(STARTUP_ATTEMPT_TIMEOUT);
+    let startup_retry = match deadline {
+        Some(_) => StorageRetry::default().with_attempt_timeout(STARTUP_ATTEMPT_TIMEOUT),
+        None => StorageRetry::default(),
+    };
     let attrs = |url: String, names: Vec<QueueAttributeName>| {
         let c = sqs_client.clone();
         let retry = startup_retry.clone();

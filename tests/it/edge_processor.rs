@@ -632,8 +632,9 @@ fn metric_count(outcome: &sqs_triage::processor::BatchOutcome, metric: &str) -> 
 }
 
 /// Records whose event source ARN names another queue than `TRIAGE_QUEUE_URL` (a function
-/// mapped to a queue it was not configured for) are counted as `OtherSourceQueue`, and still
-/// run; records of the configured queue are not counted, under any spelling of its URL.
+/// mapped to a queue it was not configured for: another name, or the same name in another
+/// account) are counted as `OtherSourceQueue`, and still run; records of the configured queue
+/// are not counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_from_another_queue_than_the_configured_one_are_counted() {
     let h = Harness::build(Options {
@@ -660,12 +661,19 @@ async fn records_from_another_queue_than_the_configured_one_are_counted() {
         "{:?}",
         outcome.records
     );
-    // The configured queue, its URL spelled with another host: not counted.
-    h.send_raw(&[(&body("c"), None)]).await;
-    let messages = take(&h, 1).await;
-    let spelled = h.queue_url.replace("127.0.0.1", "localhost");
-    assert_ne!(spelled, h.queue_url, "the test needs another spelling");
-    let outcome = process(&env, &messages, &spelled, Duration::from_secs(30)).await;
+    // A queue of the same name in another account: counted.
+    let account = h.queue_url.rsplit('/').nth(1).unwrap().to_owned();
+    let elsewhere = h.queue_url.replace(&format!("/{account}/"), "/210987654321/");
+    assert_ne!(elsewhere, h.queue_url, "the test needs another account");
+    let outcome = process(&env, &messages, &elsewhere, Duration::from_secs(30)).await;
+    assert_eq!(
+        metric_count(&outcome, "OtherSourceQueue"),
+        2,
+        "{:?}",
+        outcome.metrics
+    );
+    // The configured queue: not counted.
+    let outcome = process(&env, &messages, &h.queue_url, Duration::from_secs(30)).await;
     assert_eq!(
         metric_count(&outcome, "OtherSourceQueue"),
         0,

@@ -578,3 +578,44 @@ async fn a_stalled_dlq_size_read_still_settles_the_batch_by_its_deadline() {
     .expect("the batch settled while the DLQ's size read was stalled");
     assert_eq!(outcome.records.len(), 1);
 }
+
+/// A worker's start-up (no deadline) waits for credentials that take longer than a Lambda
+/// start-up's try may (a `credential_process`, SSO, instance metadata): the SDK loads them
+/// inside the first try of the first read, so a cut try would load them again each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_start_up_waits_for_slow_credentials() {
+    let r = rig("start-creds").await;
+    let mut config = Config::from_lookup(&|k| match k {
+        "TRIAGE_QUEUE_URL" => Some(r.queue_url.clone()),
+        "TRIAGE_DLQ_URL" => Some(r.dlq_url.clone()),
+        "TRIAGE_TABLE" => Some(r.table.clone()),
+        _ => None,
+    })
+    .unwrap();
+    config.startup_deadline = None;
+    // Slower than a Lambda start-up's try, within the SDK's own 5 s for loading credentials.
+    let load = sqs_triage::runtime::env::STARTUP_ATTEMPT_TIMEOUT + Duration::from_millis(700);
+    let creds = aws_config::credential_process::CredentialProcessProvider::new(format!(
+        r#"sleep {}; echo '{{"Version":1,"AccessKeyId":"test","SecretAccessKey":"test"}}'"#,
+        load.as_secs_f64()
+    ));
+    let sdk = support::sdk_config()
+        .await
+        .into_builder()
+        .credentials_provider(aws_sdk_sqs::config::SharedCredentialsProvider::new(creds))
+        .build();
+    let registry = chaos::register(
+        Registry::new(config.policy.clone(), config.breaker),
+        config.policy.clone(),
+        config.breaker,
+    );
+    let env = build_with(
+        &config,
+        registry,
+        sqs_config(&sdk).endpoint_url(r.proxy.url()),
+        dynamodb_config(&sdk).endpoint_url(r.ddb_proxy.url()),
+    )
+    .await
+    .expect("the worker starts once the credentials are loaded");
+    assert!(env.startup_warnings.is_empty(), "{:?}", env.startup_warnings);
+}
