@@ -924,3 +924,25 @@ async fn a_throttled_dlq_read_is_tried_three_times_then_reported() {
     assert_one_line_error(&o, 1, "ReceiveMessage");
     assert_eq!(proxy.count("ReceiveMessage"), 3, "{:?}", proxy.counts());
 }
+
+#[tokio::test]
+async fn replay_refuses_a_to_queue_that_is_the_dlq_itself() {
+    let stack = setup("cli-self");
+    seed_dlq(&stack, &[(FailureClass::Fatal, "loop.me", "ls-1".to_owned())]).await;
+    let with_slash = format!("{}/", stack.dlq_url);
+    let name = stack.dlq_url.rsplit('/').next().unwrap().to_owned();
+    for to in [stack.dlq_url.as_str(), with_slash.as_str(), name.as_str()] {
+        for dry_run in [true, false] {
+            let mut args = vec!["dlq", "replay", "--to", to];
+            if dry_run {
+                args.push("--dry-run");
+            }
+            let o = run(Some(&stack), &args);
+            assert_one_line_error(&o, 2, "--to names the DLQ being replayed");
+        }
+    }
+    // Nothing was sent or taken: the one message is still there, with its failure record.
+    let left = drain(&stack.dlq_url, 1).await;
+    assert_eq!(left.len(), 1);
+    assert!(left[0].message_attributes().unwrap().contains_key(FAILURE_ATTRIBUTE));
+}

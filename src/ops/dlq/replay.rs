@@ -18,6 +18,7 @@ use super::read::{DlqMessage, Filter, Sweep, approximate_count, delete, release}
 use crate::clock::now_ms;
 use crate::effects::dlq::{group_for, original_attributes};
 use crate::effects::sqs::{Outgoing, Sqs, batches};
+use crate::effects::queue_url::urls_name_one_queue;
 
 /// How `dlq replay` runs.
 #[derive(Debug, Clone, Default)]
@@ -226,6 +227,21 @@ pub(super) async fn check_queue(ctx: &Ctx, queue: &str, var: &str) -> OpsResult<
     Ok(url)
 }
 
+/// Checks the `--to` queue exists and is not the DLQ being read; returns its URL. A replay
+/// into its own DLQ would read back each copy it sends as a new message, without its failure
+/// record, and send it again.
+async fn check_to(ctx: &Ctx, to: &str, dlq_url: &str) -> OpsResult<String> {
+    let url = resolve_queue(ctx, to, "--to").await?;
+    if urls_name_one_queue(&url, dlq_url) {
+        return Err(OpsError::usage(format!(
+            "--to names the DLQ being replayed ({dlq_url}): a replay sends messages out of the \
+             DLQ; pass the source queue or another queue, or leave --to out"
+        )));
+    }
+    queue_arn(ctx, &url, "--to").await?;
+    Ok(url)
+}
+
 /// Where a message's source queue comes from, for the messages that say why it is not used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SourceOrigin {
@@ -357,7 +373,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         check_table(ctx, t).await?;
     }
     let to = match &opts.to {
-        Some(q) => Some(check_queue(ctx, q, "--to").await?),
+        Some(q) => Some(check_to(ctx, q, dlq_url).await?),
         None => None,
     };
 
