@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
 use serde_json::{Value, json};
 use sqs_triage::core::failure::{FAILURE_ATTRIBUTE, FailureClass, FailureRecord};
-use sqs_triage::effects::dlq::dlq_copy;
+use sqs_triage::effects::dlq::{PACKED_ATTRIBUTE, dlq_copy};
 use sqs_triage::effects::table::ledger_key;
 
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
@@ -945,4 +945,81 @@ async fn replay_refuses_a_to_queue_that_is_the_dlq_itself() {
     let left = drain(&stack.dlq_url, 1).await;
     assert_eq!(left.len(), 1);
     assert!(left[0].message_attributes().unwrap().contains_key(FAILURE_ATTRIBUTE));
+}
+
+/// Puts into the DLQ a copy of job `id` shaped as the processor packs one (`triage-failure`
+/// and `triage-attributes`) whose packed attributes are not JSON.
+async fn seed_malformed_packed(stack: &Stack, job_type: &str, id: &str) {
+    let rec = record(FailureClass::Fatal, job_type, id, &stack.queue_url, "boom");
+    sqs()
+        .await
+        .send_message()
+        .queue_url(&stack.dlq_url)
+        .message_body(body(job_type, id))
+        .message_attributes(FAILURE_ATTRIBUTE, string_attr(&serde_json::to_string(&rec).unwrap()))
+        .message_attributes(PACKED_ATTRIBUTE, string_attr("{not json"))
+        .send()
+        .await
+        .unwrap();
+}
+
+/// The one `not_moved` reason of a replay report.
+fn only_reason(report: &Value) -> String {
+    let not_moved = report["not_moved"].as_array().unwrap();
+    assert_eq!(not_moved.len(), 1, "{report}");
+    not_moved[0]["reason"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_dry_run_refuses_what_the_replay_refuses() {
+    let stack = setup("cli-dry-checks");
+    seed_dlq(&stack, &[(FailureClass::Fatal, "fine.job", "dc-ok".to_owned())]).await;
+    seed_malformed_packed(&stack, "bad.attrs", "dc-bad").await;
+    // A job larger than the --to queue takes.
+    let small = support::unique_name("cli-small");
+    let small_url = sqs()
+        .await
+        .create_queue()
+        .queue_name(&small)
+        .attributes(QueueAttributeName::MaximumMessageSize, "1024")
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let big_id = format!("dc-big-{}", "x".repeat(1_500));
+    seed_dlq(&stack, &[(FailureClass::Fatal, "big.job", big_id.clone())]).await;
+
+    // `dlq show` says the reserved attributes cannot be read, rather than showing none.
+    let shown = ok_json(&run(Some(&stack), &["dlq", "show", "dc-bad", "--json"]));
+    let error = shown["messages"][0]["attributes_error"].as_str().unwrap_or_default();
+    assert!(error.contains(PACKED_ATTRIBUTE), "{shown}");
+    let human = run(Some(&stack), &["dlq", "show", "dc-bad"]);
+    assert!(
+        String::from_utf8_lossy(&human.stdout).contains(PACKED_ATTRIBUTE),
+        "{}",
+        String::from_utf8_lossy(&human.stdout)
+    );
+
+    for (args, job) in [
+        (vec!["--type", "bad.attrs"], "dc-bad"),
+        (vec!["--type", "big.job", "--to", small_url.as_str()], big_id.as_str()),
+    ] {
+        let mut dry_args = vec!["dlq", "replay", "--dry-run", "--json"];
+        dry_args.extend(&args);
+        let dry = ok_json(&run(Some(&stack), &dry_args));
+        assert_eq!((dry["selected"].as_u64(), dry["moved"].as_u64()), (Some(1), Some(0)), "{dry}");
+        assert_eq!(dry["not_moved"][0]["job_id"], job);
+        let dry_reason = only_reason(&dry);
+
+        let mut real_args = vec!["dlq", "replay", "--json"];
+        real_args.extend(&args);
+        let real = run(Some(&stack), &real_args);
+        assert_eq!(real.status.code(), Some(5), "{}", stderr(&real));
+        let real: Value = serde_json::from_slice(&real.stdout).unwrap();
+        assert_eq!(real["moved"], 0, "{real}");
+        assert_eq!(only_reason(&real), dry_reason, "the dry run gives the replay's reason");
+    }
+    assert_eq!(visible_count(&small_url).await, 0);
+    assert_eq!(visible_count(&stack.dlq_url).await, 3);
 }

@@ -24,11 +24,9 @@ use super::super::audit::{self, AuditEntry, AuditStatus};
 use super::super::output::{Report, Table};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, queue_arn};
 use super::read::{DlqMessage, Filter, Sweep, release};
-use super::replay::{Sources, check_queue, check_table, replay_copy, reset_ledgers};
+use super::replay::{Sources, check_queue, check_table, max_message_bytes, replay_copy, reset_ledgers};
 use crate::clock::now_ms;
-use crate::core::envelope::SQS_MAX_MESSAGE_BYTES;
 use crate::core::failure::FailureRecord;
-use aws_sdk_sqs::types::QueueAttributeName;
 
 /// Where the edited body comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -990,24 +988,6 @@ impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
         }
         Ok(Unique)
     }
-}
-
-/// The largest message `queue` takes (its `MaximumMessageSize`, body and attributes), read
-/// once; SQS's largest when it cannot be read (the send then says what SQS thinks).
-async fn max_message_bytes(ctx: &Ctx, queue: &str) -> usize {
-    let out = ctx
-        .sqs_call("GetQueueAttributes", Some((queue, "the target queue")), || {
-            ctx.sqs
-                .get_queue_attributes()
-                .queue_url(queue)
-                .attribute_names(QueueAttributeName::MaximumMessageSize)
-                .send()
-        })
-        .await;
-    out.ok()
-        .and_then(|o| o.attributes)
-        .and_then(|a| a.get(&QueueAttributeName::MaximumMessageSize)?.parse().ok())
-        .map_or(SQS_MAX_MESSAGE_BYTES, |n: usize| n.min(SQS_MAX_MESSAGE_BYTES))
 }
 
 /// The FIFO deduplication id of an edited copy: one per DLQ message and edited body.

@@ -203,6 +203,10 @@ pub struct ShownMessage {
     pub body: String,
     /// The original message attributes (string values; binary ones as `<binary N bytes>`).
     pub attributes: BTreeMap<String, String>,
+    /// Why the original attributes cannot be read, when they cannot (the processor's packed
+    /// `triage-attributes` is not what it writes): a replay refuses such a message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attributes_error: Option<String>,
     /// When it entered the DLQ (epoch ms).
     pub dlq_sent_at: u64,
 }
@@ -244,6 +248,12 @@ impl Report for ShowReport {
             for (k, v) in &m.attributes {
                 t.row([format!("attribute {k}"), v.clone()]);
             }
+            if let Some(e) = &m.attributes_error {
+                t.row([
+                    "attributes".to_string(),
+                    format!("unreadable: {e} (a replay refuses this message)"),
+                ]);
+            }
             t.row(["body", m.body.as_str()]);
             out.push_str(&t.render());
         }
@@ -263,8 +273,11 @@ pub async fn show(ctx: &Ctx, dlq_url: &str, id: &str, max: usize) -> OpsResult<S
         .into_iter()
         .filter(|m| filter.matches(m, now))
         .map(|m| {
-            let attributes = original_attributes(&m.attributes)
-                .unwrap_or_default()
+            let (attributes, attributes_error) = match original_attributes(&m.attributes) {
+                Ok(a) => (a, None),
+                Err(e) => (HashMap::new(), Some(e.to_string())),
+            };
+            let attributes = attributes
                 .into_iter()
                 .map(|(k, v)| {
                     let shown = match (v.string_value(), v.binary_value()) {
@@ -280,6 +293,7 @@ pub async fn show(ctx: &Ctx, dlq_url: &str, id: &str, max: usize) -> OpsResult<S
                 record: m.record.clone(),
                 body: m.body.clone(),
                 attributes,
+                attributes_error,
                 dlq_sent_at: m.sent_at_ms,
             }
         })

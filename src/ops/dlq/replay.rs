@@ -16,6 +16,7 @@ use super::super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, queue_arn, reso
 use super::list::{Group, group};
 use super::read::{DlqMessage, Filter, Sweep, approximate_count, delete, release};
 use crate::clock::now_ms;
+use crate::core::envelope::SQS_MAX_MESSAGE_BYTES;
 use crate::effects::dlq::{group_for, original_attributes};
 use crate::effects::sqs::{Outgoing, Sqs, batches};
 use crate::effects::queue_url::urls_name_one_queue;
@@ -242,6 +243,24 @@ async fn check_to(ctx: &Ctx, to: &str, dlq_url: &str) -> OpsResult<String> {
     Ok(url)
 }
 
+/// The largest message `queue` takes (its `MaximumMessageSize`, body and attributes), read
+/// once; SQS's largest when it cannot be read (the send then says what SQS thinks).
+pub(super) async fn max_message_bytes(ctx: &Ctx, queue: &str) -> usize {
+    let out = ctx
+        .sqs_call("GetQueueAttributes", Some((queue, "the target queue")), || {
+            ctx.sqs
+                .get_queue_attributes()
+                .queue_url(queue)
+                .attribute_names(QueueAttributeName::MaximumMessageSize)
+                .send()
+        })
+        .await;
+    out.ok()
+        .and_then(|o| o.attributes)
+        .and_then(|a| a.get(&QueueAttributeName::MaximumMessageSize)?.parse().ok())
+        .map_or(SQS_MAX_MESSAGE_BYTES, |n: usize| n.min(SQS_MAX_MESSAGE_BYTES))
+}
+
 /// Where a message's source queue comes from, for the messages that say why it is not used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SourceOrigin {
@@ -405,6 +424,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         unverified: Vec::new(),
         sources: Sources::new(dlq_arn),
         scanned: 0,
+        max_bytes: HashMap::new(),
     };
     let sqs = ctx.sqs_effects();
     let stopped = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
@@ -464,25 +484,15 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                     }
                 }
             }
-            if opts.dry_run {
-                for (url, ms) in by_target {
-                    st.moved += ms.len();
-                    bar.inc(ms.len() as u64);
-                    *st.targets.entry(url).or_default() += ms.len();
-                }
-                continue;
-            }
             for (target, ms) in by_target {
-                let fifo = is_fifo(&target);
-                let mut outgoing = Vec::new();
-                for (key, m) in ms.iter().enumerate() {
-                    match replay_copy(key, m, fifo) {
-                        Ok(o) => outgoing.push(o),
-                        Err(reason) => {
-                            bar.inc(1);
-                            st.not_moved(m, reason);
-                        }
-                    }
+                let refused = st.not_moved.len();
+                let outgoing = st.copies(ctx, &target, &ms).await;
+                bar.inc((st.not_moved.len() - refused) as u64);
+                if opts.dry_run {
+                    st.moved += outgoing.len();
+                    bar.inc(outgoing.len() as u64);
+                    *st.targets.entry(target).or_default() += outgoing.len();
+                    continue;
                 }
                 for batch in batches(outgoing, batch_size) {
                     if stopped() {
@@ -579,6 +589,8 @@ struct ReplayState {
     unverified: Vec<NotMoved>,
     sources: Sources,
     scanned: usize,
+    /// Each target's largest message (its `MaximumMessageSize`), read once.
+    max_bytes: HashMap<String, usize>,
 }
 
 /// The queues DLQ messages go back to, each source checked once.
@@ -646,6 +658,39 @@ impl ReplayState {
             job_id: m.body_job_id().to_owned(),
             reason,
         });
+    }
+
+    /// The copies of `ms` to send to `target`, keyed by their index in `ms`; the messages
+    /// that cannot be sent are reported not moved, with why. A dry run makes the same checks,
+    /// so what it says would move is what a replay moves (SQS permitting).
+    async fn copies(&mut self, ctx: &Ctx, target: &str, ms: &[DlqMessage]) -> Vec<Outgoing> {
+        let fifo = is_fifo(target);
+        let max_bytes = match self.max_bytes.get(target) {
+            Some(n) => *n,
+            None => {
+                let n = max_message_bytes(ctx, target).await;
+                self.max_bytes.insert(target.to_owned(), n);
+                n
+            }
+        };
+        let mut outgoing = Vec::new();
+        for (key, m) in ms.iter().enumerate() {
+            match replay_copy(key, m, fifo) {
+                Ok(o) if o.payload_bytes() > max_bytes => {
+                    let size = o.payload_bytes();
+                    self.not_moved(
+                        m,
+                        format!(
+                            "the message is {size} bytes with its attributes, over the \
+                             {max_bytes}-byte limit of {target} (its MaximumMessageSize)"
+                        ),
+                    );
+                }
+                Ok(o) => outgoing.push(o),
+                Err(reason) => self.not_moved(m, reason),
+            }
+        }
+        outgoing
     }
 
     /// Resets the ledgers of the batch's jobs, sends the batch to `target`, then deletes what
