@@ -746,6 +746,7 @@ async fn run_dlq(
                 progress,
                 max_scan: filter.max_scan,
                 stop: Some(stop_on_ctrl_c()),
+                hold: None,
             };
             let r = dlq::replay(ctx, dlq_url, &opts).await?;
             Ok(print(&r, json))

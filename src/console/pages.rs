@@ -807,6 +807,7 @@ fn replay_options(app: &App, ids: Vec<String>, rate: Option<f64>, dry_run: bool)
         progress: false,
         max_scan: app.opts.max_scan,
         stop: None,
+        hold: None,
     }
 }
 

@@ -17,6 +17,9 @@ use serde_json::{Value, json};
 use sqs_triage::core::failure::{FAILURE_ATTRIBUTE, FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::{PACKED_ATTRIBUTE, dlq_copy};
 use sqs_triage::effects::table::ledger_key;
+use sqs_triage::effects::storage_retry::sqs_config;
+use sqs_triage::ops::output::Report;
+use sqs_triage::ops::{Ctx, dlq};
 
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
 
@@ -1022,4 +1025,62 @@ async fn a_dry_run_refuses_what_the_replay_refuses() {
     }
     assert_eq!(visible_count(&small_url).await, 0);
     assert_eq!(visible_count(&stack.dlq_url).await, 3);
+}
+
+/// A replay slow enough that the messages it holds but does not move come back before it is
+/// done: it still reads every message that was in the DLQ when it started.
+#[tokio::test]
+async fn a_slow_filtered_replay_reads_the_whole_dlq() {
+    let stack = setup("cli-slow");
+    // Sent first, so received first: the held messages that come back crowd the receives.
+    let mut jobs: Vec<(FailureClass, &str, String)> = Vec::new();
+    jobs.extend((0..40).map(|i| (FailureClass::Fatal, "y.stay", format!("st-{i}"))));
+    jobs.extend((0..30).map(|i| (FailureClass::Fatal, "y.move", format!("mv-{i}"))));
+    seed_dlq(&stack, &jobs).await;
+
+    let ctx = Ctx::from_config(&support::sdk_config().await).unwrap();
+    let opts = dlq::ReplayOptions {
+        filter: dlq::Filter {
+            job_types: vec!["y.move".into()],
+            ..dlq::Filter::default()
+        },
+        rate: Some(5.0),
+        // Shorter than the 6 s the 30 moves take at 5/s: the 40 held come back meanwhile.
+        hold: Some(Duration::from_secs(2)),
+        table: Some(stack.table.clone()),
+        max_scan: 100_000,
+        ..dlq::ReplayOptions::default()
+    };
+    let report = dlq::replay(&ctx, &stack.dlq_url, &opts).await.unwrap();
+    assert_eq!(report.scanned, 70, "{report:?}");
+    assert_eq!((report.selected, report.moved), (30, 30), "{report:?}");
+    assert!(!report.incomplete, "{report:?}");
+    assert_eq!(report.problem(), None);
+    assert_eq!(drain(&stack.queue_url, 30).await.len(), 30);
+    assert_eq!(visible_count(&stack.dlq_url).await, 40);
+
+    // When SQS refuses to hold them again, the messages that come back end the sweep early,
+    // and the report says the DLQ was not read to the end (exit 5 from the CLI).
+    use support::fault_proxy::{Fault, FaultProxy};
+    let stuck = setup("cli-slow-stuck");
+    seed_dlq(&stuck, &jobs).await;
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_always("ChangeMessageVisibilityBatch", Fault::Status500);
+    let sdk = support::sdk_config().await;
+    let mut via = Ctx::from_config(&sdk).unwrap();
+    via.sqs = aws_sdk_sqs::Client::from_conf(sqs_config(&sdk).endpoint_url(proxy.url()).build());
+    let opts = dlq::ReplayOptions {
+        table: Some(stuck.table.clone()),
+        ..opts
+    };
+    let report = dlq::replay(&via, &stuck.dlq_url, &opts).await.unwrap();
+    assert!(report.incomplete, "{report:?}");
+    assert!(report.moved < 30, "{report:?}");
+    let problem = report.problem().unwrap_or_default();
+    assert!(problem.contains("not read to the end"), "{problem}");
+    assert_eq!(
+        report.moved + drain(&stuck.dlq_url, 70 - report.moved).await.len(),
+        70,
+        "nothing lost"
+    );
 }

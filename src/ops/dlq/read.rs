@@ -18,7 +18,8 @@ use crate::effects::dlq::{failure_record, original_attributes};
 /// had no room for a record beside a body at the size limit (its error is then in the job's
 /// ledger: `triage attempts show`).
 pub const UNRECORDED: &str = "unrecorded";
-/// Receives in a row that bring back only messages already seen before a sweep stops.
+/// Receives in a row that bring back only messages already seen and held again since the
+/// last new one (or that could not be held again) before a sweep stops, cut short.
 const STALE_ROUNDS: u32 = 3;
 
 /// The job a DLQ message's body names, read as the processor reads it (the body with the
@@ -292,15 +293,21 @@ impl Filter {
     }
 }
 
-/// Receives every message of a queue once, holding each invisible for `visibility`.
+/// Receives every message of a queue once, holding each invisible for `visibility`. A
+/// message whose hold ends before the sweep does comes back: it is held again, so that it
+/// does not crowd out the messages not read yet (a slow replay holds what it does not move
+/// longer than one hold).
 pub(super) struct Sweep<'a> {
     ctx: &'a Ctx,
     url: &'a str,
     visibility: i32,
     seen: HashSet<String>,
+    /// Messages seen again, and held again, since the last receive that brought a new one.
+    held_again: HashSet<String>,
     stale_rounds: u32,
     max: usize,
     done: bool,
+    cut_short: bool,
 }
 
 impl<'a> Sweep<'a> {
@@ -310,10 +317,19 @@ impl<'a> Sweep<'a> {
             url,
             visibility: visibility.as_secs().clamp(1, 43_200) as i32,
             seen: HashSet::new(),
+            held_again: HashSet::new(),
             stale_rounds: 0,
             max,
             done: false,
+            cut_short: false,
         }
+    }
+
+    /// True when the sweep stopped without an empty receive (nor `max` messages read):
+    /// messages kept coming back faster than it could hold them again, so messages that were
+    /// in the queue may not have been read.
+    pub(super) fn cut_short(&self) -> bool {
+        self.cut_short
     }
 
     /// The next received batch, split into messages never seen before and messages seen
@@ -355,13 +371,37 @@ impl<'a> Sweep<'a> {
                 again.push(m);
             }
         }
-        if new.is_empty() {
+        if !new.is_empty() {
+            self.stale_rounds = 0;
+            self.held_again.clear();
+        }
+        let entries: Vec<(usize, String, i32)> = again
+            .iter()
+            .enumerate()
+            .map(|(k, m)| (k, m.receipt_handle.clone(), self.visibility))
+            .collect();
+        let not_held = if entries.is_empty() {
+            0
+        } else {
+            self.ctx
+                .sqs_effects()
+                .change_visibility(self.url, entries, None)
+                .await
+                .failed
+                .len()
+        };
+        // A message back a second time with nothing new read in between: holding it again
+        // does not keep it out of the receives, so the sweep is not getting further.
+        let cycled = again
+            .iter()
+            .filter(|m| !self.held_again.insert(m.message_id.clone()))
+            .count();
+        if new.is_empty() && (cycled > 0 || not_held > 0) {
             self.stale_rounds += 1;
             if self.stale_rounds >= STALE_ROUNDS {
                 self.done = true;
+                self.cut_short = true;
             }
-        } else {
-            self.stale_rounds = 0;
         }
         Ok(Some((new, again)))
     }

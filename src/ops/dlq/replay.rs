@@ -43,6 +43,9 @@ pub struct ReplayOptions {
     /// Set (e.g. on Ctrl-C) to stop after the batch in progress; what was not moved is
     /// released and reported.
     pub stop: Option<Arc<AtomicBool>>,
+    /// How long each DLQ message read is held invisible; by default 60 s plus the time
+    /// `rate` needs for a batch. A batch must be sent and deleted within it.
+    pub hold: Option<Duration>,
 }
 
 /// Where replayed messages went.
@@ -93,6 +96,9 @@ pub struct ReplayReport {
     pub unverified: Vec<NotMoved>,
     /// Stopped early by the operator.
     pub interrupted: bool,
+    /// The DLQ was not read to the end: messages kept coming back faster than the sweep could
+    /// hold them again, so messages that were in the DLQ may not have been read (nor moved).
+    pub incomplete: bool,
     /// Wall time, in milliseconds.
     pub elapsed_ms: u64,
     /// The DLQ message ids sent to their target (none in a dry run); not in the JSON report,
@@ -154,6 +160,13 @@ impl Report for ReplayReport {
     }
 
     fn problem(&self) -> Option<String> {
+        if self.incomplete {
+            return Some(format!(
+                "the DLQ was not read to the end ({} message(s) read): messages that match may be \
+                 left in it; run the command again",
+                self.scanned
+            ));
+        }
         if self.dry_run {
             return None;
         }
@@ -400,10 +413,12 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
     // Batches as large as the rate allows, so pacing stays smooth at low rates.
     let batch_size = opts.rate.map_or(10, |r| (r.floor() as usize).clamp(1, 10));
     // A batch must be sent and deleted before its hold expires.
-    let hold = Duration::from_secs(60)
-        + opts
-            .rate
-            .map_or(Duration::ZERO, |r| Duration::from_secs_f64(20.0 / r));
+    let hold = opts.hold.unwrap_or_else(|| {
+        Duration::from_secs(60)
+            + opts
+                .rate
+                .map_or(Duration::ZERO, |r| Duration::from_secs_f64(20.0 / r))
+    });
     let estimate = approximate_count(ctx, dlq_url).await.unwrap_or(0);
     let bar_len = opts.limit.map_or(estimate, |l| estimate.min(l as u64));
     let bar = progress(
@@ -509,6 +524,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         Ok::<_, OpsError>(())
     }
     .await;
+    let incomplete = sweep.cut_short();
     bar.finish_and_clear();
     // Everything not moved goes back to visible, whatever happened above.
     let held: Vec<String> = st
@@ -521,7 +537,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
     // What was moved is audited, also when an error stopped the replay part-way.
     let audit = match opts.dry_run {
         true => None,
-        false => audit::record_action(ctx, replay_entry(dlq_url, opts, &st, run.as_ref().err())).await,
+        false => audit::record_action(ctx, replay_entry(dlq_url, opts, &st, incomplete, run.as_ref().err())).await,
     };
     if let Err(e) = run {
         return Err(audit::error_with_status(e, audit.as_ref()));
@@ -552,6 +568,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         not_moved: st.not_moved,
         unverified: st.unverified,
         interrupted: stopped(),
+        incomplete,
         elapsed_ms: started.elapsed().as_millis() as u64,
         moved_ids,
         audit,
@@ -749,6 +766,7 @@ fn replay_entry(
     dlq_url: &str,
     opts: &ReplayOptions,
     st: &ReplayState,
+    incomplete: bool,
     error: Option<&OpsError>,
 ) -> AuditEntry {
     AuditEntry::new("dlq.replay", dlq_url)
@@ -763,6 +781,7 @@ fn replay_entry(
             "delete_failed": st.delete_failed,
             "ledgers_reset": st.ledgers_reset,
             "interrupted": opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)),
+            "incomplete": incomplete,
             "error": error.map(|e| e.message.clone()),
         }))
 }
