@@ -16,8 +16,8 @@ use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageB
 use serde_json::{Value, json};
 use sqs_triage::core::failure::{FAILURE_ATTRIBUTE, FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::{PACKED_ATTRIBUTE, dlq_copy};
-use sqs_triage::effects::table::ledger_key;
 use sqs_triage::effects::storage_retry::sqs_config;
+use sqs_triage::effects::table::ledger_key;
 use sqs_triage::ops::output::Report;
 use sqs_triage::ops::{Ctx, dlq};
 
@@ -947,7 +947,12 @@ async fn replay_refuses_a_to_queue_that_is_the_dlq_itself() {
     // Nothing was sent or taken: the one message is still there, with its failure record.
     let left = drain(&stack.dlq_url, 1).await;
     assert_eq!(left.len(), 1);
-    assert!(left[0].message_attributes().unwrap().contains_key(FAILURE_ATTRIBUTE));
+    assert!(
+        left[0]
+            .message_attributes()
+            .unwrap()
+            .contains_key(FAILURE_ATTRIBUTE)
+    );
 }
 
 /// Puts into the DLQ a copy of job `id` shaped as the processor packs one (`triage-failure`
@@ -959,7 +964,10 @@ async fn seed_malformed_packed(stack: &Stack, job_type: &str, id: &str) {
         .send_message()
         .queue_url(&stack.dlq_url)
         .message_body(body(job_type, id))
-        .message_attributes(FAILURE_ATTRIBUTE, string_attr(&serde_json::to_string(&rec).unwrap()))
+        .message_attributes(
+            FAILURE_ATTRIBUTE,
+            string_attr(&serde_json::to_string(&rec).unwrap()),
+        )
         .message_attributes(PACKED_ATTRIBUTE, string_attr("{not json"))
         .send()
         .await
@@ -995,7 +1003,9 @@ async fn a_dry_run_refuses_what_the_replay_refuses() {
 
     // `dlq show` says the reserved attributes cannot be read, rather than showing none.
     let shown = ok_json(&run(Some(&stack), &["dlq", "show", "dc-bad", "--json"]));
-    let error = shown["messages"][0]["attributes_error"].as_str().unwrap_or_default();
+    let error = shown["messages"][0]["attributes_error"]
+        .as_str()
+        .unwrap_or_default();
     assert!(error.contains(PACKED_ATTRIBUTE), "{shown}");
     let human = run(Some(&stack), &["dlq", "show", "dc-bad"]);
     assert!(
@@ -1006,12 +1016,19 @@ async fn a_dry_run_refuses_what_the_replay_refuses() {
 
     for (args, job) in [
         (vec!["--type", "bad.attrs"], "dc-bad"),
-        (vec!["--type", "big.job", "--to", small_url.as_str()], big_id.as_str()),
+        (
+            vec!["--type", "big.job", "--to", small_url.as_str()],
+            big_id.as_str(),
+        ),
     ] {
         let mut dry_args = vec!["dlq", "replay", "--dry-run", "--json"];
         dry_args.extend(&args);
         let dry = ok_json(&run(Some(&stack), &dry_args));
-        assert_eq!((dry["selected"].as_u64(), dry["moved"].as_u64()), (Some(1), Some(0)), "{dry}");
+        assert_eq!(
+            (dry["selected"].as_u64(), dry["moved"].as_u64()),
+            (Some(1), Some(0)),
+            "{dry}"
+        );
         assert_eq!(dry["not_moved"][0]["job_id"], job);
         let dry_reason = only_reason(&dry);
 
@@ -1021,7 +1038,11 @@ async fn a_dry_run_refuses_what_the_replay_refuses() {
         assert_eq!(real.status.code(), Some(5), "{}", stderr(&real));
         let real: Value = serde_json::from_slice(&real.stdout).unwrap();
         assert_eq!(real["moved"], 0, "{real}");
-        assert_eq!(only_reason(&real), dry_reason, "the dry run gives the replay's reason");
+        assert_eq!(
+            only_reason(&real),
+            dry_reason,
+            "the dry run gives the replay's reason"
+        );
     }
     assert_eq!(visible_count(&small_url).await, 0);
     assert_eq!(visible_count(&stack.dlq_url).await, 3);
@@ -1082,5 +1103,103 @@ async fn a_slow_filtered_replay_reads_the_whole_dlq() {
         report.moved + drain(&stuck.dlq_url, 70 - report.moved).await.len(),
         70,
         "nothing lost"
+    );
+}
+
+/// A replay to a FIFO queue keeps each message group in order: once a message of a group is
+/// not moved, the later ones of that group stay in the DLQ too, reported with the reason.
+#[tokio::test]
+async fn a_fifo_replay_moves_nothing_of_a_group_past_a_message_it_could_not_move() {
+    let q = support::unique_name("cli-fifo-order");
+    let v = ok_json(&run(
+        None,
+        &[
+            "setup",
+            "--queue",
+            &q,
+            "--dlq",
+            &format!("{q}-dlq"),
+            "--table",
+            &format!("{q}-t"),
+            "--fifo",
+            "--json",
+        ],
+    ));
+    let stack = Stack {
+        queue_url: v["queue_url"].as_str().unwrap().to_owned(),
+        dlq_url: v["dlq_url"].as_str().unwrap().to_owned(),
+        table: v["table"].as_str().unwrap().to_owned(),
+    };
+    let client = sqs().await;
+    // Group g: g-1, then g-2 (its packed attributes are not JSON: replay refuses it), then
+    // g-3. Group h: h-1.
+    for (group, id, packed) in [
+        ("g", "g-1", None),
+        ("g", "g-2", Some("{not json")),
+        ("g", "g-3", None),
+        ("h", "h-1", None),
+    ] {
+        let rec = record(FailureClass::Fatal, "fifo.job", id, &stack.queue_url, "boom");
+        let mut send = client
+            .send_message()
+            .queue_url(&stack.dlq_url)
+            .message_body(body("fifo.job", id))
+            .message_group_id(group)
+            .message_deduplication_id(id)
+            .message_attributes(
+                FAILURE_ATTRIBUTE,
+                string_attr(&serde_json::to_string(&rec).unwrap()),
+            );
+        if let Some(p) = packed {
+            send = send.message_attributes(PACKED_ATTRIBUTE, string_attr(p));
+        }
+        send.send().await.unwrap();
+    }
+
+    for dry_run in [true, false] {
+        let mut args = vec!["dlq", "replay", "--json"];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        let o = run(Some(&stack), &args);
+        assert_eq!(
+            o.status.code(),
+            Some(if dry_run { 0 } else { 5 }),
+            "{}",
+            stderr(&o)
+        );
+        let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(
+            (report["selected"].as_u64(), report["moved"].as_u64()),
+            (Some(4), Some(2)),
+            "{report}"
+        );
+        let not_moved: HashMap<&str, &str> = report["not_moved"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| (n["job_id"].as_str().unwrap(), n["reason"].as_str().unwrap()))
+            .collect();
+        assert!(not_moved["g-2"].contains(PACKED_ATTRIBUTE), "{report}");
+        assert!(
+            not_moved["g-3"].contains("group g") && not_moved["g-3"].contains("overtake"),
+            "{report}"
+        );
+    }
+    let moved: HashSet<String> = drain(&stack.queue_url, 2)
+        .await
+        .iter()
+        .map(|m| {
+            serde_json::from_str::<Value>(m.body().unwrap()).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(moved, HashSet::from(["g-1".to_owned(), "h-1".to_owned()]));
+    assert_eq!(
+        drain(&stack.dlq_url, 2).await.len(),
+        2,
+        "g-2 and g-3 stay in the DLQ"
     );
 }

@@ -2,7 +2,7 @@
 //! fresh attempt ledgers. Sends first and deletes after: a crash in between leaves a
 //! duplicate, never a loss.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -440,6 +440,8 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         sources: Sources::new(dlq_arn),
         scanned: 0,
         max_bytes: HashMap::new(),
+        ordered: is_fifo(dlq_url),
+        stopped_groups: HashMap::new(),
     };
     let sqs = ctx.sqs_effects();
     let stopped = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
@@ -491,6 +493,11 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
             // Group by target queue, keeping DLQ order within each.
             let mut by_target: BTreeMap<String, Vec<DlqMessage>> = BTreeMap::new();
             for m in chosen {
+                if let Some(why) = st.behind_stopped_group(&m) {
+                    bar.inc(1);
+                    st.not_moved(&m, why);
+                    continue;
+                }
                 match st.sources.target_for(ctx, &m, to.as_deref()).await {
                     Ok(url) => by_target.entry(url).or_default().push(m),
                     Err(no) => {
@@ -503,6 +510,9 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                 let refused = st.not_moved.len();
                 let outgoing = st.copies(ctx, &target, &ms).await;
                 bar.inc((st.not_moved.len() - refused) as u64);
+                // The copies come before any message already refused in their group; a group
+                // stopped from here on is stopped by a send, and its later copies stay.
+                let stopped_before: HashSet<String> = st.stopped_groups.keys().cloned().collect();
                 if opts.dry_run {
                     st.moved += outgoing.len();
                     bar.inc(outgoing.len() as u64);
@@ -512,6 +522,24 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                 for batch in batches(outgoing, batch_size) {
                     if stopped() {
                         break;
+                    }
+                    // A send refused in an earlier batch stops its group.
+                    let mut go = Vec::new();
+                    for o in batch {
+                        let stop = ms
+                            .get(o.key)
+                            .and_then(|m| Some((m, st.stopped_by_send(m, &stopped_before)?)));
+                        match stop {
+                            Some((m, why)) => {
+                                bar.inc(1);
+                                st.not_moved(m, why);
+                            }
+                            None => go.push(o),
+                        }
+                    }
+                    let batch = go;
+                    if batch.is_empty() {
+                        continue;
                     }
                     let n = batch.len();
                     pacer.take(n).await;
@@ -537,7 +565,13 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
     // What was moved is audited, also when an error stopped the replay part-way.
     let audit = match opts.dry_run {
         true => None,
-        false => audit::record_action(ctx, replay_entry(dlq_url, opts, &st, incomplete, run.as_ref().err())).await,
+        false => {
+            audit::record_action(
+                ctx,
+                replay_entry(dlq_url, opts, &st, incomplete, run.as_ref().err()),
+            )
+            .await
+        }
     };
     if let Err(e) = run {
         return Err(audit::error_with_status(e, audit.as_ref()));
@@ -608,6 +642,10 @@ struct ReplayState {
     scanned: usize,
     /// Each target's largest message (its `MaximumMessageSize`), read once.
     max_bytes: HashMap<String, usize>,
+    /// The DLQ is FIFO: its message groups are kept in order.
+    ordered: bool,
+    /// FIFO groups with a message not moved, and that message's id.
+    stopped_groups: HashMap<String, String>,
 }
 
 /// The queues DLQ messages go back to, each source checked once.
@@ -668,13 +706,41 @@ pub(super) async fn reset_ledgers(ctx: &Ctx, table: &str, jobs: &BTreeSet<(&str,
 }
 
 impl ReplayState {
-    /// Reports `m` as not moved, and why.
+    /// Reports `m` as not moved, and why. On a FIFO DLQ this stops its message group: the
+    /// later messages of the group are not moved either, so the group keeps its order.
     fn not_moved(&mut self, m: &DlqMessage, reason: String) {
+        if let (true, Some(g)) = (self.ordered, &m.group_id) {
+            self.stopped_groups
+                .entry(g.clone())
+                .or_insert_with(|| m.message_id.clone());
+        }
         self.not_moved.push(NotMoved {
             message_id: m.message_id.clone(),
             job_id: m.body_job_id().to_owned(),
             reason,
         });
+    }
+
+    /// Why `m` must not be moved, when an earlier message of its FIFO group was not: moved,
+    /// it would overtake that message on the target queue.
+    fn behind_stopped_group(&self, m: &DlqMessage) -> Option<String> {
+        if !self.ordered {
+            return None;
+        }
+        let g = m.group_id.as_ref()?;
+        let first = self.stopped_groups.get(g)?;
+        Some(format!(
+            "not attempted: message {first} of FIFO group {g} was not moved, and this one must not overtake it"
+        ))
+    }
+
+    /// [`behind_stopped_group`](Self::behind_stopped_group), for a group not among
+    /// `stopped_before` (the groups stopped before the copies were checked).
+    fn stopped_by_send(&self, m: &DlqMessage, stopped_before: &HashSet<String>) -> Option<String> {
+        match &m.group_id {
+            Some(g) if stopped_before.contains(g) => None,
+            _ => self.behind_stopped_group(m),
+        }
     }
 
     /// The copies of `ms` to send to `target`, keyed by their index in `ms`; the messages
@@ -692,6 +758,10 @@ impl ReplayState {
         };
         let mut outgoing = Vec::new();
         for (key, m) in ms.iter().enumerate() {
+            if let Some(why) = self.behind_stopped_group(m) {
+                self.not_moved(m, why);
+                continue;
+            }
             match replay_copy(key, m, fifo) {
                 Ok(o) if o.payload_bytes() > max_bytes => {
                     let size = o.payload_bytes();
