@@ -956,18 +956,49 @@ fn can_confirm(yes: bool, what: &str) -> OpsResult<()> {
 }
 
 /// True with --yes; otherwise asks `question` on stderr and reads one line from stdin:
-/// anything but y/yes is a no.
+/// anything but y/yes is a no, and so is Ctrl-C while the question waits, so that the command
+/// undoes what it prepared (a purge makes its selection visible again). A Ctrl-C after the
+/// answer quits at once, as it would without the question.
 fn confirmed(yes: bool, question: &str) -> bool {
     if yes {
         return true;
     }
+    let (answers, answer) = std::sync::mpsc::channel::<Option<String>>();
+    let (armed_tx, armed) = std::sync::mpsc::channel::<()>();
+    let interrupt = answers.clone();
+    tokio::spawn(async move {
+        let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
+        // Polled once before the question is shown: that installs the handler.
+        let early = tokio::select! {
+            biased;
+            r = &mut ctrl_c => Some(r),
+            _ = std::future::ready(()) => None,
+        };
+        let _ = armed_tx.send(());
+        let caught = match early {
+            Some(r) => r.is_ok(),
+            None => ctrl_c.await.is_ok(),
+        };
+        if caught && interrupt.send(None).is_err() {
+            std::process::exit(130);
+        }
+    });
+    // Until the handler is installed (at once, on a worker thread), Ctrl-C ends the command.
+    let _ = armed.recv_timeout(Duration::from_secs(1));
     eprint!("{question}");
     let _ = std::io::stderr().flush();
-    let mut answer = String::new();
-    if std::io::stdin().read_line(&mut answer).is_err() {
-        return false;
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let read = std::io::stdin().read_line(&mut line).ok().map(|_| line);
+        let _ = answers.send(read);
+    });
+    match answer.recv() {
+        Ok(Some(line)) => matches!(line.trim().to_lowercase().as_str(), "y" | "yes"),
+        _ => {
+            eprintln!();
+            false
+        }
     }
-    matches!(answer.trim().to_lowercase().as_str(), "y" | "yes")
 }
 
 fn read_jobs(a: &SendArgs, fifo: bool) -> OpsResult<Vec<send::Job>> {

@@ -1203,3 +1203,94 @@ async fn a_fifo_replay_moves_nothing_of_a_group_past_a_message_it_could_not_move
         "g-2 and g-3 stay in the DLQ"
     );
 }
+
+/// While the purge question waits, only the selection is held: the rest of the DLQ is
+/// visible to other readers, and an answer other than yes makes the selection visible too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_holds_only_its_selection_while_it_asks() {
+    let stack = setup("cli-purge-hold");
+    let mut jobs: Vec<(FailureClass, &str, String)> = Vec::new();
+    jobs.extend((0..3).map(|i| (FailureClass::Invalid, "junk", format!("ph-j{i}"))));
+    jobs.extend((0..4).map(|i| (FailureClass::Fatal, "keep", format!("ph-k{i}"))));
+    seed_dlq(&stack, &jobs).await;
+    let ctx = Ctx::from_config(&support::sdk_config().await).unwrap();
+    let client = sqs().await;
+    let opts = dlq::PurgeOptions {
+        filter: dlq::Filter {
+            job_types: vec!["junk".into()],
+            ..dlq::Filter::default()
+        },
+        ..dlq::PurgeOptions::default()
+    };
+    let mut asked = None;
+    let r = dlq::purge_with(&ctx, &stack.dlq_url, &opts, |plan| {
+        let depth = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(support::queue_depth(&client, &stack.dlq_url))
+        });
+        asked = Some((plan.selected, depth.visible, depth.in_flight));
+        false
+    })
+    .await;
+    assert!(r.is_err(), "answered no");
+    assert_eq!(asked, Some((3, 4, 3)), "(selected, visible, held) while asking");
+    assert_eq!(visible_count(&stack.dlq_url).await, 7);
+}
+
+/// `cmd` run in a terminal (util-linux `script`), its input and output piped to the test.
+fn in_terminal(stack: &Stack, cmd: &str) -> std::process::Child {
+    Command::new("script")
+        .args(["-q", "-f", "-e", "-c", cmd, "/dev/null"])
+        .env("TRIAGE_QUEUE_URL", &stack.queue_url)
+        .env("TRIAGE_DLQ_URL", &stack.dlq_url)
+        .env("TRIAGE_TABLE", &stack.table)
+        .env("AWS_ENDPOINT_URL_STS", support::sts_endpoint())
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run script (util-linux)")
+}
+
+/// Ctrl-C at the purge question deletes nothing and leaves nothing hidden.
+#[tokio::test]
+async fn ctrl_c_at_the_purge_question_makes_everything_visible_again() {
+    use std::io::Read;
+    let stack = setup("cli-purge-int");
+    let mut jobs: Vec<(FailureClass, &str, String)> = Vec::new();
+    jobs.extend((0..3).map(|i| (FailureClass::Invalid, "junk", format!("pi-j{i}"))));
+    jobs.extend((0..2).map(|i| (FailureClass::Fatal, "keep", format!("pi-k{i}"))));
+    seed_dlq(&stack, &jobs).await;
+    let mut child = in_terminal(&stack, &format!("{BIN} dlq purge --type junk"));
+    let mut out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("[y/N]") {
+        let chunk = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no question: {}", String::from_utf8_lossy(&seen)));
+        seen.extend(chunk);
+    }
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(b"\x03").unwrap();
+    input.flush().unwrap();
+    let status = child.wait().unwrap();
+    drop(input);
+    let rest: Vec<u8> = rx.try_iter().flatten().collect();
+    seen.extend(rest);
+    assert!(!status.success(), "{}", String::from_utf8_lossy(&seen));
+    assert_eq!(
+        visible_count(&stack.dlq_url).await,
+        5,
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
+}

@@ -196,8 +196,13 @@ pub async fn purge_with(
         groups: group(&selected, now),
         selected: selected.len(),
     };
+    // Only the selection waits for the answer: the rest goes back now, not after the
+    // question (which may wait up to the hold, or be interrupted).
+    let chosen: HashSet<&str> = selected.iter().map(|m| m.message_id.as_str()).collect();
+    let (mut held, others): (HashMap<_, _>, HashMap<_, _>) =
+        held.into_iter().partition(|(id, _)| chosen.contains(id.as_str()));
+    release(ctx, dlq_url, handles(others)).await;
     if plan.selected == 0 {
-        release(ctx, dlq_url, handles(held)).await;
         let report = PurgeReport {
             plan,
             deleted: 0,
@@ -229,17 +234,11 @@ pub async fn purge_with(
             }
         }
     }
-    let still_held: Vec<String> = held
-        .into_values()
-        .filter(|(_, asked)| holds(*asked))
-        .map(|(h, _)| h)
-        .collect();
     if !stale.is_empty() {
         let found = receive_again(ctx, dlq_url, &mut stale, max_scan).await;
         targets.extend(found);
     }
     let failed_ids = delete(ctx, dlq_url, &targets).await;
-    release(ctx, dlq_url, still_held).await;
     let deleted = targets.len() - failed_ids.len();
     let report = PurgeReport {
         deleted,
