@@ -9,6 +9,8 @@ use crate::support;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -1293,4 +1295,197 @@ async fn ctrl_c_at_the_purge_question_makes_everything_visible_again() {
         "{}",
         String::from_utf8_lossy(&seen)
     );
+}
+
+fn fifo_stack(prefix: &str) -> Stack {
+    let q = support::unique_name(prefix);
+    let v = ok_json(&run(
+        None,
+        &[
+            "setup",
+            "--queue",
+            &q,
+            "--dlq",
+            &format!("{q}-dlq"),
+            "--table",
+            &format!("{q}-t"),
+            "--fifo",
+            "--json",
+        ],
+    ));
+    Stack {
+        queue_url: v["queue_url"].as_str().unwrap().to_owned(),
+        dlq_url: v["dlq_url"].as_str().unwrap().to_owned(),
+        table: v["table"].as_str().unwrap().to_owned(),
+    }
+}
+
+async fn seed_fifo(stack: &Stack, items: &[(&str, &str, &str, Option<&str>)]) {
+    let client = sqs().await;
+    for (group, ty, id, packed) in items {
+        let rec = record(FailureClass::Fatal, ty, id, &stack.queue_url, "boom");
+        let mut send = client
+            .send_message()
+            .queue_url(&stack.dlq_url)
+            .message_body(body(ty, id))
+            .message_group_id(*group)
+            .message_deduplication_id(*id)
+            .message_attributes(
+                FAILURE_ATTRIBUTE,
+                string_attr(&serde_json::to_string(&rec).unwrap()),
+            );
+        if let Some(p) = packed {
+            send = send.message_attributes(PACKED_ATTRIBUTE, string_attr(p));
+        }
+        send.send().await.unwrap();
+    }
+}
+
+fn job_ids(ms: &[aws_sdk_sqs::types::Message]) -> Vec<String> {
+    ms.iter()
+        .map(|m| {
+            serde_json::from_str::<Value>(m.body().unwrap()).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// A send refused for a FIFO group's message stops the later messages of the group, also when
+/// a message after them had already been refused by the copy checks (the group then counted
+/// as stopped already).
+#[tokio::test]
+async fn a_send_refused_in_a_fifo_group_stops_its_later_messages() {
+    for with_bad_tail in [false, true] {
+        let stack = fifo_stack("rv-fifo-send");
+        let mut items = vec![("g", "fifo.job", "g-1", None), ("g", "fifo.job", "g-2", None)];
+        if with_bad_tail {
+            items.push(("g", "fifo.job", "g-3", Some("{not json")));
+        }
+        seed_fifo(&stack, &items).await;
+        use support::fault_proxy::{Fault, FaultProxy};
+        let proxy = FaultProxy::start(&support::sqs_endpoint());
+        proxy.fail_next(
+            1,
+            Fault::Body {
+                status: 200,
+                body: r#"{"Successful":[],"Failed":[{"Id":"e0","Code":"InvalidParameterValue","SenderFault":true,"Message":"refused"}]}"#.into(),
+            },
+            Some(vec!["SendMessageBatch".into()]),
+        );
+        let sdk = support::sdk_config().await;
+        let mut via = Ctx::from_config(&sdk).unwrap();
+        via.sqs = aws_sdk_sqs::Client::from_conf(sqs_config(&sdk).endpoint_url(proxy.url()).build());
+        let opts = dlq::ReplayOptions {
+            rate: Some(1.0),
+            table: Some(stack.table.clone()),
+            max_scan: 100_000,
+            ..dlq::ReplayOptions::default()
+        };
+        let report = dlq::replay(&via, &stack.dlq_url, &opts).await.unwrap();
+        let moved = job_ids(&drain(&stack.queue_url, 0).await);
+        assert!(
+            moved.is_empty(),
+            "{with_bad_tail}: moved {moved:?}, overtaking g-1: {:?}",
+            report.not_moved
+        );
+        assert!(
+            report
+                .not_moved
+                .iter()
+                .any(|n| n.job_id == "g-2" && n.reason.contains("overtake")),
+            "{:?}",
+            report.not_moved
+        );
+    }
+}
+
+/// On a FIFO DLQ, a message the filter does not select, held while the replay reads, hides
+/// the later messages of its group: they are read once it is released, so a filtered replay
+/// moves the whole group but that message.
+#[tokio::test]
+async fn a_filtered_fifo_replay_reads_past_a_message_it_does_not_select() {
+    let stack = fifo_stack("rv-fifo-tail");
+    let ids: Vec<String> = (1..=11).map(|i| format!("g-{i}")).collect();
+    let mut items = vec![("g", "skip.job", "g-0", None)];
+    for id in &ids {
+        items.push(("g", "go.job", id.as_str(), None));
+    }
+    seed_fifo(&stack, &items).await;
+    let o = run(Some(&stack), &["dlq", "replay", "--type", "go.job", "--json"]);
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{r}");
+    assert_eq!(
+        (r["selected"].as_u64(), r["moved"].as_u64()),
+        (Some(11), Some(11)),
+        "{r}"
+    );
+    assert_eq!(r["incomplete"], false, "{r}");
+    let moved = job_ids(&drain(&stack.queue_url, 11).await);
+    assert_eq!(moved, ids, "in the group's order");
+    assert_eq!(job_ids(&drain(&stack.dlq_url, 1).await), ["g-0"]);
+}
+
+/// A job the replay moves that a worker dead-letters again while the replay runs comes back
+/// to the DLQ with the same body: it is left there (`repeated`), not moved again, so a
+/// replay of jobs that still fail does not loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_dead_lettered_again_during_its_replay_is_not_moved_again() {
+    let stack = setup("rv-loop");
+    let jobs: Vec<_> = (0..5)
+        .map(|i| (FailureClass::Fatal, "poison", format!("lp-{i}")))
+        .collect();
+    seed_dlq(&stack, &jobs).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (q, d, s) = (stack.queue_url.clone(), stack.dlq_url.clone(), stop.clone());
+    let worker = tokio::spawn(async move {
+        let c = sqs().await;
+        let mut redead = 0;
+        while !s.load(Ordering::SeqCst) {
+            let got = c
+                .receive_message()
+                .queue_url(&q)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .send()
+                .await
+                .unwrap();
+            for m in got.messages.unwrap_or_default() {
+                let b = m.body().unwrap().to_owned();
+                let v: Value = serde_json::from_str(&b).unwrap();
+                let id = v["id"].as_str().unwrap().to_owned();
+                let rec = record(FailureClass::Fatal, "poison", &id, &q, "still poison");
+                let copy = dlq_copy(&b, &HashMap::new(), &rec, 1 << 20).unwrap();
+                c.send_message()
+                    .queue_url(&d)
+                    .message_body(copy.body)
+                    .set_message_attributes(Some(copy.attributes))
+                    .send()
+                    .await
+                    .unwrap();
+                c.delete_message()
+                    .queue_url(&q)
+                    .receipt_handle(m.receipt_handle().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
+                redead += 1;
+            }
+        }
+        redead
+    });
+    let ctx = Ctx::from_config(&support::sdk_config().await).unwrap();
+    let opts = dlq::ReplayOptions {
+        rate: Some(2.0),
+        table: Some(stack.table.clone()),
+        max_scan: 30,
+        ..dlq::ReplayOptions::default()
+    };
+    let report = dlq::replay(&ctx, &stack.dlq_url, &opts).await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    let redead: usize = worker.await.unwrap();
+    assert_eq!(report.moved, 5, "{report:?}");
+    assert_eq!(report.selected, 5, "{report:?}");
+    assert!(redead >= report.repeated, "{redead} {report:?}");
 }

@@ -325,6 +325,13 @@ impl<'a> Sweep<'a> {
         }
     }
 
+    /// Reads on after an empty receive (messages made visible since may be received).
+    pub(super) fn resume(&mut self) {
+        if !self.cut_short {
+            self.done = false;
+        }
+    }
+
     /// True when the sweep stopped without an empty receive (nor `max` messages read):
     /// messages kept coming back faster than it could hold them again, so messages that were
     /// in the queue may not have been read.

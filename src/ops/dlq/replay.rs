@@ -18,8 +18,8 @@ use super::read::{DlqMessage, Filter, Sweep, approximate_count, delete, release}
 use crate::clock::now_ms;
 use crate::core::envelope::SQS_MAX_MESSAGE_BYTES;
 use crate::effects::dlq::{group_for, original_attributes};
-use crate::effects::sqs::{Outgoing, Sqs, batches};
 use crate::effects::queue_url::urls_name_one_queue;
+use crate::effects::sqs::{Outgoing, Sqs, batches};
 
 /// How `dlq replay` runs.
 #[derive(Debug, Clone, Default)]
@@ -94,6 +94,10 @@ pub struct ReplayReport {
     /// Selected messages whose failure record names another job than their body: moved (or
     /// skipped) like the others, but only the body's job has its ledger reset.
     pub unverified: Vec<NotMoved>,
+    /// Messages left in the DLQ, not selected, because a message with the same body was
+    /// selected earlier in this run: a copy of a job the replay moved that was dead-lettered
+    /// again while it ran (replaying it would loop), or a duplicate.
+    pub repeated: usize,
     /// Stopped early by the operator.
     pub interrupted: bool,
     /// The DLQ was not read to the end: messages kept coming back faster than the sweep could
@@ -148,6 +152,13 @@ impl Report for ReplayReport {
             out.push_str(&format!(
                 "not moved: job {} ({}): {}\n",
                 n.job_id, n.message_id, n.reason
+            ));
+        }
+        if self.repeated > 0 {
+            out.push_str(&format!(
+                "{} message(s) with the body of one already selected were left in the DLQ \
+                 (dead-lettered again while the replay ran, or duplicates)\n",
+                self.repeated
             ));
         }
         if self.delete_failed > 0 {
@@ -442,7 +453,12 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         max_bytes: HashMap::new(),
         ordered: is_fifo(dlq_url),
         stopped_groups: HashMap::new(),
+        selected_bodies: HashSet::new(),
+        repeated: 0,
+        blockers: HashSet::new(),
     };
+    // Whether a message new to this run was read since the FIFO blockers were last released.
+    let mut read_since_release = true;
     let sqs = ctx.sqs_effects();
     let stopped = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
     let mut pacer = Pacer::new(opts.rate);
@@ -453,8 +469,19 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                 break;
             }
             let Some((new, again)) = sweep.next().await? else {
+                // On a FIFO DLQ a held message the filter did not select hides the rest of its
+                // group: released, its group's later messages come with it in the next
+                // receives. Until a read after a release brings nothing new.
+                if st.ordered && !st.blockers.is_empty() && read_since_release && !sweep.cut_short() {
+                    let handles = st.blockers.iter().filter_map(|id| st.handles.get(id).cloned());
+                    release(ctx, dlq_url, handles.collect::<Vec<_>>()).await;
+                    read_since_release = false;
+                    sweep.resume();
+                    continue;
+                }
                 break;
             };
+            read_since_release |= !new.is_empty();
             st.scanned += new.len();
             // Moved messages whose DLQ delete failed, seen again: deleted again, in one
             // batched call per receive.
@@ -478,7 +505,15 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                 let room = opts.limit.is_none_or(|l| st.selected.len() < l);
                 st.fates.insert(m.message_id.clone(), Fate::Held);
                 st.handles.insert(m.message_id.clone(), m.receipt_handle.clone());
-                if room && opts.filter.matches(&m, now) {
+                let matches = opts.filter.matches(&m, now);
+                if room && matches && !st.selected_bodies.insert(body_hash(&m.body)) {
+                    st.repeated += 1;
+                    continue;
+                }
+                if room && !matches && st.ordered && m.group_id.is_some() {
+                    st.blockers.insert(m.message_id.clone());
+                }
+                if room && matches {
                     if let Some(reason) = m.record_mismatch() {
                         st.unverified.push(NotMoved {
                             message_id: m.message_id.clone(),
@@ -510,9 +545,10 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                 let refused = st.not_moved.len();
                 let outgoing = st.copies(ctx, &target, &ms).await;
                 bar.inc((st.not_moved.len() - refused) as u64);
-                // The copies come before any message already refused in their group; a group
-                // stopped from here on is stopped by a send, and its later copies stay.
-                let stopped_before: HashSet<String> = st.stopped_groups.keys().cloned().collect();
+                // The copies come before any message already refused in their group. A send
+                // refused from here on stops its group for the later batches: group -> the
+                // refused message.
+                let mut send_stopped: HashMap<String, String> = HashMap::new();
                 if opts.dry_run {
                     st.moved += outgoing.len();
                     bar.inc(outgoing.len() as u64);
@@ -526,12 +562,16 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                     // A send refused in an earlier batch stops its group.
                     let mut go = Vec::new();
                     for o in batch {
-                        let stop = ms
-                            .get(o.key)
-                            .and_then(|m| Some((m, st.stopped_by_send(m, &stopped_before)?)));
-                        match stop {
-                            Some((m, why)) => {
+                        let m = &ms[o.key];
+                        let stopper = m
+                            .group_id
+                            .as_ref()
+                            .filter(|_| st.ordered)
+                            .and_then(|g| Some((g, send_stopped.get(g)?)));
+                        match stopper {
+                            Some((g, first)) => {
                                 bar.inc(1);
+                                let why = overtaking(first, g);
                                 st.not_moved(m, why);
                             }
                             None => go.push(o),
@@ -543,8 +583,15 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                     }
                     let n = batch.len();
                     pacer.take(n).await;
+                    let refused = st.not_moved.len();
                     st.move_batch(ctx, &sqs, dlq_url, &target, table.as_deref(), &ms, batch)
                         .await?;
+                    for r in &st.not_moved[refused..] {
+                        let group = ms.iter().find(|m| m.message_id == r.message_id);
+                        if let Some(g) = group.and_then(|m| m.group_id.clone()) {
+                            send_stopped.entry(g).or_insert_with(|| r.message_id.clone());
+                        }
+                    }
                     bar.inc(n as u64);
                 }
             }
@@ -601,12 +648,28 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         groups: group(&st.selected, now),
         not_moved: st.not_moved,
         unverified: st.unverified,
+        repeated: st.repeated,
         interrupted: stopped(),
         incomplete,
         elapsed_ms: started.elapsed().as_millis() as u64,
         moved_ids,
         audit,
     })
+}
+
+/// Why a message of FIFO group `group` is not moved after message `first` of the group was not.
+fn overtaking(first: &str, group: &str) -> String {
+    format!(
+        "not attempted: message {first} of FIFO group {group} was not moved, and this one must not overtake it"
+    )
+}
+
+/// A body's hash, to tell a body seen before in a run.
+fn body_hash(body: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    body.hash(&mut h);
+    h.finish()
 }
 
 /// The message replay sends for DLQ message `m`: the body byte for byte and the original
@@ -646,6 +709,12 @@ struct ReplayState {
     ordered: bool,
     /// FIFO groups with a message not moved, and that message's id.
     stopped_groups: HashMap<String, String>,
+    /// The bodies selected so far (hashed): a later message with one of them is not selected.
+    selected_bodies: HashSet<u64>,
+    repeated: usize,
+    /// On a FIFO DLQ, held messages the filter did not select: each keeps the later messages
+    /// of its group from being received while it is held.
+    blockers: HashSet<String>,
 }
 
 /// The queues DLQ messages go back to, each source checked once.
@@ -728,19 +797,7 @@ impl ReplayState {
             return None;
         }
         let g = m.group_id.as_ref()?;
-        let first = self.stopped_groups.get(g)?;
-        Some(format!(
-            "not attempted: message {first} of FIFO group {g} was not moved, and this one must not overtake it"
-        ))
-    }
-
-    /// [`behind_stopped_group`](Self::behind_stopped_group), for a group not among
-    /// `stopped_before` (the groups stopped before the copies were checked).
-    fn stopped_by_send(&self, m: &DlqMessage, stopped_before: &HashSet<String>) -> Option<String> {
-        match &m.group_id {
-            Some(g) if stopped_before.contains(g) => None,
-            _ => self.behind_stopped_group(m),
-        }
+        Some(overtaking(self.stopped_groups.get(g)?, g))
     }
 
     /// The copies of `ms` to send to `target`, keyed by their index in `ms`; the messages
@@ -850,6 +907,7 @@ fn replay_entry(
             "not_moved": st.not_moved.len(),
             "delete_failed": st.delete_failed,
             "ledgers_reset": st.ledgers_reset,
+            "repeated": st.repeated,
             "interrupted": opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)),
             "incomplete": incomplete,
             "error": error.map(|e| e.message.clone()),
