@@ -1489,3 +1489,71 @@ async fn a_job_dead_lettered_again_during_its_replay_is_not_moved_again() {
     assert_eq!(report.selected, 5, "{report:?}");
     assert!(redead >= report.repeated, "{redead} {report:?}");
 }
+
+/// On a FIFO DLQ with many groups the filter does not select, the releases that let a
+/// group's later messages be read do not make a complete read look cut short: exit 0.
+#[tokio::test]
+async fn a_filtered_fifo_replay_past_many_unselected_groups_is_complete() {
+    let stack = fifo_stack("fifo-many");
+    let mut owned: Vec<(String, &str, String)> = vec![("a".into(), "skip.job", "a-0".into())];
+    owned.extend((1..=11).map(|i| ("a".to_owned(), "go.job", format!("a-{i}"))));
+    owned.extend((0..70).map(|i| (format!("s{i}"), "skip.job", format!("s-{i}"))));
+    let items: Vec<(&str, &str, &str, Option<&str>)> = owned
+        .iter()
+        .map(|(g, t, id)| (g.as_str(), *t, id.as_str(), None))
+        .collect();
+    seed_fifo(&stack, &items).await;
+    let o = run(Some(&stack), &["dlq", "replay", "--type", "go.job", "--json"]);
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{r}");
+    assert_eq!(
+        (r["moved"].as_u64(), r["scanned"].as_u64()),
+        (Some(11), Some(82)),
+        "{r}"
+    );
+    assert_eq!(r["incomplete"], false, "{r}");
+}
+
+/// Distinct messages with identical bodies that were in the DLQ before the replay (jobs
+/// without ids, dead-lettered once each) are all moved: none is taken for a copy
+/// dead-lettered again during the run.
+#[tokio::test]
+async fn identical_bodies_already_in_the_dlq_are_all_moved() {
+    let stack = fifo_stack("fifo-same");
+    let client = sqs().await;
+    let same = json!({"type": "rebuild", "payload": {}}).to_string();
+    for (i, b) in [same.clone(), same.clone(), body("rebuild", "c")]
+        .iter()
+        .enumerate()
+    {
+        let rec = record(
+            FailureClass::Fatal,
+            "rebuild",
+            &format!("m-{i}"),
+            &stack.queue_url,
+            "boom",
+        );
+        client
+            .send_message()
+            .queue_url(&stack.dlq_url)
+            .message_body(b)
+            .message_group_id("g")
+            .message_deduplication_id(format!("d-{i}"))
+            .message_attributes(
+                FAILURE_ATTRIBUTE,
+                string_attr(&serde_json::to_string(&rec).unwrap()),
+            )
+            .send()
+            .await
+            .unwrap();
+    }
+    let o = run(Some(&stack), &["dlq", "replay", "--json"]);
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{r}");
+    assert_eq!(
+        (r["moved"].as_u64(), r["repeated"].as_u64()),
+        (Some(3), Some(0)),
+        "{r}"
+    );
+    assert_eq!(drain(&stack.queue_url, 3).await.len(), 3);
+}

@@ -329,6 +329,9 @@ impl<'a> Sweep<'a> {
     pub(super) fn resume(&mut self) {
         if !self.cut_short {
             self.done = false;
+            // What comes back now was made visible on purpose: not a sign of cycling.
+            self.held_again.clear();
+            self.stale_rounds = 0;
         }
     }
 

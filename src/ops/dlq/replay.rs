@@ -94,9 +94,9 @@ pub struct ReplayReport {
     /// Selected messages whose failure record names another job than their body: moved (or
     /// skipped) like the others, but only the body's job has its ledger reset.
     pub unverified: Vec<NotMoved>,
-    /// Messages left in the DLQ, not selected, because a message with the same body was
-    /// selected earlier in this run: a copy of a job the replay moved that was dead-lettered
-    /// again while it ran (replaying it would loop), or a duplicate.
+    /// Messages left in the DLQ, not selected: copies of jobs this run moved that were
+    /// dead-lettered again while it ran (the same body, failed after the run started);
+    /// replaying them would loop.
     pub repeated: usize,
     /// Stopped early by the operator.
     pub interrupted: bool,
@@ -421,6 +421,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
     };
 
     let started = Instant::now();
+    let started_ms = now_ms();
     // Batches as large as the rate allows, so pacing stays smooth at low rates.
     let batch_size = opts.rate.map_or(10, |r| (r.floor() as usize).clamp(1, 10));
     // A batch must be sent and deleted before its hold expires.
@@ -453,7 +454,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         max_bytes: HashMap::new(),
         ordered: is_fifo(dlq_url),
         stopped_groups: HashMap::new(),
-        selected_bodies: HashSet::new(),
+        moved_bodies: HashSet::new(),
         repeated: 0,
         blockers: HashSet::new(),
     };
@@ -506,7 +507,11 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                 st.fates.insert(m.message_id.clone(), Fate::Held);
                 st.handles.insert(m.message_id.clone(), m.receipt_handle.clone());
                 let matches = opts.filter.matches(&m, now);
-                if room && matches && !st.selected_bodies.insert(body_hash(&m.body)) {
+                if room
+                    && matches
+                    && m.failed_at_ms().saturating_add(CLOCK_SLACK_MS) >= started_ms
+                    && st.moved_bodies.contains(&body_hash(&m.body))
+                {
                     st.repeated += 1;
                     continue;
                 }
@@ -550,6 +555,8 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                 // refused message.
                 let mut send_stopped: HashMap<String, String> = HashMap::new();
                 if opts.dry_run {
+                    st.moved_bodies
+                        .extend(outgoing.iter().map(|o| body_hash(&ms[o.key].body)));
                     st.moved += outgoing.len();
                     bar.inc(outgoing.len() as u64);
                     *st.targets.entry(target).or_default() += outgoing.len();
@@ -584,8 +591,17 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                     let n = batch.len();
                     pacer.take(n).await;
                     let refused = st.not_moved.len();
+                    let keys: Vec<usize> = batch.iter().map(|o| o.key).collect();
                     st.move_batch(ctx, &sqs, dlq_url, &target, table.as_deref(), &ms, batch)
                         .await?;
+                    for m in keys.into_iter().map(|k| &ms[k]) {
+                        if matches!(
+                            st.fates.get(&m.message_id),
+                            Some(Fate::Moved | Fate::MovedUndeleted)
+                        ) {
+                            st.moved_bodies.insert(body_hash(&m.body));
+                        }
+                    }
                     for r in &st.not_moved[refused..] {
                         let group = ms.iter().find(|m| m.message_id == r.message_id);
                         if let Some(g) = group.and_then(|m| m.group_id.clone()) {
@@ -664,7 +680,12 @@ fn overtaking(first: &str, group: &str) -> String {
     )
 }
 
-/// A body's hash, to tell a body seen before in a run.
+/// How far the clock of whatever dead-letters a job (its failure record's `failed_at`, else
+/// SQS's `SentTimestamp`) may run behind this machine's: a copy dead-lettered again counts as
+/// such from this long before the replay started.
+const CLOCK_SLACK_MS: u64 = 60_000;
+
+/// A body's hash, to tell a body moved before in a run.
 fn body_hash(body: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -709,8 +730,9 @@ struct ReplayState {
     ordered: bool,
     /// FIFO groups with a message not moved, and that message's id.
     stopped_groups: HashMap<String, String>,
-    /// The bodies selected so far (hashed): a later message with one of them is not selected.
-    selected_bodies: HashSet<u64>,
+    /// The bodies moved so far (hashed): a message with one of them that failed after the
+    /// replay started is a copy dead-lettered again, and is not selected.
+    moved_bodies: HashSet<u64>,
     repeated: usize,
     /// On a FIFO DLQ, held messages the filter did not select: each keeps the later messages
     /// of its group from being received while it is held.
