@@ -538,6 +538,16 @@ async fn aborted_or_refused_edits_send_nothing_and_leave_the_message_visible() {
     assert_refused(&edit(&stack, &["ab-1"], &[("EDITOR", &empty)]), 2, "empty");
     untouched(&stack).await;
 
+    // `--to` the DLQ itself: refused before the message is read (the copy would go back
+    // into the DLQ without its failure record).
+    let body = dir.script("to-dlq", "echo '{\"type\": \"t\", \"id\": \"ab-1\"}' > \"$1\"");
+    assert_refused(
+        &edit(&stack, &["ab-1", "--to", &stack.dlq_url], &[("EDITOR", &body)]),
+        2,
+        "--to names the DLQ being edited",
+    );
+    untouched(&stack).await;
+
     // The editor changes nothing: refused without --force.
     let same = dir.script("same", "true");
     assert_refused(&edit(&stack, &["ab-1"], &[("EDITOR", &same)]), 2, "unchanged");

@@ -24,7 +24,7 @@ use super::super::audit::{self, AuditEntry, AuditStatus};
 use super::super::output::{Report, Table};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, queue_arn};
 use super::read::{DlqMessage, Filter, Sweep, release};
-use super::replay::{Sources, check_queue, check_table, max_message_bytes, replay_copy, reset_ledgers};
+use super::replay::{Sources, check_table, check_to, max_message_bytes, replay_copy, reset_ledgers};
 use crate::clock::now_ms;
 use crate::core::failure::FailureRecord;
 
@@ -256,7 +256,7 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
     let dlq_arn = queue_arn(ctx, dlq_url, "TRIAGE_DLQ_URL").await?;
     check_table(ctx, table).await?;
     let to = match &opts.to {
-        Some(q) => Some(check_queue(ctx, q, "--to").await?),
+        Some(q) => Some(check_to(ctx, q, dlq_url, "edited").await?),
         None => None,
     };
 

@@ -245,22 +245,15 @@ pub(super) async fn check_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
     Ok(())
 }
 
-/// Checks a queue exists; returns its URL.
-pub(super) async fn check_queue(ctx: &Ctx, queue: &str, var: &str) -> OpsResult<String> {
-    let url = resolve_queue(ctx, queue, var).await?;
-    queue_arn(ctx, &url, var).await?;
-    Ok(url)
-}
-
-/// Checks the `--to` queue exists and is not the DLQ being read; returns its URL. A replay
-/// into its own DLQ would read back each copy it sends as a new message, without its failure
-/// record, and send it again.
-async fn check_to(ctx: &Ctx, to: &str, dlq_url: &str) -> OpsResult<String> {
+/// Checks the `--to` queue exists and is not the DLQ being read (`what` reads it: "replayed",
+/// "edited"); returns its URL. A copy sent into its own DLQ goes back without its failure
+/// record, and a replay would read it back as a new message and send it again.
+pub(super) async fn check_to(ctx: &Ctx, to: &str, dlq_url: &str, what: &str) -> OpsResult<String> {
     let url = resolve_queue(ctx, to, "--to").await?;
     if urls_name_one_queue(&url, dlq_url) {
         return Err(OpsError::usage(format!(
-            "--to names the DLQ being replayed ({dlq_url}): a replay sends messages out of the \
-             DLQ; pass the source queue or another queue, or leave --to out"
+            "--to names the DLQ being {what} ({dlq_url}): its messages go out of the DLQ; pass \
+             the source queue or another queue, or leave --to out"
         )));
     }
     queue_arn(ctx, &url, "--to").await?;
@@ -416,7 +409,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         check_table(ctx, t).await?;
     }
     let to = match &opts.to {
-        Some(q) => Some(check_to(ctx, q, dlq_url).await?),
+        Some(q) => Some(check_to(ctx, q, dlq_url, "replayed").await?),
         None => None,
     };
 
