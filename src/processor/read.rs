@@ -210,15 +210,14 @@ impl Processor {
         let Some(limit) = self.receive_limit else {
             return;
         };
-        let mut past = records.iter().filter(|r| r.inc.receive_count > limit);
-        let Some(first) = past.next() else {
+        let past: Vec<&Record> = records.iter().filter(|r| r.inc.receive_count > limit).collect();
+        let Some(first) = past.first() else {
             return;
         };
-        let mut n = 0;
-        for r in std::iter::once(first).chain(past) {
+        for r in &past {
             metrics.add(self.dimension(r.job_type()), "PastReceiveLimit", 1);
-            n += 1;
         }
+        let n = past.len();
         warn!(
             message_id = %first.inc.message_id,
             receive_count = first.inc.receive_count,

@@ -583,22 +583,22 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                     }
                     let n = batch.len();
                     pacer.take(n).await;
-                    let refused = st.not_moved.len();
                     let keys: Vec<usize> = batch.iter().map(|o| o.key).collect();
                     st.move_batch(ctx, &sqs, dlq_url, &target, table.as_deref(), &ms, batch)
                         .await?;
+                    // What moved, by its body; what did not (refused) stops its group.
                     for m in keys.into_iter().map(|k| &ms[k]) {
-                        if matches!(
-                            st.fates.get(&m.message_id),
-                            Some(Fate::Moved | Fate::MovedUndeleted)
-                        ) {
-                            st.moved_bodies.insert(body_hash(&m.body));
-                        }
-                    }
-                    for r in &st.not_moved[refused..] {
-                        let group = ms.iter().find(|m| m.message_id == r.message_id);
-                        if let Some(g) = group.and_then(|m| m.group_id.clone()) {
-                            send_stopped.entry(g).or_insert_with(|| r.message_id.clone());
+                        match st.fates.get(&m.message_id) {
+                            Some(Fate::Moved | Fate::MovedUndeleted) => {
+                                st.moved_bodies.insert(body_hash(&m.body));
+                            }
+                            _ => {
+                                if let Some(g) = &m.group_id {
+                                    send_stopped
+                                        .entry(g.clone())
+                                        .or_insert_with(|| m.message_id.clone());
+                                }
+                            }
                         }
                     }
                     bar.inc(n as u64);
