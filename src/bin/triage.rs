@@ -6,7 +6,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -770,8 +770,19 @@ async fn run_dlq(
             Ok(print(&r, json))
         }
         DlqCommand::Purge { filter, limit, yes } => {
-            let r = dlq::purge(ctx, dlq_url, &filter.filter(), *limit, filter.max_scan, |plan| {
-                confirmed(*yes, &plan.question())
+            let interrupt = PurgeInterrupt::arm();
+            let opts = dlq::PurgeOptions {
+                filter: filter.filter(),
+                limit: *limit,
+                max_scan: filter.max_scan,
+                stop: Some(interrupt.stop.clone()),
+                ..dlq::PurgeOptions::default()
+            };
+            let r = dlq::purge_with(ctx, dlq_url, &opts, |plan| {
+                interrupt.enter(PurgeInterrupt::ASKING);
+                let yes = confirmed(*yes, &plan.question());
+                interrupt.enter(PurgeInterrupt::ANSWERED);
+                yes
             })
             .await?;
             Ok(print(&r, json))
@@ -941,6 +952,45 @@ fn stop_on_ctrl_c() -> Arc<AtomicBool> {
     flag
 }
 
+/// Ctrl-C during `dlq purge`. While the DLQ is read, the first one stops the read (what was
+/// read is made visible again, nothing is deleted) and a second quits at once; while the
+/// question waits, the question's own handler takes it (as a no); after the answer it quits
+/// at once.
+struct PurgeInterrupt {
+    stop: Arc<AtomicBool>,
+    phase: Arc<AtomicU8>,
+}
+
+impl PurgeInterrupt {
+    const READING: u8 = 0;
+    const ASKING: u8 = 1;
+    const ANSWERED: u8 = 2;
+
+    fn arm() -> Self {
+        let (stop, phase) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU8::new(Self::READING)),
+        );
+        let (set, at) = (stop.clone(), phase.clone());
+        tokio::spawn(async move {
+            while tokio::signal::ctrl_c().await.is_ok() {
+                match at.load(Ordering::SeqCst) {
+                    Self::ASKING => {}
+                    Self::READING if !set.swap(true, Ordering::SeqCst) => eprintln!(
+                        "interrupted: stopping the read, making what was read visible again (Ctrl-C again to quit now)"
+                    ),
+                    _ => std::process::exit(130),
+                }
+            }
+        });
+        Self { stop, phase }
+    }
+
+    fn enter(&self, phase: u8) {
+        self.phase.store(phase, Ordering::SeqCst);
+    }
+}
+
 // The one confirmation of destructive commands (purge, redrive, breaker forces): first
 // `can_confirm` before anything is asked of AWS, then `confirmed` with the question.
 
@@ -1004,8 +1054,8 @@ fn confirmed(yes: bool, question: &str) -> bool {
 fn read_jobs(a: &SendArgs, fifo: bool) -> OpsResult<Vec<send::Job>> {
     if let Some(job_type) = &a.job_type {
         let payload = match &a.payload {
-            None => serde_json::Value::Null,
-            Some(p) => serde_json::from_str(p).map_err(|e| {
+            None => send::Payload::default(),
+            Some(p) => send::Payload::parse(p).map_err(|e| {
                 OpsError::usage(format!(
                     "--payload is not valid JSON ({e}): pass JSON, e.g. --payload '{{\"n\": 1}}' or --payload '\"text\"'"
                 ))

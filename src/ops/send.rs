@@ -10,6 +10,7 @@ use futures::stream::{self, StreamExt};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::output::{Report, progress};
@@ -30,9 +31,9 @@ pub struct JobSpec {
     /// Job type.
     #[serde(rename = "type")]
     pub job_type: String,
-    /// Handler input (any JSON; absent means null).
+    /// Handler input (any JSON; absent means null), sent as given.
     #[serde(default)]
-    pub payload: Value,
+    pub payload: Payload,
     /// Job id (also the FIFO deduplication id, so on a FIFO queue it must be 1-128 characters
     /// of letters, digits and ASCII punctuation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -45,16 +46,57 @@ pub struct JobSpec {
     pub group: Option<String>,
 }
 
+/// A job's payload: its JSON text as given, checked to be JSON and never parsed into values,
+/// so it is sent byte for byte (a parse would rewrite a number that a 64-bit reading cannot
+/// carry, such as `123456789012345678901234` or `19.99999999999999999`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Payload(Box<RawValue>);
+
+impl Payload {
+    /// The payload `text` is, when it is one JSON value (whitespace around it is dropped).
+    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text).map(Self)
+    }
+
+    /// The payload's JSON text.
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl Default for Payload {
+    /// `null`, the payload of a job that names none.
+    fn default() -> Self {
+        Self(RawValue::NULL.to_owned())
+    }
+}
+
+impl PartialEq for Payload {
+    /// The same text.
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
+}
+
 impl JobSpec {
-    /// The envelope body a producer would send.
+    /// The envelope body a producer would send: `id`, `payload` and `type`, in that order, the
+    /// payload's text as given.
     pub fn body(&self) -> String {
-        let mut obj = serde_json::Map::new();
-        obj.insert("type".into(), Value::String(self.job_type.clone()));
-        obj.insert("payload".into(), self.payload.clone());
+        let string = |s: &str| Value::from(s).to_string();
+        let mut body = String::with_capacity(self.payload.text().len() + self.job_type.len() + 64);
+        body.push('{');
         if let Some(id) = &self.id {
-            obj.insert("id".into(), Value::String(id.clone()));
+            body.push_str("\"id\":");
+            body.push_str(&string(id));
+            body.push(',');
         }
-        Value::Object(obj).to_string()
+        body.push_str("\"payload\":");
+        body.push_str(self.payload.text());
+        body.push_str(",\"type\":");
+        body.push_str(&string(&self.job_type));
+        body.push('}');
+        body
     }
 
     /// Checks the job against the envelope rules and the target queue's kind.
@@ -796,8 +838,28 @@ mod tests {
         assert_eq!(jobs.len(), 2);
         assert_eq!(jobs[0].0, 1);
         assert_eq!(jobs[1].0, 3);
-        assert_eq!(jobs[1].1.payload, Value::Null);
+        assert_eq!(jobs[1].1.payload.text(), "null");
         assert_eq!(jobs[0].1.body(), r#"{"id":"j1","payload":{"x":1},"type":"a"}"#);
+    }
+
+    #[test]
+    fn payloads_are_sent_as_given() {
+        let payload = r#"{"n":123456789012345678901234,"p":19.99999999999999999,"e":1e2,"s":"\u00e9"}"#;
+        let jobs = parse_ndjson(&format!("{{\"type\":\"a\",\"payload\": {payload} }}\n"), false).unwrap();
+        assert_eq!(jobs[0].1.body(), format!(r#"{{"payload":{payload},"type":"a"}}"#));
+        let flags = JobSpec {
+            job_type: "a\"b".into(),
+            payload: Payload::parse(&format!(" {payload}\n")).unwrap(),
+            id: Some("j\n1".into()),
+            delay: None,
+            group: None,
+        };
+        assert_eq!(
+            flags.body(),
+            format!(r#"{{"id":"j\n1","payload":{payload},"type":"a\"b"}}"#)
+        );
+        assert!(Payload::parse("{not json").is_err());
+        assert!(Payload::parse("1 2").is_err());
     }
 
     #[test]
@@ -847,7 +909,7 @@ mod tests {
         // On a standard queue the id is no deduplication id: any envelope id goes.
         let spec = JobSpec {
             job_type: "t".into(),
-            payload: Value::Null,
+            payload: Payload::default(),
             id: Some("with space".into()),
             delay: None,
             group: None,
@@ -927,7 +989,7 @@ mod tests {
                 line,
                 spec: JobSpec {
                     job_type: "t".into(),
-                    payload: Value::Null,
+                    payload: Payload::default(),
                     id: None,
                     delay: None,
                     group: None,

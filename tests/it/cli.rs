@@ -338,6 +338,35 @@ async fn send_takes_one_job_from_flags_or_many_as_ndjson() {
 }
 
 #[tokio::test]
+async fn send_keeps_every_digit_of_a_payload() {
+    let stack = setup("cli-send-digits");
+    // Numbers a 64-bit reading cannot carry: an integer beyond 64 bits, a decimal with more
+    // digits than a double holds, and a spelling a parse would change.
+    let payload = r#"{"n":123456789012345678901234,"p":19.99999999999999999,"e":1e2}"#;
+    ok_json(&run(
+        Some(&stack),
+        &[
+            "send",
+            "--type",
+            "t",
+            "--payload",
+            payload,
+            "--id",
+            "flags",
+            "--json",
+        ],
+    ));
+    let line = format!("{{\"type\":\"t\",\"id\":\"ndjson\",\"payload\":{payload}}}\n");
+    ok_json(&run_with_stdin(Some(&stack), &["send", "--json"], &line));
+    let got = drain(&stack.queue_url, 2).await;
+    assert_eq!(got.len(), 2);
+    for m in &got {
+        let body = m.body().unwrap();
+        assert!(body.contains(payload), "the payload was rewritten: {body}");
+    }
+}
+
+#[tokio::test]
 async fn bad_input_gets_one_clear_line_and_a_nonzero_exit() {
     let stack = setup("cli-bad");
     let missing_queue = Stack {
@@ -1252,6 +1281,61 @@ fn in_terminal(stack: &Stack, cmd: &str) -> std::process::Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run script (util-linux)")
+}
+
+/// Ctrl-C while purge is still reading the DLQ (before its question) deletes nothing and
+/// makes what it had read visible again.
+#[tokio::test]
+async fn ctrl_c_while_purge_reads_makes_everything_visible_again() {
+    use std::io::Read;
+    use support::fault_proxy::{Fault, FaultProxy, FaultRule};
+    let stack = setup("cli-purge-read-int");
+    let jobs: Vec<(FailureClass, &str, String)> = (0..30)
+        .map(|i| (FailureClass::Invalid, "junk", format!("pr-j{i}")))
+        .collect();
+    seed_dlq(&stack, &jobs).await;
+    // Slow receives: the read is still going when Ctrl-C comes.
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.add_rule(FaultRule {
+        ops: Some(vec!["ReceiveMessage".into()]),
+        body_contains: None,
+        fault: Fault::Delay(Duration::from_millis(500)),
+        times: None,
+    });
+    let mut child = in_terminal(
+        &stack,
+        &format!("AWS_ENDPOINT_URL_SQS={} {BIN} dlq purge --type junk", proxy.url()),
+    );
+    let mut out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    // The second receive is on its way: the first one's ten messages are held.
+    let asked = std::time::Instant::now();
+    while proxy.count("ReceiveMessage") < 2 {
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "the purge never read the DLQ"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(b"\x03").unwrap();
+    input.flush().unwrap();
+    let status = child.wait().unwrap();
+    drop(input);
+    let seen: Vec<u8> = rx.try_iter().flatten().collect();
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(!status.success(), "{seen}");
+    assert!(!seen.contains("[y/N]"), "the read was not interrupted: {seen}");
+    assert!(seen.contains("nothing was deleted"), "{seen}");
+    assert_eq!(visible_count(&stack.dlq_url).await, 30, "{seen}");
 }
 
 /// Ctrl-C at the purge question deletes nothing and leaves nothing hidden.

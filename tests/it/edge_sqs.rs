@@ -499,6 +499,7 @@ async fn a_purge_confirmed_after_its_hold_expired_reports_what_it_really_deleted
         limit: None,
         max_scan: 1_000,
         hold: Duration::from_secs(2),
+        stop: None,
     };
     let report = dlq::purge_with(&ctx, &r.dlq_url, &opts, |plan| {
         assert_eq!(plan.selected, 4);
@@ -538,6 +539,7 @@ async fn a_purge_confirmed_after_its_hold_expired_receives_again_and_deletes() {
         limit: None,
         max_scan: 1_000,
         hold: Duration::from_secs(2),
+        stop: None,
     };
     let report = dlq::purge_with(&ctx, &r.dlq_url, &opts, |_| {
         block_on(until_visible(&sqs, &dlq_url, 3));

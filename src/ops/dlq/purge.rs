@@ -1,6 +1,8 @@
 //! `dlq purge`: deletes the selected DLQ messages once the operator confirms the plan.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -118,6 +120,9 @@ pub struct PurgeOptions {
     /// How long the selection is held invisible while the operator reads the question
     /// (default 15 minutes).
     pub hold: Duration,
+    /// Set (e.g. on Ctrl-C) while the DLQ is read to stop the read: what was read is made
+    /// visible again and nothing is deleted. Not looked at once the question is asked.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 impl Default for PurgeOptions {
@@ -127,6 +132,7 @@ impl Default for PurgeOptions {
             limit: None,
             max_scan: 100_000,
             hold: Duration::from_secs(900),
+            stop: None,
         }
     }
 }
@@ -165,8 +171,14 @@ pub async fn purge_with(
     let mut selected: Vec<DlqMessage> = Vec::new();
     let mut scanned = 0;
     let now = now_ms();
+    let stopped = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
     let read = async {
         loop {
+            if stopped() {
+                return Err(OpsError::usage(
+                    "purge interrupted while reading the DLQ: nothing was deleted",
+                ));
+            }
             let asked = Instant::now();
             let Some((new, again)) = sweep.next().await? else {
                 break;
@@ -187,8 +199,22 @@ pub async fn purge_with(
     .await;
     let handles = |held: HashMap<String, (String, Instant)>| held.into_values().map(|(h, _)| h);
     if let Err(e) = read {
-        release(ctx, dlq_url, handles(held)).await;
-        return Err(e);
+        let read = held.len();
+        let not_released = release(ctx, dlq_url, handles(held)).await;
+        return Err(match not_released {
+            _ if read == 0 => e,
+            0 => OpsError::new(
+                e.kind,
+                format!("{}; the {read} message(s) read are visible again", e.message),
+            ),
+            n => OpsError::new(
+                e.kind,
+                format!(
+                    "{}; {n} of the {read} message(s) read could not be made visible again and come back when their hold ends",
+                    e.message
+                ),
+            ),
+        });
     }
     let plan = PurgePlan {
         dlq_url: dlq_url.to_owned(),
