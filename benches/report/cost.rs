@@ -361,38 +361,84 @@ fn instructions(opts: &Options, s: &mut Section, file: &Path, healthy_file: &Pat
         ]
     };
     type Args<'a> = Box<dyn Fn(&Path) -> Vec<std::ffi::OsString> + 'a>;
-    let runs: [(&str, &str, Args, &Path, &Path); 4] = [
-        (
-            "sqs-triage, 10% failing: processor without the AWS calls",
-            "triage-mixed",
-            Box::new(rust("event")),
-            &base,
-            file,
-        ),
-        (
-            "sqs-triage, healthy: deserialize, whole `Processor::process`, batch response",
-            "triage-healthy",
-            Box::new(rust("process")),
-            &healthy_base,
-            healthy_file,
-        ),
-        (
-            "Powertools `BatchProcessor`, 10% failing",
-            "powertools-mixed",
-            Box::new(py),
-            &base,
-            file,
-        ),
-        (
-            "Powertools `BatchProcessor`, healthy",
-            "powertools-healthy",
-            Box::new(py),
-            &healthy_base,
-            healthy_file,
-        ),
+    /// One pipeline counted: its row, its profile's name, its summary key, its command, its
+    /// small and big events, and the Powertools run (index) it is compared with.
+    struct Run<'a> {
+        what: &'static str,
+        name: &'static str,
+        key: &'static str,
+        args: Args<'a>,
+        small: &'a Path,
+        big: &'a Path,
+        compare: Option<usize>,
+    }
+    let runs: [Run; 6] = [
+        Run {
+            what: "sqs-triage, 10% failing: processor without the AWS calls",
+            name: "triage-mixed",
+            key: "ir.rust",
+            args: Box::new(rust("event")),
+            small: &base,
+            big: file,
+            compare: Some(2),
+        },
+        Run {
+            what: "sqs-triage, healthy: deserialize, whole `Processor::process`, batch response",
+            name: "triage-healthy",
+            key: "ir.rust_healthy",
+            args: Box::new(rust("process")),
+            small: &healthy_base,
+            big: healthy_file,
+            compare: Some(3),
+        },
+        Run {
+            what: "Powertools `BatchProcessor`, 10% failing",
+            name: "powertools-mixed",
+            key: "ir.python",
+            args: Box::new(py),
+            small: &base,
+            big: file,
+            compare: None,
+        },
+        Run {
+            what: "Powertools `BatchProcessor`, healthy",
+            name: "powertools-healthy",
+            key: "ir.python_healthy",
+            args: Box::new(py),
+            small: &healthy_base,
+            big: healthy_file,
+            compare: None,
+        },
+        Run {
+            what: "floor, healthy: `lambda_runtime`'s own pass over the event, handing it on as JSON text \
+             (`Box<RawValue>`, what `triage-lambda` takes), no handler",
+            name: "floor-raw",
+            key: "ir.floor_raw",
+            args: Box::new(rust("raw")),
+            small: &healthy_base,
+            big: healthy_file,
+            compare: Some(3),
+        },
+        Run {
+            what: "floor, healthy: `lambda_runtime`'s pass into `aws_lambda_events`' typed `SqsEvent` \
+             (what a typed Rust handler takes), no handler",
+            name: "floor-typed",
+            key: "ir.floor_typed",
+            args: Box::new(rust("typed")),
+            small: &healthy_base,
+            big: healthy_file,
+            compare: Some(3),
+        },
     ];
     let mut counted: Vec<Result<(u64, u64, PathBuf), String>> = Vec::new();
-    for (_, name, args, small, big) in &runs {
+    for Run {
+        name,
+        args,
+        small,
+        big,
+        ..
+    } in &runs
+    {
         let one = |f: &Path, n: usize| {
             let out = dir.join(format!("callgrind.{name}.{n}.out"));
             callgrind(&args(f), &out).map(|ir| (ir, out))
@@ -423,17 +469,22 @@ fn instructions(opts: &Options, s: &mut Section, file: &Path, healthy_file: &Pat
         "Ir, whole event",
         &format!("Ir, {BASELINE_RECORDS} records"),
     ]);
-    let keys = ["ir.rust", "ir.rust_healthy", "ir.python", "ir.python_healthy"];
-    for (i, ((what, ..), c)) in runs.iter().zip(&counted).enumerate() {
-        let ratio = match (i, per(c), per(&counted[(i + 2) % 4])) {
-            (0 | 1, Some(r), Some(p)) => format!("{:.1}×", p / r),
-            (2 | 3, Some(_), _) => "1×".into(),
+    for (
+        Run {
+            what, key, compare, ..
+        },
+        c,
+    ) in runs.iter().zip(&counted)
+    {
+        let ratio = match (per(c), compare.map(|k| per(&counted[k]))) {
+            (Some(r), Some(Some(p))) => format!("{:.1}×", p / r),
+            (Some(_), None) => "1×".into(),
             _ => "n/a".into(),
         };
         match c {
             Ok((b, f, _)) => {
                 let v = per(c).unwrap_or(f64::NAN);
-                s.value(keys[i], v);
+                s.value(key, v);
                 s.row(&[
                     (*what).into(),
                     format!("{v:.0}"),
@@ -453,6 +504,20 @@ fn instructions(opts: &Options, s: &mut Section, file: &Path, healthy_file: &Pat
                 s.fail(format!("instructions of {what}: {e}"));
             }
         }
+    }
+    if let (Some(py), Some(raw), Some(typed)) = (per(&counted[3]), per(&counted[4]), per(&counted[5])) {
+        let budget = py / 5.0;
+        s.line(String::new());
+        s.line(format!(
+            "A healthy record at 5× fewer instructions than Powertools' would have {budget:.0} \
+             to spend. `lambda_runtime`'s own deserialization of the event, before any handler \
+             code runs, takes {raw:.0} of them when it hands the event on as text ({:.0}% of \
+             that budget), and {typed:.0} when it builds the typed `SqsEvent` ({:.0}%): the \
+             floor rows, which run only that deserialization (`serde_path_to_error` over \
+             `serde_json`, as `lambda_runtime` 1.5 does) on the same events.",
+            raw * 100.0 / budget,
+            typed * 100.0 / budget,
+        ));
     }
     for (i, title) in [(0, "10% failing"), (1, "healthy")] {
         let Ok((_, total, out)) = &counted[i] else {
@@ -663,23 +728,41 @@ fn thousands(n: u64) -> String {
     out
 }
 
-/// `--once event|process FILE`: one pass over the event file in this process, for
+/// `--once event|process|raw|typed FILE`: one pass over the event file in this process, for
 /// `valgrind`. `event`: the 10%-failing pipeline without AWS calls
 /// ([`pipeline::Bench::process_event`]); `process`: the whole processor
-/// ([`pipeline::Bench::handle_event`]), which must make no AWS call.
+/// ([`pipeline::Bench::handle_event`]), which must make no AWS call; `raw` and `typed`: only
+/// `lambda_runtime`'s deserialization of the event, into JSON text or the typed `SqsEvent`
+/// ([`floor`]).
 pub fn once(args: &[String]) -> Result<Tally, String> {
     let [kind, file] = args else {
-        return Err("usage: --once event|process FILE".into());
+        return Err("usage: --once event|process|raw|typed FILE".into());
     };
     let raw = std::fs::read(file).map_err(|e| format!("cannot read {file}: {e}"))?;
     let bench = pipeline::Bench::with_patience(std::time::Duration::from_secs(3_600));
     let tally = match kind.as_str() {
         "event" => bench.process_event(&raw, 1_700_000_000_000),
         "process" => bench.handle_event(&raw),
+        "raw" => floor::<Box<serde_json::value::RawValue>>(&raw, |_| 0)?,
+        "typed" => floor::<aws_lambda_events::event::sqs::SqsEvent>(&raw, |e| e.records.len())?,
         other => return Err(format!("unknown pass `{other}`")),
     };
     match bench.calls.total() {
         0 => Ok(tally),
         n => Err(format!("{n} AWS calls")),
     }
+}
+
+/// What `lambda_runtime` does with an event before a handler taking `T` runs: deserializes it
+/// from the body's bytes through `serde_path_to_error` (its `deserializer::deserialize`). The
+/// tally's records are what `count` reads of the result (0 for text, which is not read);
+/// nothing else is done with it.
+fn floor<T: serde::de::DeserializeOwned>(raw: &[u8], count: impl Fn(&T) -> usize) -> Result<Tally, String> {
+    let event: T = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(raw))
+        .map_err(|e| format!("not an event: {e}"))?;
+    let event = std::hint::black_box(event);
+    Ok(Tally {
+        records: count(&event),
+        ..Tally::default()
+    })
 }
