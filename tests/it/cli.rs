@@ -1283,11 +1283,36 @@ fn in_terminal(stack: &Stack, cmd: &str) -> std::process::Child {
         .expect("run script (util-linux)")
 }
 
+/// The output of a command run with [`in_terminal`], chunk by chunk as it comes.
+fn terminal_output(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<Vec<u8>> {
+    use std::io::Read;
+    let mut out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Types Ctrl-C into the terminal of a command run with [`in_terminal`], and waits for it to end.
+fn ctrl_c_and_wait(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(b"\x03").unwrap();
+    input.flush().unwrap();
+    let status = child.wait().unwrap();
+    drop(input);
+    status
+}
+
 /// Ctrl-C while purge is still reading the DLQ (before its question) deletes nothing and
 /// makes what it had read visible again.
 #[tokio::test]
 async fn ctrl_c_while_purge_reads_makes_everything_visible_again() {
-    use std::io::Read;
     use support::fault_proxy::{Fault, FaultProxy, FaultRule};
     let stack = setup("cli-purge-read-int");
     let jobs: Vec<(FailureClass, &str, String)> = (0..30)
@@ -1306,16 +1331,7 @@ async fn ctrl_c_while_purge_reads_makes_everything_visible_again() {
         &stack,
         &format!("AWS_ENDPOINT_URL_SQS={} {BIN} dlq purge --type junk", proxy.url()),
     );
-    let mut out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 1024];
-        while let Ok(n) = out.read(&mut buf) {
-            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = terminal_output(&mut child);
     // The second receive is on its way: the first one's ten messages are held.
     let asked = std::time::Instant::now();
     while proxy.count("ReceiveMessage") < 2 {
@@ -1325,11 +1341,7 @@ async fn ctrl_c_while_purge_reads_makes_everything_visible_again() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(b"\x03").unwrap();
-    input.flush().unwrap();
-    let status = child.wait().unwrap();
-    drop(input);
+    let status = ctrl_c_and_wait(&mut child);
     let seen: Vec<u8> = rx.try_iter().flatten().collect();
     let seen = String::from_utf8_lossy(&seen);
     assert!(!status.success(), "{seen}");
@@ -1341,23 +1353,13 @@ async fn ctrl_c_while_purge_reads_makes_everything_visible_again() {
 /// Ctrl-C at the purge question deletes nothing and leaves nothing hidden.
 #[tokio::test]
 async fn ctrl_c_at_the_purge_question_makes_everything_visible_again() {
-    use std::io::Read;
     let stack = setup("cli-purge-int");
     let mut jobs: Vec<(FailureClass, &str, String)> = Vec::new();
     jobs.extend((0..3).map(|i| (FailureClass::Invalid, "junk", format!("pi-j{i}"))));
     jobs.extend((0..2).map(|i| (FailureClass::Fatal, "keep", format!("pi-k{i}"))));
     seed_dlq(&stack, &jobs).await;
     let mut child = in_terminal(&stack, &format!("{BIN} dlq purge --type junk"));
-    let mut out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 1024];
-        while let Ok(n) = out.read(&mut buf) {
-            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = terminal_output(&mut child);
     let mut seen = Vec::new();
     while !String::from_utf8_lossy(&seen).contains("[y/N]") {
         let chunk = rx
@@ -1365,11 +1367,7 @@ async fn ctrl_c_at_the_purge_question_makes_everything_visible_again() {
             .unwrap_or_else(|_| panic!("no question: {}", String::from_utf8_lossy(&seen)));
         seen.extend(chunk);
     }
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(b"\x03").unwrap();
-    input.flush().unwrap();
-    let status = child.wait().unwrap();
-    drop(input);
+    let status = ctrl_c_and_wait(&mut child);
     let rest: Vec<u8> = rx.try_iter().flatten().collect();
     seen.extend(rest);
     assert!(!status.success(), "{}", String::from_utf8_lossy(&seen));
