@@ -456,6 +456,56 @@ async fn bad_input_gets_one_clear_line_and_a_nonzero_exit() {
     assert_eq!(visible_count(&stack.dlq_url).await, 1);
 }
 
+/// `--max-scan N` reads at most N messages, and every command that reads the DLQ says when it
+/// stopped there.
+#[tokio::test]
+async fn reads_stop_at_max_scan_and_say_so() {
+    let stack = setup("cli-max-scan");
+    let jobs: Vec<(FailureClass, &str, String)> = (0..12)
+        .map(|i| (FailureClass::Fatal, "ms.job", format!("ms-{i}")))
+        .collect();
+    seed_dlq(&stack, &jobs).await;
+
+    let list = ok_json(&run(Some(&stack), &["dlq", "list", "--max-scan", "5", "--json"]));
+    assert_eq!(
+        (list["total"].as_u64(), list["scanned"].as_u64()),
+        (Some(5), Some(5)),
+        "{list}"
+    );
+    assert_eq!(list["scan_limit_reached"], true, "{list}");
+    assert_eq!(list["incomplete"], false, "{list}");
+    let human = run(Some(&stack), &["dlq", "list", "--max-scan", "5"]);
+    assert!(human.status.success(), "{}", stderr(&human));
+    assert!(
+        String::from_utf8_lossy(&human.stdout)
+            .contains("note: the read stopped at --max-scan (5 message(s))"),
+        "{}",
+        String::from_utf8_lossy(&human.stdout)
+    );
+    let all = ok_json(&run(Some(&stack), &["dlq", "list", "--json"]));
+    assert_eq!(all["total"], 12, "{all}");
+    assert_eq!(all["scan_limit_reached"], false, "{all}");
+
+    let dry = ok_json(&run(
+        Some(&stack),
+        &["dlq", "replay", "--dry-run", "--max-scan", "7", "--json"],
+    ));
+    assert_eq!(
+        (dry["scanned"].as_u64(), dry["selected"].as_u64()),
+        (Some(7), Some(7)),
+        "{dry}"
+    );
+    assert_eq!(dry["scan_limit_reached"], true, "{dry}");
+
+    let purge = ok_json(&run(
+        Some(&stack),
+        &["dlq", "purge", "--max-scan", "3", "--yes", "--json"],
+    ));
+    assert_eq!(purge["deleted"], 3, "{purge}");
+    assert_eq!(purge["scan_limit_reached"], true, "{purge}");
+    assert_eq!(visible_count(&stack.dlq_url).await, 9);
+}
+
 #[tokio::test]
 async fn list_show_and_dry_run_remove_nothing() {
     let stack = setup("cli-list");

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::super::output::{self, Report, Table};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult};
-use super::read::{DlqMessage, Filter, read_all};
+use super::read::{DlqMessage, Filter, ReadEnd, read_to_end};
 use crate::clock::now_ms;
 use crate::core::failure::FailureRecord;
 use crate::effects::dlq::original_attributes;
@@ -88,12 +88,19 @@ pub struct ListReport {
     /// Every message, when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub messages: Option<Vec<MessageSummary>>,
+    /// DLQ messages read, selected or not.
+    pub scanned: usize,
+    /// The read stopped at `--max-scan`: messages past them, if any, are not counted.
+    pub scan_limit_reached: bool,
+    /// The DLQ was not read to the end (messages kept coming back): counts may be short.
+    pub incomplete: bool,
 }
 
 impl Report for ListReport {
     fn human(&self) -> String {
+        let note = scan_limit_note(self.scan_limit_reached, self.scanned);
         if self.total == 0 {
-            return format!("DLQ {} is empty\n", self.dlq_url);
+            return format!("DLQ {} is empty\n{note}", self.dlq_url);
         }
         let mut out = format!("DLQ {}: {} message(s)\n\n", self.dlq_url, self.total);
         let mut t = Table::new(["TYPE", "CLASS", "COUNT", "OLDEST", "NEWEST", "ERROR"]);
@@ -128,8 +135,25 @@ impl Report for ListReport {
             }
             out.push_str(&t.render());
         }
-        out
+        out + &note
     }
+
+    fn problem(&self) -> Option<String> {
+        incomplete_problem(self.incomplete, self.scanned)
+    }
+}
+
+/// The line a report ends with when its read stopped at `--max-scan` (else nothing).
+pub(super) fn scan_limit_note(reached: bool, scanned: usize) -> String {
+    match reached.then(|| ReadEnd::ScanLimit.note(scanned)).flatten() {
+        Some(n) => format!("note: {n}\n"),
+        None => String::new(),
+    }
+}
+
+/// The problem (exit 5) of a report whose read did not reach the end of the DLQ.
+pub(super) fn incomplete_problem(incomplete: bool, scanned: usize) -> Option<String> {
+    incomplete.then(|| ReadEnd::CutShort.note(scanned)).flatten()
 }
 
 /// Groups messages by job type and class.
@@ -178,16 +202,17 @@ pub async fn list(
 ) -> OpsResult<ListReport> {
     filter.validate()?;
     let now = now_ms();
-    let all: Vec<DlqMessage> = read_all(ctx, dlq_url, max)
-        .await?
-        .into_iter()
-        .filter(|m| filter.matches(m, now))
-        .collect();
+    let (read, read_end) = read_to_end(ctx, dlq_url, max).await?;
+    let scanned = read.len();
+    let all: Vec<DlqMessage> = read.into_iter().filter(|m| filter.matches(m, now)).collect();
     Ok(ListReport {
         dlq_url: dlq_url.to_owned(),
         total: all.len(),
         groups: group(&all, now),
         messages: with_messages.then(|| all.iter().map(|m| MessageSummary::of(m, now)).collect()),
+        scanned,
+        scan_limit_reached: read_end == ReadEnd::ScanLimit,
+        incomplete: read_end == ReadEnd::CutShort,
     })
 }
 
@@ -218,6 +243,12 @@ pub struct ShowReport {
     pub id: String,
     /// Every DLQ message with that job id or message id.
     pub messages: Vec<ShownMessage>,
+    /// DLQ messages read.
+    pub scanned: usize,
+    /// The read stopped at `--max-scan`: messages past them, if any, were not looked at.
+    pub scan_limit_reached: bool,
+    /// The DLQ was not read to the end (messages kept coming back).
+    pub incomplete: bool,
 }
 
 impl Report for ShowReport {
@@ -257,7 +288,11 @@ impl Report for ShowReport {
             t.row(["body", m.body.as_str()]);
             out.push_str(&t.render());
         }
-        out
+        out + &scan_limit_note(self.scan_limit_reached, self.scanned)
+    }
+
+    fn problem(&self) -> Option<String> {
+        incomplete_problem(self.incomplete, self.scanned)
     }
 }
 
@@ -268,8 +303,9 @@ pub async fn show(ctx: &Ctx, dlq_url: &str, id: &str, max: usize) -> OpsResult<S
         ids: vec![id.to_owned()],
         ..Filter::default()
     };
-    let messages: Vec<ShownMessage> = read_all(ctx, dlq_url, max)
-        .await?
+    let (read, read_end) = read_to_end(ctx, dlq_url, max).await?;
+    let scanned = read.len();
+    let messages: Vec<ShownMessage> = read
         .into_iter()
         .filter(|m| filter.matches(m, now))
         .map(|m| {
@@ -299,15 +335,18 @@ pub async fn show(ctx: &Ctx, dlq_url: &str, id: &str, max: usize) -> OpsResult<S
         })
         .collect();
     if messages.is_empty() {
-        return Err(OpsError::new(
-            ErrorKind::NotFound,
-            format!(
-                "no DLQ message with job id or message id `{id}` in {dlq_url}: see `triage dlq list --messages`"
-            ),
-        ));
+        let mut e = format!("no DLQ message with job id or message id `{id}` in {dlq_url}");
+        match read_end.note(scanned) {
+            Some(note) => e.push_str(&format!(" ({note})")),
+            None => e.push_str(": see `triage dlq list --messages`"),
+        }
+        return Err(OpsError::new(ErrorKind::NotFound, e));
     }
     Ok(ShowReport {
         id: id.to_owned(),
         messages,
+        scanned,
+        scan_limit_reached: read_end == ReadEnd::ScanLimit,
+        incomplete: read_end == ReadEnd::CutShort,
     })
 }

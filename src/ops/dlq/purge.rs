@@ -10,8 +10,8 @@ use serde::Serialize;
 use super::super::audit::{self, AuditEntry, AuditStatus};
 use super::super::output::Report;
 use super::super::{Ctx, OpsError, OpsResult};
-use super::list::{Group, group};
-use super::read::{DlqMessage, Filter, Sweep, delete, release};
+use super::list::{Group, group, incomplete_problem, scan_limit_note};
+use super::read::{DlqMessage, Filter, ReadEnd, Sweep, delete, release};
 use crate::clock::now_ms;
 
 /// What `dlq purge` is about to delete, for the confirmation prompt.
@@ -25,6 +25,11 @@ pub struct PurgePlan {
     pub groups: Vec<Group>,
     /// Messages selected.
     pub selected: usize,
+    /// The read stopped at `--max-scan`: messages past them, if any, were not looked at.
+    pub scan_limit_reached: bool,
+    /// The DLQ was not read to the end (messages kept coming back): messages that match may
+    /// not have been read, nor deleted.
+    pub incomplete: bool,
 }
 
 /// What `dlq purge` did.
@@ -49,22 +54,26 @@ pub struct PurgeReport {
 impl Report for PurgeReport {
     fn human(&self) -> String {
         format!(
-            "deleted {} of {} selected message(s) from {}\n",
-            self.deleted, self.plan.selected, self.plan.dlq_url
+            "deleted {} of {} selected message(s) from {}\n{}",
+            self.deleted,
+            self.plan.selected,
+            self.plan.dlq_url,
+            scan_limit_note(self.plan.scan_limit_reached, self.plan.scanned)
         )
     }
 
     fn problem(&self) -> Option<String> {
-        (self.failed > 0).then(|| {
-            let mut p = format!("{} selected message(s) were not deleted", self.failed);
-            if self.lost_hold > 0 {
-                p.push_str(&format!(
-                    " ({} were no longer held when the purge was confirmed and another reader has them or deleted them; run the purge again)",
-                    self.lost_hold
-                ));
-            }
-            p
-        })
+        if self.failed == 0 {
+            return incomplete_problem(self.plan.incomplete, self.plan.scanned);
+        }
+        let mut p = format!("{} selected message(s) were not deleted", self.failed);
+        if self.lost_hold > 0 {
+            p.push_str(&format!(
+                " ({} were no longer held when the purge was confirmed and another reader has them or deleted them; run the purge again)",
+                self.lost_hold
+            ));
+        }
+        Some(p)
     }
 
     fn audit(&self) -> Option<&AuditStatus> {
@@ -83,6 +92,8 @@ impl PurgeReport {
                 "selected": self.plan.selected,
                 "failed": self.failed,
                 "lost_hold": self.lost_hold,
+                "scan_limit_reached": self.plan.scan_limit_reached,
+                "incomplete": self.plan.incomplete,
             }));
         self.audit = audit::record_action(ctx, entry).await;
         self
@@ -103,6 +114,11 @@ impl PurgePlan {
             .collect();
         if !parts.is_empty() {
             q.push_str(&format!(" ({})", parts.join(", ")));
+        }
+        if self.scan_limit_reached {
+            q.push_str(", read up to --max-scan: messages past them are not included");
+        } else if self.incomplete {
+            q.push_str(", from a read that did not reach the end of the DLQ");
         }
         q + "? This cannot be undone. [y/N] "
     }
@@ -221,6 +237,8 @@ pub async fn purge_with(
         scanned,
         groups: group(&selected, now),
         selected: selected.len(),
+        scan_limit_reached: sweep.end() == ReadEnd::ScanLimit,
+        incomplete: sweep.end() == ReadEnd::CutShort,
     };
     // Only the selection waits for the answer: the rest goes back now, not after the
     // question (which may wait up to the hold, or be interrupted).

@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use serde::Serialize;
 
 use super::super::{Ctx, OpsError, OpsResult};
 use crate::core::envelope::{self, EnvelopeLimits, EventBridgeTypes, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE};
@@ -293,6 +294,37 @@ impl Filter {
     }
 }
 
+/// How a read of the DLQ ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadEnd {
+    /// An empty receive: every message visible in the DLQ was read.
+    #[default]
+    Complete,
+    /// `--max-scan` messages were read: messages past them, if any, were not.
+    ScanLimit,
+    /// Messages kept coming back faster than the read could hold them again: messages that were
+    /// in the DLQ may not have been read.
+    CutShort,
+}
+
+impl ReadEnd {
+    /// One line on what a read that ended this way after `read` messages leaves out, when it
+    /// may leave something out.
+    pub fn note(self, read: usize) -> Option<String> {
+        match self {
+            Self::Complete => None,
+            Self::ScanLimit => Some(format!(
+                "the read stopped at --max-scan ({read} message(s)): messages past them, if any, were not read"
+            )),
+            Self::CutShort => Some(format!(
+                "the DLQ was not read to the end ({read} message(s) read; messages kept coming back): \
+                 messages that were in it may not have been read; run the command again"
+            )),
+        }
+    }
+}
+
 /// Receives every message of a queue once, holding each invisible for `visibility`. A
 /// message whose hold ends before the sweep does comes back: it is held again, so that it
 /// does not crowd out the messages not read yet (a slow replay holds what it does not move
@@ -342,6 +374,17 @@ impl<'a> Sweep<'a> {
         self.cut_short
     }
 
+    /// How the sweep ended (or would end now, if it has not).
+    pub(super) fn end(&self) -> ReadEnd {
+        if self.cut_short {
+            ReadEnd::CutShort
+        } else if !self.done && self.seen.len() >= self.max {
+            ReadEnd::ScanLimit
+        } else {
+            ReadEnd::Complete
+        }
+    }
+
     /// The next received batch, split into messages never seen before and messages seen
     /// again (their hold expired; the new receipt handle replaces the old). `None` when the
     /// queue has nothing more to show.
@@ -355,7 +398,8 @@ impl<'a> Sweep<'a> {
             .sqs_call("ReceiveMessage", Some((self.url, "TRIAGE_DLQ_URL")), || {
                 sqs.receive_message()
                     .queue_url(self.url)
-                    .max_number_of_messages(10)
+                    // No more than `max` messages in all.
+                    .max_number_of_messages(self.max.saturating_sub(self.seen.len()).clamp(1, 10) as i32)
                     // A long poll asks every SQS server, so an empty answer means the queue has
                     // no visible message left (a short poll samples and can come back empty
                     // early).
@@ -452,6 +496,15 @@ pub(super) async fn delete(ctx: &Ctx, url: &str, handles: &[(String, String)]) -
 
 /// Reads the whole DLQ (up to `max` messages) and makes everything visible again.
 pub async fn read_all(ctx: &Ctx, dlq_url: &str, max: usize) -> OpsResult<Vec<DlqMessage>> {
+    read_to_end(ctx, dlq_url, max).await.map(|(all, _)| all)
+}
+
+/// [`read_all`], and how the read ended.
+pub(super) async fn read_to_end(
+    ctx: &Ctx,
+    dlq_url: &str,
+    max: usize,
+) -> OpsResult<(Vec<DlqMessage>, ReadEnd)> {
     let mut sweep = Sweep::new(ctx, dlq_url, Duration::from_secs(60), max);
     let mut found: HashMap<String, DlqMessage> = HashMap::new();
     let result = async {
@@ -467,7 +520,7 @@ pub async fn read_all(ctx: &Ctx, dlq_url: &str, max: usize) -> OpsResult<Vec<Dlq
     result?;
     let mut all: Vec<DlqMessage> = found.into_values().collect();
     all.sort_by_key(|m| (m.failed_at_ms(), m.message_id.clone()));
-    Ok(all)
+    Ok((all, sweep.end()))
 }
 
 /// SQS's approximate count of visible messages in `url`, when it can be read.

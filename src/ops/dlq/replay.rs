@@ -13,8 +13,8 @@ use serde::Serialize;
 use super::super::audit::{self, AuditEntry, AuditStatus};
 use super::super::output::{Report, Table, progress};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, queue_arn, resolve_queue};
-use super::list::{Group, group};
-use super::read::{DlqMessage, Filter, Sweep, approximate_count, delete, release};
+use super::list::{Group, group, scan_limit_note};
+use super::read::{DlqMessage, Filter, ReadEnd, Sweep, approximate_count, delete, release};
 use crate::clock::now_ms;
 use crate::core::envelope::SQS_MAX_MESSAGE_BYTES;
 use crate::effects::dlq::{group_for, original_attributes};
@@ -103,6 +103,8 @@ pub struct ReplayReport {
     /// The DLQ was not read to the end: messages kept coming back faster than the sweep could
     /// hold them again, so messages that were in the DLQ may not have been read (nor moved).
     pub incomplete: bool,
+    /// The read stopped at `--max-scan`: messages past them, if any, were not looked at.
+    pub scan_limit_reached: bool,
     /// Wall time, in milliseconds.
     pub elapsed_ms: u64,
     /// The DLQ message ids sent to their target (none in a dry run); not in the JSON report,
@@ -167,7 +169,7 @@ impl Report for ReplayReport {
                 self.delete_failed
             ));
         }
-        out
+        out + &scan_limit_note(self.scan_limit_reached, self.scanned)
     }
 
     fn problem(&self) -> Option<String> {
@@ -609,6 +611,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
     }
     .await;
     let incomplete = sweep.cut_short();
+    let scan_limit_reached = sweep.end() == ReadEnd::ScanLimit;
     bar.finish_and_clear();
     // Everything not moved goes back to visible, whatever happened above.
     let held: Vec<String> = st
@@ -660,6 +663,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         repeated: st.repeated,
         interrupted: stopped(),
         incomplete,
+        scan_limit_reached,
         elapsed_ms: started.elapsed().as_millis() as u64,
         moved_ids,
         audit,
