@@ -781,7 +781,10 @@ async fn run_dlq(
             let r = dlq::purge_with(ctx, dlq_url, &opts, |plan| {
                 interrupt.enter(PurgeInterrupt::ASKING);
                 let yes = confirmed(*yes, &plan.question());
-                interrupt.enter(PurgeInterrupt::ANSWERED);
+                // After a no, the selection is given back: a further Ctrl-C waits for that.
+                if yes {
+                    interrupt.enter(PurgeInterrupt::ANSWERED);
+                }
                 yes
             })
             .await?;
@@ -954,8 +957,8 @@ fn stop_on_ctrl_c() -> Arc<AtomicBool> {
 
 /// Ctrl-C during `dlq purge`. While the DLQ is read, the first one stops the read (what was
 /// read is made visible again, nothing is deleted) and a second quits at once; while the
-/// question waits, the question's own handler takes it (as a no); after the answer it quits
-/// at once.
+/// question waits, the question's own handler takes it (as a no), and after a no, the
+/// selection is given back whatever comes; after a yes it quits at once.
 struct PurgeInterrupt {
     stop: Arc<AtomicBool>,
     phase: Arc<AtomicU8>,

@@ -1400,6 +1400,114 @@ async fn ctrl_c_while_purge_reads_makes_everything_visible_again() {
     assert_eq!(visible_count(&stack.dlq_url).await, 30, "{seen}");
 }
 
+/// Sends SIGINT to `child`, as Ctrl-C in its terminal would.
+fn sigint(child: &std::process::Child) {
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+/// Waits until `proxy` has received `n` requests of `op`.
+async fn until_requests(proxy: &support::fault_proxy::FaultProxy, op: &str, n: u64) {
+    let asked = std::time::Instant::now();
+    while proxy.count(op) < n {
+        assert!(asked.elapsed() < Duration::from_secs(30), "no {op} #{n}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `dlq purge --yes --json` on `stack`, its SQS calls through `proxy`, interrupted while the
+/// `n`th `op` request is held up by the proxy: exits 2 and deletes nothing.
+async fn purge_interrupted_at(stack: &Stack, op: &str, n: u64) {
+    use support::fault_proxy::{Fault, FaultProxy, FaultRule};
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.add_rule(FaultRule {
+        ops: Some(vec![op.into()]),
+        body_contains: None,
+        fault: Fault::Delay(Duration::from_millis(1500)),
+        times: None,
+    });
+    let child = triage_cmd(
+        Some(stack),
+        &["dlq", "purge", "--type", "junk", "--yes", "--json"],
+    )
+    .env("AWS_ENDPOINT_URL_SQS", proxy.url())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    until_requests(&proxy, op, n).await;
+    sigint(&child);
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nothing was deleted"), "{}", stderr(&o));
+}
+
+/// With --yes there is no question: a Ctrl-C during the read's last (empty) receive, or while
+/// the messages not selected are given back, still stops the purge before it deletes.
+#[tokio::test]
+async fn a_ctrl_c_at_the_end_of_the_read_stops_a_purge_without_question() {
+    let stack = setup("cli-purge-int-yes");
+    let jobs = [
+        (FailureClass::Invalid, "junk", "piy-j".to_owned()),
+        (FailureClass::Fatal, "keep", "piy-k".to_owned()),
+    ];
+    seed_dlq(&stack, &jobs).await;
+    // Receive 1 brings both messages; receive 2, the empty one, ends the read.
+    purge_interrupted_at(&stack, "ReceiveMessage", 2).await;
+    assert_eq!(visible_count(&stack.dlq_url).await, 2);
+    // The first visibility change gives back the message not selected.
+    purge_interrupted_at(&stack, "ChangeMessageVisibilityBatch", 1).await;
+    assert_eq!(visible_count(&stack.dlq_url).await, 2);
+}
+
+/// A second Ctrl-C while a declined purge gives its selection back does not cut that short.
+#[tokio::test]
+async fn a_second_ctrl_c_after_the_purge_question_still_gives_everything_back() {
+    use support::fault_proxy::{Fault, FaultProxy, FaultRule};
+    let stack = setup("cli-purge-int-twice");
+    let jobs: Vec<(FailureClass, &str, String)> = (0..3)
+        .map(|i| (FailureClass::Invalid, "junk", format!("pit-{i}")))
+        .collect();
+    seed_dlq(&stack, &jobs).await;
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    let mut child = in_terminal(
+        &stack,
+        &format!("AWS_ENDPOINT_URL_SQS={} {BIN} dlq purge --type junk", proxy.url()),
+    );
+    let rx = terminal_output(&mut child);
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("[y/N]") {
+        seen.extend(rx.recv_timeout(Duration::from_secs(30)).expect("the question"));
+    }
+    // The selection's release is held up; the second Ctrl-C lands while it waits.
+    proxy.add_rule(FaultRule {
+        ops: Some(vec!["ChangeMessageVisibilityBatch".into()]),
+        body_contains: None,
+        fault: Fault::Delay(Duration::from_millis(1500)),
+        times: None,
+    });
+    let released = proxy.count("ChangeMessageVisibilityBatch");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(b"\x03").unwrap();
+    input.flush().unwrap();
+    until_requests(&proxy, "ChangeMessageVisibilityBatch", released + 1).await;
+    input.write_all(b"\x03").unwrap();
+    input.flush().unwrap();
+    let status = child.wait().unwrap();
+    drop(input);
+    seen.extend(rx.try_iter().flatten());
+    assert!(!status.success(), "{}", String::from_utf8_lossy(&seen));
+    assert_eq!(
+        visible_count(&stack.dlq_url).await,
+        3,
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
+}
+
 /// Ctrl-C at the purge question deletes nothing and leaves nothing hidden.
 #[tokio::test]
 async fn ctrl_c_at_the_purge_question_makes_everything_visible_again() {

@@ -188,12 +188,11 @@ pub async fn purge_with(
     let mut scanned = 0;
     let now = now_ms();
     let stopped = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
+    let interrupted = || OpsError::usage("purge interrupted while reading the DLQ: nothing was deleted");
     let read = async {
         loop {
             if stopped() {
-                return Err(OpsError::usage(
-                    "purge interrupted while reading the DLQ: nothing was deleted",
-                ));
+                return Err(interrupted());
             }
             let asked = Instant::now();
             let Some((new, again)) = sweep.next().await? else {
@@ -210,14 +209,18 @@ pub async fn purge_with(
                 }
             }
         }
+        // A stop during the last receive counts too.
+        if stopped() {
+            return Err(interrupted());
+        }
         Ok::<_, OpsError>(())
     }
     .await;
     let handles = |held: HashMap<String, (String, Instant)>| held.into_values().map(|(h, _)| h);
-    if let Err(e) = read {
-        let read = held.len();
+    // Gives back what is held, and says so in `e`.
+    let give_back = |e: OpsError, held: HashMap<String, (String, Instant)>, read: usize| async move {
         let not_released = release(ctx, dlq_url, handles(held)).await;
-        return Err(match not_released {
+        match not_released {
             _ if read == 0 => e,
             0 => OpsError::new(
                 e.kind,
@@ -230,7 +233,11 @@ pub async fn purge_with(
                     e.message
                 ),
             ),
-        });
+        }
+    };
+    if let Err(e) = read {
+        let read = held.len();
+        return Err(give_back(e, held, read).await);
     }
     let plan = PurgePlan {
         dlq_url: dlq_url.to_owned(),
@@ -245,7 +252,12 @@ pub async fn purge_with(
     let chosen: HashSet<&str> = selected.iter().map(|m| m.message_id.as_str()).collect();
     let (mut held, others): (HashMap<_, _>, HashMap<_, _>) =
         held.into_iter().partition(|(id, _)| chosen.contains(id.as_str()));
+    let read = held.len() + others.len();
     release(ctx, dlq_url, handles(others)).await;
+    // A stop while the others were given back: the selection goes back too, before any question.
+    if stopped() {
+        return Err(give_back(interrupted(), held, read).await);
+    }
     if plan.selected == 0 {
         let report = PurgeReport {
             plan,
