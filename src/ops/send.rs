@@ -46,23 +46,54 @@ pub struct JobSpec {
     pub group: Option<String>,
 }
 
-/// A job's payload: its JSON text as given, checked to be JSON and never parsed into values,
-/// so it is sent byte for byte (a parse would rewrite a number that a 64-bit reading cannot
-/// carry, such as `123456789012345678901234` or `19.99999999999999999`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A job's payload: its JSON text as given, without the whitespace between its tokens, so it
+/// is sent as written (a parse and a write would rewrite a number that a 64-bit reading
+/// cannot carry, such as `123456789012345678901234` or `19.99999999999999999`), on one line.
+#[derive(Debug, Clone, Serialize)]
 #[serde(transparent)]
 pub struct Payload(Box<RawValue>);
 
 impl Payload {
-    /// The payload `text` is, when it is one JSON value (whitespace around it is dropped).
+    /// The payload `text` is, when it is one JSON value the processor can read (a number in
+    /// range, no lone surrogate, nesting within serde_json's limit).
     pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
-        serde_json::from_str(text).map(Self)
+        serde_json::from_str::<Value>(text)?;
+        serde_json::from_str(&compact(text)).map(Self)
     }
 
     /// The payload's JSON text.
     pub fn text(&self) -> &str {
         self.0.get()
     }
+}
+
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = Box::<RawValue>::deserialize(deserializer)?;
+        Self::parse(raw.get()).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `json` (one JSON value) without the whitespace between its tokens; the text of its strings,
+/// numbers and names as written.
+fn compact(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in json.chars() {
+        if in_string {
+            out.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+        } else if !matches!(c, ' ' | '\t' | '\n' | '\r') {
+            in_string = c == '"';
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl Default for Payload {
@@ -860,6 +891,42 @@ mod tests {
         );
         assert!(Payload::parse("{not json").is_err());
         assert!(Payload::parse("1 2").is_err());
+    }
+
+    #[test]
+    fn payloads_lose_only_the_whitespace_between_tokens() {
+        let given = "{\n  \"a b\" : [ 1 ,\t2e0 ],\r\n  \"s\": \"x \\\" \\\\ y\\n\" }\n";
+        let p = Payload::parse(given).unwrap();
+        assert_eq!(p.text(), r#"{"a b":[1,2e0],"s":"x \" \\ y\n"}"#);
+        // The same value, read as the processor reads it.
+        assert_eq!(
+            serde_json::from_str::<Value>(p.text()).unwrap(),
+            serde_json::from_str::<Value>(given).unwrap()
+        );
+        let line = format!("{{\"type\":\"t\",\"payload\":{given}}}");
+        let jobs = parse_ndjson(&line.replace(['\n', '\r'], " "), false).unwrap();
+        assert_eq!(jobs[0].1.payload, p);
+        // Written back as one NDJSON line.
+        let job = Job::from_spec(JobSpec {
+            payload: p,
+            ..jobs[0].1.clone()
+        });
+        assert_eq!(job.raw.matches('\n').count(), 1);
+        assert_eq!(parse_ndjson(&job.raw, false).unwrap()[0].1, job.spec);
+    }
+
+    #[test]
+    fn payloads_the_processor_cannot_read_are_refused_as_json() {
+        for bad in [
+            "1e400",
+            "\"\\ud800\"",
+            &format!("{}1{}", "[".repeat(200), "]".repeat(200)),
+        ] {
+            assert!(Payload::parse(bad).is_err(), "{bad}");
+            let line = format!("{{\"type\":\"t\",\"payload\":{bad}}}");
+            let e = parse_ndjson(&line, false).unwrap_err();
+            assert!(e.message.contains("line 1: not a job"), "{}", e.message);
+        }
     }
 
     #[test]

@@ -366,6 +366,45 @@ async fn send_keeps_every_digit_of_a_payload() {
     }
 }
 
+/// A `--payload` written over several lines goes as one line: its `--unsent` line can be sent
+/// again.
+#[tokio::test]
+async fn the_unsent_line_of_a_payload_written_over_several_lines_can_be_sent_again() {
+    use support::fault_proxy::{Fault, FaultProxy};
+    let stack = setup("cli-send-unsent-lines");
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_always("SendMessageBatch", Fault::Throttle);
+    let unsent = std::env::temp_dir().join(support::unique_name("unsent-lines"));
+    let unsent = unsent.to_str().unwrap();
+    let payload = "{\n  \"a\": 1,\n  \"n\": 123456789012345678901234\n}";
+    let o = triage_cmd(
+        Some(&stack),
+        &[
+            "send",
+            "--type",
+            "t",
+            "--id",
+            "j1",
+            "--payload",
+            payload,
+            "--unsent",
+            unsent,
+        ],
+    )
+    .env("AWS_ENDPOINT_URL_SQS", proxy.url())
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    let again = ok_json(&run(Some(&stack), &["send", "--file", unsent, "--json"]));
+    assert_eq!(again["accepted"], 1, "{again}");
+    let got = drain(&stack.queue_url, 1).await;
+    assert_eq!(
+        got[0].body(),
+        Some(r#"{"id":"j1","payload":{"a":1,"n":123456789012345678901234},"type":"t"}"#)
+    );
+    let _ = std::fs::remove_file(unsent);
+}
+
 #[tokio::test]
 async fn bad_input_gets_one_clear_line_and_a_nonzero_exit() {
     let stack = setup("cli-bad");
