@@ -500,7 +500,9 @@ impl BreakerState {
             Phase::Closed => self.record_failures(agg.transient_failures, agg.generation, now_ms, config),
             Phase::Open => None,
             Phase::HalfOpen => {
-                if agg.probe_failures > 0 {
+                // A probe's failure reopens the breaker only while its lease is held: once
+                // expired, its slot may be another probe's, whose outcome must not be cut off.
+                if agg.probe_failures > 0 && agg.leases.iter().any(|id| s.leases.contains_key(id)) {
                     return Some(s.opened(now_ms, config).bumped());
                 }
                 let mut next = s;

@@ -70,8 +70,8 @@ pub struct FailureRecord {
 
 impl FailureRecord {
     /// The record as compact JSON, with the error text cut (on a character boundary, marked
-    /// with `…[truncated]`) so the whole record is at most `max_bytes`. Returns `None` when
-    /// even an empty error text does not fit.
+    /// with `…[truncated]` when the mark fits too) so the whole record is at most `max_bytes`.
+    /// Returns `None` only when even an empty error text does not fit.
     pub(crate) fn to_json_within(&self, max_bytes: usize) -> Option<String> {
         let full = serde_json::to_string(self).ok()?;
         if full.len() <= max_bytes {
@@ -84,24 +84,27 @@ impl FailureRecord {
             return None;
         }
         const MARK: &str = "…[truncated]";
-        // Escaping can grow the text, so shrink until it fits; each pass is a binary search
-        // on the character prefix.
         let chars: Vec<(usize, char)> = self.error.char_indices().collect();
-        let (mut lo, mut hi) = (0usize, chars.len());
-        while lo < hi {
-            let mid = (lo + hi).div_ceil(2);
-            let end = chars.get(mid).map_or(self.error.len(), |(i, _)| *i);
-            cut.error = format!("{}{MARK}", &self.error[..end]);
-            if serde_json::to_string(&cut).ok()?.len() <= max_bytes {
-                lo = mid;
-            } else {
-                hi = mid - 1;
+        let prefix = |n: usize| &self.error[..chars.get(n).map_or(self.error.len(), |(i, _)| *i)];
+        // The record with the longest prefix of the error that fits followed by `mark`.
+        // Escaping can grow the text, so the length is searched, not computed.
+        let mut longest = |mark: &str| {
+            let (mut lo, mut hi) = (0usize, chars.len());
+            let fits = |cut: &mut FailureRecord, n: usize| {
+                cut.error = format!("{}{mark}", prefix(n));
+                serde_json::to_string(cut).ok().filter(|j| j.len() <= max_bytes)
+            };
+            while lo < hi {
+                let mid = (lo + hi).div_ceil(2);
+                match fits(&mut cut, mid) {
+                    Some(_) => lo = mid,
+                    None => hi = mid - 1,
+                }
             }
-        }
-        let end = chars.get(lo).map_or(self.error.len(), |(i, _)| *i);
-        cut.error = format!("{}{MARK}", &self.error[..end]);
-        let json = serde_json::to_string(&cut).ok()?;
-        (json.len() <= max_bytes).then_some(json)
+            fits(&mut cut, lo)
+        };
+        // No room for the mark: the error cut without it (at worst empty).
+        longest(MARK).or_else(|| longest(""))
     }
 }
 

@@ -258,7 +258,7 @@ impl Processor {
         .await;
         let verdict = self.verdict(record, route, admission.gate, now_ms(), deadline);
         if let (false, Some(lease)) = (verdict.runs(), &admission.permit) {
-            if let Err(e) = Box::pin(store.release(job_type, lease, now_ms(), deadline.at())).await {
+            if let Err(e) = Box::pin(store.release(job_type, lease, now_ms(), deadline.admission())).await {
                 warn!(job_type, error = %e, "probe permit not released; it frees its slot when its lease expires");
             }
         }

@@ -176,7 +176,7 @@ impl RawRecord {
 
     fn read(self) -> Result<Incoming, UnreadableRecord> {
         match self {
-            Self::Typed(m) => Ok(Incoming::from_lean(m)),
+            Self::Typed(m) => Incoming::from_lean(m),
             Self::Loose(v) => Incoming::from_lambda_json(&v),
             Self::Unparsed(reason) => Err(UnreadableRecord {
                 message_id: None,

@@ -46,6 +46,7 @@ mod ledger;
 mod ledger_facts;
 mod library_env;
 mod pipeline;
+mod promises;
 mod stack;
 mod startup;
 mod state_pipeline;

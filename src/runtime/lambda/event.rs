@@ -83,6 +83,8 @@ pub(crate) fn is_fifo_arn(arn: &str) -> bool {
 struct SystemAttributes {
     /// `ApproximateReceiveCount`, when it reads as a count of at least 1.
     receive_count: Option<u32>,
+    /// `ApproximateReceiveCount` is there but does not read as a count of at least 1.
+    receive_count_unreadable: bool,
     first_received_at_ms: Option<u64>,
     sent_at_ms: Option<u64>,
     group_id: Option<String>,
@@ -105,6 +107,7 @@ impl<'de> Deserialize<'de> for SystemAttributes {
                     match name {
                         SystemName::ReceiveCount => {
                             out.receive_count = map.next_value::<Counted>()?.0;
+                            out.receive_count_unreadable = out.receive_count.is_none();
                         }
                         SystemName::FirstReceived => {
                             out.first_received_at_ms = map.next_value::<Parsed<u64>>()?.0
@@ -172,6 +175,7 @@ impl Incoming {
             first_received_at_ms: attr("ApproximateFirstReceiveTimestamp").and_then(|v| v.parse().ok()),
             sent_at_ms: attr("SentTimestamp").and_then(|v| v.parse().ok()),
             group_id: attr("MessageGroupId").map(str::to_owned),
+            ..SystemAttributes::default()
         };
         Self::with_system(
             m.message_id,
@@ -183,17 +187,31 @@ impl Incoming {
         )
     }
 
+    /// Reads a record the typed model read, refusing it as [`Incoming::from_lambda_json`] does.
+    fn from_typed(m: SqsMessage) -> Result<Self, UnreadableRecord> {
+        routable(m.message_id.as_deref(), Some(&m.message_attributes))?;
+        let count = m.attributes.get("ApproximateReceiveCount");
+        countable(
+            m.message_id.as_deref(),
+            count.is_some_and(|c| read_count(c).is_none()),
+        )?;
+        Ok(Self::from_lambda(m))
+    }
+
     /// Reads a record the lean model read ([`LeanMessage`]): as [`Incoming::from_lambda`] reads
-    /// the same record.
-    pub(crate) fn from_lean(m: LeanMessage) -> Self {
-        Self::with_system(
+    /// the same record, refused as [`Incoming::from_lambda_json`] refuses it.
+    pub(crate) fn from_lean(m: LeanMessage) -> Result<Self, UnreadableRecord> {
+        routable(m.message_id.as_deref(), m.message_attributes.as_ref())?;
+        let unreadable_count = m.attributes.as_ref().is_some_and(|a| a.receive_count_unreadable);
+        countable(m.message_id.as_deref(), unreadable_count)?;
+        Ok(Self::with_system(
             m.message_id,
             m.receipt_handle,
             m.body,
             m.attributes.unwrap_or_default(),
             m.message_attributes.unwrap_or_default(),
             m.event_source_arn,
-        )
+        ))
     }
 
     fn with_system(
@@ -249,7 +267,7 @@ impl Incoming {
     /// (routing it would be a guess) is [`UnreadableRecord`]: it cannot be processed.
     pub fn from_lambda_json(record: &Value) -> Result<Self, UnreadableRecord> {
         if let Ok(m) = SqsMessage::deserialize(record) {
-            return Ok(Self::from_lambda(m));
+            return Self::from_typed(m);
         }
         let Value::Object(map) = record else {
             return Err(UnreadableRecord {
@@ -290,6 +308,12 @@ impl Incoming {
                     match v {
                         Value::String(_) => {
                             kept.insert(name.clone(), v.clone());
+                        }
+                        other if name == "ApproximateReceiveCount" => {
+                            return Err(unreadable(format!(
+                                "system attribute `{name}` is {}, not a count",
+                                json_kind(other)
+                            )));
                         }
                         other => dropped.push(format!("system attribute `{name}` is {}", json_kind(other))),
                     }
@@ -342,6 +366,39 @@ impl Incoming {
         }
         Ok(Self::from_lambda(m))
     }
+}
+
+/// Refuses a record whose `job-type` or `job-id` attribute is there without a string value (a
+/// `Binary` one): routing it by its body instead would be a guess.
+fn routable(
+    message_id: Option<&str>,
+    attributes: Option<&HashMap<String, SqsMessageAttribute>>,
+) -> Result<(), UnreadableRecord> {
+    for name in [JOB_TYPE_ATTRIBUTE, JOB_ID_ATTRIBUTE] {
+        if attributes
+            .and_then(|a| a.get(name))
+            .is_some_and(|a| a.string_value.is_none())
+        {
+            return Err(UnreadableRecord {
+                message_id: message_id.filter(|id| !id.is_empty()).map(str::to_owned),
+                reason: format!("message attribute `{name}` has no string value"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a record whose `ApproximateReceiveCount` is there but does not read as a count of at
+/// least 1: its deliveries could not be told apart, so its executions could not be counted
+/// and nothing would bound its retries. (A record without one is a first delivery.)
+fn countable(message_id: Option<&str>, unreadable_count: bool) -> Result<(), UnreadableRecord> {
+    if unreadable_count {
+        return Err(UnreadableRecord {
+            message_id: message_id.filter(|id| !id.is_empty()).map(str::to_owned),
+            reason: "system attribute `ApproximateReceiveCount` does not read as a count".into(),
+        });
+    }
+    Ok(())
 }
 
 /// A Lambda event record that cannot be processed at all.
@@ -449,7 +506,7 @@ mod tests {
                 .map(Incoming::from_lean);
             let typed = serde_json::from_str::<SqsMessage>(&t)
                 .ok()
-                .map(Incoming::from_lambda);
+                .map(Incoming::from_typed);
             assert_eq!(lean, typed, "{t}");
         }
     }
