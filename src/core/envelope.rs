@@ -128,6 +128,10 @@ pub enum EnvelopeError {
     /// `id` is empty or too long.
     #[error("job id must be 1 to {MAX_JOB_ID_LEN} characters (got {0})")]
     BadIdLength(usize),
+    /// A `job-type` or `job-id` message attribute without a string value (a `Binary` one):
+    /// routing by the body instead would be a guess.
+    #[error("message attribute `{0}` has no string value")]
+    AttributeNotString(&'static str),
     /// An SNS notification or EventBridge event that cannot be unwrapped (a field missing or
     /// of the wrong kind, an SNS message that is no notification).
     #[error("{wrapper} {problem}")]

@@ -543,6 +543,16 @@ async fn reads_stop_at_max_scan_and_say_so() {
     assert_eq!(purge["deleted"], 3, "{purge}");
     assert_eq!(purge["scan_limit_reached"], true, "{purge}");
     assert_eq!(visible_count(&stack.dlq_url).await, 9);
+
+    // Not found in the part read: the error says the read stopped there.
+    for args in [
+        &["dlq", "show", "nope", "--max-scan", "2"][..],
+        &["dlq", "edit", "nope", "--patch", "[]", "--max-scan", "2"][..],
+    ] {
+        let o = run(Some(&stack), args);
+        assert_one_line_error(&o, 3, "the read stopped at --max-scan (2 message(s))");
+    }
+    assert_eq!(visible_count(&stack.dlq_url).await, 9);
 }
 
 #[tokio::test]

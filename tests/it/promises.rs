@@ -206,6 +206,52 @@ async fn a_job_type_attribute_without_a_string_value_is_not_routed_by_the_body()
     assert_eq!(failed_ids(&response), vec![id], "reported failed on its own");
 }
 
+/// The worker's messages come from the SDK, with no event to refuse: a `job-type` attribute
+/// without a string value makes the job invalid (dead-lettered with its record), and its body
+/// does not route it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_received_message_whose_job_type_attribute_has_no_string_value_is_invalid() {
+    use sqs_triage::core::Decision;
+    use sqs_triage::processor::Incoming;
+    let h = Harness::build(Options {
+        prefix: "promise-binwk",
+        ..Options::default()
+    })
+    .await;
+    let body = json!({"type": support::pipeline::RECORDED, "id": "routed-wk", "payload": {"outcome": "ok"}})
+        .to_string();
+    h.sqs
+        .send_message()
+        .queue_url(&h.queue_url)
+        .message_body(&body)
+        .message_attributes(
+            "job-type",
+            MessageAttributeValue::builder()
+                .data_type("Binary")
+                .binary_value(Blob::new(b"other.type".to_vec()))
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let messages = h.receive(&h.queue_url, Duration::from_secs(5)).await;
+    let records: Vec<Incoming> = messages.into_iter().map(Incoming::from_sdk).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let outcome = h.env.processor.process(records, Some(deadline)).await;
+    assert!(h.executions("routed-wk").is_empty(), "routed by its body");
+    let report = &outcome.records[0];
+    match &report.decision {
+        Decision::DeadLetter { class, error, .. } => {
+            assert_eq!(*class, FailureClass::Invalid, "{report:?}");
+            assert!(error.contains("`job-type` has no string value"), "{error}");
+        }
+        other => panic!("not dead-lettered: {other:?}"),
+    }
+    assert!(report.settled, "{report:?}");
+    assert_eq!(h.dlq_messages().await.len(), 1);
+}
+
 /// docs/guarantees.md ("The breaker"): "Breaker and ledger calls made before the handlers end
 /// by the report margin (1.5 s) before the invocation's deadline, later ones by the deadline
 /// ...: a stalled table cannot hold an invocation past its deadline". A half-open breaker's
@@ -266,8 +312,8 @@ async fn a_stalled_permit_release_cannot_hold_the_invocation_past_its_deadline()
     );
 }
 
-/// A record whose `ApproximateReceiveCount` is there but does not read as a count (a number,
-/// not a string; a string that is no count) cannot be counted: taken for a first delivery on
+/// A record whose `ApproximateReceiveCount` is there but does not read as a count (a string or
+/// a number that is no count of at least 1, another kind of value) cannot be counted: taken for a first delivery on
 /// every receive, each delivery would run as attempt 1 and each count be refused as the same
 /// delivery (`<message id>#1`), so a job failing transiently would run past `max_attempts`
 /// with no end but the queue's own redrive. It is reported failed on its own and not run, as
@@ -286,12 +332,12 @@ async fn a_record_whose_receive_count_does_not_read_is_not_run() {
     let messages = h.receive(&h.queue_url, Duration::from_secs(5)).await;
     let id = messages[0].message_id().unwrap().to_owned();
     let event = support::lambda_event::lambda_event_json(&messages, &h.queue_url);
-    for count in [json!(1), json!("x"), json!("0")] {
+    for count in [json!("x"), json!("0"), json!(0), json!(1.5), json!(true)] {
         let mut event = event.clone();
         event["Records"][0]["attributes"]["ApproximateReceiveCount"] = count.clone();
         // As `triage-lambda` reads an event: from its text, with the lean model.
         let read = sqs_triage::runtime::lambda::read_records(&event.to_string()).unwrap();
-        let refused = read[0].as_ref().expect_err("an unreadable count is refused");
+        let refused = read[0].as_ref().expect_err(&format!("count {count} is refused"));
         assert_eq!(refused.message_id.as_deref(), Some(id.as_str()));
         assert!(refused.reason.contains("ApproximateReceiveCount"), "{refused}");
         // And from its JSON value.
@@ -307,4 +353,9 @@ async fn a_record_whose_receive_count_does_not_read_is_not_run() {
         h.executions("uncounted").is_empty(),
         "a record whose count does not read ran"
     );
+    // A count written as a number is read as that number.
+    let mut event = event.clone();
+    event["Records"][0]["attributes"]["ApproximateReceiveCount"] = json!(3);
+    let read = sqs_triage::runtime::lambda::read_records(&event.to_string()).unwrap();
+    assert_eq!(read[0].as_ref().map(|r| r.receive_count).ok(), Some(3));
 }

@@ -583,6 +583,12 @@ async fn find(ctx: &Ctx, dlq_url: &str, id: &str, hold: Duration, max_scan: usiz
         return Ok(m);
     }
     if matches.is_empty() {
+        if let Some(note) = sweep.end().note(held.len()) {
+            return Err(OpsError::new(
+                ErrorKind::NotFound,
+                format!("no DLQ message with job id or message id `{id}` in {dlq_url} ({note})"),
+            ));
+        }
         return Err(OpsError::new(
             ErrorKind::NotFound,
             format!(

@@ -116,7 +116,7 @@ impl PurgePlan {
             q.push_str(&format!(" ({})", parts.join(", ")));
         }
         if self.scan_limit_reached {
-            q.push_str(", read up to --max-scan: messages past them are not included");
+            q.push_str(", read up to --max-scan: messages past them, if any, are not included");
         } else if self.incomplete {
             q.push_str(", from a read that did not reach the end of the DLQ");
         }

@@ -309,6 +309,18 @@ impl Incoming {
                         Value::String(_) => {
                             kept.insert(name.clone(), v.clone());
                         }
+                        // A count written as a number is read as that number; anything else
+                        // that is no count cannot be counted (see `countable`).
+                        Value::Number(n) if name == "ApproximateReceiveCount" => match n.as_u64() {
+                            Some(c) if read_count(&c.to_string()).is_some() => {
+                                kept.insert(name.clone(), Value::String(c.to_string()));
+                            }
+                            _ => {
+                                return Err(unreadable(format!(
+                                    "system attribute `{name}` is a number that is no count"
+                                )));
+                            }
+                        },
                         other if name == "ApproximateReceiveCount" => {
                             return Err(unreadable(format!(
                                 "system attribute `{name}` is {}, not a count",
@@ -364,21 +376,20 @@ impl Incoming {
                 "record read in part: fields that do not read were dropped"
             );
         }
-        Ok(Self::from_lambda(m))
+        Self::from_typed(m)
     }
 }
 
 /// Refuses a record whose `job-type` or `job-id` attribute is there without a string value (a
-/// `Binary` one): routing it by its body instead would be a guess.
+/// `Binary` one) or without a data type (such an attribute is left out of the record):
+/// routing it by its body instead would be a guess.
 fn routable(
     message_id: Option<&str>,
     attributes: Option<&HashMap<String, SqsMessageAttribute>>,
 ) -> Result<(), UnreadableRecord> {
     for name in [JOB_TYPE_ATTRIBUTE, JOB_ID_ATTRIBUTE] {
-        if attributes
-            .and_then(|a| a.get(name))
-            .is_some_and(|a| a.string_value.is_none())
-        {
+        let attribute = attributes.and_then(|a| a.get(name));
+        if attribute.is_some_and(|a| a.string_value.is_none() || a.data_type.is_none()) {
             return Err(UnreadableRecord {
                 message_id: message_id.filter(|id| !id.is_empty()).map(str::to_owned),
                 reason: format!("message attribute `{name}` has no string value"),
@@ -474,6 +485,29 @@ mod tests {
             },
             "eventSourceARN": "arn:aws:sqs:us-east-1:1:q.fifo"
         })
+    }
+
+    /// A routing attribute that would not reach the processor as a string is refused on every
+    /// reading, never routed by the body.
+    #[test]
+    fn a_routing_attribute_without_a_string_value_or_a_data_type_is_refused() {
+        for attribute in [
+            json!({"dataType": "Binary", "binaryValue": "/wD+"}),
+            json!({"stringValue": "attr.type"}),
+            json!({"dataType": "String", "stringValue": 7}),
+        ] {
+            for name in ["job-type", "job-id"] {
+                let mut r = record();
+                r["body"] = json!(r#"{"type":"body.type"}"#);
+                r["messageAttributes"] = json!({ name: attribute.clone() });
+                let e = Incoming::from_lambda_json(&r).expect_err("refused");
+                assert!(e.reason.contains(name), "{e}");
+                let lean = serde_json::from_str::<LeanMessage>(&r.to_string())
+                    .ok()
+                    .map(Incoming::from_lean);
+                assert!(lean.is_none_or(|l| l.is_err()), "{attribute}");
+            }
+        }
     }
 
     /// The lean model reads a record exactly when the typed model does, and to the same record.
