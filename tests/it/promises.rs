@@ -166,21 +166,16 @@ async fn a_probe_failure_on_an_expired_lease_does_not_count() {
     );
 }
 
-/// docs/guarantees.md ("One odd record never fails its batch"): "A record whose body is not a
-/// string, or whose `job-type` / `job-id` attribute has no readable string value, cannot be
-/// processed: it is reported in `batchItemFailures` on its own ..., not dead-lettered,
-/// because ... guessing its route could run the wrong handler". A `job-type` attribute
-/// carrying only a `binaryValue` (valid base64, so the typed model reads the record) is such
-/// an attribute: the record is not routed by its body's `type`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_type_attribute_without_a_string_value_is_not_routed_by_the_body() {
+/// A harness whose queue holds one job of the recording type, id `job_id`, sent with a
+/// `job-type` attribute of type `Binary` naming another type.
+async fn with_a_binary_job_type(prefix: &'static str, job_id: &str) -> Harness {
     let h = Harness::build(Options {
-        prefix: "promise-binrt",
+        prefix,
         ..Options::default()
     })
     .await;
-    let body = json!({"type": support::pipeline::RECORDED, "id": "routed", "payload": {"outcome": "ok"}})
-        .to_string();
+    let body =
+        json!({"type": support::pipeline::RECORDED, "id": job_id, "payload": {"outcome": "ok"}}).to_string();
     h.sqs
         .send_message()
         .queue_url(&h.queue_url)
@@ -196,6 +191,18 @@ async fn a_job_type_attribute_without_a_string_value_is_not_routed_by_the_body()
         .send()
         .await
         .unwrap();
+    h
+}
+
+/// docs/guarantees.md ("One odd record never fails its batch"): "A record whose body is not a
+/// string, or whose `job-type` / `job-id` attribute has no readable string value, cannot be
+/// processed: it is reported in `batchItemFailures` on its own ..., not dead-lettered,
+/// because ... guessing its route could run the wrong handler". A `job-type` attribute
+/// carrying only a `binaryValue` (valid base64, so the typed model reads the record) is such
+/// an attribute: the record is not routed by its body's `type`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_type_attribute_without_a_string_value_is_not_routed_by_the_body() {
+    let h = with_a_binary_job_type("promise-binrt", "routed").await;
     let (messages, response) = h.invoke_once(Duration::from_secs(2)).await.expect("a batch");
     let id = messages[0].message_id().unwrap();
     assert!(
@@ -213,28 +220,7 @@ async fn a_job_type_attribute_without_a_string_value_is_not_routed_by_the_body()
 async fn a_received_message_whose_job_type_attribute_has_no_string_value_is_invalid() {
     use sqs_triage::core::Decision;
     use sqs_triage::processor::Incoming;
-    let h = Harness::build(Options {
-        prefix: "promise-binwk",
-        ..Options::default()
-    })
-    .await;
-    let body = json!({"type": support::pipeline::RECORDED, "id": "routed-wk", "payload": {"outcome": "ok"}})
-        .to_string();
-    h.sqs
-        .send_message()
-        .queue_url(&h.queue_url)
-        .message_body(&body)
-        .message_attributes(
-            "job-type",
-            MessageAttributeValue::builder()
-                .data_type("Binary")
-                .binary_value(Blob::new(b"other.type".to_vec()))
-                .build()
-                .unwrap(),
-        )
-        .send()
-        .await
-        .unwrap();
+    let h = with_a_binary_job_type("promise-binwk", "routed-wk").await;
     let messages = h.receive(&h.queue_url, Duration::from_secs(5)).await;
     let records: Vec<Incoming> = messages.into_iter().map(Incoming::from_sdk).collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
