@@ -6,7 +6,6 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
-use serde::Serialize;
 
 use super::super::{Ctx, OpsError, OpsResult};
 use crate::core::envelope::{self, EnvelopeLimits, EventBridgeTypes, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE};
@@ -295,11 +294,9 @@ impl Filter {
 }
 
 /// How a read of the DLQ ended.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadEnd {
     /// An empty receive: every message visible in the DLQ was read.
-    #[default]
     Complete,
     /// `--max-scan` messages were read: messages past them, if any, were not.
     ScanLimit,
