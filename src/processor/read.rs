@@ -12,7 +12,7 @@ use super::{Deadline, Incoming, Processor};
 use crate::clock::now_ms;
 use crate::core::breaker::BreakerState;
 use crate::core::decision::{StoredAttempts, retention_margin};
-use crate::core::envelope::{self, EnvelopeError, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE, Job, Payload};
+use crate::core::envelope::{self, EnvelopeError, Job, Payload};
 use crate::core::{Ledger, RecordFacts};
 use crate::effects::metrics::Metrics;
 use crate::effects::queue_url::url_names_arn;
@@ -79,13 +79,8 @@ pub(super) fn no_handler(job_type: &str) -> String {
 impl Processor {
     /// Reads one record: parses its envelope and routes its job type.
     pub(super) fn read(&self, inc: Incoming) -> Record {
-        // A routing attribute there without a string value (the worker's messages; Lambda's
-        // records are refused before) is invalid: routing by the body would be a guess.
-        let unroutable = [JOB_TYPE_ATTRIBUTE, JOB_ID_ATTRIBUTE].into_iter().find(|name| {
-            inc.attributes
-                .get(*name)
-                .is_some_and(|a| a.string_value().is_none())
-        });
+        // The worker's messages; Lambda's records are refused before.
+        let unroutable = inc.unroutable_attribute();
         let parsed = match unroutable {
             Some(name) => Err(EnvelopeError::AttributeNotString(name)),
             None => envelope::parse_for_handler(

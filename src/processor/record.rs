@@ -48,6 +48,16 @@ impl Incoming {
         self.string_attribute(JOB_ID_ATTRIBUTE)
     }
 
+    /// The first routing attribute (`job-type`, `job-id`) that is there without a string value
+    /// (a `Binary` one): routing by the body instead would be a guess.
+    pub fn unroutable_attribute(&self) -> Option<&'static str> {
+        [JOB_TYPE_ATTRIBUTE, JOB_ID_ATTRIBUTE].into_iter().find(|name| {
+            self.attributes
+                .get(*name)
+                .is_some_and(|a| a.string_value().is_none())
+        })
+    }
+
     /// Reads a message received with the SDK (the worker asks for all attributes).
     pub fn from_sdk(m: Message) -> Self {
         let sys = m.attributes.unwrap_or_default();

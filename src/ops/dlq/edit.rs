@@ -583,20 +583,16 @@ async fn find(ctx: &Ctx, dlq_url: &str, id: &str, hold: Duration, max_scan: usiz
         return Ok(m);
     }
     if matches.is_empty() {
-        if let Some(note) = sweep.end().note(held.len()) {
-            return Err(OpsError::new(
-                ErrorKind::NotFound,
-                format!("no DLQ message with job id or message id `{id}` in {dlq_url} ({note})"),
-            ));
-        }
+        let why = match sweep.end().note(held.len()) {
+            Some(note) => format!(" ({note})"),
+            None => ", or another reader holds it right now (another edit, a replay, a purge \
+                       waiting for its confirmation): see `triage dlq list --messages`, or try \
+                       again when that reader is done"
+                .to_owned(),
+        };
         return Err(OpsError::new(
             ErrorKind::NotFound,
-            format!(
-                "no DLQ message with job id or message id `{id}` in {dlq_url}, or another reader \
-                 holds it right now (another edit, a replay, a purge waiting for its \
-                 confirmation): see `triage dlq list --messages`, or try again when that reader \
-                 is done"
-            ),
+            format!("no DLQ message with job id or message id `{id}` in {dlq_url}{why}"),
         ));
     }
     let mut ids: Vec<&str> = matches.keys().map(String::as_str).collect();

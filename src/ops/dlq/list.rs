@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::super::output::{self, Report, Table};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult};
-use super::read::{DlqMessage, Filter, ReadEnd, read_to_end};
+use super::read::{DlqMessage, Filter, ReadEnd, incomplete_problem, read_to_end, scan_limit_note};
 use crate::clock::now_ms;
 use crate::core::failure::FailureRecord;
 use crate::effects::dlq::original_attributes;
@@ -141,19 +141,6 @@ impl Report for ListReport {
     fn problem(&self) -> Option<String> {
         incomplete_problem(self.incomplete, self.scanned)
     }
-}
-
-/// The line a report ends with when its read stopped at `--max-scan` (else nothing).
-pub(super) fn scan_limit_note(reached: bool, scanned: usize) -> String {
-    match reached.then(|| ReadEnd::ScanLimit.note(scanned)).flatten() {
-        Some(n) => format!("note: {n}\n"),
-        None => String::new(),
-    }
-}
-
-/// The problem (exit 5) of a report whose read did not reach the end of the DLQ.
-pub(super) fn incomplete_problem(incomplete: bool, scanned: usize) -> Option<String> {
-    incomplete.then(|| ReadEnd::CutShort.note(scanned)).flatten()
 }
 
 /// Groups messages by job type and class.

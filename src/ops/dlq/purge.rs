@@ -10,8 +10,8 @@ use serde::Serialize;
 use super::super::audit::{self, AuditEntry, AuditStatus};
 use super::super::output::Report;
 use super::super::{Ctx, OpsError, OpsResult};
-use super::list::{Group, group, incomplete_problem, scan_limit_note};
-use super::read::{DlqMessage, Filter, ReadEnd, Sweep, delete, release};
+use super::list::{Group, group};
+use super::read::{DlqMessage, Filter, ReadEnd, Sweep, delete, incomplete_problem, release, scan_limit_note};
 use crate::clock::now_ms;
 
 /// What `dlq purge` is about to delete, for the confirmation prompt.
@@ -239,13 +239,14 @@ pub async fn purge_with(
         let read = held.len();
         return Err(give_back(e, held, read).await);
     }
+    let end = sweep.end();
     let plan = PurgePlan {
         dlq_url: dlq_url.to_owned(),
         scanned,
         groups: group(&selected, now),
         selected: selected.len(),
-        scan_limit_reached: sweep.end() == ReadEnd::ScanLimit,
-        incomplete: sweep.end() == ReadEnd::CutShort,
+        scan_limit_reached: end == ReadEnd::ScanLimit,
+        incomplete: end == ReadEnd::CutShort,
     };
     // Only the selection waits for the answer: the rest goes back now, not after the
     // question (which may wait up to the hold, or be interrupted).

@@ -322,6 +322,19 @@ impl ReadEnd {
     }
 }
 
+/// The line a report ends with when its read stopped at `--max-scan` (else nothing).
+pub(super) fn scan_limit_note(reached: bool, scanned: usize) -> String {
+    match reached.then(|| ReadEnd::ScanLimit.note(scanned)).flatten() {
+        Some(n) => format!("note: {n}\n"),
+        None => String::new(),
+    }
+}
+
+/// The problem (exit 5) of a report whose read did not reach the end of the DLQ.
+pub(super) fn incomplete_problem(incomplete: bool, scanned: usize) -> Option<String> {
+    incomplete.then(|| ReadEnd::CutShort.note(scanned)).flatten()
+}
+
 /// Receives every message of a queue once, holding each invisible for `visibility`. A
 /// message whose hold ends before the sweep does comes back: it is held again, so that it
 /// does not crowd out the messages not read yet (a slow replay holds what it does not move

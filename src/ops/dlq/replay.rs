@@ -13,8 +13,8 @@ use serde::Serialize;
 use super::super::audit::{self, AuditEntry, AuditStatus};
 use super::super::output::{Report, Table, progress};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, queue_arn, resolve_queue};
-use super::list::{Group, group, scan_limit_note};
-use super::read::{DlqMessage, Filter, ReadEnd, Sweep, approximate_count, delete, release};
+use super::list::{Group, group};
+use super::read::{DlqMessage, Filter, ReadEnd, Sweep, approximate_count, delete, release, scan_limit_note};
 use crate::clock::now_ms;
 use crate::core::envelope::SQS_MAX_MESSAGE_BYTES;
 use crate::effects::dlq::{group_for, original_attributes};
@@ -610,8 +610,8 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         Ok::<_, OpsError>(())
     }
     .await;
-    let incomplete = sweep.cut_short();
-    let scan_limit_reached = sweep.end() == ReadEnd::ScanLimit;
+    let end = sweep.end();
+    let (incomplete, scan_limit_reached) = (end == ReadEnd::CutShort, end == ReadEnd::ScanLimit);
     bar.finish_and_clear();
     // Everything not moved goes back to visible, whatever happened above.
     let held: Vec<String> = st

@@ -309,23 +309,10 @@ impl Incoming {
                         Value::String(_) => {
                             kept.insert(name.clone(), v.clone());
                         }
-                        // A count written as a number is read as that number; anything else
-                        // that is no count cannot be counted (see `countable`).
-                        Value::Number(n) if name == "ApproximateReceiveCount" => match n.as_u64() {
-                            Some(c) if read_count(&c.to_string()).is_some() => {
-                                kept.insert(name.clone(), Value::String(c.to_string()));
-                            }
-                            _ => {
-                                return Err(unreadable(format!(
-                                    "system attribute `{name}` is a number that is no count"
-                                )));
-                            }
-                        },
+                        // A count written as another JSON value is read from its text (a
+                        // number as that number); one that is no count is refused below.
                         other if name == "ApproximateReceiveCount" => {
-                            return Err(unreadable(format!(
-                                "system attribute `{name}` is {}, not a count",
-                                json_kind(other)
-                            )));
+                            kept.insert(name.clone(), Value::String(other.to_string()));
                         }
                         other => dropped.push(format!("system attribute `{name}` is {}", json_kind(other))),
                     }
@@ -390,10 +377,10 @@ fn routable(
     for name in [JOB_TYPE_ATTRIBUTE, JOB_ID_ATTRIBUTE] {
         let attribute = attributes.and_then(|a| a.get(name));
         if attribute.is_some_and(|a| a.string_value.is_none() || a.data_type.is_none()) {
-            return Err(UnreadableRecord {
-                message_id: message_id.filter(|id| !id.is_empty()).map(str::to_owned),
-                reason: format!("message attribute `{name}` has no string value"),
-            });
+            return Err(UnreadableRecord::of(
+                message_id,
+                format!("message attribute `{name}` has no string value"),
+            ));
         }
     }
     Ok(())
@@ -404,10 +391,10 @@ fn routable(
 /// and nothing would bound its retries. (A record without one is a first delivery.)
 fn countable(message_id: Option<&str>, unreadable_count: bool) -> Result<(), UnreadableRecord> {
     if unreadable_count {
-        return Err(UnreadableRecord {
-            message_id: message_id.filter(|id| !id.is_empty()).map(str::to_owned),
-            reason: "system attribute `ApproximateReceiveCount` does not read as a count".into(),
-        });
+        return Err(UnreadableRecord::of(
+            message_id,
+            "system attribute `ApproximateReceiveCount` does not read as a count".into(),
+        ));
     }
     Ok(())
 }
@@ -419,6 +406,16 @@ pub struct UnreadableRecord {
     pub message_id: Option<String>,
     /// Why, naming fields, never their values.
     pub reason: String,
+}
+
+impl UnreadableRecord {
+    /// A record that cannot be processed, with its message id when a non-empty one was read.
+    fn of(message_id: Option<&str>, reason: String) -> Self {
+        Self {
+            message_id: message_id.filter(|id| !id.is_empty()).map(str::to_owned),
+            reason,
+        }
+    }
 }
 
 impl std::fmt::Display for UnreadableRecord {
