@@ -22,8 +22,8 @@
 //!
 //! # Configuration and which policy wins
 //!
-//! The runtimes read the `TRIAGE_*` variables once at start-up (the README's configuration
-//! table lists them with their ranges; [`config::limits`] has them as data): the queue, DLQ
+//! The runtimes read the `TRIAGE_*` variables once at start-up (`docs/configuration.md`
+//! lists them with their ranges; [`config::limits`] has them as data): the queue, DLQ
 //! and table, `TRIAGE_CONCURRENCY`, and the default retry policy (`TRIAGE_MAX_ATTEMPTS`,
 //! `TRIAGE_BASE_DELAY_MS`, `TRIAGE_BACKOFF_MULTIPLIER`, `TRIAGE_MAX_DELAY_MS`,
 //! `TRIAGE_JITTER_MAX_MS`) and breaker (`TRIAGE_BREAKER_*`). A job type's policies come from,

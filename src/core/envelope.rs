@@ -1393,8 +1393,8 @@ mod tests {
         }
     }
 
-    /// The few shapes a payload's text decodes and its JSON value did not: what the README
-    /// says of them holds.
+    /// The few shapes a payload's text decodes and its JSON value did not: what
+    /// `docs/handlers.md` says of them holds.
     #[test]
     fn a_text_payload_decodes_the_shapes_serde_json_reads_from_text() {
         #[derive(Debug, PartialEq, serde::Deserialize)]

@@ -38,6 +38,12 @@ fn the_report_runs_on_a_tiny_input_and_prints_every_table() {
     ] {
         assert!(md.contains(header), "missing table header `{header}`:\n{md}");
     }
+    // `docs/benchmarks.md` opens with the summary, then says how the run was made.
+    let doc = report::document(&opts, &r);
+    let at = |h: &str| doc.find(h).unwrap_or_else(|| panic!("no `{h}` in the document"));
+    assert!(at("## Summary") < at("## Command and machine"), "{doc}");
+    assert!(at("## Command and machine") < at("## Results"), "{doc}");
+    assert!(doc.contains(&r.summary(&opts)), "{doc}");
     let title = |t: &str| r.sections.iter().find(|s| s.title.starts_with(t)).unwrap();
     // The pure sections never depend on the machine's tools.
     for t in ["3.", "4."] {

@@ -1,4 +1,4 @@
-//! Promises of README.md and docs/guarantees.md at their edges: a failure record cut to the
+//! Promises of docs/guarantees.md at their edges: a failure record cut to the
 //! last bytes of room, a probe's outcome after its lease ended, a routing attribute without a
 //! string value, a permit given back against a stalled table, a receive count that does not
 //! read. Each test names the promise it checks.
