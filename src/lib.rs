@@ -122,4 +122,11 @@ mod readme_tests {
         let end = start + readme[start..].find("```").expect("the block's end");
         assert_eq!(&readme[start..end], code);
     }
+
+    /// The README is a front page a newcomer reads in minutes; the details live in docs/.
+    #[test]
+    fn the_readme_fits_on_a_front_page() {
+        let lines = include_str!("../README.md").lines().count();
+        assert!(lines <= 200, "README.md has {lines} lines; move detail to docs/");
+    }
 }

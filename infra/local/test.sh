@@ -42,6 +42,8 @@ cargo test --lib --bins --tests --examples --no-fail-fast || status=$?
 # The crate page's and the README's examples are doctests; the docs must have no broken link.
 cargo test --doc --no-fail-fast || status=$?
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --quiet || status=$?
+# The markdown pages' relative links resolve, and their opening summaries stay short.
+python3 infra/local/docs_check.py || status=$?
 
 step "triage console in a browser (tests/browser/run.sh: Debian's Chromium, playwright-core)"
 # Installs Chromium from apt and playwright-core from npm when missing; screenshots go to the
