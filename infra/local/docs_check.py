@@ -26,12 +26,16 @@ def slug(heading):
 
 
 def anchors(path):
-    out, fenced = set(), False
+    """A page's heading anchors; a repeated heading gets `-1`, `-2`, ... as on GitHub."""
+    out, seen, fenced = set(), {}, False
     for line in path.read_text().splitlines():
         if line.startswith("```"):
             fenced = not fenced
         elif not fenced and line.startswith("#"):
-            out.add(slug(line.lstrip("#")))
+            s = slug(line.lstrip("#"))
+            n = seen.get(s, 0)
+            seen[s] = n + 1
+            out.add(f"{s}-{n}" if n else s)
     return out
 
 
