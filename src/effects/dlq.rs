@@ -10,6 +10,10 @@
 //! before, and on a standard queue it is the tenant of an SQS fair queue, which replay
 //! restores ([`group_for`] is the one rule for both).
 //!
+//! Every string the copy adds is JSON in characters SQS takes ([`sqs_text::json`]). The body
+//! and the original attributes are kept as they are: SQS delivered them, so they hold no
+//! character it refuses.
+//!
 //! Both names are reserved: a producer's own `triage-failure` or `triage-attributes` is
 //! dropped from the copy, and replay unpacks `triage-attributes` only from a message shaped
 //! as the processor packs it (those two attributes and nothing else).
@@ -22,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::core::failure::{FAILURE_ATTRIBUTE, FailureRecord};
+use crate::core::sqs_text;
 
 /// Attribute holding the original attributes when they had to be packed.
 pub const PACKED_ATTRIBUTE: &str = "triage-attributes";
@@ -123,7 +128,9 @@ fn pack(attrs: &HashMap<String, MessageAttributeValue>) -> Result<String, DlqCop
             )
         })
         .collect();
-    serde_json::to_string(&packed).map_err(|_| DlqCopyError::BadAttribute(PACKED_ATTRIBUTE.into()))
+    serde_json::to_string(&packed)
+        .map(sqs_text::json)
+        .map_err(|_| DlqCopyError::BadAttribute(PACKED_ATTRIBUTE.into()))
 }
 
 /// The DLQ message size assumed while the DLQ's own limit cannot be read (SQS's default).
