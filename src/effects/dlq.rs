@@ -274,6 +274,14 @@ pub fn original_attributes(
             .into_iter()
             .filter(|(k, _)| !is_reserved(k))
             .map(|(k, p)| {
+                // SQS would refuse such a value: only a forged packing can hold one.
+                if [Some(&k), Some(&p.data_type), p.string.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .any(|s| sqs_text::refused(s).is_some())
+                {
+                    return Err(bad());
+                }
                 let mut b = MessageAttributeValue::builder().data_type(p.data_type);
                 if let Some(s) = p.string {
                     b = b.string_value(s);
@@ -401,6 +409,28 @@ mod tests {
         let c = dlq_copy("body", &ten, &record("boom"), 1 << 20).unwrap();
         assert!(is_packed(&c.attributes));
         assert_eq!(original_attributes(&c.attributes).unwrap(), attrs(10));
+    }
+
+    #[test]
+    fn packed_values_hold_only_characters_sqs_takes() {
+        let mut original = attrs(10);
+        original.insert("a0".into(), string_attr("x".into()));
+        let c = dlq_copy("body", &original, &record("boom"), 1 << 20).unwrap();
+        assert_eq!(
+            sqs_text::refused(c.attributes[PACKED_ATTRIBUTE].string_value().unwrap()),
+            None
+        );
+        // A packing that decodes to a value SQS refuses is not the processor's: a replay would
+        // be refused, so it is unreadable here.
+        let mut forged = c.attributes.clone();
+        forged.insert(
+            PACKED_ATTRIBUTE.into(),
+            string_attr(r#"{"a0":{"data_type":"String","string":"x￿"}}"#.into()),
+        );
+        assert_eq!(
+            original_attributes(&forged),
+            Err(DlqCopyError::BadAttribute(PACKED_ATTRIBUTE.into()))
+        );
     }
 
     #[test]
