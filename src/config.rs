@@ -53,6 +53,9 @@ pub struct Config {
     pub concurrency: usize,
     /// `TRIAGE_LOG_PAYLOADS`: include bodies in logs (default off).
     pub log_payloads: bool,
+    /// `TRIAGE_EMF`: a worker prints EMF metric lines to stdout (default off; Lambda always
+    /// does).
+    pub emf: bool,
     /// `TRIAGE_DONE_MARKER_TYPES`: job types with a completion marker (comma-separated; default
     /// none). See [`Registry::done_marker`](crate::processor::registry::Registry::done_marker).
     pub done_marker_types: Vec<String>,
@@ -335,6 +338,25 @@ fn queue_facts(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Option<QueueFa
     }))
 }
 
+/// The boolean variables, each read by [`boolean`].
+pub const BOOLEAN_VARS: [&str; 2] = ["TRIAGE_LOG_PAYLOADS", "TRIAGE_EMF"];
+
+/// What a boolean variable accepts, as its error says.
+pub const BOOLEAN_SPELLINGS: &str = "true or false (also 1 or 0, yes or no, on or off; any case)";
+
+/// A boolean variable: one spelling set for all of them, so `TRUE` never means false in one
+/// place and true in another. Unset or blank is false; any other value stops start-up.
+fn boolean(lookup: &dyn Fn(&str) -> Option<String>, var: &'static str) -> Result<bool, ConfigError> {
+    let Some(raw) = lookup(var).filter(|v| !v.trim().is_empty()) else {
+        return Ok(false);
+    };
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(invalid(var, raw, BOOLEAN_SPELLINGS)),
+    }
+}
+
 /// `TRIAGE_DONE_MARKER_TYPES`: job types separated by commas, blanks around each ignored; an
 /// empty entry (`a,,b`) or one longer than a job type may be (256 characters) is refused.
 fn done_marker_types(raw: Option<&str>) -> Result<Vec<String>, ConfigError> {
@@ -405,11 +427,8 @@ impl Config {
                 };
                 invalid(var, "", e)
             })?;
-        let log_payloads = match text("TRIAGE_LOG_PAYLOADS").as_deref().map(str::trim) {
-            None | Some("0" | "false" | "no") => false,
-            Some("1" | "true" | "yes") => true,
-            Some(other) => return Err(invalid("TRIAGE_LOG_PAYLOADS", other, "true or false")),
-        };
+        let [log_payloads, emf] = BOOLEAN_VARS.map(|var| boolean(lookup, var));
+        let (log_payloads, emf) = (log_payloads?, emf?);
         let done_marker_types = done_marker_types(text("TRIAGE_DONE_MARKER_TYPES").as_deref())?;
         let done_marker_ttl = Duration::from_secs(v.done_marker_ttl_s.read(lookup)?);
         let eventbridge_types = match text("TRIAGE_EVENTBRIDGE_TYPES") {
@@ -443,6 +462,7 @@ impl Config {
             breaker,
             concurrency: v.concurrency.read(lookup)?,
             log_payloads,
+            emf,
             done_marker_types,
             done_marker_ttl,
             heartbeat: Some(Duration::from_secs(v.heartbeat_s.read(lookup)?)).filter(|d| !d.is_zero()),
@@ -479,6 +499,33 @@ mod tests {
         assert_eq!(c.concurrency, 10);
         assert!(!c.log_payloads);
         assert_eq!(c.heartbeat, Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn every_boolean_variable_reads_the_same_spellings_and_refuses_the_rest() {
+        let read = |var: &str, v: &str| {
+            with(&[(var, v)]).map(|c| match var {
+                "TRIAGE_EMF" => c.emf,
+                _ => c.log_payloads,
+            })
+        };
+        for var in BOOLEAN_VARS {
+            assert_eq!(read(var, ""), Ok(false), "{var} unset");
+            for v in ["true", "TRUE", "True", "1", "yes", "YES", "on", "On", " true "] {
+                assert_eq!(read(var, v), Ok(true), "{var}={v}");
+            }
+            for v in ["false", "FALSE", "0", "no", "No", "off", "OFF"] {
+                assert_eq!(read(var, v), Ok(false), "{var}={v}");
+            }
+            for v in ["maybe", "2", "y", "t", "enabled", "truee"] {
+                let e = read(var, v).unwrap_err();
+                assert_eq!(e.var, var, "{v}");
+                assert_eq!(
+                    e.to_string(),
+                    format!("{var}={v:?} is not valid: expected {BOOLEAN_SPELLINGS}")
+                );
+            }
+        }
     }
 
     #[test]
@@ -650,6 +697,7 @@ mod tests {
                         | "TRIAGE_DLQ_URL"
                         | "TRIAGE_TABLE"
                         | "TRIAGE_LOG_PAYLOADS"
+                        | "TRIAGE_EMF"
                         | "TRIAGE_DONE_MARKER_TYPES"
                         | "TRIAGE_EVENTBRIDGE_TYPES"
                         // Numeric, but no policy: no default and no template parameter (the

@@ -416,8 +416,9 @@ fn main() -> ExitCode {
         Err(e) => return clap_error(e),
     };
     // Operator commands never panic by design; if one does, say so in one line. The worker
-    // runs handlers whose panics the processor catches per record: it installs the runtime's
-    // hook (`runtime::env::install_panic_hook`, masked messages through tracing) when it starts.
+    // and the demo run handlers whose panics the processor catches per record: they install
+    // the runtime's hook (`runtime::env::install_panic_hook`, masked messages through tracing)
+    // when they start.
     if !matches!(cli.command, Command::Worker(_) | Command::Demo { .. }) {
         set_panic_hook();
     }

@@ -19,7 +19,8 @@ use super::html::{self, esc, hidden, q};
 use super::{App, error_page, refuse, same_secret};
 use crate::clock::{now_ms, rfc3339_seconds};
 use crate::ops::breaker::{self, BreakerView, Force};
-use crate::ops::dlq::{self, DlqMessage, Filter};
+use crate::ops::dlq::read::{ReadEnd, read_to_end};
+use crate::ops::dlq::{self, DlqMessage, Filter, ShowReport};
 use crate::ops::output::Report;
 use crate::ops::{OpsError, OpsResult, audit, park, parse_duration};
 
@@ -213,13 +214,39 @@ impl Selection {
         html::query(pairs.iter().map(|(k, v)| (*k, v.as_str())))
     }
 
-    /// The DLQ's messages this selection takes, read as `dlq list` reads them.
-    async fn read(&self, app: &App) -> OpsResult<Vec<DlqMessage>> {
+    /// The DLQ's messages this selection takes, read as `dlq list` reads them, and the note
+    /// on what the read left out ([`read_note`]).
+    async fn read(&self, app: &App) -> OpsResult<(Vec<DlqMessage>, String)> {
         let now = now_ms();
-        let all = dlq::read_all(&app.ctx, &app.opts.dlq_url, self.max_scan).await?;
-        Ok(all.into_iter().filter(|m| self.matches(m, now)).collect())
+        let (all, end) = read_to_end(&app.ctx, &app.opts.dlq_url, self.max_scan).await?;
+        let note = read_note(end, all.len());
+        Ok((all.into_iter().filter(|m| self.matches(m, now)).collect(), note))
     }
 }
+
+/// What a page built from a read of the DLQ says when the read may have left messages out
+/// (stopped at `--max-scan`, or cut short), as `dlq list` says it; else nothing. Counts,
+/// groups and selections on such a page cover the messages read only.
+fn read_note(end: ReadEnd, read: usize) -> String {
+    match end.note(read) {
+        Some(n) => format!("<p class=\"warning\" id=\"read-note\">Note: {}.</p>", esc(&n)),
+        None => String::new(),
+    }
+}
+
+/// [`read_note`] for the read behind a `dlq show` report.
+fn show_note(r: &ShowReport) -> String {
+    let end = if r.incomplete {
+        ReadEnd::CutShort
+    } else if r.scan_limit_reached {
+        ReadEnd::ScanLimit
+    } else {
+        ReadEnd::Complete
+    };
+    read_note(end, r.scanned)
+}
+
+impl Selection {}
 
 /// One queue's counts.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -358,10 +385,11 @@ async fn overview(State(app): AppState) -> Response {
     };
     // The oldest DLQ failure and the chart come from one read of the DLQ, on page load only
     // (the live refresh asks for counts and breakers, which hold no message).
-    let all = match dlq::read_all(&app.ctx, &app.opts.dlq_url, app.opts.max_scan).await {
+    let (all, end) = match read_to_end(&app.ctx, &app.opts.dlq_url, app.opts.max_scan).await {
         Ok(a) => a,
         Err(e) => return error_page(&e),
     };
+    let note = read_note(end, all.len());
     let now = now_ms();
     let oldest = all.iter().map(|m| m.failed_at_ms()).min();
     let mut b = String::new();
@@ -390,7 +418,7 @@ Oldest DLQ failure instead: <strong id=\"oldest-dlq-failure\">{}</strong>.</p></
     );
     let _ = write!(
         b,
-        "<section><h2>Dead-letter queue</h2><p class=\"url\">{}</p>{}<p><a href=\"/dlq\">Open the DLQ, grouped</a></p>{}</section>",
+        "<section><h2>Dead-letter queue</h2><p class=\"url\">{}</p>{}{note}<p><a href=\"/dlq\">Open the DLQ, grouped</a></p>{}</section>",
         esc(&app.opts.dlq_url),
         html::table("dlq-depth", &["messages", "count"], &depth_rows("dlq", &data.dlq)),
         html::arrivals_chart(
@@ -490,17 +518,19 @@ fn filter_form(p: &Params) -> String {
     )
 }
 
-/// The query's parameters, the selection they make, and the DLQ messages it takes (read as
-/// `dlq list` reads them); the error page when the query or the read fails.
-async fn selected(app: &App, raw: Option<String>) -> Result<(Params, Selection, Vec<DlqMessage>), Response> {
+/// The query's parameters, the selection they make, the DLQ messages it takes (read as
+/// `dlq list` reads them) and the read's note; the error page when the query or the read fails.
+async fn selected(app: &App, raw: Option<String>) -> Result<Selected, Response> {
     let p = Params::query(raw);
     let sel = Selection::from(&p, app.opts.max_scan).map_err(|e| error_page(&e))?;
-    let messages = sel.read(app).await.map_err(|e| error_page(&e))?;
-    Ok((p, sel, messages))
+    let (messages, note) = sel.read(app).await.map_err(|e| error_page(&e))?;
+    Ok((p, sel, messages, note))
 }
 
+type Selected = (Params, Selection, Vec<DlqMessage>, String);
+
 async fn dlq_page(State(app): AppState, RawQuery(raw): RawQuery) -> Response {
-    let (p, sel, messages) = match selected(&app, raw).await {
+    let (p, sel, messages, note) = match selected(&app, raw).await {
         Ok(x) => x,
         Err(page) => return page,
     };
@@ -532,7 +562,7 @@ async fn dlq_page(State(app): AppState, RawQuery(raw): RawQuery) -> Response {
     let mut b = filter_form(&p);
     let _ = write!(
         b,
-        "<p id=\"dlq-total\">{} message(s) in {} group(s) in {}.</p>",
+        "<p id=\"dlq-total\">{} message(s) in {} group(s) in {}.</p>{note}",
         messages.len(),
         gs.len(),
         esc(&app.opts.dlq_url)
@@ -589,7 +619,7 @@ fn message_rows(messages: &[&DlqMessage], now: u64, checkboxes: bool) -> Vec<Vec
 }
 
 async fn group_page(State(app): AppState, RawQuery(raw): RawQuery) -> Response {
-    let (_, sel, messages) = match selected(&app, raw).await {
+    let (_, sel, messages, note) = match selected(&app, raw).await {
         Ok(x) => x,
         Err(page) => return page,
     };
@@ -608,7 +638,11 @@ async fn group_page(State(app): AppState, RawQuery(raw): RawQuery) -> Response {
             esc(e)
         );
     }
-    let _ = write!(b, "<p id=\"group-count\">{} message(s).</p>", messages.len());
+    let _ = write!(
+        b,
+        "<p id=\"group-count\">{} message(s).</p>{note}",
+        messages.len()
+    );
     let q = esc(&sel.query());
     let _ = write!(
         b,
@@ -629,7 +663,7 @@ async fn message_page(State(app): AppState, Path(id): Path<String>) -> Response 
         Ok(r) => r,
         Err(e) => return error_page(&e),
     };
-    let mut b = String::new();
+    let mut b = show_note(&report);
     for m in &report.messages {
         let s = &m.summary;
         let mut rows = vec![
@@ -746,15 +780,12 @@ fn selection_form(app: &App, action: &str, messages: &[DlqMessage], extra: &str,
 }
 
 async fn replay_confirm(State(app): AppState, RawQuery(raw): RawQuery) -> Response {
-    let (p, _, messages) = match selected(&app, raw).await {
+    let (p, _, messages, note) = match selected(&app, raw).await {
         Ok(x) => x,
         Err(page) => return page,
     };
     if messages.is_empty() {
-        return refuse(
-            StatusCode::NOT_FOUND,
-            "no DLQ message matches this selection: nothing to replay",
-        );
+        return refuse(StatusCode::NOT_FOUND, &nothing_selected("replay", &note));
     }
     // The dry run of exactly these messages, as `dlq replay --dry-run --id …` shows it.
     let opts = replay_options(&app, ids(&messages), None, true);
@@ -766,7 +797,7 @@ async fn replay_confirm(State(app): AppState, RawQuery(raw): RawQuery) -> Respon
     let rate = p.get("rate").unwrap_or_default();
     let mut b = format!(
         "<p id=\"plan\">Replay <strong>{}</strong> message(s) to their source queue with a fresh attempt ledger, \
-then delete them from the DLQ. Nothing moves until you confirm.</p>{}<h2>Dry run</h2>{}",
+then delete them from the DLQ. Nothing moves until you confirm.</p>{note}{}<h2>Dry run</h2>{}",
         messages.len(),
         html::table(
             "selected",
@@ -787,6 +818,15 @@ then delete them from the DLQ. Nothing moves until you confirm.</p>{}<h2>Dry run
         &format!("Replay {} message(s)", messages.len()),
     ));
     html_ok("Confirm the replay", &b)
+}
+
+/// The refusal of a selection that took no message, naming what the read left out.
+fn nothing_selected(action: &str, note: &str) -> String {
+    let mut why = format!("no DLQ message matches this selection: nothing to {action}");
+    if !note.is_empty() {
+        why.push_str(" (among the messages read: the read did not reach the end of the DLQ)");
+    }
+    why
 }
 
 fn ids(messages: &[DlqMessage]) -> Vec<String> {
@@ -878,20 +918,17 @@ async fn replay_do(State(app): AppState, FormBody(body): FormBody) -> Response {
 }
 
 async fn purge_confirm(State(app): AppState, RawQuery(raw): RawQuery) -> Response {
-    let (_, _, messages) = match selected(&app, raw).await {
+    let (_, _, messages, note) = match selected(&app, raw).await {
         Ok(x) => x,
         Err(page) => return page,
     };
     if messages.is_empty() {
-        return refuse(
-            StatusCode::NOT_FOUND,
-            "no DLQ message matches this selection: nothing to purge",
-        );
+        return refuse(StatusCode::NOT_FOUND, &nothing_selected("purge", &note));
     }
     let refs: Vec<&DlqMessage> = messages.iter().collect();
     let mut b = format!(
         "<p id=\"plan\" class=\"warning\">Delete <strong>{}</strong> message(s) from the DLQ. This cannot be undone. \
-Nothing is deleted until you confirm; if the DLQ no longer holds exactly these, nothing is deleted.</p>{}",
+Nothing is deleted until you confirm; if the DLQ no longer holds exactly these, nothing is deleted.</p>{note}{}",
         messages.len(),
         html::table(
             "selected",

@@ -10,7 +10,8 @@
 //! - an SNS notification (raw message delivery off: `Type` `"Notification"`, a `TopicArn` and the
 //!   published message as the string `Message`) is read as the same message delivered raw would
 //!   be: the `Message` as the body and the notification's `MessageAttributes` `job-type` /
-//!   `job-id` as the message attributes. Without an id of its own the job's id is the
+//!   `job-id` as the message attributes (a `String` or a `Number` one, as on an SQS message;
+//!   a `Binary` one is refused). Without an id of its own the job's id is the
 //!   notification's `MessageId`, which SNS keeps when it delivers the notification again.
 //! - an EventBridge event (`detail-type`, `source`, `id`, `detail`, …): the job type is the
 //!   `detail-type` mapped by [`EventBridgeTypes`] with the `detail` as payload; else, when the
@@ -729,11 +730,11 @@ fn sns(mut map: Map<String, Value>, eventbridge: &EventBridgeTypes) -> Result<Jo
             a.get("Type").and_then(Value::as_str),
             a.get("Value").and_then(Value::as_str),
         ) {
-            (Some("String"), Some(v)) => Ok(Some(v)),
-            (Some(t), _) if t != "String" => Err(bad(
+            (Some(t), _) if !has_string_value(t) => Err(bad(
                 w,
-                format!("message attribute `{name}` is of Type {t}, not String"),
+                format!("message attribute `{name}` is of Type {t}, which has no string value"),
             )),
+            (Some(_), Some(v)) => Ok(Some(v)),
             _ => Err(bad(
                 w,
                 format!("message attribute `{name}` has no string `Type` and `Value`"),
@@ -745,6 +746,14 @@ fn sns(mut map: Map<String, Value>, eventbridge: &EventBridgeTypes) -> Result<Jo
     let mut job = read(&message, job_type, job_id, eventbridge, Nesting::InSns).map_err(wrapped(w))?;
     job.id.get_or_insert(message_id);
     Ok(job)
+}
+
+/// Whether an SNS attribute of data type `t` has a string value, as the same attribute on an
+/// SQS message does: `String` and `Number` (a custom type after a dot too, and SNS's
+/// `String.Array`); raw delivery would route the job by that value, so the notification does.
+fn has_string_value(t: &str) -> bool {
+    let base = t.split_once('.').map_or(t, |(b, _)| b);
+    matches!(base, "String" | "Number")
 }
 
 /// An EventBridge event: its `detail-type` mapped, else its `detail` when that is an envelope,
@@ -971,6 +980,40 @@ mod tests {
     }
 
     #[test]
+    fn an_sns_number_attribute_reads_as_the_same_attribute_delivered_raw() {
+        // Raw delivery puts a Number attribute on the SQS message with its string value, which
+        // routes the job: the notification's Number attribute routes it the same way.
+        let lim = EnvelopeLimits::default();
+        let typed = |pairs: &[(&str, &str, &str)]| {
+            Value::Object(
+                pairs
+                    .iter()
+                    .map(|(k, t, v)| (k.to_string(), json!({"Type": t, "Value": v})))
+                    .collect(),
+            )
+        };
+        for (id_type, type_type) in [
+            ("Number", "String"),
+            ("Number.int", "String"),
+            ("String", "Number"),
+            ("String.Array", "String"),
+        ] {
+            let attrs = typed(&[("job-id", id_type, "42"), ("job-type", type_type, "7")]);
+            let wrapped = p(&sns_body(r#"{"a":1}"#, attrs)).unwrap();
+            let raw = parse(r#"{"a":1}"#, Some("7"), Some("42"), lim).unwrap();
+            assert_eq!(wrapped, raw, "{id_type} / {type_type}");
+        }
+        // Only a Binary attribute has no string value, on SQS as in SNS.
+        for t in ["Binary", "Binary.png"] {
+            let attrs = typed(&[("job-id", t, "dA==")]);
+            assert_eq!(
+                bad_wrapper(p(&sns_body(r#"{"type":"t"}"#, attrs))).1,
+                format!("message attribute `job-id` is of Type {t}, which has no string value")
+            );
+        }
+    }
+
+    #[test]
     fn a_malformed_sns_notification_is_invalid_with_a_clear_error() {
         let mut n: Value = serde_json::from_str(&sns_body("{}", Value::Null)).unwrap();
         n["Message"] = json!({"type": "t"});
@@ -994,7 +1037,7 @@ mod tests {
         let binary = json!({"job-type": {"Type": "Binary", "Value": "dA=="}});
         assert_eq!(
             bad_wrapper(p(&sns_body("x", binary))).1,
-            "message attribute `job-type` is of Type Binary, not String"
+            "message attribute `job-type` is of Type Binary, which has no string value"
         );
         let no_value = json!({"job-type": {"Type": "String"}});
         assert!(

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::core::sqs_text;
+
 /// Name of the message attribute holding the failure record.
 pub const FAILURE_ATTRIBUTE: &str = "triage-failure";
 
@@ -69,17 +71,20 @@ pub struct FailureRecord {
 }
 
 impl FailureRecord {
-    /// The record as compact JSON, with the error text cut (on a character boundary, marked
-    /// with `…[truncated]` when the mark fits too) so the whole record is at most `max_bytes`.
-    /// Returns `None` only when even an empty error text does not fit.
+    /// The record as compact JSON in characters SQS takes ([`sqs_text::json`]: a job id or an
+    /// error text holding U+FFFE or U+FFFF would have the copy refused), with the error text
+    /// cut (on a character boundary, marked with `…[truncated]` when the mark fits too) so the
+    /// whole record is at most `max_bytes`. Returns `None` only when even an empty error text
+    /// does not fit.
     pub(crate) fn to_json_within(&self, max_bytes: usize) -> Option<String> {
-        let full = serde_json::to_string(self).ok()?;
+        let to_json = |r: &FailureRecord| serde_json::to_string(r).ok().map(sqs_text::json);
+        let full = to_json(self)?;
         if full.len() <= max_bytes {
             return Some(full);
         }
         let mut cut = self.clone();
         cut.error.clear();
-        let empty_len = serde_json::to_string(&cut).ok()?.len();
+        let empty_len = to_json(&cut)?.len();
         if empty_len > max_bytes {
             return None;
         }
@@ -92,7 +97,7 @@ impl FailureRecord {
             let (mut lo, mut hi) = (0usize, chars.len());
             let fits = |cut: &mut FailureRecord, n: usize| {
                 cut.error = format!("{}{mark}", prefix(n));
-                serde_json::to_string(cut).ok().filter(|j| j.len() <= max_bytes)
+                to_json(cut).filter(|j| j.len() <= max_bytes)
             };
             while lo < hi {
                 let mid = (lo + hi).div_ceil(2);
@@ -132,6 +137,20 @@ mod tests {
         assert!(json.contains(r#""class":"fatal""#), "{json}");
         let back: FailureRecord = serde_json::from_str(&json).unwrap();
         assert_eq!(back, record("boom"));
+    }
+
+    #[test]
+    fn a_record_holds_only_characters_sqs_takes_and_reads_back_the_same() {
+        let mut r = record(&"bad \u{fffe}\u{ffff}".repeat(300));
+        r.job_id = "j-\u{ffff}".into();
+        for max in [100_000, 400] {
+            let json = r.to_json_within(max).unwrap();
+            assert!(json.len() <= max, "{} > {max}", json.len());
+            assert_eq!(sqs_text::refused(&json), None, "{json}");
+            let back: FailureRecord = serde_json::from_str(&json).unwrap();
+            assert_eq!(back.job_id, r.job_id);
+            assert!(r.error.starts_with(back.error.trim_end_matches("…[truncated]")));
+        }
     }
 
     #[test]

@@ -39,6 +39,9 @@ use crate::processor::registry::{JobContext, Registry};
 /// The chaos job type's name.
 pub const CHAOS: &str = "triage.chaos";
 
+/// How the `panic` outcome's panic message starts (the attempt follows).
+pub const PANIC_PREFIX: &str = "chaos: panic on attempt";
+
 /// What a chaos job does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -224,8 +227,8 @@ pub(crate) async fn run_recorded(
             format!("chaos: throttled on attempt {}", ctx.attempt),
         )),
         ChaosOutcome::Panic => match p.panic_message {
-            None => panic!("chaos: panic on attempt {}", ctx.attempt),
-            Some(m) => panic!("chaos: panic on attempt {}: {m:?}", ctx.attempt),
+            None => panic!("{PANIC_PREFIX} {}", ctx.attempt),
+            Some(m) => panic!("{PANIC_PREFIX} {}: {m:?}", ctx.attempt),
         },
     }
 }

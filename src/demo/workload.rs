@@ -18,7 +18,7 @@ use crate::ops::Ctx;
 use crate::ops::setup::{SetupOptions, setup};
 use crate::processor::registry::Registry;
 use crate::runtime::RuntimeError;
-use crate::runtime::env::{build, init_tracing, sdk_config};
+use crate::runtime::env::{build, init_tracing, install_panic_hook, sdk_config};
 use crate::runtime::worker::{Worker, WorkerOptions};
 
 /// Options of `triage demo`.
@@ -74,6 +74,8 @@ fn demo_policy() -> RetryPolicy {
 /// Runs the demo against fresh resources and prints the report.
 pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
     init_tracing();
+    let mut config = Config::from_env()?;
+    let panics = quiet_deliberate_panics(config.log_payloads);
     let sdk = sdk_config().await;
     let ctx = Ctx::from_config(&sdk)?;
     let stamp = crate::clock::now_ms() % 1_000_000_000;
@@ -93,7 +95,6 @@ pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
         created.queue_url, created.dlq_url, created.table
     );
 
-    let mut config = Config::from_env()?;
     config.queue_url = Some(created.queue_url.clone());
     config.dlq_url = Some(created.dlq_url.clone());
     config.table = Some(created.table.clone());
@@ -220,6 +221,11 @@ pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
         )
     );
     println!(
+        "\n{} handler panic(s) on purpose (the `panic` jobs): each failed its own job alone, fatally; \
+         RUST_LOG=sqs_triage=debug logs them",
+        panics.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    println!(
         "\ninspect the DLQ with:\n  TRIAGE_DLQ_URL={} TRIAGE_TABLE={} cargo run -q --bin triage -- dlq list",
         created.dlq_url, created.table
     );
@@ -229,6 +235,32 @@ pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
         return Err(format!("{unsettled} jobs did not settle within {:?}", deadline - started).into());
     }
     Ok(())
+}
+
+/// Installs the panic hook the worker and `triage-lambda` use (one masked line through
+/// `tracing`, no backtrace), except for the demo's own `panic` jobs: their handler panics on
+/// purpose, so each is counted for the report and logged at debug level only, instead of
+/// printing a panic per job (and, with `RUST_BACKTRACE=1`, a backtrace) before the report.
+fn quiet_deliberate_panics(log_payloads: bool) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+    install_panic_hook(log_payloads);
+    let runtime_hook = std::panic::take_hook();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = count.clone();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let text = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+        let deliberate = text.is_some_and(|t| t.starts_with(super::chaos::PANIC_PREFIX))
+            && info.location().is_some_and(|l| l.file().ends_with("chaos.rs"));
+        if !deliberate {
+            return runtime_hook(info);
+        }
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!("a `panic` job's handler panicked, as it does on purpose");
+    }));
+    count
 }
 
 fn report(

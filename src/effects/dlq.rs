@@ -10,6 +10,10 @@
 //! before, and on a standard queue it is the tenant of an SQS fair queue, which replay
 //! restores ([`group_for`] is the one rule for both).
 //!
+//! Every string the copy adds is JSON in characters SQS takes ([`sqs_text::json`]). The body
+//! and the original attributes are kept as they are: SQS delivered them, so they hold no
+//! character it refuses.
+//!
 //! Both names are reserved: a producer's own `triage-failure` or `triage-attributes` is
 //! dropped from the copy, and replay unpacks `triage-attributes` only from a message shaped
 //! as the processor packs it (those two attributes and nothing else).
@@ -22,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::core::failure::{FAILURE_ATTRIBUTE, FailureRecord};
+use crate::core::sqs_text;
 
 /// Attribute holding the original attributes when they had to be packed.
 pub const PACKED_ATTRIBUTE: &str = "triage-attributes";
@@ -123,7 +128,9 @@ fn pack(attrs: &HashMap<String, MessageAttributeValue>) -> Result<String, DlqCop
             )
         })
         .collect();
-    serde_json::to_string(&packed).map_err(|_| DlqCopyError::BadAttribute(PACKED_ATTRIBUTE.into()))
+    serde_json::to_string(&packed)
+        .map(sqs_text::json)
+        .map_err(|_| DlqCopyError::BadAttribute(PACKED_ATTRIBUTE.into()))
 }
 
 /// The DLQ message size assumed while the DLQ's own limit cannot be read (SQS's default).
@@ -267,6 +274,14 @@ pub fn original_attributes(
             .into_iter()
             .filter(|(k, _)| !is_reserved(k))
             .map(|(k, p)| {
+                // SQS would refuse such a value: only a forged packing can hold one.
+                if [Some(&k), Some(&p.data_type), p.string.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .any(|s| sqs_text::refused(s).is_some())
+                {
+                    return Err(bad());
+                }
                 let mut b = MessageAttributeValue::builder().data_type(p.data_type);
                 if let Some(s) = p.string {
                     b = b.string_value(s);
@@ -394,6 +409,28 @@ mod tests {
         let c = dlq_copy("body", &ten, &record("boom"), 1 << 20).unwrap();
         assert!(is_packed(&c.attributes));
         assert_eq!(original_attributes(&c.attributes).unwrap(), attrs(10));
+    }
+
+    #[test]
+    fn packed_values_hold_only_characters_sqs_takes() {
+        let mut original = attrs(10);
+        original.insert("a0".into(), string_attr("x".into()));
+        let c = dlq_copy("body", &original, &record("boom"), 1 << 20).unwrap();
+        assert_eq!(
+            sqs_text::refused(c.attributes[PACKED_ATTRIBUTE].string_value().unwrap()),
+            None
+        );
+        // A packing that decodes to a value SQS refuses is not the processor's: a replay would
+        // be refused, so it is unreadable here.
+        let mut forged = c.attributes.clone();
+        forged.insert(
+            PACKED_ATTRIBUTE.into(),
+            string_attr(r#"{"a0":{"data_type":"String","string":"x￿"}}"#.into()),
+        );
+        assert_eq!(
+            original_attributes(&forged),
+            Err(DlqCopyError::BadAttribute(PACKED_ATTRIBUTE.into()))
+        );
     }
 
     #[test]

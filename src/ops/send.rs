@@ -112,7 +112,8 @@ impl PartialEq for Payload {
 
 impl JobSpec {
     /// The envelope body a producer would send: `id`, `payload` and `type`, in that order, the
-    /// payload's text as given.
+    /// payload's text as given but for U+FFFE and U+FFFF, escaped as SQS needs
+    /// ([`sqs_text::json`](crate::core::sqs_text::json)).
     pub fn body(&self) -> String {
         let string = |s: &str| Value::from(s).to_string();
         let mut body = String::with_capacity(self.payload.text().len() + self.job_type.len() + 64);
@@ -127,7 +128,7 @@ impl JobSpec {
         body.push_str(",\"type\":");
         body.push_str(&string(&self.job_type));
         body.push('}');
-        body
+        crate::core::sqs_text::json(body)
     }
 
     /// Checks the job against the envelope rules and the target queue's kind.

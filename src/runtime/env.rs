@@ -310,7 +310,7 @@ pub async fn build_with(
         tracing::warn!(startup_check = "degraded", "{w}");
     }
     if skipped > 0 {
-        emit_startup_metric(skipped);
+        emit_startup_metric(skipped, config.emf);
     }
 
     let ledger = AttemptLedger::new(ddb_client.clone(), &table, retry.clone());
@@ -467,9 +467,8 @@ async fn probe_table(
 
 /// Prints one EMF line counting the start-up checks that could not be made, in the Lambda
 /// runtime (whose stdout CloudWatch reads) and in a worker with `TRIAGE_EMF` on.
-fn emit_startup_metric(skipped: u64) {
+fn emit_startup_metric(skipped: u64, emf: bool) {
     let lambda = std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some();
-    let emf = std::env::var("TRIAGE_EMF").is_ok_and(|v| v == "1" || v == "true");
     if !(lambda || emf) {
         return;
     }

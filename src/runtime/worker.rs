@@ -605,11 +605,10 @@ async fn serve(
     opts: RunOptions,
 ) -> Result<(), RuntimeError> {
     let env = build(config, registry, sdk).await?;
-    let emf = std::env::var("TRIAGE_EMF").is_ok_and(|v| v == "1" || v == "true");
     let worker = Worker::new(
         env,
         WorkerOptions {
-            emf,
+            emf: config.emf,
             ..WorkerOptions::default()
         },
     )

@@ -1000,3 +1000,57 @@ async fn a_large_form_is_taken_and_a_too_large_one_gets_an_error_page() {
         1
     );
 }
+
+/// A page built from a read of the DLQ that stopped at `--max-scan` says so, as `dlq list`
+/// does; a read to the end says nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_that_read_the_dlq_says_when_the_read_stopped_at_max_scan() {
+    let stack = support::fresh_resources("console-scan", false).await;
+    for i in 0..3 {
+        seed(
+            &stack,
+            "billing.charge",
+            "same",
+            json!({"n": i}),
+            "card token is None",
+        )
+        .await;
+    }
+    let pages = [
+        "/",
+        "/dlq",
+        "/dlq/group?type=billing.charge&class=fatal",
+        "/replay?type=billing.charge",
+        "/purge?type=billing.charge",
+        "/dlq/message/same",
+    ];
+    let note = "the read stopped at --max-scan (2 message(s))";
+    let c = start(&stack, &["--max-scan", "2"], &[]);
+    for page in pages {
+        let a = get(&c, page).await;
+        assert_eq!(a.status, 200, "{page}: {}", a.body);
+        assert!(
+            a.body.contains(note),
+            "{page} does not say the read stopped:\n{}",
+            a.body
+        );
+    }
+    // A selection's own smaller `max_scan` is named too.
+    let a = get(&c, "/dlq?max_scan=1").await;
+    assert!(
+        a.body.contains("the read stopped at --max-scan (1 message(s))"),
+        "{}",
+        a.body
+    );
+    drop(c);
+    let c = start(&stack, &["--max-scan", "50"], &[]);
+    for page in pages {
+        let a = get(&c, page).await;
+        assert_eq!(a.status, 200, "{page}: {}", a.body);
+        assert!(
+            !a.body.contains("stopped at --max-scan"),
+            "{page} names a limit it did not reach:\n{}",
+            a.body
+        );
+    }
+}

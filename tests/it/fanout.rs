@@ -252,3 +252,52 @@ async fn a_registry_mapping_to_an_impossible_job_type_is_refused_at_start_up() {
         "{e}"
     );
 }
+
+/// A `Number` `job-id` attribute routes the job whether SNS delivers it raw (an SQS message
+/// attribute) or inside its notification: both run, neither is dead-lettered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_number_job_id_attribute_routes_the_job_raw_or_inside_an_sns_notification() {
+    use aws_sdk_sqs::types::MessageAttributeValue;
+    use std::time::Duration;
+    use support::pipeline::{Harness, RECORDED, fast_policy, quiet_breaker};
+    let h = Harness::new("fanout-number", false, fast_policy(3), quiet_breaker()).await;
+    let attr = |t: &str, v: &str| {
+        MessageAttributeValue::builder()
+            .data_type(t)
+            .string_value(v)
+            .build()
+            .unwrap()
+    };
+    h.sqs
+        .send_message()
+        .queue_url(&h.queue_url)
+        .message_body(r#"{"outcome":"ok"}"#)
+        .message_attributes("job-type", attr("String", RECORDED))
+        .message_attributes("job-id", attr("Number", "42"))
+        .send()
+        .await
+        .unwrap();
+    let attributes = json!({
+        "job-type": {"Type": "String", "Value": RECORDED},
+        "job-id": {"Type": "Number", "Value": "43"},
+    });
+    h.send_raw(&[(&sns(SNS_ID, r#"{"outcome":"ok"}"#, Some(attributes)), None)])
+        .await;
+    let mut seen = 0;
+    while seen < 2 {
+        let (messages, response) = h
+            .invoke_once(Duration::from_secs(2))
+            .await
+            .expect("both messages arrive");
+        assert!(response.batch_item_failures.is_empty(), "{response:?}");
+        seen += messages.len();
+    }
+    assert_eq!(h.executions("42"), [1], "the raw message");
+    assert_eq!(h.executions("43"), [1], "the SNS notification");
+    let dlq = h.dlq_messages().await;
+    assert!(
+        dlq.is_empty(),
+        "dead-lettered: {:?}",
+        dlq.iter().map(|m| m.message_attributes()).collect::<Vec<_>>()
+    );
+}

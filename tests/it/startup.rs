@@ -619,3 +619,86 @@ async fn a_worker_start_up_waits_for_slow_credentials() {
     .expect("the worker starts once the credentials are loaded");
     assert!(env.startup_warnings.is_empty(), "{:?}", env.startup_warnings);
 }
+
+/// `triage worker --demo-handlers` on `created`, stdout and stderr piped.
+fn worker_process(
+    created: &sqs_triage::ops::setup::SetupReport,
+    vars: &[(&str, &str)],
+) -> std::process::Child {
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
+    cmd.args(["worker", "--demo-handlers"])
+        .env("TRIAGE_QUEUE_URL", &created.queue_url)
+        .env("TRIAGE_DLQ_URL", &created.dlq_url)
+        .env("TRIAGE_TABLE", &created.table)
+        .env("RUST_LOG", "warn")
+        .env_remove("TRIAGE_EMF")
+        .env_remove("TRIAGE_LOG_PAYLOADS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("triage worker starts")
+}
+
+/// Every boolean variable reads the same spellings, in any case: `TRIAGE_EMF=YES` turns the
+/// worker's metric lines on, as `true` does; a value that is no boolean stops start-up (exit
+/// 2) naming the variable.
+#[tokio::test(flavor = "multi_thread")]
+async fn boolean_variables_read_any_case_and_a_bad_one_stops_the_worker_naming_it() {
+    use std::io::{BufRead, BufReader};
+    let created = support::fresh_resources("startup-flags", false).await;
+    support::sqs_client()
+        .await
+        .send_message()
+        .queue_url(&created.queue_url)
+        .message_body(json!({"type": chaos::CHAOS, "id": "f1", "payload": {"outcome": "ok"}}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let mut child = worker_process(&created, &[("TRIAGE_EMF", "YES"), ("TRIAGE_LOG_PAYLOADS", "Off")]);
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            if line.contains("\"_aws\"") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    // The batch that runs the job prints its metric line (a bound for liveness, not timing).
+    let metric = rx.recv_timeout(Duration::from_secs(60));
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let metric = metric.unwrap_or_else(|_| {
+        panic!(
+            "TRIAGE_EMF=YES printed no EMF line:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(metric.contains("Namespace"), "{metric}");
+
+    for (var, bad) in [("TRIAGE_EMF", "maybe"), ("TRIAGE_LOG_PAYLOADS", "2")] {
+        let mut child = worker_process(&created, &[(var, bad)]);
+        let mut exited = None;
+        for _ in 0..300 {
+            if let Some(s) = child.try_wait().unwrap() {
+                exited = Some(s);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if exited.is_none() {
+            let _ = child.kill();
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(exited.and_then(|s| s.code()), Some(2), "{var}={bad}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{var}=\"{bad}\" is not valid: expected true or false")),
+            "{stderr}"
+        );
+    }
+}

@@ -356,6 +356,15 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
         if body.len() > max_bytes {
             return Err(too_large(body.len()));
         }
+        // An operator's text is sent as written, so one SQS would refuse is refused here,
+        // before the ledger is reset.
+        if let Some(c) = crate::core::sqs_text::refused(&body) {
+            return Err(OpsError::usage(format!(
+                "the edited body holds U+{:04X}, a character SQS refuses in a message (in a JSON \
+                 string write it as \\u{:04x}): nothing was sent",
+                c as u32, c as u32
+            )));
+        }
         let edited = found.with_body(body).map_err(|why| {
             OpsError::usage(format!("the edited body is not a job: {why}; nothing was sent"))
         })?;
@@ -848,6 +857,7 @@ fn apply_patch(body: &str, patch: &json_patch::Patch) -> OpsResult<Patched> {
         )));
     }
     let body = serde_json::to_string(&doc)
+        .map(crate::core::sqs_text::json)
         .map_err(|e| OpsError::new(ErrorKind::Failed, format!("cannot write the patched body: {e}")))?;
     Ok(Patched { body, changed: true })
 }

@@ -510,7 +510,7 @@ pub async fn read_all(ctx: &Ctx, dlq_url: &str, max: usize) -> OpsResult<Vec<Dlq
 }
 
 /// [`read_all`], and how the read ended.
-pub(super) async fn read_to_end(
+pub(crate) async fn read_to_end(
     ctx: &Ctx,
     dlq_url: &str,
     max: usize,
