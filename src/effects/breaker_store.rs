@@ -150,6 +150,22 @@ pub struct BreakerStore {
     /// Per job type: the state, and when it was read by the monotonic clock and by the wall
     /// clock (epoch ms).
     cache: Mutex<HashMap<String, (BreakerState, Instant, u64)>>,
+    /// Per job type: the executions this environment ran and has not reported yet.
+    unreported: Mutex<HashMap<String, Unreported>>,
+}
+
+/// One job type's executions that an environment has not reported yet (see
+/// [`BreakerStore::with_unreported`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Unreported {
+    /// Executions not yet reported, failures included.
+    executions: u32,
+    /// The closed generation they ran in.
+    generation: u64,
+    /// When the first of them was counted (epoch ms).
+    since_ms: u64,
+    /// The window (generation, start) this environment last reported into.
+    reported_into: Option<(u64, u64)>,
 }
 
 impl BreakerStore {
@@ -162,6 +178,7 @@ impl BreakerStore {
             retry,
             config: BreakerConfig::default(),
             cache: Mutex::new(HashMap::new()),
+            unreported: Mutex::new(HashMap::new()),
         }
     }
 
@@ -230,13 +247,13 @@ impl BreakerStore {
         self.read_by(job_type, deadline).await
     }
 
+    /// Keeps `state` as this environment's last known one: reads use it within `cache_ttl`
+    /// (with a TTL of zero, never); reports use it however old, to choose how to write.
     fn remember(&self, job_type: &str, state: &BreakerState) {
-        if !self.config.cache_ttl().is_zero() {
-            self.cache.lock().expect("cache lock").insert(
-                job_type.to_owned(),
-                (state.clone(), Instant::now(), crate::clock::now_ms()),
-            );
-        }
+        self.cache.lock().expect("cache lock").insert(
+            job_type.to_owned(),
+            (state.clone(), Instant::now(), crate::clock::now_ms()),
+        );
     }
 
     /// The state for one batch, through the cache, every try of a read ending by `deadline`.
@@ -396,6 +413,55 @@ impl BreakerStore {
             .await
     }
 
+    /// The report to make of `agg`, one invocation's outcomes for `job_type` at `now_ms`, with
+    /// this environment's executions not yet reported. An invocation with a transient failure
+    /// reports them all. One with successes alone keeps them back (nothing to write), unless
+    /// this environment's last known state shows a counting window it has not reported into
+    /// yet: then they go, once per window. So a healthy environment writes at most once per
+    /// window and job type, and only while some environment reports failures; a healthy fleet
+    /// writes nothing. Executions older than a window, or from another generation, are
+    /// dropped: they say nothing about the window that counts now.
+    pub fn with_unreported(&self, job_type: &str, agg: &Aggregate, now_ms: u64) -> Aggregate {
+        let ordinary = agg.executions.max(agg.transient_failures);
+        if ordinary == 0 {
+            return agg.clone();
+        }
+        let window = self.config.window().as_millis() as u64;
+        let counting = self
+            .cached(job_type)
+            .map(|s| s.at(now_ms))
+            .filter(|s| {
+                s.phase == Phase::Closed
+                    && s.generation == agg.generation
+                    && s.failures > 0
+                    && now_ms.saturating_sub(s.window_start_ms) < window
+            })
+            .map(|s| (s.generation, s.window_start_ms));
+        let mut all = self.unreported.lock().expect("unreported lock");
+        let u = match all.get_mut(job_type) {
+            Some(u) => u,
+            None => all.entry(job_type.to_owned()).or_default(),
+        };
+        if u.executions == 0 || u.generation != agg.generation || now_ms.saturating_sub(u.since_ms) >= window {
+            u.executions = 0;
+            u.generation = agg.generation;
+            u.since_ms = now_ms;
+        }
+        u.executions = u.executions.saturating_add(ordinary);
+        let into = match counting {
+            _ if agg.transient_failures > 0 => Some(counting.unwrap_or((agg.generation, now_ms))),
+            Some(w) if u.reported_into != Some(w) => Some(w),
+            _ => None,
+        };
+        let mut out = agg.clone();
+        out.executions = 0;
+        if into.is_some() {
+            out.executions = std::mem::take(&mut u.executions);
+            u.reported_into = into;
+        }
+        out
+    }
+
     /// The report of `agg` as one PartiQL statement to ride in the invocation's batched
     /// ledger write, when this environment's cached state says the report only adds failures
     /// to a counting window and stays below the threshold. The statement's condition says so
@@ -412,35 +478,52 @@ impl BreakerStore {
             return None;
         }
         let inc = cached.increment(agg, now_ms, &config)?;
-        let limit = config.threshold().checked_sub(inc.failures)?;
         let token = format!("{:016x}", rand::rng().random::<u64>());
         let now_s = crate::clock::now_ms() / 1000;
+        // The stored counts must be ones on which this increment cannot open the breaker
+        // (`Safe`): no new values come back from a statement in a batch to check after.
+        let (rate_safe, rate_params) = match inc.safe.failures_upto {
+            Some(f) => (
+                "(\"executions\" >= ? AND \"failures\" <= ?) OR ",
+                vec![
+                    num(u64::from(inc.safe.executions_from)),
+                    num(u64::from(f)),
+                ],
+            ),
+            None => ("", Vec::new()),
+        };
+        let mut parameters = vec![
+            num(u64::from(inc.failures)),
+            num(u64::from(inc.executions)),
+            AttributeValue::S(token.clone()),
+            num(now_s * 1000),
+            num(now_s + BREAKER_TTL.as_secs()),
+            AttributeValue::S(breaker_pk(job_type)),
+            AttributeValue::S(BREAKER_SK.to_owned()),
+            AttributeValue::S(Phase::Closed.as_str().to_owned()),
+            num(inc.generation),
+            num(inc.window_start_ms),
+            AttributeValue::S(token.clone()),
+        ];
+        parameters.extend(rate_params);
+        parameters.push(num(u64::from(inc.safe.executions_below)));
         let statement = BatchStatementRequest::builder()
             .statement(format!(
-                "UPDATE \"{}\" SET \"failures\" = \"failures\" + ? SET \"version\" = \"version\" + 1 \
+                "UPDATE \"{}\" SET \"failures\" = \"failures\" + ? SET \"executions\" = \"executions\" + ? \
+                 SET \"version\" = \"version\" + 1 \
                  SET \"writer\" = ? SET \"updated_at\" = ? SET \"{TTL_ATTRIBUTE}\" = ? \
                  WHERE \"{PK}\" = ? AND \"{SK}\" = ? AND \"phase\" = ? AND \"generation\" = ? \
-                 AND \"window_start\" = ? AND \"failures\" > 0 AND \"failures\" < ? \
-                 AND (\"writer\" IS MISSING OR \"writer\" <> ?)",
+                 AND \"window_start\" = ? AND \"failures\" > 0 \
+                 AND (\"writer\" IS MISSING OR \"writer\" <> ?) \
+                 AND ({rate_safe}\"executions\" < ?)",
                 self.table
             ))
-            .set_parameters(Some(vec![
-                num(u64::from(inc.failures)),
-                AttributeValue::S(token.clone()),
-                num(now_s * 1000),
-                num(now_s + BREAKER_TTL.as_secs()),
-                AttributeValue::S(breaker_pk(job_type)),
-                AttributeValue::S(BREAKER_SK.to_owned()),
-                AttributeValue::S(Phase::Closed.as_str().to_owned()),
-                num(inc.generation),
-                num(inc.window_start_ms),
-                num(u64::from(limit)),
-                AttributeValue::S(token.clone()),
-            ]))
+            .set_parameters(Some(parameters))
             .build()
             .expect("statement is set");
         let mut counted = cached;
         counted.failures = counted.failures.saturating_add(inc.failures);
+        counted.executions = inc.safe.executions_from.saturating_add(inc.executions);
         counted.version = counted.version.saturating_add(1);
         Some(FoldedReport {
             statement,
@@ -511,7 +594,7 @@ impl BreakerStore {
                     .table_name(&self.table)
                     .set_key(Some(breaker_key(job_type)))
                     .update_expression(
-                        "ADD failures :n, version :one \
+                        "ADD failures :n, executions :e, version :one \
                          SET writer = :token, updated_at = :now, #ttl = :exp",
                     )
                     .condition_expression(
@@ -520,6 +603,7 @@ impl BreakerStore {
                     )
                     .expression_attribute_names("#ttl", TTL_ATTRIBUTE)
                     .expression_attribute_values(":n", num(u64::from(inc.failures)))
+                    .expression_attribute_values(":e", num(u64::from(inc.executions)))
                     .expression_attribute_values(":one", num(1))
                     .expression_attribute_values(":zero", num(0))
                     .expression_attribute_values(":token", AttributeValue::S(token.clone()))
@@ -706,6 +790,7 @@ fn to_item(job_type: &str, s: &BreakerState, now_s: u64) -> HashMap<String, Attr
         ("forced".to_owned(), AttributeValue::Bool(s.forced)),
         ("window_start".to_owned(), num(s.window_start_ms)),
         ("failures".to_owned(), num(u64::from(s.failures))),
+        ("executions".to_owned(), num(u64::from(s.executions))),
         ("probe_successes".to_owned(), num(u64::from(s.probe_successes))),
         ("leases".to_owned(), AttributeValue::M(leases)),
         ("updated_at".to_owned(), num(now_s * 1000)),
@@ -739,6 +824,7 @@ fn from_item(item: &HashMap<String, AttributeValue>) -> BreakerState {
         forced: matches!(item.get("forced"), Some(AttributeValue::Bool(true))),
         window_start_ms: n("window_start"),
         failures: n("failures") as u32,
+        executions: n("executions") as u32,
         probe_successes: n("probe_successes") as u32,
         leases,
     }
@@ -807,6 +893,7 @@ mod tests {
             forced: true,
             window_start_ms: 5,
             failures: 2,
+            executions: 7,
             probe_successes: 1,
             leases: BTreeMap::new(),
         };
