@@ -823,7 +823,7 @@ mod tests {
     }
 
     #[test]
-    fn failures_below_threshold_stay_closed_and_window_rolls() {
+    fn failures_below_the_minimum_stay_closed_and_window_rolls() {
         let mut clock = Clock(1_000_000);
         let s = fail(&BreakerState::default(), 4, clock.now());
         assert_eq!(s.phase, Phase::Closed);
@@ -836,7 +836,7 @@ mod tests {
     }
 
     #[test]
-    fn threshold_within_window_opens_with_new_generation() {
+    fn the_rate_within_window_opens_with_new_generation() {
         let mut clock = Clock(1_000_000);
         let s = fail(&BreakerState::default(), 6, clock.now());
         clock.advance(Duration::from_secs(30));

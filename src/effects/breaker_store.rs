@@ -11,13 +11,14 @@
 //! Reads for [`observe`](BreakerStore::observe) are cached per environment for
 //! [`BreakerConfig::cache_ttl`]; admission ([`view`](BreakerStore::view), then
 //! [`admit`](BreakerStore::admit) for a record that would run on a half-open breaker) works
-//! from that one read per batch and job type. The healthy path (closed, nothing to report) makes no
-//! writes. Failure reports are aggregated by the caller per invocation and job type, so a
-//! failing invocation costs one write per job type once its window is counting (an `ADD`
-//! conditioned on the window, see [`Increment`]; the processor sends it as a statement of its
-//! batched ledger write, [`BreakerStore::fold`]) and a read and a write when it starts a
-//! window or changes the phase. The failure counter is a single attribute (not sharded):
-//! only failing invocations write it, and once the threshold is reached the breaker opens and
+//! from that one read per batch and job type. The healthy path (closed, no window counting)
+//! makes no writes; while a window counts, a healthy environment writes its executions once
+//! per window ([`BreakerStore::with_unreported`]). Reports are aggregated by the caller per
+//! invocation and job type, so a failing invocation costs one write per job type once its
+//! window is counting (an `ADD` conditioned on the window, see [`Increment`]; the processor
+//! sends it as a statement of its batched ledger write, [`BreakerStore::fold`]) and a read and
+//! a write when it starts a window or changes the phase. The counters are attributes of the
+//! one item (not sharded); once the window reaches the failure rate the breaker opens and
 //! further reports stop writing.
 //!
 //! If DynamoDB stays unavailable after the storage retries, `observe` and `admit` answer
@@ -398,7 +399,7 @@ impl BreakerStore {
         if let Some(inc) = cached.and_then(|s| s.increment(agg, now_ms, &config)) {
             if let Some(counted) = self.add_failures(job_type, &inc, deadline).await? {
                 self.remember(job_type, &counted);
-                // Other environments' failures may have brought the window to the threshold.
+                // Other environments' failures may have brought the window to the rate.
                 if counted.trip(now_ms, &config).is_none() {
                     return Ok(Some(counted));
                 }
@@ -463,11 +464,11 @@ impl BreakerStore {
     }
 
     /// The report of `agg` as one PartiQL statement to ride in the invocation's batched
-    /// ledger write, when this environment's cached state says the report only adds failures
-    /// to a counting window and stays below the threshold. The statement's condition says so
-    /// of the item itself (closed, same generation and window, `failures + n` below the
-    /// threshold, and not this write's own token: a retried call whose first try landed is
-    /// refused). `None`: send the report with [`report`](Self::report). Finish it with
+    /// ledger write, when this environment's cached state says the report only adds to a
+    /// counting window and does not open the breaker. The statement's condition says so of the
+    /// item itself (closed, same generation and window, stored counts on which the increment
+    /// cannot open it, [`Safe`](crate::core::breaker::Safe), and not this write's own token: a
+    /// retried call whose first try landed is refused). `None`: send the report with [`report`](Self::report). Finish it with
     /// [`settle`](Self::settle).
     pub fn fold(&self, job_type: &str, agg: &Aggregate, now_ms: u64) -> Option<FoldedReport> {
         let config = self.config;
@@ -533,7 +534,7 @@ impl BreakerStore {
     }
 
     /// Finishes a folded report from what its statement came to: written, the state as this
-    /// environment now knows it (closed, below the threshold); refused, the report is made
+    /// environment now knows it (closed, below the rate); refused, the report is made
     /// the long way (read, then a conditional write of the reported state), unless the read
     /// shows this write's own token (it had landed); not written by the deadline or the retry
     /// policy's end, the report is sent on its own ([`report`](Self::report)), which may count

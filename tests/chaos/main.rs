@@ -23,6 +23,7 @@
 //! `cargo test --test chaos -- --nocapture` to see the table.
 
 mod lambda;
+mod rate;
 mod router;
 #[path = "../support/mod.rs"]
 mod support;
@@ -1410,6 +1411,7 @@ async fn every_job_ends_in_exactly_one_place() {
         print_table(std::slice::from_ref(&r));
         reports.push(r);
     }
+    reports.extend(rate::run_all().await);
     print_table(&reports);
     for r in &reports {
         assert_eq!(r.lost, 0, "{}: lost jobs", r.name);
