@@ -207,12 +207,7 @@ pub fn vars() -> Vars {
         max_delay_ms: var("TRIAGE_MAX_DELAY_MS", 3_600_000, 1_000, 1_209_600_000),
         jitter_max_ms: var("TRIAGE_JITTER_MAX_MS", 1_000, 0, 3_600_000),
         breaker_failure_rate: var("TRIAGE_BREAKER_FAILURE_RATE", d.failure_rate(), 1, 100),
-        breaker_min_executions: var(
-            "TRIAGE_BREAKER_MIN_EXECUTIONS",
-            d.min_executions(),
-            1,
-            100_000,
-        ),
+        breaker_min_executions: var("TRIAGE_BREAKER_MIN_EXECUTIONS", d.min_executions(), 1, 100_000),
         breaker_window_s: var("TRIAGE_BREAKER_WINDOW_S", d.window().as_secs(), 1, 86_400),
         breaker_open_s: var("TRIAGE_BREAKER_OPEN_S", d.open_for().as_secs(), 1, 43_200),
         breaker_probes: var("TRIAGE_BREAKER_PROBES", d.probes(), 1, 100),
@@ -500,10 +495,7 @@ mod tests {
     fn defaults_without_variables() {
         let c = with(&[]).unwrap();
         assert_eq!(c.policy.max_attempts(), 5);
-        assert_eq!(
-            (c.breaker.failure_rate(), c.breaker.min_executions()),
-            (50, 10)
-        );
+        assert_eq!((c.breaker.failure_rate(), c.breaker.min_executions()), (50, 10));
         assert_eq!(c.concurrency, 10);
         assert!(!c.log_payloads);
         assert_eq!(c.heartbeat, Some(Duration::from_secs(5)));
@@ -614,10 +606,7 @@ mod tests {
             ("TRIAGE_BREAKER_MIN_EXECUTIONS", "40"),
         ])
         .unwrap();
-        assert_eq!(
-            (c.breaker.failure_rate(), c.breaker.min_executions()),
-            (25, 40)
-        );
+        assert_eq!((c.breaker.failure_rate(), c.breaker.min_executions()), (25, 40));
         let e = with(&[("TRIAGE_BACKOFF_MULTIPLIER", "fast")]).unwrap_err();
         assert_eq!(e.var, "TRIAGE_BACKOFF_MULTIPLIER");
     }
@@ -631,7 +620,10 @@ mod tests {
             msg.contains("TRIAGE_BREAKER_FAILURE_RATE") && msg.contains("TRIAGE_BREAKER_MIN_EXECUTIONS"),
             "{msg}"
         );
-        assert!(with(&[("TRIAGE_BREAKER_THRESHOLD", " ")]).is_ok(), "blank is unset");
+        assert!(
+            with(&[("TRIAGE_BREAKER_THRESHOLD", " ")]).is_ok(),
+            "blank is unset"
+        );
     }
 
     #[test]

@@ -488,10 +488,8 @@ impl BreakerState {
     pub fn increment(&self, agg: &Aggregate, now_ms: u64, config: &BreakerConfig) -> Option<Increment> {
         let s = self.at(now_ms);
         let executions = agg.executions.max(agg.transient_failures);
-        let plain = executions > 0
-            && agg.probe_successes == 0
-            && agg.probe_failures == 0
-            && agg.leases.is_empty();
+        let plain =
+            executions > 0 && agg.probe_successes == 0 && agg.probe_failures == 0 && agg.leases.is_empty();
         let counting = s.generation == agg.generation && s.counting(now_ms, config);
         if !(plain && counting) {
             return None;
@@ -857,16 +855,9 @@ mod tests {
         let clock = Clock(5_000);
         let s = BreakerState::default();
         assert_eq!(s.record(0, 0, 0, clock.now(), &cfg()), None);
-        assert_eq!(
-            s.record(3, 3, 7, clock.now(), &cfg()),
-            None,
-            "stale generation"
-        );
+        assert_eq!(s.record(3, 3, 7, clock.now(), &cfg()), None, "stale generation");
         let open = open_state(&clock);
-        assert_eq!(
-            open.record(3, 3, open.generation, clock.now(), &cfg()),
-            None
-        );
+        assert_eq!(open.record(3, 3, open.generation, clock.now(), &cfg()), None);
         let empty = Aggregate {
             generation: 0,
             ..Aggregate::default()
@@ -1191,7 +1182,11 @@ mod tests {
     fn successes_alone_start_no_window_but_count_in_one() {
         let t0 = 1_000_000;
         let fresh = BreakerState::default();
-        assert_eq!(fresh.report(&batch(0, 40, 0), t0, &cfg()), None, "no window: no write");
+        assert_eq!(
+            fresh.report(&batch(0, 40, 0), t0, &cfg()),
+            None,
+            "no window: no write"
+        );
         let one = fresh.report(&batch(1, 3, 0), t0, &cfg()).unwrap();
         assert_eq!((one.failures, one.executions, one.window_start_ms), (1, 3, t0));
         let more = one.report(&batch(0, 40, 0), t0 + 1, &cfg()).unwrap();
@@ -1231,7 +1226,10 @@ mod tests {
                 for n in 0..5u32 {
                     for m in n.max(1)..9 {
                         let Some(inc) = seen.increment(&batch(n, m, 0), t0 + 1, &config) else {
-                            assert!(config.trips(seen_f + n, seen_e + m), "{seen_f}/{seen_e} + {n}/{m}");
+                            assert!(
+                                config.trips(seen_f + n, seen_e + m),
+                                "{seen_f}/{seen_e} + {n}/{m}"
+                            );
                             continue;
                         };
                         assert!(inc.safe.holds(seen_f, seen_e), "the counts seen satisfy it");

@@ -443,7 +443,8 @@ impl BreakerStore {
             Some(u) => u,
             None => all.entry(job_type.to_owned()).or_default(),
         };
-        if u.executions == 0 || u.generation != agg.generation || now_ms.saturating_sub(u.since_ms) >= window {
+        if u.executions == 0 || u.generation != agg.generation || now_ms.saturating_sub(u.since_ms) >= window
+        {
             u.executions = 0;
             u.generation = agg.generation;
             u.since_ms = now_ms;
@@ -486,10 +487,7 @@ impl BreakerStore {
         let (rate_safe, rate_params) = match inc.safe.failures_upto {
             Some(f) => (
                 "(\"executions\" >= ? AND \"failures\" <= ?) OR ",
-                vec![
-                    num(u64::from(inc.safe.executions_from)),
-                    num(u64::from(f)),
-                ],
+                vec![num(u64::from(inc.safe.executions_from)), num(u64::from(f))],
             ),
             None => ("", Vec::new()),
         };

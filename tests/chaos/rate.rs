@@ -178,7 +178,9 @@ async fn run(name: &'static str, n: usize, outage: bool) -> Report {
             if elapsed >= Duration::from_secs(4) {
                 sigkill(c);
                 killed = true;
-                report_note(&format!("{name}: worker process killed with SIGKILL at {elapsed:?}"));
+                report_note(&format!(
+                    "{name}: worker process killed with SIGKILL at {elapsed:?}"
+                ));
                 let log = format!("/tmp/chaos-{name}-worker-2.log");
                 child = Some(spawn_worker_process(&stack, &endpoint, &log));
             }
@@ -230,12 +232,18 @@ async fn run(name: &'static str, n: usize, outage: bool) -> Report {
             Duration::from_secs(OUTAGE[0]),
             Duration::from_secs(OUTAGE[1]) + OUTAGE_SLACK,
         );
-        assert!(!openings.is_empty(), "{name}: the outage did not open the breaker: {seen:?}");
+        assert!(
+            !openings.is_empty(),
+            "{name}: the outage did not open the breaker: {seen:?}"
+        );
         assert!(
             openings.iter().all(|at| *at >= from && *at <= to),
             "{name}: the breaker opened outside the outage ({from:?}–{to:?}): {seen:?}"
         );
-        assert!(closed_at_end, "{name}: the breaker is not closed at the end: {seen:?}");
+        assert!(
+            closed_at_end,
+            "{name}: the breaker is not closed at the end: {seen:?}"
+        );
     } else {
         assert_eq!(
             seen.iter().map(|(_, p, g)| (*p, *g)).collect::<Vec<_>>(),

@@ -427,7 +427,11 @@ async fn twenty_percent_transient_failures_at_a_fifty_percent_rate_never_open_th
     let store = store(&h, rate_breaker()).await;
     let bodies: Vec<String> = (0..100)
         .map(|i| {
-            let id = if i % 5 == 0 { format!("f{i}") } else { format!("n{i}") };
+            let id = if i % 5 == 0 {
+                format!("f{i}")
+            } else {
+                format!("n{i}")
+            };
             json!({"type": DEP, "id": id}).to_string()
         })
         .collect();
@@ -444,12 +448,20 @@ async fn twenty_percent_transient_failures_at_a_fifty_percent_rate_never_open_th
         if f.succeeded.lock().unwrap().len() == 100 {
             break;
         }
-        idle = if poll(&h, &f.envs[i % 3]).await == 0 { idle + 1 } else { 0 };
+        idle = if poll(&h, &f.envs[i % 3]).await == 0 {
+            idle + 1
+        } else {
+            0
+        };
         assert!(idle < 40, "jobs stopped coming");
     }
     assert_eq!(f.succeeded.lock().unwrap().len(), 100, "every job succeeded");
     let s = store.read(DEP).await.unwrap();
-    assert_eq!((s.phase, s.generation, s.failures), (Phase::Closed, 0, 20), "{s:?}");
+    assert_eq!(
+        (s.phase, s.generation, s.failures),
+        (Phase::Closed, 0, 20),
+        "{s:?}"
+    );
     assert!(
         s.executions >= 2 * s.failures,
         "the successes were counted beside the failures: {s:?}"
@@ -531,7 +543,11 @@ async fn a_healthy_environment_writes_nothing_until_a_window_counts_then_once_pe
     poll_n(&h, &f.envs[1], 10).await;
     assert!(!writes(failing).is_empty());
     let s = store.read(DEP).await.unwrap();
-    assert_eq!((s.phase, s.failures, s.executions), (Phase::Closed, 3, 10), "{s:?}");
+    assert_eq!(
+        (s.phase, s.failures, s.executions),
+        (Phase::Closed, 3, 10),
+        "{s:?}"
+    );
 
     // The healthy environment sees the window: its twenty executions go, in one write.
     healthy.reset();
@@ -550,6 +566,10 @@ async fn a_healthy_environment_writes_nothing_until_a_window_counts_then_once_pe
     healthy.reset();
     send(&h, "e", 10).await;
     poll_n(&h, &f.envs[0], 10).await;
-    assert_eq!(writes(healthy), Default::default(), "already reported into this window");
+    assert_eq!(
+        writes(healthy),
+        Default::default(),
+        "already reported into this window"
+    );
     assert_eq!(store.read(DEP).await.unwrap().executions, s.executions);
 }
