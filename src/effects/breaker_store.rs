@@ -159,11 +159,13 @@ pub struct BreakerStore {
 /// [`BreakerStore::with_unreported`]).
 #[derive(Debug, Clone, Copy, Default)]
 struct Unreported {
-    /// Executions not yet reported, failures included.
+    /// Executions not yet reported, failures included, counted since `since_ms`.
     executions: u32,
+    /// Those counted in the half window before `since_ms`.
+    older: u32,
     /// The closed generation they ran in.
     generation: u64,
-    /// When the first of them was counted (epoch ms).
+    /// When the current half window of them began (epoch ms).
     since_ms: u64,
     /// The window (generation, start) this environment last reported into.
     reported_into: Option<(u64, u64)>,
@@ -443,12 +445,17 @@ impl BreakerStore {
             Some(u) => u,
             None => all.entry(job_type.to_owned()).or_default(),
         };
-        if u.executions == 0 || u.generation != agg.generation || now_ms.saturating_sub(u.since_ms) >= window
-        {
-            u.executions = 0;
-            u.generation = agg.generation;
+        // Two half windows: what is kept spans about a window (at most one and a half), and
+        // a half window's executions are dropped at once, not the whole window's.
+        let age = now_ms.saturating_sub(u.since_ms);
+        if u.generation != agg.generation || age >= window {
+            (u.older, u.executions) = (0, 0);
+            u.since_ms = now_ms;
+        } else if age >= window / 2 {
+            u.older = std::mem::take(&mut u.executions);
             u.since_ms = now_ms;
         }
+        u.generation = agg.generation;
         u.executions = u.executions.saturating_add(ordinary);
         let into = match counting {
             _ if agg.transient_failures > 0 => Some(counting.unwrap_or((agg.generation, now_ms))),
@@ -458,7 +465,8 @@ impl BreakerStore {
         let mut out = agg.clone();
         out.executions = 0;
         if into.is_some() {
-            out.executions = std::mem::take(&mut u.executions);
+            let current = std::mem::take(&mut u.executions);
+            out.executions = current.saturating_add(std::mem::take(&mut u.older));
             u.reported_into = into;
         }
         out
@@ -880,6 +888,58 @@ mod tests {
             store.state("jt", soon()).await.is_err(),
             "read again, not trusted"
         );
+    }
+
+    fn batch(failures: u32, executions: u32) -> Aggregate {
+        Aggregate {
+            transient_failures: failures,
+            executions,
+            ..Aggregate::default()
+        }
+    }
+
+    #[test]
+    fn unreported_executions_ride_with_failures_and_go_once_per_counting_window() {
+        let store = unreachable_store();
+        let t0 = 1_800_000_000_000;
+        let executions = |agg: &Aggregate, at: u64| store.with_unreported("jt", agg, at).executions;
+        // Healthy, no window: kept back.
+        assert_eq!(executions(&batch(0, 8), t0), 0);
+        assert_eq!(executions(&batch(0, 8), t0 + 1_000), 0);
+        // A failure takes them all with it.
+        let r = store.with_unreported("jt", &batch(1, 4), t0 + 2_000);
+        assert_eq!((r.transient_failures, r.executions), (1, 20));
+        // Another environment's window, seen: the healthy executions go once.
+        let counting = BreakerState {
+            failures: 3,
+            executions: 30,
+            window_start_ms: t0 + 10_000,
+            version: 2,
+            ..BreakerState::default()
+        };
+        store.remember("jt", &counting);
+        assert_eq!(executions(&batch(0, 5), t0 + 11_000), 5);
+        assert_eq!(executions(&batch(0, 5), t0 + 12_000), 0);
+        // Half windows (30 s) roll: the 5 of 12 s are in the older one at 43 s.
+        assert_eq!(executions(&batch(1, 1), t0 + 43_000), 6);
+        // Executions older than a window are dropped.
+        assert_eq!(executions(&batch(0, 7), t0 + 44_000), 0);
+        assert_eq!(executions(&batch(1, 1), t0 + 200_000), 1, "a window later");
+        // A new generation drops the old one's.
+        assert_eq!(executions(&batch(0, 7), t0 + 201_000), 0);
+        let next = Aggregate {
+            generation: 4,
+            ..batch(1, 1)
+        };
+        assert_eq!(executions(&next, t0 + 202_000), 1);
+        // Probes only: nothing of the tally moves.
+        let probe = Aggregate {
+            probe_successes: 1,
+            leases: vec!["l".into()],
+            generation: 5,
+            ..Aggregate::default()
+        };
+        assert_eq!(store.with_unreported("jt", &probe, t0 + 203_000), probe);
     }
 
     #[test]
