@@ -701,6 +701,8 @@ mod tests {
                         | "TRIAGE_QUEUE_RETENTION_S"
                         | "TRIAGE_QUEUE_VISIBILITY_S"
                         | "TRIAGE_QUEUE_MAX_RECEIVE"
+                        // Read only to be refused: it has no range.
+                        | RETIRED_BREAKER_THRESHOLD
                 )
             })
             .collect();
