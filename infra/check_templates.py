@@ -45,7 +45,7 @@ NOVALUE = object()
 # The policy variables both stacks pass to the function (their defaults are src/config.rs's).
 POLICY_VARS = [
     "TRIAGE_MAX_ATTEMPTS", "TRIAGE_BASE_DELAY_MS", "TRIAGE_BACKOFF_MULTIPLIER", "TRIAGE_MAX_DELAY_MS",
-    "TRIAGE_JITTER_MAX_MS", "TRIAGE_BREAKER_THRESHOLD", "TRIAGE_BREAKER_WINDOW_S", "TRIAGE_BREAKER_OPEN_S",
+    "TRIAGE_JITTER_MAX_MS", "TRIAGE_BREAKER_FAILURE_RATE", "TRIAGE_BREAKER_MIN_EXECUTIONS", "TRIAGE_BREAKER_WINDOW_S", "TRIAGE_BREAKER_OPEN_S",
     "TRIAGE_BREAKER_PROBES",
 ]
 # What the role must allow that triage-lambda's own code does not call: the SQS event source

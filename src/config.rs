@@ -178,8 +178,10 @@ pub struct Vars {
     pub max_delay_ms: Var<u64>,
     /// `TRIAGE_JITTER_MAX_MS`
     pub jitter_max_ms: Var<u64>,
-    /// `TRIAGE_BREAKER_THRESHOLD`
-    pub breaker_threshold: Var<u32>,
+    /// `TRIAGE_BREAKER_FAILURE_RATE` (percent)
+    pub breaker_failure_rate: Var<u32>,
+    /// `TRIAGE_BREAKER_MIN_EXECUTIONS`
+    pub breaker_min_executions: Var<u32>,
     /// `TRIAGE_BREAKER_WINDOW_S`
     pub breaker_window_s: Var<u64>,
     /// `TRIAGE_BREAKER_OPEN_S`
@@ -207,7 +209,8 @@ pub fn vars() -> Vars {
         backoff_multiplier: var("TRIAGE_BACKOFF_MULTIPLIER", 2.0, 1.0, 100.0),
         max_delay_ms: var("TRIAGE_MAX_DELAY_MS", 3_600_000, 1_000, 1_209_600_000),
         jitter_max_ms: var("TRIAGE_JITTER_MAX_MS", 1_000, 0, 3_600_000),
-        breaker_threshold: var("TRIAGE_BREAKER_THRESHOLD", d.threshold(), 1, 100_000),
+        breaker_failure_rate: var("TRIAGE_BREAKER_FAILURE_RATE", d.failure_rate(), 1, 100),
+        breaker_min_executions: var("TRIAGE_BREAKER_MIN_EXECUTIONS", d.min_executions(), 1, 100_000),
         breaker_window_s: var("TRIAGE_BREAKER_WINDOW_S", d.window().as_secs(), 1, 86_400),
         breaker_open_s: var("TRIAGE_BREAKER_OPEN_S", d.open_for().as_secs(), 1, 43_200),
         breaker_probes: var("TRIAGE_BREAKER_PROBES", d.probes(), 1, 100),
@@ -230,6 +233,10 @@ pub fn vars() -> Vars {
         ),
     }
 }
+
+/// The breaker's former count, refused when set: a value meant as "failures that open it"
+/// (or a huge one meant to disable it) must not be silently read as something else.
+pub const RETIRED_BREAKER_THRESHOLD: &str = "TRIAGE_BREAKER_THRESHOLD";
 
 /// `TRIAGE_DLQ_MAX_BYTES`: its name and the range SQS allows a queue's `MaximumMessageSize`.
 /// Not in [`vars`]: it has no default (unset, the DLQ's own limit is read) and no template
@@ -254,7 +261,8 @@ pub fn limits() -> Vec<Limit> {
         backoff_multiplier,
         max_delay_ms,
         jitter_max_ms,
-        breaker_threshold,
+        breaker_failure_rate,
+        breaker_min_executions,
         breaker_window_s,
         breaker_open_s,
         breaker_probes,
@@ -270,7 +278,8 @@ pub fn limits() -> Vec<Limit> {
         backoff_multiplier.limit(),
         max_delay_ms.limit(),
         jitter_max_ms.limit(),
-        breaker_threshold.limit(),
+        breaker_failure_rate.limit(),
+        breaker_min_executions.limit(),
         breaker_window_s.limit(),
         breaker_open_s.limit(),
         breaker_probes.limit(),
@@ -407,8 +416,18 @@ impl Config {
             .max_delay(Duration::from_millis(max))
             .build()
             .map_err(|e| invalid(v.max_delay_ms.name, max, e))?;
+        if let Some(old) = text(RETIRED_BREAKER_THRESHOLD) {
+            return Err(invalid(
+                RETIRED_BREAKER_THRESHOLD,
+                &old,
+                "unset: the breaker opens on a failure rate, not a count; set \
+                 TRIAGE_BREAKER_FAILURE_RATE (percent, 1 to 100) and TRIAGE_BREAKER_MIN_EXECUTIONS \
+                 (1 to 100000) instead",
+            ));
+        }
         let breaker = BreakerConfig::builder()
-            .threshold(v.breaker_threshold.read(lookup)?)
+            .failure_rate(v.breaker_failure_rate.read(lookup)?)
+            .min_executions(v.breaker_min_executions.read(lookup)?)
             .window(Duration::from_secs(v.breaker_window_s.read(lookup)?))
             .open_for(Duration::from_secs(v.breaker_open_s.read(lookup)?))
             .probes(v.breaker_probes.read(lookup)?)
@@ -418,7 +437,8 @@ impl Config {
             .map_err(|e| {
                 use crate::core::breaker::BreakerConfigError as E;
                 let var = match e {
-                    E::Threshold(_) => "TRIAGE_BREAKER_THRESHOLD",
+                    E::FailureRate(_) => v.breaker_failure_rate.name,
+                    E::MinExecutions(_) => v.breaker_min_executions.name,
                     E::Window(_) => "TRIAGE_BREAKER_WINDOW_S",
                     E::OpenFor(_) | E::Lease(_) => "TRIAGE_BREAKER_OPEN_S",
                     E::Probes(_) => "TRIAGE_BREAKER_PROBES",
@@ -495,7 +515,7 @@ mod tests {
     fn defaults_without_variables() {
         let c = with(&[]).unwrap();
         assert_eq!(c.policy.max_attempts(), 5);
-        assert_eq!(c.breaker.threshold(), 5);
+        assert_eq!((c.breaker.failure_rate(), c.breaker.min_executions()), (50, 10));
         assert_eq!(c.concurrency, 10);
         assert!(!c.log_payloads);
         assert_eq!(c.heartbeat, Some(Duration::from_secs(5)));
@@ -624,10 +644,33 @@ mod tests {
             e.to_string(),
             "TRIAGE_MAX_ATTEMPTS=\"0\" is not valid: expected a number from 1 to 1000"
         );
-        let e = with(&[("TRIAGE_BREAKER_THRESHOLD", "1000000")]).unwrap_err();
-        assert_eq!(e.var, "TRIAGE_BREAKER_THRESHOLD");
+        let e = with(&[("TRIAGE_BREAKER_FAILURE_RATE", "101")]).unwrap_err();
+        assert_eq!(e.var, "TRIAGE_BREAKER_FAILURE_RATE");
+        let e = with(&[("TRIAGE_BREAKER_MIN_EXECUTIONS", "0")]).unwrap_err();
+        assert_eq!(e.var, "TRIAGE_BREAKER_MIN_EXECUTIONS");
+        let c = with(&[
+            ("TRIAGE_BREAKER_FAILURE_RATE", "25"),
+            ("TRIAGE_BREAKER_MIN_EXECUTIONS", "40"),
+        ])
+        .unwrap();
+        assert_eq!((c.breaker.failure_rate(), c.breaker.min_executions()), (25, 40));
         let e = with(&[("TRIAGE_BACKOFF_MULTIPLIER", "fast")]).unwrap_err();
         assert_eq!(e.var, "TRIAGE_BACKOFF_MULTIPLIER");
+    }
+
+    #[test]
+    fn the_retired_breaker_count_stops_start_up_naming_its_replacement() {
+        let e = with(&[("TRIAGE_BREAKER_THRESHOLD", "5")]).unwrap_err();
+        assert_eq!(e.var, "TRIAGE_BREAKER_THRESHOLD");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("TRIAGE_BREAKER_FAILURE_RATE") && msg.contains("TRIAGE_BREAKER_MIN_EXECUTIONS"),
+            "{msg}"
+        );
+        assert!(
+            with(&[("TRIAGE_BREAKER_THRESHOLD", " ")]).is_ok(),
+            "blank is unset"
+        );
     }
 
     #[test]
@@ -706,6 +749,8 @@ mod tests {
                         | "TRIAGE_QUEUE_RETENTION_S"
                         | "TRIAGE_QUEUE_VISIBILITY_S"
                         | "TRIAGE_QUEUE_MAX_RECEIVE"
+                        // Read only to be refused: it has no range.
+                        | RETIRED_BREAKER_THRESHOLD
                 )
             })
             .collect();

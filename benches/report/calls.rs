@@ -48,9 +48,9 @@ struct Workload {
 
 fn workloads() -> Vec<Workload> {
     // Workloads 1–3 keep the breaker out of the way, so each measures one path; workload 4 runs
-    // the default breaker (5 transient failures in 60 s open it for 30 s).
+    // the default breaker (half of at least 10 executions in 60 s failing opens it for 30 s).
     let quiet = BreakerConfig::builder()
-        .threshold(100_000)
+        .min_executions(100_000)
         .build()
         .expect("valid");
     vec![

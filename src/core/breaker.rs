@@ -4,9 +4,12 @@
 //! computes transitions: it takes the stored [`BreakerState`] and the time (epoch ms) and
 //! returns the next state, or `None` when nothing changes (so the caller writes nothing).
 //!
-//! - **Closed**: jobs run. Transient failures are counted in a fixed window that starts at the
-//!   first failure; `threshold` failures within `window` open the breaker. Fatal and invalid
-//!   failures never count: they are payload bugs, not outages.
+//! - **Closed**: jobs run. Executions and their transient failures are counted in a fixed
+//!   window that starts at the first reported failure. The breaker opens when the window holds
+//!   at least `min_executions` executions and `failure_rate` percent of them failed
+//!   transiently (a bare count trips on ordinary noise at volume). Successes count in the
+//!   denominator. Fatal and invalid outcomes count in neither: they are payload bugs, not
+//!   outages. Successes alone never start a window, so a healthy type writes nothing.
 //! - **Open** until `open_until_ms`: jobs are deferred to the end of the period.
 //! - **HalfOpen** (entered lazily, the first time someone looks after the open period): at most
 //!   `probes` executions at a time hold a [`Lease`]; an expired lease frees its slot. A permit
@@ -27,9 +30,12 @@ use super::decision::Gate;
 /// A breaker configuration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum BreakerConfigError {
-    /// `threshold` outside 1..=100 000.
-    #[error("breaker threshold must be 1 to 100000 failures (got {0})")]
-    Threshold(u32),
+    /// `failure_rate` outside 1..=100 (percent).
+    #[error("breaker failure rate must be 1 to 100 percent (got {0})")]
+    FailureRate(u32),
+    /// `min_executions` outside 1..=100 000.
+    #[error("breaker minimum executions must be 1 to 100000 (got {0})")]
+    MinExecutions(u32),
     /// A window outside 1 s..=1 day.
     #[error("breaker window must be 1 s to 1 day (got {0:?})")]
     Window(Duration),
@@ -53,7 +59,8 @@ pub enum BreakerConfigError {
 /// How a job type's breaker behaves. Build it with [`BreakerConfig::builder`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BreakerConfig {
-    threshold: u32,
+    failure_rate: u32,
+    min_executions: u32,
     window: Duration,
     open_for: Duration,
     probes: u32,
@@ -63,11 +70,16 @@ pub struct BreakerConfig {
 }
 
 impl Default for BreakerConfig {
-    /// 5 transient failures within 60 s open it for 30 s; then 1 probe at a time (lease 60 s),
-    /// 1 success closes it; state reads are cached for 5 s.
+    /// Half of at least 10 executions within 60 s failing transiently open it for 30 s; then 1
+    /// probe at a time (lease 60 s), 1 success closes it; state reads are cached for 5 s.
+    ///
+    /// Ten: a batch of ten records that all fail opens it with its one report, as five
+    /// failures did; a window's first ten executions at a 20% failure share reach 50% about
+    /// once in 30, and later ones far less often, as the window fills.
     fn default() -> Self {
         Self {
-            threshold: 5,
+            failure_rate: 50,
+            min_executions: 10,
             window: Duration::from_secs(60),
             open_for: Duration::from_secs(30),
             probes: 1,
@@ -86,9 +98,22 @@ impl BreakerConfig {
         }
     }
 
-    /// Transient failures within the window that open the breaker.
-    pub fn threshold(&self) -> u32 {
-        self.threshold
+    /// The share of the window's executions (percent) whose transient failures open it.
+    pub fn failure_rate(&self) -> u32 {
+        self.failure_rate
+    }
+    /// The executions the window must hold before its failure rate can open it.
+    pub fn min_executions(&self) -> u32 {
+        self.min_executions
+    }
+    /// Whether a window of `executions` executions, `failures` of them transient failures,
+    /// opens the breaker. An execution count below the failures (an item written before
+    /// executions were counted) is read as the failures.
+    pub fn trips(&self, failures: u32, executions: u32) -> bool {
+        let executions = executions.max(failures);
+        failures > 0
+            && executions >= self.min_executions
+            && u64::from(failures) * 100 >= u64::from(self.failure_rate) * u64::from(executions)
     }
     /// The failure-counting window.
     pub fn window(&self) -> Duration {
@@ -123,9 +148,15 @@ pub struct BreakerConfigBuilder {
 }
 
 impl BreakerConfigBuilder {
-    /// Transient failures within the window that open the breaker (1..=100 000).
-    pub fn threshold(mut self, n: u32) -> Self {
-        self.config.threshold = n;
+    /// The share of the window's executions, in percent (1..=100), whose transient failures
+    /// open the breaker.
+    pub fn failure_rate(mut self, percent: u32) -> Self {
+        self.config.failure_rate = percent;
+        self
+    }
+    /// Executions the window must hold before its rate can open the breaker (1..=100 000).
+    pub fn min_executions(mut self, n: u32) -> Self {
+        self.config.min_executions = n;
         self
     }
     /// The failure-counting window (1 s..=1 day).
@@ -164,8 +195,11 @@ impl BreakerConfigBuilder {
         let c = self.config;
         let secs =
             |d: Duration, lo: u64, hi: u64| d >= Duration::from_secs(lo) && d <= Duration::from_secs(hi);
-        if !(1..=100_000).contains(&c.threshold) {
-            return Err(BreakerConfigError::Threshold(c.threshold));
+        if !(1..=100).contains(&c.failure_rate) {
+            return Err(BreakerConfigError::FailureRate(c.failure_rate));
+        }
+        if !(1..=100_000).contains(&c.min_executions) {
+            return Err(BreakerConfigError::MinExecutions(c.min_executions));
         }
         if !secs(c.window, 1, 86_400) {
             return Err(BreakerConfigError::Window(c.window));
@@ -192,7 +226,7 @@ impl BreakerConfigBuilder {
 /// The breaker's phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Phase {
-    /// Jobs run; transient failures are counted.
+    /// Jobs run; executions and transient failures are counted.
     #[default]
     Closed,
     /// Jobs are deferred until `open_until_ms`.
@@ -240,6 +274,8 @@ pub struct BreakerState {
     pub window_start_ms: u64,
     /// Transient failures counted in the current window.
     pub failures: u32,
+    /// Executions counted in the current window, its failures included.
+    pub executions: u32,
     /// Probe successes in this half-open period.
     pub probe_successes: u32,
     /// Probe leases held in this half-open period: lease id → expiry (epoch ms).
@@ -262,6 +298,9 @@ pub struct Lease {
 pub struct Aggregate {
     /// Transient failures of ordinary (non-probe) executions. Fatal and invalid never count.
     pub transient_failures: u32,
+    /// Ordinary executions that count (successes and transient failures, so at least
+    /// `transient_failures`; fatal outcomes are left out).
+    pub executions: u32,
     /// Probe executions that succeeded.
     pub probe_successes: u32,
     /// Probe executions that failed transiently.
@@ -276,23 +315,53 @@ impl Aggregate {
     /// True when there is nothing to report.
     pub fn is_empty(&self) -> bool {
         self.transient_failures == 0
+            && self.executions == 0
             && self.probe_successes == 0
             && self.probe_failures == 0
             && self.leases.is_empty()
     }
 }
 
-/// A report that only adds transient failures to a window that is already counting, and
-/// (as far as the reporter knows) stays below the threshold: it can be written as an
-/// increment conditioned on that window, without reading the item first.
+/// A report that only adds executions and transient failures to a window that is already
+/// counting, and (as far as the reporter knows) does not open the breaker: it can be written as
+/// an increment conditioned on that window, without reading the item first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Increment {
     /// Failures to add.
     pub failures: u32,
+    /// Executions to add (the failures included).
+    pub executions: u32,
     /// The closed generation the failures belong to.
     pub generation: u64,
     /// The window they are counted in.
     pub window_start_ms: u64,
+    /// When the stored counts satisfy this, the increment cannot open the breaker.
+    pub safe: Safe,
+}
+
+/// Stored counts on which an [`Increment`] cannot open the breaker: executions at least
+/// `executions_from` with failures at most `failures_upto` (the rate stays below the
+/// threshold: within a window counts only grow), or executions below `executions_below` (the
+/// window stays under the minimum). A write conditioned on this needs no read first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Safe {
+    /// The executions the reporter last saw stored.
+    pub executions_from: u32,
+    /// The most stored failures the increment may meet with that many executions; `None`
+    /// when none keeps the rate below the threshold.
+    pub failures_upto: Option<u32>,
+    /// Stored executions under this keep the window below the minimum (0: never).
+    pub executions_below: u32,
+}
+
+impl Safe {
+    /// Whether stored counts `(failures, executions)` satisfy it.
+    pub fn holds(&self, failures: u32, executions: u32) -> bool {
+        let rate_ok = self
+            .failures_upto
+            .is_some_and(|f| executions >= self.executions_from && failures <= f);
+        rate_ok || executions < self.executions_below
+    }
 }
 
 /// The answer to a probe request.
@@ -351,6 +420,7 @@ impl BreakerState {
         self.open_until_ms = now_ms.saturating_add(ms(config.open_for));
         self.forced = false;
         self.failures = 0;
+        self.executions = 0;
         self.window_start_ms = 0;
         self.probe_successes = 0;
         self.leases.clear();
@@ -363,34 +433,50 @@ impl BreakerState {
         self.open_until_ms = 0;
         self.forced = false;
         self.failures = 0;
+        self.executions = 0;
         self.window_start_ms = 0;
         self.probe_successes = 0;
         self.leases.clear();
         self
     }
 
-    /// Counts `n` transient failures seen at `now_ms` in generation `generation`. Opens the
-    /// breaker when the window's count reaches the threshold. `None`: nothing to write (no
-    /// failures, a stale generation, or not closed).
-    pub(crate) fn record_failures(
+    /// Whether the window is counting at `now_ms`: closed, a failure in it, not yet over.
+    fn counting(&self, now_ms: u64, config: &BreakerConfig) -> bool {
+        self.phase == Phase::Closed
+            && self.failures > 0
+            && now_ms.saturating_sub(self.window_start_ms) < ms(config.window)
+    }
+
+    /// Counts `executions` executions, `failures` of them transient failures, seen at `now_ms`
+    /// in generation `generation`. A failure starts a window when none is counting; successes
+    /// alone never do (they are dropped: a healthy type writes nothing). Opens the breaker
+    /// when the window's counts reach the failure rate over the minimum executions. `None`:
+    /// nothing to write (nothing to count, a stale generation, or not closed).
+    pub(crate) fn record(
         &self,
-        n: u32,
+        failures: u32,
+        executions: u32,
         generation: u64,
         now_ms: u64,
         config: &BreakerConfig,
     ) -> Option<BreakerState> {
         let s = self.at(now_ms);
-        if n == 0 || generation != s.generation || s.phase != Phase::Closed {
+        let executions = executions.max(failures);
+        if executions == 0 || generation != s.generation || s.phase != Phase::Closed {
             return None;
         }
         let mut next = s;
-        let window_over = now_ms.saturating_sub(next.window_start_ms) >= ms(config.window);
-        if next.failures == 0 || window_over {
+        if !next.counting(now_ms, config) {
+            if failures == 0 {
+                return None;
+            }
             next.window_start_ms = now_ms;
             next.failures = 0;
+            next.executions = 0;
         }
-        next.failures = next.failures.saturating_add(n);
-        if next.failures >= config.threshold {
+        next.executions = next.executions.max(next.failures).saturating_add(executions);
+        next.failures = next.failures.saturating_add(failures);
+        if config.trips(next.failures, next.executions) {
             next = next.opened(now_ms, config);
         }
         Some(next.bumped())
@@ -401,28 +487,45 @@ impl BreakerState {
     /// condition, so a stale state only costs a refused increment.
     pub fn increment(&self, agg: &Aggregate, now_ms: u64, config: &BreakerConfig) -> Option<Increment> {
         let s = self.at(now_ms);
-        let plain = agg.transient_failures > 0
-            && agg.probe_successes == 0
-            && agg.probe_failures == 0
-            && agg.leases.is_empty();
-        let counting = s.phase == Phase::Closed
-            && s.generation == agg.generation
-            && s.failures > 0
-            && now_ms.saturating_sub(s.window_start_ms) < ms(config.window);
-        let below = s.failures.saturating_add(agg.transient_failures) < config.threshold;
-        (plain && counting && below).then_some(Increment {
+        let executions = agg.executions.max(agg.transient_failures);
+        let plain =
+            executions > 0 && agg.probe_successes == 0 && agg.probe_failures == 0 && agg.leases.is_empty();
+        let counting = s.generation == agg.generation && s.counting(now_ms, config);
+        if !(plain && counting) {
+            return None;
+        }
+        let stored = s.executions.max(s.failures);
+        if config.trips(
+            s.failures.saturating_add(agg.transient_failures),
+            stored.saturating_add(executions),
+        ) {
+            return None;
+        }
+        // The most failures that keep (f + n) / (e + m) below the rate, with e at least what
+        // was seen: f + n < rate × (e + m) / 100.
+        let room = u64::from(config.failure_rate) * u64::from(stored.saturating_add(executions));
+        let failures_upto = room
+            .div_ceil(100)
+            .checked_sub(1 + u64::from(agg.transient_failures))
+            .map(|f| f.min(u64::from(u32::MAX)) as u32);
+        Some(Increment {
             failures: agg.transient_failures,
+            executions,
             generation: s.generation,
             window_start_ms: s.window_start_ms,
+            safe: Safe {
+                executions_from: stored,
+                failures_upto,
+                executions_below: config.min_executions.saturating_sub(executions),
+            },
         })
     }
 
-    /// After an increment brought the count to the threshold (other environments counted
+    /// After an increment brought the window to the failure rate (other environments counted
     /// too): the opened state to write. `None` when there is nothing to open.
     pub(crate) fn trip(&self, now_ms: u64, config: &BreakerConfig) -> Option<BreakerState> {
         let s = self.at(now_ms);
-        let in_window = now_ms.saturating_sub(s.window_start_ms) < ms(config.window);
-        (s.phase == Phase::Closed && s.failures > 0 && s.failures >= config.threshold && in_window)
+        (s.counting(now_ms, config) && config.trips(s.failures, s.executions))
             .then(|| s.opened(now_ms, config).bumped())
     }
 
@@ -489,7 +592,7 @@ impl BreakerState {
     }
 
     /// Applies one invocation's outcomes. A probe failure reopens the breaker; enough probe
-    /// successes close it; transient failures count while closed. Outcomes from another
+    /// successes close it; executions and transient failures count while closed. Outcomes from another
     /// generation are ignored. `None`: nothing to write.
     pub fn report(&self, agg: &Aggregate, now_ms: u64, config: &BreakerConfig) -> Option<BreakerState> {
         let s = self.at(now_ms);
@@ -497,7 +600,13 @@ impl BreakerState {
             return None;
         }
         match s.phase {
-            Phase::Closed => self.record_failures(agg.transient_failures, agg.generation, now_ms, config),
+            Phase::Closed => self.record(
+                agg.transient_failures,
+                agg.executions,
+                agg.generation,
+                now_ms,
+                config,
+            ),
             Phase::Open => None,
             Phase::HalfOpen => {
                 // A probe's failure reopens the breaker only while its lease is held: once
@@ -591,16 +700,17 @@ mod tests {
     }
 
     fn fail(s: &BreakerState, n: u32, now: u64) -> BreakerState {
-        s.record_failures(n, s.generation, now, &cfg()).expect("a write")
+        s.record(n, n, s.generation, now, &cfg()).expect("a write")
     }
 
     fn open_state(clock: &Clock) -> BreakerState {
-        fail(&BreakerState::default(), 5, clock.now())
+        fail(&BreakerState::default(), 10, clock.now())
     }
 
     fn failures(n: u32, generation: u64) -> Aggregate {
         Aggregate {
             transient_failures: n,
+            executions: n,
             generation,
             ..Aggregate::default()
         }
@@ -623,8 +733,14 @@ mod tests {
             inc,
             Increment {
                 failures: 2,
+                executions: 2,
                 generation: 0,
-                window_start_ms: t0
+                window_start_ms: t0,
+                safe: Safe {
+                    executions_from: 1,
+                    failures_upto: None,
+                    executions_below: 8
+                }
             }
         );
         // What the increment adds is what the full transition writes.
@@ -633,7 +749,7 @@ mod tests {
         assert_eq!((full.window_start_ms, full.phase), (t0, Phase::Closed));
         // Not an increment: reaching the threshold, a window that ended, another generation,
         // probe outcomes, an open breaker.
-        assert_eq!(one.increment(&failures(4, 0), t0 + 1, &cfg()), None);
+        assert_eq!(one.increment(&failures(9, 0), t0 + 1, &cfg()), None);
         assert_eq!(one.increment(&failures(1, 0), t0 + 60_000, &cfg()), None);
         assert_eq!(one.increment(&failures(1, 1), t0 + 1, &cfg()), None);
         let probe = Aggregate {
@@ -641,7 +757,7 @@ mod tests {
             ..failures(1, 0)
         };
         assert_eq!(one.increment(&probe, t0 + 1, &cfg()), None);
-        let open = fail(&one, 4, t0 + 1);
+        let open = fail(&one, 9, t0 + 1);
         assert_eq!(open.phase, Phase::Open);
         assert_eq!(
             open.increment(&failures(1, open.generation), t0 + 2, &cfg()),
@@ -654,7 +770,7 @@ mod tests {
         let t0 = 1_000_000;
         let mut s = fail(&BreakerState::default(), 1, t0);
         assert_eq!(s.trip(t0 + 1, &cfg()), None, "below the threshold");
-        s.failures = 5;
+        (s.failures, s.executions) = (10, 10);
         let opened = s.trip(t0 + 1, &cfg()).expect("opens");
         assert_eq!(opened.phase, Phase::Open);
         assert_eq!(opened.generation, s.generation + 1);
@@ -674,8 +790,16 @@ mod tests {
     fn config_validates() {
         assert!(BreakerConfig::builder().build().is_ok());
         assert_eq!(
-            BreakerConfig::builder().threshold(0).build(),
-            Err(BreakerConfigError::Threshold(0))
+            BreakerConfig::builder().failure_rate(0).build(),
+            Err(BreakerConfigError::FailureRate(0))
+        );
+        assert_eq!(
+            BreakerConfig::builder().failure_rate(101).build(),
+            Err(BreakerConfigError::FailureRate(101))
+        );
+        assert_eq!(
+            BreakerConfig::builder().min_executions(0).build(),
+            Err(BreakerConfigError::MinExecutions(0))
         );
         assert!(matches!(
             BreakerConfig::builder()
@@ -697,7 +821,7 @@ mod tests {
     }
 
     #[test]
-    fn failures_below_threshold_stay_closed_and_window_rolls() {
+    fn failures_below_the_minimum_stay_closed_and_window_rolls() {
         let mut clock = Clock(1_000_000);
         let s = fail(&BreakerState::default(), 4, clock.now());
         assert_eq!(s.phase, Phase::Closed);
@@ -710,11 +834,11 @@ mod tests {
     }
 
     #[test]
-    fn threshold_within_window_opens_with_new_generation() {
+    fn the_rate_within_window_opens_with_new_generation() {
         let mut clock = Clock(1_000_000);
-        let s = fail(&BreakerState::default(), 3, clock.now());
+        let s = fail(&BreakerState::default(), 6, clock.now());
         clock.advance(Duration::from_secs(30));
-        let s = fail(&s, 2, clock.now());
+        let s = fail(&s, 4, clock.now());
         assert_eq!(s.phase, Phase::Open);
         assert_eq!(s.generation, 1);
         assert_eq!(s.open_until_ms, clock.now() + 30_000);
@@ -730,17 +854,10 @@ mod tests {
     fn nothing_to_write_without_failures_or_when_stale_or_open() {
         let clock = Clock(5_000);
         let s = BreakerState::default();
-        assert_eq!(s.record_failures(0, 0, clock.now(), &cfg()), None);
-        assert_eq!(
-            s.record_failures(3, 7, clock.now(), &cfg()),
-            None,
-            "stale generation"
-        );
+        assert_eq!(s.record(0, 0, 0, clock.now(), &cfg()), None);
+        assert_eq!(s.record(3, 3, 7, clock.now(), &cfg()), None, "stale generation");
         let open = open_state(&clock);
-        assert_eq!(
-            open.record_failures(3, open.generation, clock.now(), &cfg()),
-            None
-        );
+        assert_eq!(open.record(3, 3, open.generation, clock.now(), &cfg()), None);
         let empty = Aggregate {
             generation: 0,
             ..Aggregate::default()
@@ -830,7 +947,7 @@ mod tests {
     fn probe_successes_close_at_m() {
         let mut clock = Clock(1_000_000);
         let config = BreakerConfig::builder().successes_to_close(2).build().unwrap();
-        let s = fail(&BreakerState::default(), 5, clock.now());
+        let s = fail(&BreakerState::default(), 10, clock.now());
         clock.advance(Duration::from_secs(30));
         let (s1, a) = lease_of(s.acquire("a", clock.now(), None, &config));
         let ok = |lease: &Lease| Aggregate {
@@ -998,5 +1115,138 @@ mod tests {
         let s2 = s1.report(&ok, clock.now(), &config).expect("a write");
         assert_eq!((s2.phase, s2.probe_successes), (Phase::HalfOpen, 1));
         assert_eq!(s2.report(&ok, clock.now(), &config), None, "nothing new to count");
+    }
+
+    /// A report of one invocation: `executions` executions, `failures` of them transient.
+    fn batch(failures: u32, executions: u32, generation: u64) -> Aggregate {
+        Aggregate {
+            transient_failures: failures,
+            executions,
+            generation,
+            ..Aggregate::default()
+        }
+    }
+
+    #[test]
+    fn twenty_percent_transient_failures_at_a_fifty_percent_rate_never_open_it() {
+        let mut clock = Clock(1_000_000);
+        let mut s = BreakerState::default();
+        // Ten minutes of invocations of ten records, two of them failing transiently, one
+        // invocation a second.
+        for i in 0..600u32 {
+            if let Some(next) = s.report(&batch(2, 10, s.generation), clock.now(), &cfg()) {
+                s = next;
+            }
+            assert_eq!(s.phase, Phase::Closed, "opened at invocation {i}: {s:?}");
+            clock.advance(Duration::from_secs(1));
+        }
+        // One execution at a time, the failures two in a row out of every ten: a window that
+        // starts with them is below the minimum until it holds ten executions, a fifth failed.
+        let mut s = BreakerState::default();
+        for i in 0..1_000u32 {
+            let failed = u32::from(i % 10 < 2);
+            if let Some(next) = s.report(&batch(failed, 1, s.generation), clock.now(), &cfg()) {
+                s = next;
+            }
+            assert_eq!(s.phase, Phase::Closed, "opened at execution {i}: {s:?}");
+            clock.advance(Duration::from_millis(300));
+        }
+        assert!(s.executions > s.failures, "successes were counted: {s:?}");
+    }
+
+    #[test]
+    fn a_dependency_down_for_every_execution_opens_it_at_the_tenth_failure() {
+        let clock = Clock(1_000_000);
+        let mut s = BreakerState::default();
+        for n in 1..=9 {
+            s = s.report(&batch(1, 1, s.generation), clock.now(), &cfg()).unwrap();
+            assert_eq!((s.phase, s.failures), (Phase::Closed, n));
+        }
+        s = s.report(&batch(1, 1, s.generation), clock.now(), &cfg()).unwrap();
+        assert_eq!(s.phase, Phase::Open, "the tenth failure opens it");
+        // One invocation of ten failing records opens it with its one report.
+        let one = BreakerState::default()
+            .report(&batch(10, 10, 0), clock.now(), &cfg())
+            .unwrap();
+        assert_eq!(one.phase, Phase::Open);
+        // Successes in the window hold it closed while the rate is below half, not after.
+        let s = BreakerState::default()
+            .report(&batch(5, 11, 0), clock.now(), &cfg())
+            .unwrap();
+        assert_eq!(s.phase, Phase::Closed, "5 of 11 is under half");
+        let s = s.report(&batch(1, 1, 0), clock.now(), &cfg()).unwrap();
+        assert_eq!(s.phase, Phase::Open, "6 of 12 is half");
+    }
+
+    #[test]
+    fn successes_alone_start_no_window_but_count_in_one() {
+        let t0 = 1_000_000;
+        let fresh = BreakerState::default();
+        assert_eq!(
+            fresh.report(&batch(0, 40, 0), t0, &cfg()),
+            None,
+            "no window: no write"
+        );
+        let one = fresh.report(&batch(1, 3, 0), t0, &cfg()).unwrap();
+        assert_eq!((one.failures, one.executions, one.window_start_ms), (1, 3, t0));
+        let more = one.report(&batch(0, 40, 0), t0 + 1, &cfg()).unwrap();
+        assert_eq!((more.failures, more.executions), (1, 43));
+        assert_eq!(
+            more.report(&batch(0, 40, 0), t0 + 60_000, &cfg()),
+            None,
+            "the window is over: successes start none"
+        );
+        // An item written before executions were counted reads its failures as executions.
+        let legacy = BreakerState {
+            failures: 4,
+            executions: 0,
+            ..one.clone()
+        };
+        let s = legacy.report(&batch(0, 2, 0), t0 + 1, &cfg()).unwrap();
+        assert_eq!((s.failures, s.executions), (4, 6));
+    }
+
+    #[test]
+    fn a_safe_increment_never_opens_the_stored_window() {
+        let config = BreakerConfig::builder()
+            .failure_rate(40)
+            .min_executions(6)
+            .build()
+            .unwrap();
+        let t0 = 1_000_000;
+        for seen_f in 1..8u32 {
+            for seen_e in seen_f..14 {
+                let seen = BreakerState {
+                    failures: seen_f,
+                    executions: seen_e,
+                    window_start_ms: t0,
+                    version: 1,
+                    ..BreakerState::default()
+                };
+                for n in 0..5u32 {
+                    for m in n.max(1)..9 {
+                        let Some(inc) = seen.increment(&batch(n, m, 0), t0 + 1, &config) else {
+                            assert!(
+                                config.trips(seen_f + n, seen_e + m),
+                                "{seen_f}/{seen_e} + {n}/{m}"
+                            );
+                            continue;
+                        };
+                        assert!(inc.safe.holds(seen_f, seen_e), "the counts seen satisfy it");
+                        for f in 1..16u32 {
+                            for e in f..24 {
+                                if inc.safe.holds(f, e) {
+                                    assert!(
+                                        !config.trips(f + n, e + m),
+                                        "{f}/{e} + {n}/{m} opens though safe {:?}",
+                                        inc.safe
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -288,6 +288,18 @@ fn jitter(rng: &mut dyn RngCore, max: Duration) -> Duration {
     Duration::from_millis(if ms == 0 { 0 } else { rng.random_range(0..ms) })
 }
 
+/// The jitter window of a deferral by the breaker for receive `receive_count` of a job that
+/// ran `prior` times: the policy's `defer_jitter`, doubled for each earlier receive that did
+/// not run (deferred or released), up to the policy's max delay. Deferrals all land at the end
+/// of an open period; those that met a reopening there spread wider each time, so the jobs an
+/// outage holds back do not keep coming back as one herd into the next open period.
+pub fn defer_spread(policy: &RetryPolicy, receive_count: u32, prior: u32) -> Duration {
+    let idle = receive_count.saturating_sub(1).saturating_sub(prior);
+    let base = policy.defer_jitter();
+    base.saturating_mul(1 << idle.min(16))
+        .min(policy.max_delay().max(base))
+}
+
 /// The decision for a record that is not a runnable job (its envelope does not read, or no
 /// handler is registered for its type): dead-lettered at once, class `invalid`, no attempt
 /// spent, `reason` in its failure record. Nothing else about the record matters.
@@ -493,12 +505,13 @@ fn before_run(inputs: &Inputs<'_>, prior: u32, rng: &mut dyn RngCore) -> Result<
             });
         }
     }
+    let spread = || defer_spread(policy, inputs.record.receive_count, prior);
     match inputs.gate {
         Gate::Open { until_ms } => {
             let rest = Duration::from_millis(until_ms.saturating_sub(inputs.now_ms));
             return Err(Decision::Defer {
                 reason: DeferReason::BreakerOpen,
-                visibility: visibility(rest + jitter(rng, policy.defer_jitter()), limit),
+                visibility: visibility(rest + jitter(rng, spread()), limit),
             });
         }
         Gate::ProbeBusy { until_ms } => {
@@ -506,7 +519,7 @@ fn before_run(inputs: &Inputs<'_>, prior: u32, rng: &mut dyn RngCore) -> Result<
             let rest = Duration::from_millis(until_ms.saturating_sub(inputs.now_ms)).max(PROBE_BUSY_BASE);
             return Err(Decision::Defer {
                 reason: DeferReason::ProbeBusy,
-                visibility: visibility(rest + jitter(rng, policy.defer_jitter()), limit),
+                visibility: visibility(rest + jitter(rng, spread()), limit),
             });
         }
         Gate::Closed | Gate::Probe => {}

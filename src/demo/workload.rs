@@ -100,7 +100,7 @@ pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
     config.table = Some(created.table.clone());
     // The demo shows per-job triage; its always-failing jobs would otherwise open the shared
     // breaker of the one chaos job type and defer everything else.
-    let breaker = BreakerConfig::builder().threshold(100_000).build()?;
+    let breaker = BreakerConfig::builder().min_executions(100_000).build()?;
     let registry = super::chaos::register(Registry::new(demo_policy(), breaker), demo_policy(), breaker);
     let env = build(&config, registry, &sdk).await?;
     let worker = Worker::new(

@@ -11,13 +11,14 @@
 //! Reads for [`observe`](BreakerStore::observe) are cached per environment for
 //! [`BreakerConfig::cache_ttl`]; admission ([`view`](BreakerStore::view), then
 //! [`admit`](BreakerStore::admit) for a record that would run on a half-open breaker) works
-//! from that one read per batch and job type. The healthy path (closed, nothing to report) makes no
-//! writes. Failure reports are aggregated by the caller per invocation and job type, so a
-//! failing invocation costs one write per job type once its window is counting (an `ADD`
-//! conditioned on the window, see [`Increment`]; the processor sends it as a statement of its
-//! batched ledger write, [`BreakerStore::fold`]) and a read and a write when it starts a
-//! window or changes the phase. The failure counter is a single attribute (not sharded):
-//! only failing invocations write it, and once the threshold is reached the breaker opens and
+//! from that one read per batch and job type. The healthy path (closed, no window counting)
+//! makes no writes; while a window counts, a healthy environment writes its executions once
+//! per window ([`BreakerStore::with_unreported`]). Reports are aggregated by the caller per
+//! invocation and job type, so a failing invocation costs one write per job type once its
+//! window is counting (an `ADD` conditioned on the window, see [`Increment`]; the processor
+//! sends it as a statement of its batched ledger write, [`BreakerStore::fold`]) and a read and
+//! a write when it starts a window or changes the phase. The counters are attributes of the
+//! one item (not sharded); once the window reaches the failure rate the breaker opens and
 //! further reports stop writing.
 //!
 //! If DynamoDB stays unavailable after the storage retries, `observe` and `admit` answer
@@ -150,6 +151,24 @@ pub struct BreakerStore {
     /// Per job type: the state, and when it was read by the monotonic clock and by the wall
     /// clock (epoch ms).
     cache: Mutex<HashMap<String, (BreakerState, Instant, u64)>>,
+    /// Per job type: the executions this environment ran and has not reported yet.
+    unreported: Mutex<HashMap<String, Unreported>>,
+}
+
+/// One job type's executions that an environment has not reported yet (see
+/// [`BreakerStore::with_unreported`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Unreported {
+    /// Executions not yet reported, failures included, counted since `since_ms`.
+    executions: u32,
+    /// Those counted in the half window before `since_ms`.
+    older: u32,
+    /// The closed generation they ran in.
+    generation: u64,
+    /// When the current half window of them began (epoch ms).
+    since_ms: u64,
+    /// The window (generation, start) this environment last reported into.
+    reported_into: Option<(u64, u64)>,
 }
 
 impl BreakerStore {
@@ -162,6 +181,7 @@ impl BreakerStore {
             retry,
             config: BreakerConfig::default(),
             cache: Mutex::new(HashMap::new()),
+            unreported: Mutex::new(HashMap::new()),
         }
     }
 
@@ -230,13 +250,13 @@ impl BreakerStore {
         self.read_by(job_type, deadline).await
     }
 
+    /// Keeps `state` as this environment's last known one: reads use it within `cache_ttl`
+    /// (with a TTL of zero, never); reports use it however old, to choose how to write.
     fn remember(&self, job_type: &str, state: &BreakerState) {
-        if !self.config.cache_ttl().is_zero() {
-            self.cache.lock().expect("cache lock").insert(
-                job_type.to_owned(),
-                (state.clone(), Instant::now(), crate::clock::now_ms()),
-            );
-        }
+        self.cache.lock().expect("cache lock").insert(
+            job_type.to_owned(),
+            (state.clone(), Instant::now(), crate::clock::now_ms()),
+        );
     }
 
     /// The state for one batch, through the cache, every try of a read ending by `deadline`.
@@ -381,7 +401,7 @@ impl BreakerStore {
         if let Some(inc) = cached.and_then(|s| s.increment(agg, now_ms, &config)) {
             if let Some(counted) = self.add_failures(job_type, &inc, deadline).await? {
                 self.remember(job_type, &counted);
-                // Other environments' failures may have brought the window to the threshold.
+                // Other environments' failures may have brought the window to the rate.
                 if counted.trip(now_ms, &config).is_none() {
                     return Ok(Some(counted));
                 }
@@ -396,12 +416,68 @@ impl BreakerStore {
             .await
     }
 
+    /// The report to make of `agg`, one invocation's outcomes for `job_type` at `now_ms`, with
+    /// this environment's executions not yet reported. An invocation with a transient failure
+    /// reports them all. One with successes alone keeps them back (nothing to write), unless
+    /// this environment's last known state shows a counting window it has not reported into
+    /// yet: then they go, once per window. So a healthy environment writes at most once per
+    /// window and job type, and only while some environment reports failures; a healthy fleet
+    /// writes nothing. Executions older than a window, or from another generation, are
+    /// dropped: they say nothing about the window that counts now.
+    pub fn with_unreported(&self, job_type: &str, agg: &Aggregate, now_ms: u64) -> Aggregate {
+        let ordinary = agg.executions.max(agg.transient_failures);
+        if ordinary == 0 {
+            return agg.clone();
+        }
+        let window = self.config.window().as_millis() as u64;
+        let counting = self
+            .cached(job_type)
+            .map(|s| s.at(now_ms))
+            .filter(|s| {
+                s.phase == Phase::Closed
+                    && s.generation == agg.generation
+                    && s.failures > 0
+                    && now_ms.saturating_sub(s.window_start_ms) < window
+            })
+            .map(|s| (s.generation, s.window_start_ms));
+        let mut all = self.unreported.lock().expect("unreported lock");
+        let u = match all.get_mut(job_type) {
+            Some(u) => u,
+            None => all.entry(job_type.to_owned()).or_default(),
+        };
+        // Two half windows: what is kept spans about a window (at most one and a half), and
+        // a half window's executions are dropped at once, not the whole window's.
+        let age = now_ms.saturating_sub(u.since_ms);
+        if u.generation != agg.generation || age >= window {
+            (u.older, u.executions) = (0, 0);
+            u.since_ms = now_ms;
+        } else if age >= window / 2 {
+            u.older = std::mem::take(&mut u.executions);
+            u.since_ms = now_ms;
+        }
+        u.generation = agg.generation;
+        u.executions = u.executions.saturating_add(ordinary);
+        let into = match counting {
+            _ if agg.transient_failures > 0 => Some(counting.unwrap_or((agg.generation, now_ms))),
+            Some(w) if u.reported_into != Some(w) => Some(w),
+            _ => None,
+        };
+        let mut out = agg.clone();
+        out.executions = 0;
+        if into.is_some() {
+            let current = std::mem::take(&mut u.executions);
+            out.executions = current.saturating_add(std::mem::take(&mut u.older));
+            u.reported_into = into;
+        }
+        out
+    }
+
     /// The report of `agg` as one PartiQL statement to ride in the invocation's batched
-    /// ledger write, when this environment's cached state says the report only adds failures
-    /// to a counting window and stays below the threshold. The statement's condition says so
-    /// of the item itself (closed, same generation and window, `failures + n` below the
-    /// threshold, and not this write's own token: a retried call whose first try landed is
-    /// refused). `None`: send the report with [`report`](Self::report). Finish it with
+    /// ledger write, when this environment's cached state says the report only adds to a
+    /// counting window and does not open the breaker. The statement's condition says so of the
+    /// item itself (closed, same generation and window, stored counts on which the increment
+    /// cannot open it, [`Safe`](crate::core::breaker::Safe), and not this write's own token: a
+    /// retried call whose first try landed is refused). `None`: send the report with [`report`](Self::report). Finish it with
     /// [`settle`](Self::settle).
     pub fn fold(&self, job_type: &str, agg: &Aggregate, now_ms: u64) -> Option<FoldedReport> {
         let config = self.config;
@@ -412,35 +488,49 @@ impl BreakerStore {
             return None;
         }
         let inc = cached.increment(agg, now_ms, &config)?;
-        let limit = config.threshold().checked_sub(inc.failures)?;
         let token = format!("{:016x}", rand::rng().random::<u64>());
         let now_s = crate::clock::now_ms() / 1000;
+        // The stored counts must be ones on which this increment cannot open the breaker
+        // (`Safe`): no new values come back from a statement in a batch to check after.
+        let (rate_safe, rate_params) = match inc.safe.failures_upto {
+            Some(f) => (
+                "(\"executions\" >= ? AND \"failures\" <= ?) OR ",
+                vec![num(u64::from(inc.safe.executions_from)), num(u64::from(f))],
+            ),
+            None => ("", Vec::new()),
+        };
+        let mut parameters = vec![
+            num(u64::from(inc.failures)),
+            num(u64::from(inc.executions)),
+            AttributeValue::S(token.clone()),
+            num(now_s * 1000),
+            num(now_s + BREAKER_TTL.as_secs()),
+            AttributeValue::S(breaker_pk(job_type)),
+            AttributeValue::S(BREAKER_SK.to_owned()),
+            AttributeValue::S(Phase::Closed.as_str().to_owned()),
+            num(inc.generation),
+            num(inc.window_start_ms),
+            AttributeValue::S(token.clone()),
+        ];
+        parameters.extend(rate_params);
+        parameters.push(num(u64::from(inc.safe.executions_below)));
         let statement = BatchStatementRequest::builder()
             .statement(format!(
-                "UPDATE \"{}\" SET \"failures\" = \"failures\" + ? SET \"version\" = \"version\" + 1 \
+                "UPDATE \"{}\" SET \"failures\" = \"failures\" + ? SET \"executions\" = \"executions\" + ? \
+                 SET \"version\" = \"version\" + 1 \
                  SET \"writer\" = ? SET \"updated_at\" = ? SET \"{TTL_ATTRIBUTE}\" = ? \
                  WHERE \"{PK}\" = ? AND \"{SK}\" = ? AND \"phase\" = ? AND \"generation\" = ? \
-                 AND \"window_start\" = ? AND \"failures\" > 0 AND \"failures\" < ? \
-                 AND (\"writer\" IS MISSING OR \"writer\" <> ?)",
+                 AND \"window_start\" = ? AND \"failures\" > 0 \
+                 AND (\"writer\" IS MISSING OR \"writer\" <> ?) \
+                 AND ({rate_safe}\"executions\" < ?)",
                 self.table
             ))
-            .set_parameters(Some(vec![
-                num(u64::from(inc.failures)),
-                AttributeValue::S(token.clone()),
-                num(now_s * 1000),
-                num(now_s + BREAKER_TTL.as_secs()),
-                AttributeValue::S(breaker_pk(job_type)),
-                AttributeValue::S(BREAKER_SK.to_owned()),
-                AttributeValue::S(Phase::Closed.as_str().to_owned()),
-                num(inc.generation),
-                num(inc.window_start_ms),
-                num(u64::from(limit)),
-                AttributeValue::S(token.clone()),
-            ]))
+            .set_parameters(Some(parameters))
             .build()
             .expect("statement is set");
         let mut counted = cached;
         counted.failures = counted.failures.saturating_add(inc.failures);
+        counted.executions = inc.safe.executions_from.saturating_add(inc.executions);
         counted.version = counted.version.saturating_add(1);
         Some(FoldedReport {
             statement,
@@ -450,7 +540,7 @@ impl BreakerStore {
     }
 
     /// Finishes a folded report from what its statement came to: written, the state as this
-    /// environment now knows it (closed, below the threshold); refused, the report is made
+    /// environment now knows it (closed, below the rate); refused, the report is made
     /// the long way (read, then a conditional write of the reported state), unless the read
     /// shows this write's own token (it had landed); not written by the deadline or the retry
     /// policy's end, the report is sent on its own ([`report`](Self::report)), which may count
@@ -511,7 +601,7 @@ impl BreakerStore {
                     .table_name(&self.table)
                     .set_key(Some(breaker_key(job_type)))
                     .update_expression(
-                        "ADD failures :n, version :one \
+                        "ADD failures :n, executions :e, version :one \
                          SET writer = :token, updated_at = :now, #ttl = :exp",
                     )
                     .condition_expression(
@@ -520,6 +610,7 @@ impl BreakerStore {
                     )
                     .expression_attribute_names("#ttl", TTL_ATTRIBUTE)
                     .expression_attribute_values(":n", num(u64::from(inc.failures)))
+                    .expression_attribute_values(":e", num(u64::from(inc.executions)))
                     .expression_attribute_values(":one", num(1))
                     .expression_attribute_values(":zero", num(0))
                     .expression_attribute_values(":token", AttributeValue::S(token.clone()))
@@ -706,6 +797,7 @@ fn to_item(job_type: &str, s: &BreakerState, now_s: u64) -> HashMap<String, Attr
         ("forced".to_owned(), AttributeValue::Bool(s.forced)),
         ("window_start".to_owned(), num(s.window_start_ms)),
         ("failures".to_owned(), num(u64::from(s.failures))),
+        ("executions".to_owned(), num(u64::from(s.executions))),
         ("probe_successes".to_owned(), num(u64::from(s.probe_successes))),
         ("leases".to_owned(), AttributeValue::M(leases)),
         ("updated_at".to_owned(), num(now_s * 1000)),
@@ -739,6 +831,7 @@ fn from_item(item: &HashMap<String, AttributeValue>) -> BreakerState {
         forced: matches!(item.get("forced"), Some(AttributeValue::Bool(true))),
         window_start_ms: n("window_start"),
         failures: n("failures") as u32,
+        executions: n("executions") as u32,
         probe_successes: n("probe_successes") as u32,
         leases,
     }
@@ -797,6 +890,58 @@ mod tests {
         );
     }
 
+    fn batch(failures: u32, executions: u32) -> Aggregate {
+        Aggregate {
+            transient_failures: failures,
+            executions,
+            ..Aggregate::default()
+        }
+    }
+
+    #[test]
+    fn unreported_executions_ride_with_failures_and_go_once_per_counting_window() {
+        let store = unreachable_store();
+        let t0 = 1_800_000_000_000;
+        let executions = |agg: &Aggregate, at: u64| store.with_unreported("jt", agg, at).executions;
+        // Healthy, no window: kept back.
+        assert_eq!(executions(&batch(0, 8), t0), 0);
+        assert_eq!(executions(&batch(0, 8), t0 + 1_000), 0);
+        // A failure takes them all with it.
+        let r = store.with_unreported("jt", &batch(1, 4), t0 + 2_000);
+        assert_eq!((r.transient_failures, r.executions), (1, 20));
+        // Another environment's window, seen: the healthy executions go once.
+        let counting = BreakerState {
+            failures: 3,
+            executions: 30,
+            window_start_ms: t0 + 10_000,
+            version: 2,
+            ..BreakerState::default()
+        };
+        store.remember("jt", &counting);
+        assert_eq!(executions(&batch(0, 5), t0 + 11_000), 5);
+        assert_eq!(executions(&batch(0, 5), t0 + 12_000), 0);
+        // Half windows (30 s) roll: the 5 of 12 s are in the older one at 43 s.
+        assert_eq!(executions(&batch(1, 1), t0 + 43_000), 6);
+        // Executions older than a window are dropped.
+        assert_eq!(executions(&batch(0, 7), t0 + 44_000), 0);
+        assert_eq!(executions(&batch(1, 1), t0 + 200_000), 1, "a window later");
+        // A new generation drops the old one's.
+        assert_eq!(executions(&batch(0, 7), t0 + 201_000), 0);
+        let next = Aggregate {
+            generation: 4,
+            ..batch(1, 1)
+        };
+        assert_eq!(executions(&next, t0 + 202_000), 1);
+        // Probes only: nothing of the tally moves.
+        let probe = Aggregate {
+            probe_successes: 1,
+            leases: vec!["l".into()],
+            generation: 5,
+            ..Aggregate::default()
+        };
+        assert_eq!(store.with_unreported("jt", &probe, t0 + 203_000), probe);
+    }
+
     #[test]
     fn items_round_trip() {
         let mut s = BreakerState {
@@ -807,6 +952,7 @@ mod tests {
             forced: true,
             window_start_ms: 5,
             failures: 2,
+            executions: 7,
             probe_successes: 1,
             leases: BTreeMap::new(),
         };

@@ -54,15 +54,21 @@ impl Processor {
             .collect();
         // A breaker report that only adds to a counting window rides in the ledger's batched
         // write; the others are written on their own, at the same time.
+        // Each report carries this environment's executions not yet reported, when it is made
+        // (see `BreakerStore::with_unreported`).
+        let breaker_reports: Vec<_> = breaker_reports
+            .iter()
+            .filter_map(|(t, a)| {
+                let b = self.breakers.get(t)?;
+                Some((t, b, b.with_unreported(t, a, now_ms)))
+            })
+            .collect();
         let mut folded = Vec::new();
         let mut direct = Vec::new();
-        for (t, a) in &breaker_reports {
-            let Some(b) = self.breakers.get(t) else {
-                continue;
-            };
+        for (t, b, a) in &breaker_reports {
             match b.fold(t, a, now_ms) {
-                Some(f) => folded.push((t, b, a, f)),
-                None => direct.push((t, b, a)),
+                Some(f) => folded.push((*t, *b, a, f)),
+                None => direct.push((*t, *b, a)),
             }
         }
         let extra: Vec<BatchStatementRequest> = folded.iter().map(|(.., f)| f.statement.clone()).collect();

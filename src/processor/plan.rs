@@ -253,7 +253,8 @@ impl Processor {
 }
 
 /// Adds one executed record's outcome to its job type's breaker report (nothing when it was
-/// reported already, as a worker's probe is when it ends).
+/// reported already, as a worker's probe is when it ends): a probe's outcome, or an ordinary
+/// execution, its transient failure counted too.
 pub(super) fn tally(agg: &mut Aggregate, run: &Run) {
     if run.reported {
         return;
@@ -275,9 +276,16 @@ pub(super) fn tally(agg: &mut Aggregate, run: &Run) {
         }
         (None, _) if transient => {
             agg.transient_failures += 1;
+            agg.executions += 1;
             agg.generation = run.generation;
         }
-        (None, _) => {}
+        // A success counts in the failure rate's denominator; a fatal outcome (a payload bug)
+        // in neither part of it.
+        (None, None) => {
+            agg.executions += 1;
+            agg.generation = run.generation;
+        }
+        (None, Some(_)) => {}
     }
 }
 
@@ -468,11 +476,17 @@ mod tests {
                 ..e(false, None, false, false)
             }
         );
-        // Breaker: the probe's success and the ordinary transient failure, one report.
+        // Breaker: the probe's success, the ordinary success and transient failure, one report;
+        // the fatal execution counts in neither part of the rate.
         let agg = &plan.breaker_reports["t"];
         assert_eq!(
-            (agg.probe_successes, agg.transient_failures, agg.leases.clone()),
-            (1, 1, vec!["l".to_owned()])
+            (
+                agg.probe_successes,
+                agg.transient_failures,
+                agg.executions,
+                agg.leases.clone()
+            ),
+            (1, 1, 2, vec!["l".to_owned()])
         );
         assert_eq!(plan.metrics.total("Succeeded"), 2);
         assert_eq!(plan.metrics.total("DeadLettered"), 2);

@@ -23,6 +23,7 @@
 //! `cargo test --test chaos -- --nocapture` to see the table.
 
 mod lambda;
+mod rate;
 mod router;
 #[path = "../support/mod.rs"]
 mod support;
@@ -66,7 +67,7 @@ fn policy_vars() -> Vec<(&'static str, String)> {
         ("TRIAGE_MAX_DELAY_MS", MAX_DELAY_MS.to_string()),
         ("TRIAGE_JITTER_MAX_MS", "200".into()),
         // The breaker is tested elsewhere; here it must not defer the whole workload.
-        ("TRIAGE_BREAKER_THRESHOLD", "100000".into()),
+        ("TRIAGE_BREAKER_MIN_EXECUTIONS", "100000".into()),
     ]
 }
 
@@ -75,14 +76,14 @@ fn policy_vars() -> Vec<(&'static str, String)> {
 /// breaker's deferrals, not failures, carry the jobs through.
 const BREAKER_MAX_ATTEMPTS: u32 = 20;
 
-/// The policy of the breaker scenario: a breaker that opens after 5 transient failures
-/// within 5 s and stays open 3 s, one probe at a time, states cached 1 s.
+/// The policy of the breaker scenario: a breaker that opens when half of at least 5
+/// executions within 5 s fail transiently and stays open 3 s, one probe at a time, states cached 1 s.
 fn breaker_vars() -> Vec<(&'static str, String)> {
     let mut vars = policy_vars();
-    vars.retain(|(k, _)| !matches!(*k, "TRIAGE_MAX_ATTEMPTS" | "TRIAGE_BREAKER_THRESHOLD"));
+    vars.retain(|(k, _)| !matches!(*k, "TRIAGE_MAX_ATTEMPTS" | "TRIAGE_BREAKER_MIN_EXECUTIONS"));
     vars.extend([
         ("TRIAGE_MAX_ATTEMPTS", BREAKER_MAX_ATTEMPTS.to_string()),
-        ("TRIAGE_BREAKER_THRESHOLD", "5".into()),
+        ("TRIAGE_BREAKER_MIN_EXECUTIONS", "5".into()),
         ("TRIAGE_BREAKER_WINDOW_S", "5".into()),
         ("TRIAGE_BREAKER_OPEN_S", "3".into()),
         ("TRIAGE_BREAKER_PROBES", "1".into()),
@@ -1410,6 +1411,7 @@ async fn every_job_ends_in_exactly_one_place() {
         print_table(std::slice::from_ref(&r));
         reports.push(r);
     }
+    reports.extend(rate::run_all().await);
     print_table(&reports);
     for r in &reports {
         assert_eq!(r.lost, 0, "{}: lost jobs", r.name);

@@ -16,8 +16,10 @@ use sqs_triage::effects::table::{create_table, delete_table};
 
 const T0: u64 = 1_800_000_000_000;
 
+/// Five executions that all fail open it (at least half of at least five).
 fn config(probes: u32) -> BreakerConfig {
     BreakerConfig::builder()
+        .min_executions(5)
         .probes(probes)
         .lease(Duration::from_secs(20))
         .cache_ttl(Duration::ZERO)
@@ -213,7 +215,7 @@ async fn counting_windows_take_one_write_per_report_and_open_once() {
     let (client, table) = setup().await;
     let sdk = support::sdk_config().await;
     let caching = BreakerConfig::builder()
-        .threshold(8)
+        .min_executions(8)
         .cache_ttl(Duration::from_secs(5))
         .build()
         .unwrap();
@@ -306,7 +308,7 @@ async fn a_folded_report_counts_once_and_one_that_would_reach_the_threshold_open
     let proxied =
         aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&sdk).endpoint_url(proxy.url()).build());
     let caching = BreakerConfig::builder()
-        .threshold(6)
+        .min_executions(6)
         .cache_ttl(Duration::from_secs(60))
         .build()
         .unwrap();

@@ -140,6 +140,65 @@ fn open_breaker_defers_to_the_end_of_the_open_period_plus_jitter() {
     assert!(seen.len() > 1, "jitter must spread deferrals: {seen:?}");
 }
 
+/// A job deferred again and again by an open breaker spreads its returns wider each time
+/// (its receives that did not run: the receive count less one less its executions), up to the
+/// policy's max delay, so the jobs an outage holds back do not all land on the next opening.
+#[test]
+fn repeated_deferrals_spread_wider_each_time_up_to_the_max_delay() {
+    let p = RetryPolicy::builder()
+        .defer_jitter(Duration::from_secs(3))
+        .max_delay(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let widest = |receive_count: u32, ledger: Ledger| {
+        let i = Inputs {
+            record: facts(receive_count),
+            ledger,
+            gate: Gate::Open {
+                until_ms: NOW + 20_000,
+            },
+            ..inputs(&p)
+        };
+        let mut r = rng();
+        (0..400)
+            .map(|_| match skipped(&i, &mut r) {
+                Decision::Defer { visibility, .. } => visibility,
+                other => panic!("unexpected {other:?}"),
+            })
+            .max()
+            .unwrap()
+    };
+    let s = Duration::from_secs;
+    // First receive: the policy's 3 s of jitter.
+    assert!(widest(1, Ledger::FirstDelivery) <= s(23));
+    // The third receive of a job that never ran: two idle receives, up to 12 s.
+    let third = widest(3, Ledger::Stored(None));
+    assert!(third > s(27) && third <= s(32), "{third:?}");
+    // The third receive of a job that ran twice: no idle receive.
+    assert!(widest(3, stored(2, None)) <= s(23));
+    // Many idle receives: the window stops at the max delay.
+    let many = widest(14, Ledger::Stored(None));
+    assert!(many > s(70) && many <= s(80), "{many:?}");
+    // Half-open with every slot taken spreads the same way.
+    let i = Inputs {
+        record: facts(5),
+        ledger: Ledger::Stored(None),
+        gate: Gate::ProbeBusy {
+            until_ms: NOW + 20_000,
+        },
+        ..inputs(&p)
+    };
+    let mut r = rng();
+    let busy = (0..400)
+        .map(|_| match skipped(&i, &mut r) {
+            Decision::Defer { visibility, .. } => visibility,
+            other => panic!("unexpected {other:?}"),
+        })
+        .max()
+        .unwrap();
+    assert!(busy > s(60) && busy <= s(68), "{busy:?}");
+}
+
 #[test]
 fn half_open_without_a_slot_defers_until_the_probe_can_be_known() {
     let p = RetryPolicy::default();

@@ -23,7 +23,7 @@ const DEP: &str = "test.dependency";
 
 fn breaker(open_for: Duration) -> BreakerConfig {
     BreakerConfig::builder()
-        .threshold(3)
+        .min_executions(3)
         .window(Duration::from_secs(120))
         .open_for(open_for)
         .cache_ttl(Duration::ZERO)
@@ -190,7 +190,7 @@ async fn a_hanging_dependency_costs_each_message_few_receives_per_cycle() {
 
     let hang = Duration::from_secs(8);
     let config = BreakerConfig::builder()
-        .threshold(2)
+        .min_executions(2)
         .window(Duration::from_secs(120))
         .open_for(Duration::from_secs(8))
         .cache_ttl(Duration::ZERO)
@@ -300,4 +300,276 @@ async fn hang_poller(
         }
         h.invoke_env(env, &messages, Duration::from_secs(20)).await;
     }
+}
+
+/// A breaker that opens on half of at least ten executions in a 120 s window, read afresh by
+/// every batch (no cache), so each environment sees the others' reports at once.
+fn rate_breaker() -> BreakerConfig {
+    BreakerConfig::builder()
+        .failure_rate(50)
+        .min_executions(10)
+        .window(Duration::from_secs(120))
+        .open_for(Duration::from_secs(30))
+        .cache_ttl(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
+/// A registry whose handler fails transiently on the first attempt of the jobs whose id
+/// starts with `f` (and on every attempt while `down` is set), and records each success.
+fn noisy_registry(
+    policy: sqs_triage::core::RetryPolicy,
+    config: BreakerConfig,
+    down: Arc<AtomicBool>,
+    succeeded: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    runs: Arc<std::sync::atomic::AtomicU32>,
+) -> Registry {
+    Registry::new(policy.clone(), config).handle_with(
+        DEP,
+        policy,
+        config,
+        move |_: serde_json::Value, ctx: JobContext| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let fails = down.load(Ordering::SeqCst) || (ctx.job_id.starts_with('f') && ctx.attempt == 1);
+            if !fails {
+                succeeded.lock().unwrap().insert(ctx.job_id.clone());
+            }
+            async move {
+                if fails {
+                    Err(JobError::transient("noise"))
+                } else {
+                    Ok(())
+                }
+            }
+        },
+    )
+}
+
+struct Fleet {
+    envs: Vec<Environment>,
+    calls: Vec<sqs_triage::effects::calls::CallCounter>,
+    down: Arc<AtomicBool>,
+    succeeded: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    runs: Arc<std::sync::atomic::AtomicU32>,
+}
+
+/// `n` environments over the harness's resources, each counting its DynamoDB calls.
+async fn fleet(h: &Harness, n: usize, policy: sqs_triage::core::RetryPolicy, config: BreakerConfig) -> Fleet {
+    let sdk = support::sdk_config().await;
+    let f = Fleet {
+        envs: Vec::new(),
+        calls: Vec::new(),
+        down: Arc::new(AtomicBool::new(false)),
+        succeeded: Default::default(),
+        runs: Default::default(),
+    };
+    let mut f = f;
+    for _ in 0..n {
+        let mut c = sqs_triage::config::Config::from_lookup(&|_| None).unwrap();
+        c.queue_url = Some(h.queue_url.clone());
+        c.dlq_url = Some(h.dlq_url.clone());
+        c.table = Some(h.table.clone());
+        let calls = sqs_triage::effects::calls::CallCounter::new();
+        let registry = noisy_registry(
+            policy.clone(),
+            config,
+            f.down.clone(),
+            f.succeeded.clone(),
+            f.runs.clone(),
+        );
+        let env = build_with(
+            &c,
+            registry,
+            sqs_config(&sdk),
+            dynamodb_config(&sdk).interceptor(calls.clone()),
+        )
+        .await
+        .unwrap();
+        calls.reset();
+        f.envs.push(env);
+        f.calls.push(calls);
+    }
+    f
+}
+
+/// The DynamoDB writes among `calls`, by operation.
+fn writes(calls: &sqs_triage::effects::calls::CallCounter) -> std::collections::BTreeMap<String, u64> {
+    calls
+        .snapshot()
+        .into_iter()
+        .filter(|(op, _)| !op.contains("GetItem") && !op.contains("Query") && !op.contains("Scan"))
+        .collect()
+}
+
+/// Polls through `env` until `n` messages were handled (each poll one receive).
+async fn poll_n(h: &Harness, env: &Environment, n: usize) {
+    let mut seen = 0;
+    for _ in 0..30 {
+        seen += poll(h, env).await;
+        if seen >= n {
+            return;
+        }
+    }
+    panic!("only {seen} of {n} messages came");
+}
+
+/// A steady share of transient failures under the rate never opens the breaker: 100 jobs,
+/// every fifth failing transiently once, through three environments side by side. The count
+/// the breaker used to open on (5 in the window) is passed four times over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_percent_transient_failures_at_a_fifty_percent_rate_never_open_the_breaker() {
+    let h = Harness::build(Options {
+        prefix: "noise",
+        ..Options::default()
+    })
+    .await;
+    let f = fleet(&h, 3, fast_policy(20), rate_breaker()).await;
+    let store = store(&h, rate_breaker()).await;
+    let bodies: Vec<String> = (0..100)
+        .map(|i| {
+            let id = if i % 5 == 0 {
+                format!("f{i}")
+            } else {
+                format!("n{i}")
+            };
+            json!({"type": DEP, "id": id}).to_string()
+        })
+        .collect();
+    h.send_raw(&bodies.iter().map(|b| (b.as_str(), None)).collect::<Vec<_>>())
+        .await;
+    let mut idle = 0;
+    for i in 0..400 {
+        let s = store.read(DEP).await.unwrap();
+        assert_eq!(
+            (s.phase, s.generation),
+            (Phase::Closed, 0),
+            "opened after poll {i}: {s:?}"
+        );
+        if f.succeeded.lock().unwrap().len() == 100 {
+            break;
+        }
+        idle = if poll(&h, &f.envs[i % 3]).await == 0 {
+            idle + 1
+        } else {
+            0
+        };
+        assert!(idle < 40, "jobs stopped coming");
+    }
+    assert_eq!(f.succeeded.lock().unwrap().len(), 100, "every job succeeded");
+    let s = store.read(DEP).await.unwrap();
+    assert_eq!(
+        (s.phase, s.generation, s.failures),
+        (Phase::Closed, 0, 20),
+        "{s:?}"
+    );
+    assert!(
+        s.executions >= 2 * s.failures,
+        "the successes were counted beside the failures: {s:?}"
+    );
+}
+
+/// A dependency down for every execution opens the breaker at the tenth failing execution:
+/// with batches of ten, by the report of the first batch, as the former count of five did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dependency_down_for_every_execution_opens_the_breaker_at_the_tenth_failure() {
+    let h = Harness::build(Options {
+        prefix: "down10",
+        ..Options::default()
+    })
+    .await;
+    let f = fleet(&h, 1, fast_policy(20), rate_breaker()).await;
+    f.down.store(true, Ordering::SeqCst);
+    let store = store(&h, rate_breaker()).await;
+    send(&h, "d", 10).await;
+    let mut before = 0;
+    for _ in 0..30 {
+        let ran = f.runs.load(Ordering::SeqCst);
+        let s = store.read(DEP).await.unwrap();
+        if s.phase == Phase::Open {
+            assert!(
+                before < 10 && ran >= 10,
+                "opened by the batch that took the failures from {before} to {ran}"
+            );
+            assert_eq!(s.generation, 1);
+            return;
+        }
+        assert!(ran < 10, "still closed after {ran} failing executions: {s:?}");
+        before = ran;
+        poll(&h, &f.envs[0]).await;
+    }
+    panic!("never opened");
+}
+
+/// The healthy path's cost: an environment whose executions all succeed writes nothing while
+/// no window counts; once another environment's failures start one, it writes its executions
+/// once (folded into a batched write), and not again in that window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_environment_writes_nothing_until_a_window_counts_then_once_per_window() {
+    let h = Harness::build(Options {
+        prefix: "healthy",
+        ..Options::default()
+    })
+    .await;
+    // Retries wait a minute: the failed jobs stay out of the healthy environment's batches.
+    let slow = sqs_triage::core::RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(sqs_triage::core::Backoff::exponential(
+            Duration::from_secs(60),
+            2.0,
+            Duration::from_secs(60),
+            Duration::ZERO,
+        ))
+        .max_delay(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let f = fleet(&h, 2, slow, rate_breaker()).await;
+    let (healthy, failing) = (&f.calls[0], &f.calls[1]);
+    let store = store(&h, rate_breaker()).await;
+
+    send(&h, "a", 10).await;
+    poll_n(&h, &f.envs[0], 10).await;
+    assert_eq!(writes(healthy), Default::default(), "no window: no write");
+    assert_eq!(store.read(DEP).await.unwrap().version, 0, "no breaker item");
+
+    // Three failures among ten executions in the other environment start a window.
+    let bodies: Vec<String> = (0..10)
+        .map(|i| {
+            let id = if i < 3 { format!("f{i}") } else { format!("b{i}") };
+            json!({"type": DEP, "id": id}).to_string()
+        })
+        .collect();
+    h.send_raw(&bodies.iter().map(|b| (b.as_str(), None)).collect::<Vec<_>>())
+        .await;
+    poll_n(&h, &f.envs[1], 10).await;
+    assert!(!writes(failing).is_empty());
+    let s = store.read(DEP).await.unwrap();
+    assert_eq!(
+        (s.phase, s.failures, s.executions),
+        (Phase::Closed, 3, 10),
+        "{s:?}"
+    );
+
+    // The healthy environment sees the window: its twenty executions go, in one write.
+    healthy.reset();
+    send(&h, "c", 10).await;
+    poll_n(&h, &f.envs[0], 10).await;
+    assert_eq!(
+        writes(healthy),
+        std::collections::BTreeMap::from([("DynamoDB.BatchExecuteStatement".to_owned(), 1)])
+    );
+    // Its ten from before the window, and those of the batches until its write.
+    let s = store.read(DEP).await.unwrap();
+    assert_eq!((s.phase, s.failures), (Phase::Closed, 3), "{s:?}");
+    assert!(s.executions > 20 && s.executions <= 30, "{s:?}");
+
+    // Once per window.
+    healthy.reset();
+    send(&h, "e", 10).await;
+    poll_n(&h, &f.envs[0], 10).await;
+    assert_eq!(
+        writes(healthy),
+        Default::default(),
+        "already reported into this window"
+    );
+    assert_eq!(store.read(DEP).await.unwrap().executions, s.executions);
 }

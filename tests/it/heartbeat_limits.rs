@@ -61,7 +61,7 @@ fn incoming(messages: Vec<Message>) -> Vec<Incoming> {
 /// breaker (one probe at a time, one success closes it, lease `lease`) half-open from now.
 async fn half_open(prefix: &str, lease: Duration, running: &Running) -> (Harness, BreakerStore) {
     let breaker = BreakerConfig::builder()
-        .threshold(100_000)
+        .min_executions(100_000)
         .probes(1)
         .successes_to_close(1)
         .lease(lease)

@@ -106,7 +106,7 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
         "AWS_SECRET_ACCESS_KEY=test".into(),
         // The samples are independent cases: their transient failures together would open
         // `triage.chaos`'s breaker and defer the later files' records.
-        "TRIAGE_BREAKER_THRESHOLD=1000".into(),
+        "TRIAGE_BREAKER_MIN_EXECUTIONS=1000".into(),
         // eventbridge.json's `Chaos Requested` events are `triage.chaos` jobs.
         "TRIAGE_EVENTBRIDGE_TYPES=Chaos Requested=triage.chaos".into(),
         format!(

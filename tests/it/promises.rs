@@ -249,7 +249,7 @@ async fn a_stalled_permit_release_cannot_hold_the_invocation_past_its_deadline()
     use support::fault_proxy::{Fault, FaultProxy, FaultRule};
     let proxy = FaultProxy::start(&support::ddb_endpoint());
     let breaker = BreakerConfig::builder()
-        .threshold(100_000)
+        .min_executions(100_000)
         .cache_ttl(Duration::ZERO)
         .open_for(Duration::from_secs(1))
         .build()

@@ -179,7 +179,7 @@ async fn an_open_breaker_defers_the_job_type_without_spending_attempts() {
     let down = Arc::new(AtomicBool::new(true));
     let dependency = down.clone();
     let breaker = BreakerConfig::builder()
-        .threshold(5)
+        .min_executions(5)
         .open_for(Duration::from_secs(20))
         .lease(Duration::from_secs(30))
         .build()

@@ -90,7 +90,7 @@ pub fn fast_policy(attempts: u32) -> RetryPolicy {
 
 /// A breaker that never opens in these tests unless asked to.
 pub fn quiet_breaker() -> BreakerConfig {
-    BreakerConfig::builder().threshold(100_000).build().unwrap()
+    BreakerConfig::builder().min_executions(100_000).build().unwrap()
 }
 
 impl Harness {
