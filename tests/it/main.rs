@@ -51,4 +51,5 @@ mod stack;
 mod startup;
 mod state_pipeline;
 mod storage_retry;
+mod strict_sqs;
 mod worker;
