@@ -228,11 +228,26 @@ async fn sends_outside_sqs_characters_or_attribute_limits_are_refused() {
                 .build()
                 .unwrap(),
         )
+        // Exactly at the limit, counting a Binary value's decoded bytes (base64 padding not).
+        .entries(
+            entry("binary", "bb")
+                .message_attributes(
+                    "bin",
+                    MessageAttributeValue::builder()
+                        .data_type("Binary")
+                        .binary_value(aws_smithy_types::Blob::new(vec![0x80; 1024 - 2 - 3 - 6]))
+                        .build()
+                        .unwrap(),
+                )
+                .build()
+                .unwrap(),
+        )
         .send()
         .await
         .unwrap();
-    let ok: Vec<_> = r.successful().iter().map(|e| e.id()).collect();
-    assert_eq!(ok, ["fine"]);
+    let mut ok: Vec<_> = r.successful().iter().map(|e| e.id()).collect();
+    ok.sort();
+    assert_eq!(ok, ["binary", "fine"]);
     let mut failed: Vec<_> = r.failed().iter().map(|f| (f.id(), f.code(), f.sender_fault())).collect();
     failed.sort();
     assert_eq!(
@@ -244,7 +259,7 @@ async fn sends_outside_sqs_characters_or_attribute_limits_are_refused() {
             ("size", "InvalidParameterValue", true),
         ]
     );
-    assert_eq!(moto_holds(&s, &url).await, 1);
+    assert_eq!(moto_holds(&s, &url).await, 2);
 }
 
 #[tokio::test]

@@ -767,11 +767,17 @@ fn batch_payload_bytes(body: &[u8]) -> Option<usize> {
                 total += a
                     .get("BinaryValue")
                     .and_then(|t| t.as_str())
-                    .map_or(0, |b| b.len() / 4 * 3);
+                    .map_or(0, base64_decoded_len);
             }
         }
     }
     Some(total)
+}
+
+/// The bytes a base64 text decodes to (its padding not counted).
+fn base64_decoded_len(b: &str) -> usize {
+    let pad = b.bytes().rev().take_while(|&c| c == b'=').count();
+    (b.len() / 4 * 3).saturating_sub(pad)
 }
 
 fn over_batch_cap(

@@ -787,7 +787,7 @@ fn refusal(m: &Value, max_size: usize) -> Option<(&'static str, String)> {
                 return Some(("InvalidMessageContents", CHARS.to_string()));
             }
             size += name.len() + t.len() + value.map_or(0, str::len);
-            size += a.get("BinaryValue").and_then(Value::as_str).map_or(0, |b| b.len() / 4 * 3);
+            size += a.get("BinaryValue").and_then(Value::as_str).map_or(0, super::base64_decoded_len);
         }
     }
     if size > max_size {
