@@ -298,15 +298,23 @@ pub async fn queue_depth(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> QueueDep
     }
 }
 
+/// SQS's own in-flight cap (about 120,000 messages per queue).
+pub const SQS_IN_FLIGHT_CAP: u64 = 120_000;
+
 /// Every message `queue_url` hands out now, with all system and message attributes, read
 /// with a `visibility` timeout long enough not to be handed out twice and never deleted:
-/// receives until one comes back empty after waiting `wait_s` seconds.
+/// receives until one comes back empty after waiting `wait_s` seconds. The read holds every
+/// message in flight at once, so the strict proxy's cap for the queue becomes SQS's own: a
+/// small cap would end the read early at an empty long poll.
 pub async fn read_all(
     sqs: &aws_sdk_sqs::Client,
     queue_url: &str,
     visibility: i32,
     wait_s: i32,
 ) -> Vec<aws_sdk_sqs::types::Message> {
+    if std::env::var_os(STRICT_SQS_ENV).is_none() {
+        strict_sqs().set_in_flight_cap(queue_url, SQS_IN_FLIGHT_CAP);
+    }
     let mut out = Vec::new();
     loop {
         let got = sqs

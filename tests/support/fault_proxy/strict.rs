@@ -441,6 +441,7 @@ async fn receive(
     let visibility_s = req.get("VisibilityTimeout").and_then(Value::as_u64).unwrap_or(a.visibility_s);
     let asked = req.get("MaxNumberOfMessages").and_then(Value::as_u64).unwrap_or(1);
     let deadline = Instant::now() + Duration::from_secs(wait_s);
+    let mut first = true;
     loop {
         let room = {
             let mut queues = lock(&strict.queues);
@@ -463,11 +464,13 @@ async fn receive(
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         }
-        let left = deadline.saturating_duration_since(Instant::now()).as_secs();
         req["MaxNumberOfMessages"] = json!(asked.min(room).max(1));
-        if wait_s > 0 {
-            req["WaitTimeSeconds"] = json!(left);
+        if wait_s > 0 && !first {
+            // What is left of the caller's wait, rounded up: a long poll stays one.
+            let left = deadline.saturating_duration_since(Instant::now()).as_millis().div_ceil(1000);
+            req["WaitTimeSeconds"] = json!(left as u64);
         }
+        first = false;
         let resp = forward_json(ctx, parts, &req).await;
         if resp.status() != StatusCode::OK {
             return resp;
@@ -917,10 +920,25 @@ async fn send(
         return Some(Response::from_parts(rparts, Full::new(bytes)));
     };
     for (id, key) in same_batch {
-        let first = deduplicated(strict, queue, &key);
-        if let (Some(mut first), Some(list)) = (first, answer.get_mut("Successful").and_then(Value::as_array_mut)) {
-            first["Id"] = id;
-            list.push(first);
+        // Answered as the batch's first entry with that key was: its success, or its failure.
+        let (list, mut entry) = match deduplicated(strict, queue, &key) {
+            Some(first) => ("Successful", first),
+            None => {
+                let first_id = keys.get(&key).cloned().unwrap_or(Value::Null);
+                let failure = answer
+                    .get("Failed")
+                    .and_then(Value::as_array)
+                    .and_then(|f| f.iter().find(|e| e.get("Id") == Some(&first_id)))
+                    .cloned();
+                match failure {
+                    Some(f) => ("Failed", f),
+                    None => continue,
+                }
+            }
+        };
+        entry["Id"] = id;
+        if let Some(l) = answer.get_mut(list).and_then(Value::as_array_mut) {
+            l.push(entry);
         }
     }
     Some(rebuild(rparts, &answer))
