@@ -35,7 +35,11 @@ async fn queue(sqs: &aws_sdk_sqs::Client, prefix: &str, attrs: &[(QueueAttribute
     for (k, v) in attrs {
         req = req.attributes(k.clone(), *v);
     }
-    req.send().await.expect("create queue").queue_url.expect("queue url")
+    req.send()
+        .await
+        .expect("create queue")
+        .queue_url
+        .expect("queue url")
 }
 
 async fn send(sqs: &aws_sdk_sqs::Client, url: &str, body: &str) -> String {
@@ -49,7 +53,13 @@ async fn send(sqs: &aws_sdk_sqs::Client, url: &str, body: &str) -> String {
         .expect("message id")
 }
 
-async fn receive(sqs: &aws_sdk_sqs::Client, url: &str, max: i32, visibility: i32, wait: i32) -> Vec<aws_sdk_sqs::types::Message> {
+async fn receive(
+    sqs: &aws_sdk_sqs::Client,
+    url: &str,
+    max: i32,
+    visibility: i32,
+    wait: i32,
+) -> Vec<aws_sdk_sqs::types::Message> {
     sqs.receive_message()
         .queue_url(url)
         .max_number_of_messages(max)
@@ -72,7 +82,12 @@ async fn moto_holds(s: &Strict, url: &str) -> u64 {
 #[tokio::test]
 async fn an_expired_message_is_not_received_and_is_gone_upstream() {
     let s = strict().await;
-    let url = queue(&s.sqs, "strict-retention", &[(QueueAttributeName::MessageRetentionPeriod, "60")]).await;
+    let url = queue(
+        &s.sqs,
+        "strict-retention",
+        &[(QueueAttributeName::MessageRetentionPeriod, "60")],
+    )
+    .await;
     // moto holds it for SQS's longest retention; the proxy answers with the queue's own.
     let attrs = support::all_attributes(&s.sqs, &url).await;
     assert_eq!(attrs[&QueueAttributeName::MessageRetentionPeriod], "60");
@@ -81,7 +96,11 @@ async fn an_expired_message_is_not_received_and_is_gone_upstream() {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].message_id(), Some(held.as_str()));
     // A caller that did not ask for SentTimestamp does not get it.
-    assert!(got[0].attributes().is_none_or(|a| a.is_empty()), "{:?}", got[0].attributes());
+    assert!(
+        got[0].attributes().is_none_or(|a| a.is_empty()),
+        "{:?}",
+        got[0].attributes()
+    );
     let held_handle = got[0].receipt_handle().unwrap().to_string();
     send(&s.sqs, &url, "waiting").await;
     assert_eq!(moto_holds(&s, &url).await, 2);
@@ -147,7 +166,11 @@ async fn a_stale_receipt_handle_deletes_nothing_and_is_answered_as_sqs_answers()
         .expect("a stale batch delete succeeds");
     assert_eq!(batch.successful().len(), 1);
     assert!(batch.failed().is_empty());
-    assert_eq!(moto_holds(&s, &url).await, 1, "a stale handle deleted the message");
+    assert_eq!(
+        moto_holds(&s, &url).await,
+        1,
+        "a stale handle deleted the message"
+    );
 
     // ChangeMessageVisibility: refused, alone and in a batch.
     let e = s
@@ -160,7 +183,11 @@ async fn a_stale_receipt_handle_deletes_nothing_and_is_answered_as_sqs_answers()
         .await
         .expect_err("a stale visibility change is refused");
     assert_eq!(e.code(), Some("InvalidParameterValue"), "{e:?}");
-    assert!(e.message().unwrap_or_default().contains("not available for visibility timeout change"));
+    assert!(
+        e.message()
+            .unwrap_or_default()
+            .contains("not available for visibility timeout change")
+    );
     let b = s
         .sqs
         .change_message_visibility_batch()
@@ -196,7 +223,12 @@ async fn a_stale_receipt_handle_deletes_nothing_and_is_answered_as_sqs_answers()
 #[tokio::test]
 async fn sends_outside_sqs_characters_or_attribute_limits_are_refused() {
     let s = strict().await;
-    let url = queue(&s.sqs, "strict-send", &[(QueueAttributeName::MaximumMessageSize, "1024")]).await;
+    let url = queue(
+        &s.sqs,
+        "strict-send",
+        &[(QueueAttributeName::MaximumMessageSize, "1024")],
+    )
+    .await;
     let e = s
         .sqs
         .send_message()
@@ -207,7 +239,13 @@ async fn sends_outside_sqs_characters_or_attribute_limits_are_refused() {
         .expect_err("U+FFFF is outside SQS's characters");
     assert_eq!(e.code(), Some("InvalidMessageContents"), "{e:?}");
 
-    let string = |v: &str| MessageAttributeValue::builder().data_type("String").string_value(v).build().unwrap();
+    let string = |v: &str| {
+        MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(v)
+            .build()
+            .unwrap()
+    };
     let entry = |id: &str, body: &str| SendMessageBatchRequestEntry::builder().id(id).message_body(body);
     let mut eleven = entry("eleven", "ok");
     for i in 0..11 {
@@ -217,10 +255,25 @@ async fn sends_outside_sqs_characters_or_attribute_limits_are_refused() {
         .sqs
         .send_message_batch()
         .queue_url(&url)
-        .entries(entry("fine", "fine").message_attributes("job-type", string("t")).build().unwrap())
-        .entries(entry("fffe", "ok").message_attributes("error", string("bad \u{FFFE}")).build().unwrap())
+        .entries(
+            entry("fine", "fine")
+                .message_attributes("job-type", string("t"))
+                .build()
+                .unwrap(),
+        )
+        .entries(
+            entry("fffe", "ok")
+                .message_attributes("error", string("bad \u{FFFE}"))
+                .build()
+                .unwrap(),
+        )
         .entries(eleven.build().unwrap())
-        .entries(entry("name", "ok").message_attributes("AWS.reserved", string("v")).build().unwrap())
+        .entries(
+            entry("name", "ok")
+                .message_attributes("AWS.reserved", string("v"))
+                .build()
+                .unwrap(),
+        )
         // The body fits alone; with its attribute it is past the queue's MaximumMessageSize.
         .entries(
             entry("size", &"x".repeat(1000))
@@ -248,7 +301,11 @@ async fn sends_outside_sqs_characters_or_attribute_limits_are_refused() {
     let mut ok: Vec<_> = r.successful().iter().map(|e| e.id()).collect();
     ok.sort();
     assert_eq!(ok, ["binary", "fine"]);
-    let mut failed: Vec<_> = r.failed().iter().map(|f| (f.id(), f.code(), f.sender_fault())).collect();
+    let mut failed: Vec<_> = r
+        .failed()
+        .iter()
+        .map(|f| (f.id(), f.code(), f.sender_fault()))
+        .collect();
     failed.sort();
     assert_eq!(
         failed,
@@ -273,7 +330,11 @@ async fn at_the_in_flight_cap_long_polls_get_nothing_and_short_polls_over_limit(
     let mut held = Vec::new();
     while held.len() < 3 {
         let got = receive(&s.sqs, &url, 10, 300, 1).await;
-        assert!(!got.is_empty(), "the queue has 5 messages and room for {}", 3 - held.len());
+        assert!(
+            !got.is_empty(),
+            "the queue has 5 messages and room for {}",
+            3 - held.len()
+        );
         held.extend(got);
     }
     assert_eq!(held.len(), 3, "a receive handed out more than the room left");
@@ -343,6 +404,9 @@ async fn a_fifo_resend_within_five_minutes_of_a_deleted_first_is_dropped_but_ans
         .await
         .unwrap();
     assert_eq!(batch.successful()[0].message_id(), first.message_id().unwrap());
-    assert!(receive(&s.moto, &url, 10, 0, 1).await.is_empty(), "a duplicate reached moto");
+    assert!(
+        receive(&s.moto, &url, 10, 0, 1).await.is_empty(),
+        "a duplicate reached moto"
+    );
     assert_eq!(s.proxy.strict_counts().get("dedup_dropped"), Some(&2));
 }

@@ -129,7 +129,11 @@ fn now_ms() -> u64 {
 /// The queue's name from its URL (`…/<account>/<name>`): the key every rule is kept under,
 /// whatever host the caller reached moto through.
 fn queue_key(url: &str) -> String {
-    url.trim_end_matches('/').rsplit('/').next().unwrap_or(url).to_string()
+    url.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or(url)
+        .to_string()
 }
 
 impl Strict {
@@ -232,7 +236,12 @@ fn stale_visibility_message(handle: &str) -> String {
 }
 
 /// Sends `body` upstream as operation `op`, with the caller's headers (credentials, host).
-async fn call(ctx: &Ctx, parts: &hyper::http::request::Parts, op: &str, body: &Value) -> Option<(u16, Value)> {
+async fn call(
+    ctx: &Ctx,
+    parts: &hyper::http::request::Parts,
+    op: &str,
+    body: &Value,
+) -> Option<(u16, Value)> {
     let mut p = parts.clone();
     p.headers.remove(header::CONTENT_LENGTH);
     if let Ok(v) = HeaderValue::from_str(&format!("AmazonSQS.{op}")) {
@@ -240,7 +249,10 @@ async fn call(ctx: &Ctx, parts: &hyper::http::request::Parts, op: &str, body: &V
     }
     let resp = forward(ctx, p, Bytes::from(body.to_string())).await;
     let status = resp.status().as_u16();
-    let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.ok()?.to_bytes();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .ok()?
+        .to_bytes();
     Some((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
 }
 
@@ -279,7 +291,11 @@ pub(super) async fn handle(
         return None;
     };
     let req = Value::Object(req);
-    let url = req.get("QueueUrl").and_then(Value::as_str).unwrap_or_default().to_string();
+    let url = req
+        .get("QueueUrl")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let queue = queue_key(&url);
     match op {
         "ReceiveMessage" => Some(receive(ctx, strict, parts, req, &queue, request_id).await),
@@ -288,7 +304,16 @@ pub(super) async fn handle(
         "ChangeMessageVisibility" => visibility_one(ctx, strict, parts, &req, &queue, request_id).await,
         "ChangeMessageVisibilityBatch" => visibility_batch(ctx, strict, parts, req, &queue).await,
         "SendMessage" | "SendMessageBatch" => {
-            send(ctx, strict, parts, req, &queue, op == "SendMessageBatch", request_id).await
+            send(
+                ctx,
+                strict,
+                parts,
+                req,
+                &queue,
+                op == "SendMessageBatch",
+                request_id,
+            )
+            .await
         }
         "GetQueueAttributes" => {
             let retention = lock(&strict.queues).get(&queue).and_then(|q| q.retention_s)?;
@@ -372,23 +397,44 @@ fn take_retention(req: &mut Value) -> Result<Option<u64>, Refusal> {
             Ok(Some(s))
         }
         _ => Err(Box::new(|rid: &str| {
-            sqs_error(400, "InvalidAttributeValue", "Invalid value for the parameter MessageRetentionPeriod.", rid)
+            sqs_error(
+                400,
+                "InvalidAttributeValue",
+                "Invalid value for the parameter MessageRetentionPeriod.",
+                rid,
+            )
         })),
     }
 }
 
 /// The queue's attributes, asked of moto once (and after each change).
-async fn attrs(ctx: &Ctx, strict: &Strict, parts: &hyper::http::request::Parts, url: &str) -> Option<QueueAttrs> {
+async fn attrs(
+    ctx: &Ctx,
+    strict: &Strict,
+    parts: &hyper::http::request::Parts,
+    url: &str,
+) -> Option<QueueAttrs> {
     let queue = queue_key(url);
     if let Some(a) = lock(&strict.queues).get(&queue).and_then(|q| q.attrs) {
         return Some(a);
     }
-    let (status, v) = call(ctx, parts, "GetQueueAttributes", &json!({ "QueueUrl": url, "AttributeNames": ["All"] })).await?;
+    let (status, v) = call(
+        ctx,
+        parts,
+        "GetQueueAttributes",
+        &json!({ "QueueUrl": url, "AttributeNames": ["All"] }),
+    )
+    .await?;
     if status != 200 {
         return None;
     }
     let a = v.get("Attributes")?;
-    let num = |k: &str, d: u64| a.get(k).and_then(Value::as_str).and_then(|s| s.parse().ok()).unwrap_or(d);
+    let num = |k: &str, d: u64| {
+        a.get(k)
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
     let flag = |k: &str| a.get(k).and_then(Value::as_str) == Some("true");
     let retention_s = lock(&strict.queues).get(&queue).and_then(|q| q.retention_s);
     let attrs = QueueAttrs {
@@ -408,9 +454,11 @@ async fn attrs(ctx: &Ctx, strict: &Strict, parts: &hyper::http::request::Parts, 
 
 fn asks_for(req: &Value, attr: &str) -> bool {
     ["MessageSystemAttributeNames", "AttributeNames"].iter().any(|k| {
-        req.get(*k)
-            .and_then(Value::as_array)
-            .is_some_and(|names| names.iter().any(|n| n.as_str() == Some(attr) || n.as_str() == Some("All")))
+        req.get(*k).and_then(Value::as_array).is_some_and(|names| {
+            names
+                .iter()
+                .any(|n| n.as_str() == Some(attr) || n.as_str() == Some("All"))
+        })
     })
 }
 
@@ -422,7 +470,11 @@ async fn receive(
     queue: &str,
     request_id: &str,
 ) -> Response<Full<Bytes>> {
-    let url = req.get("QueueUrl").and_then(Value::as_str).unwrap_or_default().to_string();
+    let url = req
+        .get("QueueUrl")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let Some(a) = attrs(ctx, strict, parts, &url).await else {
         return forward_json(ctx, parts, &req).await;
     };
@@ -437,9 +489,18 @@ async fn receive(
             list.push(json!("SentTimestamp"));
         }
     }
-    let wait_s = req.get("WaitTimeSeconds").and_then(Value::as_u64).unwrap_or(a.wait_s);
-    let visibility_s = req.get("VisibilityTimeout").and_then(Value::as_u64).unwrap_or(a.visibility_s);
-    let asked = req.get("MaxNumberOfMessages").and_then(Value::as_u64).unwrap_or(1);
+    let wait_s = req
+        .get("WaitTimeSeconds")
+        .and_then(Value::as_u64)
+        .unwrap_or(a.wait_s);
+    let visibility_s = req
+        .get("VisibilityTimeout")
+        .and_then(Value::as_u64)
+        .unwrap_or(a.visibility_s);
+    let asked = req
+        .get("MaxNumberOfMessages")
+        .and_then(Value::as_u64)
+        .unwrap_or(1);
     let deadline = Instant::now() + Duration::from_secs(wait_s);
     let mut first = true;
     loop {
@@ -467,7 +528,10 @@ async fn receive(
         req["MaxNumberOfMessages"] = json!(asked.min(room).max(1));
         if wait_s > 0 && !first {
             // What is left of the caller's wait, rounded up: a long poll stays one.
-            let left = deadline.saturating_duration_since(Instant::now()).as_millis().div_ceil(1000);
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .as_millis()
+                .div_ceil(1000);
             req["WaitTimeSeconds"] = json!(left as u64);
         }
         first = false;
@@ -493,8 +557,16 @@ async fn receive(
                 .pointer("/Attributes/SentTimestamp")
                 .and_then(Value::as_str)
                 .and_then(|s| s.parse::<u64>().ok());
-            let id = m.get("MessageId").and_then(Value::as_str).unwrap_or_default().to_string();
-            let handle = m.get("ReceiptHandle").and_then(Value::as_str).unwrap_or_default().to_string();
+            let id = m
+                .get("MessageId")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let handle = m
+                .get("ReceiptHandle")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
             if sent.is_some_and(|s| now.saturating_sub(s) > a.retention_ms) {
                 expired.push(handle);
                 continue;
@@ -515,10 +587,13 @@ async fn receive(
                 );
             }
             if !wants_sent {
-                let emptied = m.get_mut("Attributes").and_then(Value::as_object_mut).is_some_and(|attrs| {
-                    attrs.remove("SentTimestamp");
-                    attrs.is_empty()
-                });
+                let emptied = m
+                    .get_mut("Attributes")
+                    .and_then(Value::as_object_mut)
+                    .is_some_and(|attrs| {
+                        attrs.remove("SentTimestamp");
+                        attrs.is_empty()
+                    });
                 if emptied {
                     m.as_object_mut().expect("object").remove("Attributes");
                 }
@@ -532,7 +607,13 @@ async fn receive(
                 .enumerate()
                 .map(|(i, h)| json!({ "Id": format!("x{i}"), "ReceiptHandle": h }))
                 .collect();
-            let _ = call(ctx, parts, "DeleteMessageBatch", &json!({ "QueueUrl": url, "Entries": entries })).await;
+            let _ = call(
+                ctx,
+                parts,
+                "DeleteMessageBatch",
+                &json!({ "QueueUrl": url, "Entries": entries }),
+            )
+            .await;
         }
         let dropped = !expired.is_empty();
         if !kept.is_empty() || !dropped || Instant::now() >= deadline && wait_s > 0 {
@@ -577,11 +658,17 @@ async fn delete_one(
 
 /// Splits a batch's entries into those forwarded and those answered here.
 fn entries(req: &Value) -> Vec<Value> {
-    req.get("Entries").and_then(Value::as_array).cloned().unwrap_or_default()
+    req.get("Entries")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn entry_handle(e: &Value) -> String {
-    e.get("ReceiptHandle").and_then(Value::as_str).unwrap_or_default().to_string()
+    e.get("ReceiptHandle")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn entry_id(e: &Value) -> Value {
@@ -621,7 +708,11 @@ async fn batch_with(
         .unwrap_or_default();
     let mut ok = upstream_ok.clone();
     ok.extend(successful);
-    let mut bad: Vec<Value> = answer.get("Failed").and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut bad: Vec<Value> = answer
+        .get("Failed")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     bad.extend(failed);
     answer["Successful"] = Value::Array(ok);
     answer["Failed"] = Value::Array(bad);
@@ -665,7 +756,10 @@ async fn delete_batch(
 fn mark_batch_deleted(strict: &Strict, queue: &str, sent: &[Value], ok: &[Value]) {
     let ok = ids_of(ok);
     for e in sent {
-        if e.get("Id").and_then(Value::as_str).is_some_and(|id| ok.contains(id)) {
+        if e.get("Id")
+            .and_then(Value::as_str)
+            .is_some_and(|id| ok.contains(id))
+        {
             strict.mark_deleted(queue, &entry_handle(e));
         }
     }
@@ -727,7 +821,10 @@ async fn visibility_batch(
     let (resp, ok) = batch_with(ctx, parts, req, forwarded, Vec::new(), failed).await;
     let ok = ids_of(&ok);
     for e in &sent {
-        if e.get("Id").and_then(Value::as_str).is_some_and(|id| ok.contains(id)) {
+        if e.get("Id")
+            .and_then(Value::as_str)
+            .is_some_and(|id| ok.contains(id))
+        {
             let s = e.get("VisibilityTimeout").and_then(Value::as_u64).unwrap_or(0);
             strict.set_visibility(queue, &entry_handle(e), s);
         }
@@ -746,7 +843,9 @@ fn valid_name(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
     !name.is_empty()
         && name.len() <= 256
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
         && !name.starts_with('.')
         && !name.ends_with('.')
         && !name.contains("..")
@@ -771,18 +870,26 @@ fn refusal(m: &Value, max_size: usize) -> Option<(&'static str, String)> {
         if attrs.len() > 10 {
             return Some((
                 "InvalidParameterValue",
-                format!("Number of message attributes [{}] exceeds the allowed maximum [10].", attrs.len()),
+                format!(
+                    "Number of message attributes [{}] exceeds the allowed maximum [10].",
+                    attrs.len()
+                ),
             ));
         }
         for (name, a) in attrs {
             if !valid_name(name) {
-                return Some(("InvalidParameterValue", format!("Message (user) attribute name '{name}' is invalid.")));
+                return Some((
+                    "InvalidParameterValue",
+                    format!("Message (user) attribute name '{name}' is invalid."),
+                ));
             }
             let t = a.get("DataType").and_then(Value::as_str).unwrap_or_default();
             if !valid_type(t) {
                 return Some((
                     "InvalidParameterValue",
-                    format!("The type of message (user) attribute '{name}' is invalid. You must use only the following supported type prefixes: Binary, Number, String."),
+                    format!(
+                        "The type of message (user) attribute '{name}' is invalid. You must use only the following supported type prefixes: Binary, Number, String."
+                    ),
                 ));
             }
             let value = a.get("StringValue").and_then(Value::as_str);
@@ -790,13 +897,18 @@ fn refusal(m: &Value, max_size: usize) -> Option<(&'static str, String)> {
                 return Some(("InvalidMessageContents", CHARS.to_string()));
             }
             size += name.len() + t.len() + value.map_or(0, str::len);
-            size += a.get("BinaryValue").and_then(Value::as_str).map_or(0, super::base64_decoded_len);
+            size += a
+                .get("BinaryValue")
+                .and_then(Value::as_str)
+                .map_or(0, super::base64_decoded_len);
         }
     }
     if size > max_size {
         return Some((
             "InvalidParameterValue",
-            format!("One or more parameters are invalid. Reason: Message must be shorter than {max_size} bytes."),
+            format!(
+                "One or more parameters are invalid. Reason: Message must be shorter than {max_size} bytes."
+            ),
         ));
     }
     None
@@ -808,12 +920,17 @@ fn dedup_key(m: &Value, a: &QueueAttrs) -> Option<String> {
         None if a.content_dedup => {
             use sha2::Digest;
             let body = m.get("MessageBody").and_then(Value::as_str).unwrap_or_default();
-            sha2::Sha256::digest(body.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+            sha2::Sha256::digest(body.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
         }
         None => return None,
     };
     let group = if a.dedup_per_group {
-        m.get("MessageGroupId").and_then(Value::as_str).unwrap_or_default()
+        m.get("MessageGroupId")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
     } else {
         ""
     };
@@ -830,7 +947,10 @@ fn deduplicated(strict: &Strict, queue: &str, key: &str) -> Option<Value> {
 fn remember(strict: &Strict, queue: &str, key: String, answer: Value) {
     let mut queues = lock(&strict.queues);
     let q = queues.entry(queue.to_string()).or_default();
-    let live = q.dedup.get(&key).is_some_and(|(at, _)| at.elapsed() < DEDUP_WINDOW);
+    let live = q
+        .dedup
+        .get(&key)
+        .is_some_and(|(at, _)| at.elapsed() < DEDUP_WINDOW);
     if !live {
         q.dedup.insert(key, (Instant::now(), answer));
     }
@@ -845,7 +965,11 @@ async fn send(
     batch: bool,
     request_id: &str,
 ) -> Option<Response<Full<Bytes>>> {
-    let url = req.get("QueueUrl").and_then(Value::as_str).unwrap_or_default().to_string();
+    let url = req
+        .get("QueueUrl")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let a = attrs(ctx, strict, parts, &url).await?;
     if !batch {
         if let Some((code, message)) = refusal(&req, a.max_size) {
