@@ -28,6 +28,7 @@ struct Stack {
 /// A `triage` command for `stack`, with STS sent to `sts` (moto, or a proxy in front of it).
 fn triage(stack: &Stack, sts: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
+    support::strict_env(&mut cmd);
     cmd.args(args)
         .env("TRIAGE_QUEUE_URL", &stack.queue_url)
         .env("TRIAGE_DLQ_URL", &stack.dlq_url)

@@ -34,6 +34,7 @@ struct Stack {
 
 fn triage_cmd(stack: Option<&Stack>, args: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
+    support::strict_env(&mut cmd);
     cmd.args(args)
         .env_remove("TRIAGE_QUEUE_URL")
         .env_remove("TRIAGE_DLQ_URL")

@@ -42,6 +42,7 @@ fn start(stack: &SetupReport, extra: &[&str], env: &[(&str, &str)]) -> Console {
 
 fn start_on(queue_url: &str, dlq_url: &str, table: &str, extra: &[&str], env: &[(&str, &str)]) -> Console {
     let mut cmd = Command::new(BIN);
+    support::strict_env(&mut cmd);
     cmd.args(["console", "--port", "0"])
         .args(extra)
         .env("TRIAGE_QUEUE_URL", queue_url)
@@ -534,7 +535,7 @@ async fn with_bind_every_request_needs_the_token() {
     assert_eq!(ok.status, 200, "{}", ok.body);
 
     // A token given by the operator must be long enough.
-    let out = Command::new(BIN)
+    let out = support::strict_env(&mut Command::new(BIN))
         .args([
             "console",
             "--port",

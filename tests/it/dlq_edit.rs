@@ -95,7 +95,7 @@ async fn the_worker_keeps_a_fair_queue_group_id_on_the_dlq_copy() {
         .send()
         .await
         .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_triage"))
+    let mut child = support::strict_env(&mut Command::new(env!("CARGO_BIN_EXE_triage")))
         .args(["worker", "--demo-handlers"])
         .env("TRIAGE_QUEUE_URL", &stack.queue_url)
         .env("TRIAGE_DLQ_URL", &stack.dlq_url)
@@ -140,6 +140,7 @@ fn triage(
     stdin: &str,
 ) -> Output {
     let mut cmd = Command::new(BIN);
+    support::strict_env(&mut cmd);
     cmd.args(args)
         .env("TRIAGE_QUEUE_URL", &stack.queue_url)
         .env("TRIAGE_DLQ_URL", &stack.dlq_url)

@@ -24,7 +24,7 @@ use sqs_triage::ops::setup::SetupReport;
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
 
 fn triage(stack: &SetupReport, sqs_endpoint: &str, args: &[&str]) -> Output {
-    Command::new(BIN)
+    support::strict_env(&mut Command::new(BIN))
         .args(args)
         .env("TRIAGE_QUEUE_URL", &stack.queue_url)
         .env("TRIAGE_DLQ_URL", &stack.dlq_url)

@@ -32,6 +32,7 @@ impl Lambda {
         let stdout = base.with_extension("out");
         let stderr = base.with_extension("log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage-lambda"));
+        support::strict_env(&mut cmd);
         cmd.env("AWS_LAMBDA_RUNTIME_API", api.address())
             .env("AWS_LAMBDA_FUNCTION_NAME", "triage-local")
             .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "512")
@@ -383,6 +384,7 @@ async fn worker_output_for_a_panic(log_payloads: bool) -> String {
         .await
         .unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
+    support::strict_env(&mut cmd);
     cmd.args(["worker", "--demo-handlers"])
         .env("TRIAGE_QUEUE_URL", &created.queue_url)
         .env("TRIAGE_DLQ_URL", &created.dlq_url)

@@ -22,6 +22,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_triage");
 
 fn triage(queue_url: &str, endpoint: Option<&str>, args: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
+    support::strict_env(&mut cmd);
     cmd.args(args)
         .env("TRIAGE_QUEUE_URL", queue_url)
         .env_remove("TRIAGE_DLQ_URL")

@@ -27,6 +27,7 @@ const ACCOUNT: &str = "123456789012";
 
 fn triage(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(BIN);
+    support::strict_env(&mut cmd);
     cmd.args(args)
         .env_remove("TRIAGE_QUEUE_URL")
         .env_remove("TRIAGE_DLQ_URL")

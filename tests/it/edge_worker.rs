@@ -139,6 +139,7 @@ impl Drop for Proc {
 
 fn spawn_worker(created: &SetupReport, args: &[&str], env: &[(&str, &str)]) -> (Proc, Lines) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
+    support::strict_env(&mut cmd);
     cmd.arg("worker")
         .args(args)
         .env("TRIAGE_QUEUE_URL", &created.queue_url)

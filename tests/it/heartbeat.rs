@@ -148,6 +148,7 @@ async fn a_20s_handler_on_an_8s_queue_runs_once_through_the_worker() {
     send(&created.queue_url, &long_job("hbw1")).await;
 
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
+    support::strict_env(&mut cmd);
     cmd.args(["worker", "--demo-handlers"])
         .env("TRIAGE_QUEUE_URL", &created.queue_url)
         .env("TRIAGE_DLQ_URL", &created.dlq_url)
@@ -201,6 +202,7 @@ async fn a_20s_handler_on_an_8s_queue_runs_once_through_triage_lambda() {
     let api = RuntimeApi::start().await;
     let log = std::env::temp_dir().join(support::unique_name("hb-lambda"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage-lambda"));
+    support::strict_env(&mut cmd);
     cmd.env("AWS_LAMBDA_RUNTIME_API", api.address())
         .env("AWS_LAMBDA_FUNCTION_NAME", "triage-local")
         .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "512")

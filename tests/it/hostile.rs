@@ -383,15 +383,17 @@ async fn logs_of_a_batch(log_payloads: bool) -> String {
 /// test binary.
 #[test]
 fn no_payload_or_attribute_value_in_logs_unless_enabled() {
-    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-        .args([
-            "--exact",
-            "hostile::logs_checked_alone",
-            "--ignored",
-            "--test-threads=1",
-        ])
-        .output()
-        .expect("the test binary runs");
+    let out = support::strict_env(&mut std::process::Command::new(
+        std::env::current_exe().expect("the test binary"),
+    ))
+    .args([
+        "--exact",
+        "hostile::logs_checked_alone",
+        "--ignored",
+        "--test-threads=1",
+    ])
+    .output()
+    .expect("the test binary runs");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -39,6 +39,7 @@ struct Stack {
 
 fn triage(stack: Option<&Stack>, args: &[&str], input: Option<&str>) -> Output {
     let mut cmd = Command::new(BIN);
+    support::strict_env(&mut cmd);
     cmd.args(args)
         .env_remove("TRIAGE_QUEUE_URL")
         .env_remove("TRIAGE_DLQ_URL")

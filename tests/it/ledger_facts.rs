@@ -38,7 +38,7 @@ fn slow_policy() -> RetryPolicy {
 }
 
 fn triage(h: &Harness, args: &[&str]) -> Output {
-    Command::new(BIN)
+    support::strict_env(&mut Command::new(BIN))
         .args(args)
         .env("TRIAGE_QUEUE_URL", &h.queue_url)
         .env("TRIAGE_DLQ_URL", &h.dlq_url)

@@ -56,6 +56,7 @@ impl Function {
         let api = RuntimeApi::start().await;
         let log = std::env::temp_dir().join(support::unique_name("library-lambda"));
         let mut cmd = Command::new(std::env::current_exe().unwrap());
+        support::strict_env(&mut cmd);
         cmd.args([
             "--exact",
             "library_env::library_function_process",
@@ -223,7 +224,7 @@ async fn first_dlq_copy(sqs: &aws_sdk_sqs::Client, dlq_url: &str, within: Durati
 async fn a_library_worker_dead_letters_on_the_attempt_limit_its_environment_sets() {
     let created = support::fresh_resources("lib-worker-attempts", false).await;
     let log = std::env::temp_dir().join(support::unique_name("library-worker"));
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    let mut child = support::strict_env(&mut Command::new(std::env::current_exe().unwrap()))
         .args([
             "--exact",
             "library_env::library_function_process",
@@ -277,7 +278,7 @@ async fn a_library_worker_dead_letters_on_the_attempt_limit_its_environment_sets
 async fn an_invalid_variable_stops_a_library_function_at_start_up_with_its_name() {
     let created = support::fresh_resources("lib-invalid", false).await;
     let api = RuntimeApi::start().await;
-    let out = Command::new(std::env::current_exe().unwrap())
+    let out = support::strict_env(&mut Command::new(std::env::current_exe().unwrap()))
         .args([
             "--exact",
             "library_env::library_function_process",

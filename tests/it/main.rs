@@ -53,4 +53,5 @@ mod stack;
 mod startup;
 mod state_pipeline;
 mod storage_retry;
+mod strict_sqs;
 mod worker;

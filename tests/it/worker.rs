@@ -28,7 +28,7 @@ async fn sigterm_finishes_in_flight_records_and_releases_the_rest() {
             .unwrap();
     }
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_triage"))
+    let mut child = support::strict_env(&mut Command::new(env!("CARGO_BIN_EXE_triage")))
         // One batch in flight: with a second poller, its receive could be in flight at the
         // SIGTERM and take messages with it (documented: they come back after their
         // visibility timeout), which is not what this test looks at.

@@ -26,6 +26,8 @@
 
 #![allow(dead_code)]
 
+pub mod strict;
+
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -169,6 +171,8 @@ struct Shared {
     /// SQS's cap on a SendMessageBatch payload, when enforced (see
     /// [`FaultProxy::enforce_batch_cap`]).
     batch_cap: Mutex<Option<usize>>,
+    /// SQS's rules that moto does not keep, when the proxy is strict ([`FaultProxy::start_strict`]).
+    strict: Option<strict::Strict>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -235,6 +239,24 @@ impl FaultProxy {
     /// Starts a proxy on `127.0.0.1:<ephemeral>` forwarding to `upstream`
     /// (`http://host:port`, no path). Panics if it cannot bind.
     pub fn start(upstream: &str) -> FaultProxy {
+        Self::start_with(upstream, Shared::default())
+    }
+
+    /// Starts a proxy that also holds every SQS call to real SQS's rules where moto is more
+    /// lenient (retention, latest receipt handle, characters and attribute limits on sends, an
+    /// in-flight cap, FIFO deduplication across deletes): see [`strict`]. Faults are injected
+    /// before the rules apply, as with [`FaultProxy::start`].
+    pub fn start_strict(upstream: &str) -> FaultProxy {
+        Self::start_with(
+            upstream,
+            Shared {
+                strict: Some(strict::Strict::default()),
+                ..Shared::default()
+            },
+        )
+    }
+
+    fn start_with(upstream: &str, shared: Shared) -> FaultProxy {
         let upstream = upstream.trim_end_matches('/').to_string();
         let upstream_uri: Uri = upstream
             .parse()
@@ -252,7 +274,7 @@ impl FaultProxy {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind fault proxy");
         listener.set_nonblocking(true).expect("nonblocking listener");
         let addr = listener.local_addr().expect("local addr");
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(shared);
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
 
         let thread_shared = shared.clone();
@@ -357,6 +379,33 @@ impl FaultProxy {
     /// Removes every rule and the random plan.
     pub fn clear_faults(&self) {
         *lock(&self.shared.faults) = Faults::default();
+    }
+
+    /// A strict proxy's in-flight cap for one queue (its default is
+    /// [`strict::DEFAULT_IN_FLIGHT_CAP`], or `SQS_TRIAGE_TEST_IN_FLIGHT_CAP`). No effect on a
+    /// proxy that is not strict.
+    pub fn set_in_flight_cap(&self, queue_url: &str, cap: u64) {
+        if let Some(s) = &self.shared.strict {
+            s.set_cap(queue_url, cap);
+        }
+    }
+
+    /// A strict proxy takes every message of the queue to be `by` older than it is (for
+    /// retention), so a test need not wait a minute for a message to expire.
+    pub fn age_messages(&self, queue_url: &str, by: Duration) {
+        if let Some(s) = &self.shared.strict {
+            s.age(queue_url, by);
+        }
+    }
+
+    /// How often each strict rule acted (`expired`, `stale_delete`, `stale_visibility`,
+    /// `refused_send`, `over_limit`, `dedup_dropped`); empty for a proxy that is not strict.
+    pub fn strict_counts(&self) -> BTreeMap<String, u64> {
+        self.shared
+            .strict
+            .as_ref()
+            .map(|s| s.counts().into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+            .unwrap_or_default()
     }
 }
 
@@ -529,6 +578,11 @@ async fn handle(
     }
     if let Some(resp) = over_batch_cap(&ctx.shared, service, &op, &body, &request_id) {
         return Ok(resp);
+    }
+    if service == Service::Sqs {
+        if let Some(resp) = strict::handle(&ctx, &parts, &op, &body, &request_id).await {
+            return Ok(resp);
+        }
     }
     Ok(forward(&ctx, parts, body).await)
 }
@@ -713,11 +767,17 @@ fn batch_payload_bytes(body: &[u8]) -> Option<usize> {
                 total += a
                     .get("BinaryValue")
                     .and_then(|t| t.as_str())
-                    .map_or(0, |b| b.len() / 4 * 3);
+                    .map_or(0, base64_decoded_len);
             }
         }
     }
     Some(total)
+}
+
+/// The bytes a base64 text decodes to (its padding not counted).
+fn base64_decoded_len(b: &str) -> usize {
+    let pad = b.bytes().rev().take_while(|&c| c == b'=').count();
+    (b.len() / 4 * 3).saturating_sub(pad)
 }
 
 fn over_batch_cap(

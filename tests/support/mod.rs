@@ -3,6 +3,14 @@
 //! The tests talk to the local stack (moto for SQS, DynamoDB Local), started with
 //! `bash infra/local/stack.sh start` and configured by
 //! `eval "$(bash infra/local/stack.sh env)"`.
+//!
+//! Every SQS call of a test goes through one strict proxy per test process
+//! ([`sqs_endpoint`], [`fault_proxy::strict`]): moto is more lenient than SQS (it expires
+//! nothing, honours old receipt handles, checks no characters, has no in-flight cap and forgets
+//! a FIFO deduplication id once its message is deleted), and a test that passes on moto must
+//! pass on SQS. The clients of [`sdk_config`] reach it; a child process reaches it when started
+//! with [`strict_env`]. A [`fault_proxy::FaultProxy`] started on [`sqs_endpoint`] injects its
+//! faults in front of the rules.
 
 #![allow(dead_code)]
 
@@ -27,9 +35,55 @@ fn required_env(name: &str) -> String {
     }
 }
 
-/// moto's SQS endpoint (`AWS_ENDPOINT_URL_SQS`); panics with instructions when unset.
-pub fn sqs_endpoint() -> String {
+/// Set in a child process of a test to its parent's strict proxy, so the child (a test
+/// binary run again) uses that proxy rather than starting one in front of it.
+pub const STRICT_SQS_ENV: &str = "SQS_TRIAGE_TEST_STRICT_SQS";
+
+/// moto's own SQS endpoint (`AWS_ENDPOINT_URL_SQS`), without the strict rules: for the tests
+/// of those rules, which look at what moto holds. Panics with instructions when unset.
+pub fn moto_sqs_endpoint() -> String {
     required_env("AWS_ENDPOINT_URL_SQS")
+}
+
+/// The strict proxy in front of moto, one per test process, started on first use.
+pub fn strict_sqs() -> &'static fault_proxy::FaultProxy {
+    static STRICT: std::sync::OnceLock<fault_proxy::FaultProxy> = std::sync::OnceLock::new();
+    STRICT.get_or_init(|| fault_proxy::FaultProxy::start_strict(&moto_sqs_endpoint()))
+}
+
+/// The SQS endpoint every test uses: the process's strict proxy in front of moto (see the
+/// module's comment), or the parent's in a child started with [`strict_env`]. Panics with
+/// instructions when the stack's variables are unset.
+pub fn sqs_endpoint() -> String {
+    match std::env::var(STRICT_SQS_ENV) {
+        Ok(v) if !v.is_empty() => v,
+        _ => strict_sqs().url(),
+    }
+}
+
+/// Points a child process's SQS calls at the strict proxy ([`sqs_endpoint`]). A later
+/// `.env("AWS_ENDPOINT_URL_SQS", ..)` (a test's fault proxy) still wins.
+pub fn strict_env(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    let url = sqs_endpoint();
+    cmd.env("AWS_ENDPOINT_URL_SQS", &url).env(STRICT_SQS_ENV, url)
+}
+
+/// The endpoint override behind [`sdk_config`]: SQS's endpoint is the strict proxy, every
+/// other service's is read from the environment as the SDK reads it.
+#[derive(Debug)]
+struct StrictServiceConfig {
+    sqs: String,
+}
+
+impl aws_types::service_config::LoadServiceConfig for StrictServiceConfig {
+    fn load_config(&self, key: aws_types::service_config::ServiceConfigKey<'_>) -> Option<String> {
+        let service = key.service_id().to_ascii_uppercase().replace(' ', "_");
+        if key.env() == "AWS_ENDPOINT_URL" && service == "SQS" {
+            return Some(self.sqs.clone());
+        }
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        var(&format!("{}_{service}", key.env())).or_else(|| var(key.env()))
+    }
 }
 
 /// DynamoDB Local's endpoint (`AWS_ENDPOINT_URL_DYNAMODB`); panics with instructions when unset.
@@ -51,9 +105,14 @@ pub fn sts_endpoint() -> String {
 /// fake credentials, per-service endpoints). Panics with instructions when the
 /// stack's variables are missing.
 pub async fn sdk_config() -> SdkConfig {
-    sqs_endpoint();
+    let sqs = sqs_endpoint();
     ddb_endpoint();
-    aws_config::defaults(BehaviorVersion::latest()).load().await
+    aws_config::defaults(BehaviorVersion::latest())
+        .load()
+        .await
+        .into_builder()
+        .service_config(StrictServiceConfig { sqs })
+        .build()
 }
 
 /// A fault proxy in front of DynamoDB Local, and a DynamoDB client (the crate's storage
@@ -239,15 +298,23 @@ pub async fn queue_depth(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> QueueDep
     }
 }
 
+/// SQS's own in-flight cap (about 120,000 messages per queue).
+pub const SQS_IN_FLIGHT_CAP: u64 = 120_000;
+
 /// Every message `queue_url` hands out now, with all system and message attributes, read
 /// with a `visibility` timeout long enough not to be handed out twice and never deleted:
-/// receives until one comes back empty after waiting `wait_s` seconds.
+/// receives until one comes back empty after waiting `wait_s` seconds. The read holds every
+/// message in flight at once, so the strict proxy's cap for the queue becomes SQS's own: a
+/// small cap would end the read early at an empty long poll.
 pub async fn read_all(
     sqs: &aws_sdk_sqs::Client,
     queue_url: &str,
     visibility: i32,
     wait_s: i32,
 ) -> Vec<aws_sdk_sqs::types::Message> {
+    if std::env::var_os(STRICT_SQS_ENV).is_none() {
+        strict_sqs().set_in_flight_cap(queue_url, SQS_IN_FLIGHT_CAP);
+    }
     let mut out = Vec::new();
     loop {
         let got = sqs
