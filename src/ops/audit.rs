@@ -87,6 +87,27 @@ impl AuditEntry {
         self.detail = Some(detail);
         self
     }
+
+    /// With `outcome` (`unclear`: the call got no clear answer and may have taken effect;
+    /// `not_sent`…) and the error, in the details.
+    pub fn outcome(mut self, outcome: &str, error: &str) -> Self {
+        let mut d = match self.detail.take() {
+            Some(Value::Object(m)) => m,
+            Some(other) => Map::from_iter([("detail".to_owned(), other)]),
+            None => Map::new(),
+        };
+        d.insert("outcome".into(), json!(outcome));
+        d.insert("error".into(), json!(error));
+        self.detail = Some(Value::Object(d));
+        self
+    }
+}
+
+/// Audits an action that failed after it may have changed state, and returns its error naming
+/// the item (or saying it was not written).
+pub async fn failed_action(ctx: &Ctx, entry: AuditEntry, err: OpsError) -> OpsError {
+    let status = record_action(ctx, entry).await;
+    error_with_status(err, status.as_ref())
 }
 
 /// The caller's identity, as STS answered (asked once per [`Ctx`]).
