@@ -221,7 +221,8 @@ test("with a token, the cookie never reaches another server on this host", async
     await p.waitForFunction((t) => document.querySelector("#refreshed").textContent !== t, at, { timeout: 30000 });
     assert.equal(await p.getAttribute("body", "data-stale"), null, "the refresh failed");
     await p.click("nav a[href$='/dlq']");
-    assert.match(await p.textContent("h1"), /DLQ/);
+    assert.match(await p.textContent("h1"), /Dead-letter queue/);
+    assert.match(new URL(p.url()).pathname, /^\/s\/[0-9a-f]{32}\/dlq$/);
     for (const path of ["/", "/dlq", "/index.html", "/s/"]) await p.goto(otherBase + path);
     assert.equal(seen.length, 4);
     for (const c of seen) assert.ok(!c.includes(token), `another server got the token: ${c}`);

@@ -792,3 +792,43 @@ async fn actions_that_may_have_changed_state_are_audited_when_they_fail() {
     assert_eq!(s(&item, "action"), "dlq.edit");
     assert_eq!(parsed(&item, "detail")["outcome"], "unclear");
 }
+
+/// Whoever answers at `AWS_ENDPOINT_URL_STS` names the actor. An answer naming another account
+/// than the resources' (here the DLQ URL's) is recorded as not verified, with why, and the
+/// command warns; the item keeps what STS said.
+#[tokio::test]
+async fn an_actor_of_another_account_than_the_resources_is_recorded_unverified() {
+    let stack = fresh("audit-foreign").await;
+    let sts = FaultProxy::start(&support::sts_endpoint());
+    sts.add_rule(FaultRule {
+        ops: None,
+        body_contains: Some("GetCallerIdentity".into()),
+        fault: Fault::Body {
+            status: 200,
+            body: "<GetCallerIdentityResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\">\
+<GetCallerIdentityResult><Arn>arn:aws:iam::999999999999:user/mallory</Arn>\
+<UserId>AIDAEXAMPLE</UserId><Account>999999999999</Account></GetCallerIdentityResult>\
+<ResponseMetadata><RequestId>r-1</RequestId></ResponseMetadata></GetCallerIdentityResponse>"
+                .into(),
+        },
+        times: None,
+    });
+    let o = run(&stack, &sts.url(), &["dlq", "purge", "--yes", "--json"]);
+    let report = ok_json(&o);
+    assert_eq!(report["audit"]["actor"], "arn:aws:iam::999999999999:user/mallory", "{report}");
+    let why = report["audit"]["actor_unverified"].as_str().unwrap_or_default().to_owned();
+    assert!(why.contains("999999999999") && why.contains("123456789012"), "{report}");
+    assert!(stderr(&o).contains("not verified"), "{}", stderr(&o));
+    let item = one_new_item(&stack.table, 0).await;
+    assert_eq!(s(&item, "actor"), "arn:aws:iam::999999999999:user/mallory");
+    assert_eq!(s(&item, "actor_unverified"), why);
+    let listed = ok_json(&run(&stack, &support::sts_endpoint(), &["audit", "--json"]));
+    assert_eq!(listed["entries"][0]["actor_unverified"], why.as_str(), "{listed}");
+
+    // moto's own STS names the queues' account: verified, nothing added.
+    let o = run(&stack, &support::sts_endpoint(), &["dlq", "purge", "--yes", "--json"]);
+    let report = ok_json(&o);
+    assert!(report["audit"].get("actor_unverified").is_none(), "{report}");
+    assert!(!stderr(&o).contains("not verified"), "{}", stderr(&o));
+    assert!(!one_new_item(&stack.table, 1).await.contains_key("actor_unverified"));
+}
