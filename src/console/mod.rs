@@ -263,10 +263,10 @@ fn prefix_of<'a>(app: &'a App, req: &Request) -> Result<Option<&'a str>, Respons
                 Some(q) => format!("{prefix}?{q}"),
                 None => prefix.to_owned(),
             };
-            return Err(match HeaderValue::from_str(&to) {
+            Err(match HeaderValue::from_str(&to) {
                 Ok(loc) => (StatusCode::SEE_OTHER, [(header::LOCATION, loc)]).into_response(),
                 Err(_) => refuse(StatusCode::BAD_REQUEST, "the address cannot be kept"),
-            });
+            })
         }
         Some(rest) if rest.is_empty() || rest.starts_with('/') => Ok(Some(prefix)),
         _ => Ok(None),

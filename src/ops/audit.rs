@@ -169,7 +169,10 @@ impl AuditStatus {
             return Some(format!("audited with actor `{UNKNOWN_ACTOR}`: {e}"));
         }
         let why = self.actor_unverified.as_ref()?;
-        Some(format!("audited with actor `{}`, not verified: {why}", self.actor))
+        Some(format!(
+            "audited with actor `{}`, not verified: {why}",
+            self.actor
+        ))
     }
 }
 
@@ -307,9 +310,7 @@ fn foreign_queue(account: Option<&str>, target: &str) -> Option<String> {
     let account = account?;
     let theirs = queue_account(target)?;
     (theirs != account).then(|| {
-        format!(
-            "STS named a caller of account {account}, but the queue {target} is in account {theirs}"
-        )
+        format!("STS named a caller of account {account}, but the queue {target} is in account {theirs}")
     })
 }
 
@@ -437,7 +438,9 @@ pub(crate) async fn caller_identity(ctx: &Ctx) -> Actor {
             Some(theirs) => Some(format!(
                 "STS named a caller of account {caller}, but the table {table} is in account {theirs}"
             )),
-            None => Some(format!("the table {table} has no ARN to check the caller's account against")),
+            None => Some(format!(
+                "the table {table} has no ARN to check the caller's account against"
+            )),
         },
         (Ok(_), None) => Some("STS named no account".into()),
         (Err(e), _) => Some(format!("the table's account could not be read: {e}")),
@@ -792,21 +795,37 @@ mod tests {
         let arn = "arn:aws:iam::111111111111:user/op";
         let aws = "https://sts.us-east-1.amazonaws.com";
         assert_eq!(untrusted_answer(aws, true, arn, Some("111111111111")), None);
-        assert_eq!(untrusted_answer("sts.amazonaws.com", true, arn, Some("111111111111")), None);
+        assert_eq!(
+            untrusted_answer("sts.amazonaws.com", true, arn, Some("111111111111")),
+            None
+        );
         // Anyone can answer at another endpoint while the resources are AWS's.
         let why = untrusted_answer("http://10.0.0.9:8080", true, arn, Some("111111111111")).unwrap();
         assert!(why.contains("not AWS"), "{why}");
         // A local stack: its own STS is as good as its queues.
-        assert_eq!(untrusted_answer("http://127.0.0.1:45660", false, arn, Some("111111111111")), None);
+        assert_eq!(
+            untrusted_answer("http://127.0.0.1:45660", false, arn, Some("111111111111")),
+            None
+        );
         assert!(untrusted_answer(aws, true, arn, Some("222222222222")).is_some());
         assert!(untrusted_answer(aws, true, arn, None).is_some());
         // A queue of another account than the caller's.
         let q = "https://sqs.us-east-1.amazonaws.com/222222222222/jobs-dlq";
         assert_eq!(queue_account(q), Some("222222222222"));
-        assert_eq!(queue_account("arn:aws:sqs:us-east-1:333333333333:jobs"), Some("333333333333"));
+        assert_eq!(
+            queue_account("arn:aws:sqs:us-east-1:333333333333:jobs"),
+            Some("333333333333")
+        );
         assert_eq!(queue_account("billing.charge"), None);
-        assert_eq!(queue_account("http://127.0.0.1:45660/123456789012/q"), Some("123456789012"));
-        assert!(foreign_queue(Some("111111111111"), q).unwrap().contains("222222222222"));
+        assert_eq!(
+            queue_account("http://127.0.0.1:45660/123456789012/q"),
+            Some("123456789012")
+        );
+        assert!(
+            foreign_queue(Some("111111111111"), q)
+                .unwrap()
+                .contains("222222222222")
+        );
         assert_eq!(foreign_queue(Some("222222222222"), q), None);
         assert_eq!(foreign_queue(Some("111111111111"), "billing.charge"), None);
     }

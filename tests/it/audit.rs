@@ -734,7 +734,10 @@ async fn actions_that_may_have_changed_state_are_audited_when_they_fail() {
         assert_eq!(s(item, "actor"), arn);
         let detail = parsed(item, "detail");
         assert_eq!(detail["outcome"], "unclear", "{detail}");
-        assert!(detail["error"].as_str().is_some_and(|e| !e.is_empty()), "{detail}");
+        assert!(
+            detail["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{detail}"
+        );
     };
 
     let o = via_sqs(&["dlq", "redrive", "--yes", "--json"]);
@@ -751,10 +754,14 @@ async fn actions_that_may_have_changed_state_are_audited_when_they_fail() {
     // The breaker's write lands but its answer is lost, on every try.
     let ddb = FaultProxy::start(&support::ddb_endpoint());
     ddb.add_rule(lost("PutItem", Some("breaker#bk.unclear")));
-    let o = triage(&stack, &support::sts_endpoint(), &["breaker", "open", "bk.unclear", "--yes", "--json"])
-        .env("AWS_ENDPOINT_URL_DYNAMODB", ddb.url())
-        .output()
-        .unwrap();
+    let o = triage(
+        &stack,
+        &support::sts_endpoint(),
+        &["breaker", "open", "bk.unclear", "--yes", "--json"],
+    )
+    .env("AWS_ENDPOINT_URL_DYNAMODB", ddb.url())
+    .output()
+    .unwrap();
     assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("audited as"), "{}", stderr(&o));
     let item = one_new_item(&stack.table, 2).await;
@@ -772,7 +779,13 @@ async fn actions_that_may_have_changed_state_are_audited_when_they_fail() {
         },
         times: None,
     });
-    let o = via_sqs(&["dlq", "edit", "e-1", "--patch", r#"[{"op": "add", "path": "/payload/n", "value": 2}]"#]);
+    let o = via_sqs(&[
+        "dlq",
+        "edit",
+        "e-1",
+        "--patch",
+        r#"[{"op": "add", "path": "/payload/n", "value": 2}]"#,
+    ]);
     assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
     assert!(stderr(&o).contains("audited as"), "{}", stderr(&o));
     let item = one_new_item(&stack.table, 3).await;
@@ -785,7 +798,13 @@ async fn actions_that_may_have_changed_state_are_audited_when_they_fail() {
     // No clear answer from the send: the copy may have landed.
     sqs.clear_faults();
     sqs.add_rule(lost("SendMessageBatch", None));
-    let o = via_sqs(&["dlq", "edit", "e-1", "--patch", r#"[{"op": "add", "path": "/payload/n", "value": 3}]"#]);
+    let o = via_sqs(&[
+        "dlq",
+        "edit",
+        "e-1",
+        "--patch",
+        r#"[{"op": "add", "path": "/payload/n", "value": 3}]"#,
+    ]);
     assert_eq!(o.status.code(), Some(4), "SQS unreachable: {}", stderr(&o));
     assert!(stderr(&o).contains("audited as"), "{}", stderr(&o));
     let item = one_new_item(&stack.table, 4).await;
@@ -815,9 +834,18 @@ async fn an_actor_of_another_account_than_the_resources_is_recorded_unverified()
     });
     let o = run(&stack, &sts.url(), &["dlq", "purge", "--yes", "--json"]);
     let report = ok_json(&o);
-    assert_eq!(report["audit"]["actor"], "arn:aws:iam::999999999999:user/mallory", "{report}");
-    let why = report["audit"]["actor_unverified"].as_str().unwrap_or_default().to_owned();
-    assert!(why.contains("999999999999") && why.contains("123456789012"), "{report}");
+    assert_eq!(
+        report["audit"]["actor"], "arn:aws:iam::999999999999:user/mallory",
+        "{report}"
+    );
+    let why = report["audit"]["actor_unverified"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        why.contains("999999999999") && why.contains("123456789012"),
+        "{report}"
+    );
     assert!(stderr(&o).contains("not verified"), "{}", stderr(&o));
     let item = one_new_item(&stack.table, 0).await;
     assert_eq!(s(&item, "actor"), "arn:aws:iam::999999999999:user/mallory");
@@ -826,9 +854,17 @@ async fn an_actor_of_another_account_than_the_resources_is_recorded_unverified()
     assert_eq!(listed["entries"][0]["actor_unverified"], why.as_str(), "{listed}");
 
     // moto's own STS names the queues' account: verified, nothing added.
-    let o = run(&stack, &support::sts_endpoint(), &["dlq", "purge", "--yes", "--json"]);
+    let o = run(
+        &stack,
+        &support::sts_endpoint(),
+        &["dlq", "purge", "--yes", "--json"],
+    );
     let report = ok_json(&o);
     assert!(report["audit"].get("actor_unverified").is_none(), "{report}");
     assert!(!stderr(&o).contains("not verified"), "{}", stderr(&o));
-    assert!(!one_new_item(&stack.table, 1).await.contains_key("actor_unverified"));
+    assert!(
+        !one_new_item(&stack.table, 1)
+            .await
+            .contains_key("actor_unverified")
+    );
 }

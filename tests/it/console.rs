@@ -520,7 +520,13 @@ async fn with_bind_every_request_needs_the_token() {
         cookie.starts_with(&format!("triage_console_token_{port}=")),
         "{cookie}"
     );
-    let ok = http("GET", &format!("{}{location}/dlq", c.base), &[("cookie", &cookie)], None).await;
+    let ok = http(
+        "GET",
+        &format!("{}{location}/dlq", c.base),
+        &[("cookie", &cookie)],
+        None,
+    )
+    .await;
     assert_eq!(ok.status, 200, "{}", ok.body);
 
     // A token given by the operator must be long enough.
@@ -1002,7 +1008,11 @@ async fn log_in(c: &Console, token: &str) -> (String, String, String) {
         .get_all("set-cookie")
         .iter()
         .map(|v| v.to_str().unwrap().to_owned())
-        .find(|v| v.split(';').next().is_some_and(|kv| kv.ends_with(&format!("={token}"))))
+        .find(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|kv| kv.ends_with(&format!("={token}")))
+        })
         .expect("a cookie with the token");
     let attrs: Vec<String> = set.split(';').map(|a| a.trim().to_ascii_lowercase()).collect();
     assert!(attrs.contains(&"httponly".to_owned()), "{set}");
@@ -1037,7 +1047,15 @@ async fn the_token_cookie_never_reaches_another_server_on_this_host() {
     let token = c.printed.split_once("?token=").unwrap().1.to_owned();
     let (location, cookie, cookie_path) = log_in(&c, &token).await;
     // Where the operator may open another local server's pages: the cookie is not sent there.
-    for elsewhere in ["/", "/index.html", "/login", "/dlq", "/api/overview", "/assets/console.js", "/s/"] {
+    for elsewhere in [
+        "/",
+        "/index.html",
+        "/login",
+        "/dlq",
+        "/api/overview",
+        "/assets/console.js",
+        "/s/",
+    ] {
         assert!(
             !path_match(elsewhere, &cookie_path),
             "the browser sends the token to any server on this host at {elsewhere} (cookie Path={cookie_path})"
@@ -1045,7 +1063,13 @@ async fn the_token_cookie_never_reaches_another_server_on_this_host() {
     }
     assert!(cookie_path.len() >= 20, "a path no one guesses: {cookie_path}");
     assert!(path_match(&location, &cookie_path), "{location} {cookie_path}");
-    let home = http("GET", &format!("{}{location}", c.base), &[("cookie", &cookie)], None).await;
+    let home = http(
+        "GET",
+        &format!("{}{location}", c.base),
+        &[("cookie", &cookie)],
+        None,
+    )
+    .await;
     assert_eq!(home.status, 200, "{}", home.body);
     let policy = home.headers["referrer-policy"].to_str().unwrap();
     assert!(policy == "same-origin" || policy == "no-referrer", "{policy}");
@@ -1063,16 +1087,37 @@ async fn the_token_cookie_never_reaches_another_server_on_this_host() {
         assert!(path_match(path, &cookie_path), "{l} is outside {cookie_path}");
     }
     for l in links.iter().filter(|l| !l.contains("breaker")) {
-        let got = http("GET", &format!("{}{}", c.base, l.replace("&amp;", "&")), &[("cookie", &cookie)], None).await;
+        let got = http(
+            "GET",
+            &format!("{}{}", c.base, l.replace("&amp;", "&")),
+            &[("cookie", &cookie)],
+            None,
+        )
+        .await;
         assert_eq!(got.status, 200, "{l}: {}", got.body);
     }
     // The live refresh asks for `api/overview` under the overview's path.
-    let api = http("GET", &format!("{}{location}/api/overview", c.base), &[("cookie", &cookie)], None).await;
+    let api = http(
+        "GET",
+        &format!("{}{location}/api/overview", c.base),
+        &[("cookie", &cookie)],
+        None,
+    )
+    .await;
     assert_eq!(api.status, 200, "{}", api.body);
     assert!(include_str!("../../src/console/assets/console.js").contains("location.pathname"));
     // The prefix with a slash leads to the overview.
-    let slash = http("GET", &format!("{}{location}/", c.base), &[("cookie", &cookie)], None).await;
-    assert_eq!((slash.status, slash.headers["location"].to_str().unwrap()), (303, location.as_str()));
+    let slash = http(
+        "GET",
+        &format!("{}{location}/", c.base),
+        &[("cookie", &cookie)],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (slash.status, slash.headers["location"].to_str().unwrap()),
+        (303, location.as_str())
+    );
     // A token cookie sent anywhere else (a cookie a former console set at `/`) is refused.
     let outside = http("GET", &format!("{}/dlq", c.base), &[("cookie", &cookie)], None).await;
     assert_eq!(outside.status, 401, "{}", outside.body);

@@ -1261,7 +1261,11 @@ async fn an_edit_over_the_target_queues_size_limit_is_refused() {
 // ---------------------------------------------------------------- dlq replay: the hold
 
 /// A replay of `stack`'s DLQ through `proxy`, holding each message read for `hold`.
-async fn replay_via(proxy: &FaultProxy, stack: &SetupReport, hold: Duration) -> tokio::task::JoinHandle<dlq::ReplayReport> {
+async fn replay_via(
+    proxy: &FaultProxy,
+    stack: &SetupReport,
+    hold: Duration,
+) -> tokio::task::JoinHandle<dlq::ReplayReport> {
     let ctx = ctx_via(proxy).await;
     let opts = dlq::ReplayOptions {
         table: Some(stack.table.clone()),
@@ -1324,7 +1328,10 @@ async fn a_replay_whose_hold_was_lost_during_the_send_deletes_nothing() {
     until_seen(&proxy, "SendMessageBatch").await;
     // SQS refuses a receipt handle whose message is no longer in flight for it.
     proxy.add_rule(FaultRule {
-        ops: Some(vec!["ChangeMessageVisibilityBatch".into(), "ChangeMessageVisibility".into()]),
+        ops: Some(vec![
+            "ChangeMessageVisibilityBatch".into(),
+            "ChangeMessageVisibility".into(),
+        ]),
         body_contains: None,
         fault: Fault::Error {
             status: 400,

@@ -956,8 +956,7 @@ impl ReplayState {
             .cloned()
             .collect();
         renew(ctx, dlq_url, &stale, self.hold, &mut self.held_until).await;
-        let (ours, lost): (Vec<(String, String)>, Vec<(String, String)>) =
-            accepted.into_iter().partition(|(id, _)| self.holds(id));
+        let (ours, lost): (Vec<_>, Vec<_>) = accepted.into_iter().partition(|(id, _)| self.holds(id));
         let failed = delete(ctx, dlq_url, &ours).await;
         self.delete_failed += failed.len() + lost.len();
         for id in failed.into_iter().chain(lost.into_iter().map(|(id, _)| id)) {
