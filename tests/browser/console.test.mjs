@@ -198,7 +198,7 @@ test("with a token, the cookie never reaches another server on this host", async
   // Another web server on this host, as an operator may run one: it records every Cookie header.
   const seen = [];
   const other = createServer((req, res) => {
-    seen.push(req.headers.cookie || "");
+    if (req.url !== "/favicon.ico") seen.push(req.headers.cookie || "");
     res.end("<!doctype html><p>another server</p>");
   });
   await new Promise((r) => other.listen(0, "127.0.0.1", r));
@@ -223,9 +223,13 @@ test("with a token, the cookie never reaches another server on this host", async
     await p.click("nav a[href$='/dlq']");
     assert.match(await p.textContent("h1"), /Dead-letter queue/);
     assert.match(new URL(p.url()).pathname, /^\/s\/[0-9a-f]{32}\/dlq$/);
+    const secret = new URL(p.url()).pathname.replace(/\/dlq$/, "");
     for (const path of ["/", "/dlq", "/index.html", "/s/"]) await p.goto(otherBase + path);
     assert.equal(seen.length, 4);
     for (const c of seen) assert.ok(!c.includes(token), `another server got the token: ${c}`);
+    // Cookies do cross ports: at the console's secret path another server would get it.
+    await p.goto(otherBase + secret + "/dlq");
+    assert.ok(seen[4].includes(token), `the browser did not send the cookie across ports: ${seen[4]}`);
   } finally {
     await p.close();
     other.close();
