@@ -227,14 +227,11 @@ fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'
 
 /// Host, token and cross-site checks before any handler; security headers on every answer.
 async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let prefix = match prefix_of(&app, &req) {
-        Ok(r) => r,
-        Err(redirect) => return redirect,
+    let mut resp = match prefix_of(&app, &req) {
+        Ok(Some(p)) => under_prefix(check(&app, req, next, true).await, p).await,
+        Ok(None) => check(&app, req, next, false).await,
+        Err(redirect) => redirect,
     };
-    let mut resp = check(&app, req, next, prefix.is_some()).await;
-    if let Some(p) = prefix {
-        resp = under_prefix(resp, p).await;
-    }
     let h = resp.headers_mut();
     h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
     h.insert(
