@@ -9,7 +9,10 @@
 //!
 //! Safe by default:
 //! - it listens on 127.0.0.1 unless a bind address is given, and then a token is required
-//!   (a cookie set by the printed URL, or `Authorization: Bearer`);
+//!   (a cookie set by the printed URL, or `Authorization: Bearer`). Cookies are not isolated
+//!   by port, so a browser would send a host-wide cookie to every other server on the host:
+//!   with a token the pages live under a random path (`/s/<32 hex>`), the cookie is scoped
+//!   to it, and `Referrer-Policy: same-origin` keeps it out of other origins' `Referer`;
 //! - requests whose `Host` is not the address it listens on are refused (DNS rebinding); a
 //!   loopback console answers to the loopback names on any port (an SSH tunnel);
 //! - every request whose `Sec-Fetch-Site` says another site's page made it is refused, GET
@@ -35,8 +38,9 @@ use rand::Rng;
 
 use crate::ops::{Ctx, ErrorKind, OpsError, OpsResult};
 
-/// The token's cookie, before the port: cookies are shared by every port of a host, so each
-/// console keeps its own (`triage_console_token_8080`).
+/// The token's cookie, before the port: two consoles on one host keep one each
+/// (`triage_console_token_8080`). Its `Path` is the console's secret prefix: a cookie is sent
+/// to every port of its host, so one at `/` would reach any other server there.
 const TOKEN_COOKIE: &str = "triage_console_token";
 
 /// The shortest token accepted from `--token` or the environment.
@@ -142,18 +146,30 @@ pub(crate) struct App {
     pub(crate) ctx: Ctx,
     pub(crate) opts: ConsoleOptions,
     pub(crate) csrf: String,
+    /// With a token, the path the pages are served under (`/s/<32 hex>`, random per process)
+    /// and the token cookie's `Path`.
+    prefix: Option<String>,
 }
 
 /// The console's routes over `ctx` (which should audit to `opts.table`).
 pub fn router(ctx: Ctx, opts: ConsoleOptions) -> Router {
+    let prefix = opts.token.as_ref().map(|_| format!("/s/{}", random_token()));
     let app = Arc::new(App {
         ctx,
         opts,
         csrf: random_token(),
+        prefix,
     });
-    pages::routes()
+    let pages = pages::routes()
         .route("/assets/console.css", get(css))
-        .route("/assets/console.js", get(js))
+        .route("/assets/console.js", get(js));
+    // Under the prefix for a browser (its cookie goes nowhere else), at the root for scripts
+    // with `Authorization: Bearer`.
+    let routes = match &app.prefix {
+        Some(p) => Router::new().nest(p, pages.clone()).merge(pages),
+        None => pages,
+    };
+    routes
         .layer(axum::extract::DefaultBodyLimit::max(pages::MAX_BODY))
         .layer(from_fn_with_state(app.clone(), guard))
         .with_state(app)
@@ -196,20 +212,26 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &header::HeaderName) -> Option<&
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+/// Every value of the cookies named `name`: another server of the host may set one of the
+/// same name (cookies are not isolated by port), so none is taken for the only one.
+fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == name)
+        .filter(move |(k, _)| *k == name)
         .map(|(_, v)| v)
 }
 
 /// Host, token and cross-site checks before any handler; security headers on every answer.
 async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let mut resp = check(&app, req, next).await;
+    let mut resp = match prefix_of(&app, &req) {
+        Ok(Some(p)) => under_prefix(check(&app, req, next, true).await, p).await,
+        Ok(None) => check(&app, req, next, false).await,
+        Err(redirect) => redirect,
+    };
     let h = resp.headers_mut();
     h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
     h.insert(
@@ -218,13 +240,79 @@ async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     // Not `no-referrer`: with it a browser sends `Origin: null` on a form's POST, and the
-    // origin check above needs the real one.
+    // origin check above needs the real one. `same-origin` sends no `Referer` to another
+    // origin (another port is one), so the secret prefix stays here.
     h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }
 
-async fn check(app: &App, req: Request, next: Next) -> Response {
+/// The secret prefix when the request is under it. The overview is the prefix itself: the
+/// prefix with a slash is redirected there.
+#[allow(clippy::result_large_err)]
+fn prefix_of<'a>(app: &'a App, req: &Request) -> Result<Option<&'a str>, Response> {
+    let Some(prefix) = app.prefix.as_deref() else {
+        return Ok(None);
+    };
+    match req.uri().path().strip_prefix(prefix) {
+        Some("/") => {
+            let to = match req.uri().query() {
+                Some(q) => format!("{prefix}?{q}"),
+                None => prefix.to_owned(),
+            };
+            Err(match HeaderValue::from_str(&to) {
+                Ok(loc) => (StatusCode::SEE_OTHER, [(header::LOCATION, loc)]).into_response(),
+                Err(_) => refuse(StatusCode::BAD_REQUEST, "the address cannot be kept"),
+            })
+        }
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => Ok(Some(prefix)),
+        _ => Ok(None),
+    }
+}
+
+/// A page served under `prefix`, its links, forms and assets moved under it too. Only the
+/// markup the console writes has `href="/` and the like: every text from a queue or a
+/// request is escaped, its `"` included.
+async fn under_prefix(resp: Response, prefix: &str) -> Response {
+    let html = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/html"));
+    if !html {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return refuse(StatusCode::INTERNAL_SERVER_ERROR, "the page could not be read");
+    };
+    let text = prefixed(&String::from_utf8_lossy(&bytes), prefix);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(text))
+}
+
+/// `html` with every `href`, `action`, `formaction` and `src` that names a path of the
+/// console moved under `prefix`; the overview (`/`) is the prefix itself.
+fn prefixed(html: &str, prefix: &str) -> String {
+    const ATTRS: [&str; 4] = ["href", "action", "formaction", "src"];
+    let mut out = String::with_capacity(html.len() + 64 * prefix.len());
+    let mut rest = html;
+    while let Some(i) = rest.find("=\"/") {
+        let (head, tail) = rest.split_at(i + 2);
+        out.push_str(head);
+        rest = tail;
+        if ATTRS.iter().any(|a| head[..i].ends_with(a)) {
+            out.push_str(prefix);
+            if tail.starts_with("/\"") || tail.starts_with("/?") {
+                rest = &tail[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+async fn check(app: &App, req: Request, next: Next, in_prefix: bool) -> Response {
     let headers = req.headers();
     let host = header_str(headers, &header::HOST).unwrap_or_default().to_owned();
     if let Some(allowed) = &app.opts.allowed_hosts {
@@ -241,7 +329,9 @@ async fn check(app: &App, req: Request, next: Next) -> Response {
     if let Some(token) = &app.opts.token {
         let bearer = header_str(headers, &header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
         let cookie_name = format!("{TOKEN_COOKIE}_{}", app.opts.port);
-        let ok = cookie(headers, &cookie_name).is_some_and(|c| same_secret(c, token))
+        // The cookie counts only where a browser sends it (a cookie set at `/` by an older
+        // console is refused, not honoured).
+        let ok = (in_prefix && cookies(headers, &cookie_name).any(|c| same_secret(c, token)))
             || bearer.is_some_and(|b| same_secret(b.trim(), token));
         if !ok {
             let given = req.uri().query().and_then(|q| {
@@ -260,18 +350,34 @@ async fn check(app: &App, req: Request, next: Next) -> Response {
                             .finish()
                     })
                     .unwrap_or_default();
-                let to = if rest.is_empty() {
-                    req.uri().path().to_owned()
-                } else {
-                    format!("{}?{rest}", req.uri().path())
+                let prefix = app.prefix.as_deref().unwrap_or_default();
+                let path = req.uri().path();
+                let path = match path.strip_prefix(prefix) {
+                    Some(p) if in_prefix => p,
+                    _ => path,
                 };
-                let set = format!("{cookie_name}={token}; Path=/; HttpOnly; SameSite=Strict");
-                return match (HeaderValue::from_str(&to), HeaderValue::from_str(&set)) {
-                    (Ok(loc), Ok(set)) => (
-                        StatusCode::SEE_OTHER,
-                        [(header::LOCATION, loc), (header::SET_COOKIE, set)],
-                    )
-                        .into_response(),
+                let path = if path == "/" { "" } else { path };
+                let to = if rest.is_empty() {
+                    format!("{prefix}{path}")
+                } else {
+                    format!("{prefix}{path}?{rest}")
+                };
+                let set = format!("{cookie_name}={token}; Path={prefix}; HttpOnly; SameSite=Strict");
+                // Drops the host-wide cookie an older console may have set.
+                let old = format!("{cookie_name}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict");
+                return match (
+                    HeaderValue::from_str(&to),
+                    HeaderValue::from_str(&set),
+                    HeaderValue::from_str(&old),
+                ) {
+                    (Ok(loc), Ok(set), Ok(old)) => {
+                        let mut resp = StatusCode::SEE_OTHER.into_response();
+                        let h = resp.headers_mut();
+                        h.insert(header::LOCATION, loc);
+                        h.append(header::SET_COOKIE, set);
+                        h.append(header::SET_COOKIE, old);
+                        resp
+                    }
                     _ => refuse(StatusCode::BAD_REQUEST, "the address cannot be kept"),
                 };
             }
@@ -362,6 +468,19 @@ mod tests {
         ] {
             assert!(!host_allowed(&hosts, no), "{no}");
         }
+    }
+
+    #[test]
+    fn pages_under_a_prefix_link_under_it() {
+        let page = "<a href=\"/\">o</a><a href=\"/dlq?x=1\">d</a><form action=\"/park\">\
+<button formaction=\"/purge\"></button><script src=\"/assets/console.js\"></script>\
+<a href=\"/?since=1\">a</a><p title=\"/\">data=\"/x\" href=&quot;/evil&quot;</p>";
+        assert_eq!(
+            prefixed(page, "/s/p"),
+            "<a href=\"/s/p\">o</a><a href=\"/s/p/dlq?x=1\">d</a><form action=\"/s/p/park\">\
+<button formaction=\"/s/p/purge\"></button><script src=\"/s/p/assets/console.js\"></script>\
+<a href=\"/s/p?since=1\">a</a><p title=\"/\">data=\"/x\" href=&quot;/evil&quot;</p>"
+        );
     }
 
     #[test]

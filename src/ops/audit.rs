@@ -87,15 +87,42 @@ impl AuditEntry {
         self.detail = Some(detail);
         self
     }
+
+    /// With `outcome` (`unclear`: the call got no clear answer and may have taken effect;
+    /// `not_sent`…) and the error, in the details.
+    pub fn outcome(mut self, outcome: &str, error: &str) -> Self {
+        let mut d = match self.detail.take() {
+            Some(Value::Object(m)) => m,
+            Some(other) => Map::from_iter([("detail".to_owned(), other)]),
+            None => Map::new(),
+        };
+        d.insert("outcome".into(), json!(outcome));
+        d.insert("error".into(), json!(error));
+        self.detail = Some(Value::Object(d));
+        self
+    }
+}
+
+/// Audits an action that failed after it may have changed state, and returns its error naming
+/// the item (or saying it was not written).
+pub async fn failed_action(ctx: &Ctx, entry: AuditEntry, err: OpsError) -> OpsError {
+    let status = record_action(ctx, entry).await;
+    error_with_status(err, status.as_ref())
 }
 
 /// The caller's identity, as STS answered (asked once per [`Ctx`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Actor {
     /// The caller's ARN, or [`UNKNOWN_ACTOR`].
     pub arn: String,
     /// Why the ARN is unknown.
     pub error: Option<String>,
+    /// The caller's account, as STS answered.
+    pub account: Option<String>,
+    /// Why the ARN STS gave cannot be trusted: an STS endpoint that is not AWS's while the
+    /// resources are AWS's, an answer that contradicts itself, or an account that is not the
+    /// audit table's.
+    pub unverified: Option<String>,
 }
 
 /// Whether an action was audited: carried by the action's report (`audit` in its JSON).
@@ -115,6 +142,9 @@ pub struct AuditStatus {
     /// Why the actor is unknown.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub actor_error: Option<String>,
+    /// Why the actor STS named is not verified (see [`Actor::unverified`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor_unverified: Option<String>,
     /// Why the item was not written.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -130,10 +160,19 @@ impl AuditStatus {
         ))
     }
 
-    /// One line when the item was written without a known actor.
+    /// One line when the item was written without a known or a verified actor.
     pub fn warning(&self) -> Option<String> {
-        let e = self.actor_error.as_ref().filter(|_| self.written)?;
-        Some(format!("audited with actor `{UNKNOWN_ACTOR}`: {e}"))
+        if !self.written {
+            return None;
+        }
+        if let Some(e) = &self.actor_error {
+            return Some(format!("audited with actor `{UNKNOWN_ACTOR}`: {e}"));
+        }
+        let why = self.actor_unverified.as_ref()?;
+        Some(format!(
+            "audited with actor `{}`, not verified: {why}",
+            self.actor
+        ))
     }
 }
 
@@ -206,6 +245,10 @@ pub async fn record_action(ctx: &Ctx, entry: AuditEntry) -> Option<AuditStatus> 
 /// [`record`] with the time of the action given (epoch ms): imports, and tests of `--since`.
 pub async fn record_at(ctx: &Ctx, table: &str, entry: AuditEntry, at_ms: u64) -> AuditStatus {
     let actor = ctx.actor().await;
+    let unverified = actor
+        .unverified
+        .clone()
+        .or_else(|| foreign_queue(actor.account.as_deref(), &entry.target));
     let day = utc_day(at_ms);
     let sk = format!("{at_ms:013}#{:016x}", rand::random::<u64>());
     let expires_at = (at_ms / 1000).saturating_add(ctx.audit_retention().as_secs());
@@ -232,6 +275,9 @@ pub async fn record_at(ctx: &Ctx, table: &str, entry: AuditEntry, at_ms: u64) ->
     if let Some(e) = &actor.error {
         item.insert("actor_error".into(), s(e));
     }
+    if let Some(u) = &unverified {
+        item.insert("actor_unverified".into(), s(u));
+    }
     if let Some(u) = local_user() {
         item.insert("local_user".into(), s(&u));
     }
@@ -253,7 +299,61 @@ pub async fn record_at(ctx: &Ctx, table: &str, entry: AuditEntry, at_ms: u64) ->
         at_ms,
         actor: actor.arn,
         actor_error: actor.error,
+        actor_unverified: unverified,
         error: put.err().map(|e| e.message),
+    }
+}
+
+/// Why the caller (of `account`) is not verified for the queue `target` names (its URL's or
+/// ARN's account is another), if it is a queue.
+fn foreign_queue(account: Option<&str>, target: &str) -> Option<String> {
+    let account = account?;
+    let theirs = queue_account(target)?;
+    (theirs != account).then(|| {
+        format!("STS named a caller of account {account}, but the queue {target} is in account {theirs}")
+    })
+}
+
+/// The account a queue URL (`…/<account>/<name>`) or queue ARN names.
+fn queue_account(target: &str) -> Option<&str> {
+    let account = if let Some(arn) = target.strip_prefix("arn:") {
+        arn.split(':').nth(3)?
+    } else {
+        let rest = target.split_once("://")?.1;
+        let mut parts = rest.split('/');
+        parts.next()?;
+        let account = parts.next()?;
+        parts.next().filter(|n| !n.is_empty())?;
+        account
+    };
+    is_account(account).then_some(account)
+}
+
+/// Twelve digits: an AWS account id.
+fn is_account(s: &str) -> bool {
+    s.len() == 12 && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The account of an ARN (`arn:aws:iam::123456789012:user/x`).
+fn arn_account(arn: &str) -> Option<&str> {
+    arn.split(':').nth(4).filter(|a| is_account(a))
+}
+
+/// Why an STS answer (`arn`, `account`) cannot be trusted, before any resource is compared:
+/// an STS endpoint that is not AWS's while SQS or DynamoDB are AWS's (anyone can answer
+/// there), or an ARN of another account than the one the answer names.
+fn untrusted_answer(sts: &str, resources_on_aws: bool, arn: &str, account: Option<&str>) -> Option<String> {
+    if resources_on_aws && !is_aws_endpoint(sts) {
+        return Some(format!(
+            "STS answered at {sts}, which is not AWS, while SQS or DynamoDB are AWS's"
+        ));
+    }
+    match (arn_account(arn), account) {
+        (Some(a), Some(b)) if a == b => None,
+        _ => Some(format!(
+            "STS's answer names the account {} and the ARN {arn}",
+            account.unwrap_or("-")
+        )),
     }
 }
 
@@ -317,6 +417,39 @@ pub fn filter_json(filter: &super::dlq::Filter, limit: Option<usize>, max_scan: 
 /// endpoint of its own (`AWS_ENDPOINT_URL_STS` or `AWS_ENDPOINT_URL`): a local set-up never
 /// sends its credentials to AWS's STS.
 pub(crate) async fn caller_identity(ctx: &Ctx) -> Actor {
+    let mut actor = sts_identity(ctx).await;
+    if actor.error.is_some() || actor.unverified.is_some() {
+        return actor;
+    }
+    // The audit table's account, from its ARN, when DynamoDB is AWS's (DynamoDB Local's ARNs
+    // name no real account).
+    let Some(table) = ctx.audit_table().filter(|_| is_aws_endpoint(&ctx.ddb_endpoint)) else {
+        return actor;
+    };
+    let described = ctx
+        .ddb_call("DescribeTable", table, || {
+            ctx.ddb.describe_table().table_name(table).send()
+        })
+        .await;
+    let arn = described.map(|d| d.table.and_then(|t| t.table_arn).unwrap_or_default());
+    actor.unverified = match (&arn, actor.account.as_deref()) {
+        (Ok(arn), Some(caller)) => match arn_account(arn) {
+            Some(theirs) if theirs == caller => None,
+            Some(theirs) => Some(format!(
+                "STS named a caller of account {caller}, but the table {table} is in account {theirs}"
+            )),
+            None => Some(format!(
+                "the table {table} has no ARN to check the caller's account against"
+            )),
+        },
+        (Ok(_), None) => Some("STS named no account".into()),
+        (Err(e), _) => Some(format!("the table's account could not be read: {e}")),
+    };
+    actor
+}
+
+/// The caller's identity as STS answers it, with whether that answer can be trusted at all.
+async fn sts_identity(ctx: &Ctx) -> Actor {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let sts_endpoint = env("AWS_ENDPOINT_URL_STS").or_else(|| env("AWS_ENDPOINT_URL"));
     let local = [&ctx.sqs_endpoint, &ctx.ddb_endpoint]
@@ -330,23 +463,35 @@ pub(crate) async fn caller_identity(ctx: &Ctx) -> Actor {
                  (moto answers STS at its SQS endpoint)"
                     .into(),
             ),
+            ..Actor::default()
         };
     }
+    let resources_on_aws = [&ctx.sqs_endpoint, &ctx.ddb_endpoint]
+        .iter()
+        .any(|e| is_aws_endpoint(e));
+    let sts = sts_endpoint.unwrap_or_else(|| "sts.amazonaws.com".into());
     let out = ctx
         .storage_retry()
         .call("GetCallerIdentity", None, || ctx.sts.get_caller_identity().send())
         .await;
     match out {
         Ok(o) => match o.arn {
-            Some(arn) if !arn.is_empty() => Actor { arn, error: None },
+            Some(arn) if !arn.is_empty() => Actor {
+                unverified: untrusted_answer(&sts, resources_on_aws, &arn, o.account.as_deref()),
+                account: o.account,
+                arn,
+                error: None,
+            },
             _ => Actor {
                 arn: UNKNOWN_ACTOR.into(),
                 error: Some("STS GetCallerIdentity answered without an ARN".into()),
+                ..Actor::default()
             },
         },
         Err(e) => Actor {
             arn: UNKNOWN_ACTOR.into(),
             error: Some(format!("STS GetCallerIdentity failed: {e}")),
+            ..Actor::default()
         },
     }
 }
@@ -408,6 +553,9 @@ pub struct AuditRecord {
     /// Why the actor is unknown.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub actor_error: Option<String>,
+    /// Why the actor STS named was not verified.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor_unverified: Option<String>,
     /// The local login name of whoever ran the command (self-reported).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local_user: Option<String>,
@@ -441,6 +589,7 @@ impl AuditRecord {
             at: crate::clock::rfc3339_millis(at_ms),
             actor: s("actor").unwrap_or_else(|| UNKNOWN_ACTOR.into()),
             actor_error: s("actor_error"),
+            actor_unverified: s("actor_unverified"),
             local_user: s("local_user"),
             action: s("action").unwrap_or_default(),
             target: s("target").unwrap_or_default(),
@@ -479,9 +628,13 @@ impl Report for AuditReport {
         }
         let mut t = Table::new(["AT", "ACTOR", "ACTION", "TARGET", "COUNT", "FILTER"]).max_width(80);
         for e in &self.entries {
+            let actor = match &e.actor_unverified {
+                Some(_) => format!("{} (unverified)", e.actor),
+                None => e.actor.clone(),
+            };
             t.row([
                 crate::clock::rfc3339_seconds(e.at_ms),
-                e.actor.clone(),
+                actor,
                 e.action.clone(),
                 e.target.clone(),
                 e.count.map_or_else(|| "-".into(), |c| c.to_string()),
@@ -635,6 +788,46 @@ mod tests {
         assert!(!is_aws_endpoint("http://127.0.0.1:45660"));
         assert!(!is_aws_endpoint("http://localhost:4566"));
         assert!(!is_aws_endpoint("http://amazonaws.com.evil:80"));
+    }
+
+    #[test]
+    fn an_sts_answer_is_trusted_only_from_aws_and_for_the_resources_account() {
+        let arn = "arn:aws:iam::111111111111:user/op";
+        let aws = "https://sts.us-east-1.amazonaws.com";
+        assert_eq!(untrusted_answer(aws, true, arn, Some("111111111111")), None);
+        assert_eq!(
+            untrusted_answer("sts.amazonaws.com", true, arn, Some("111111111111")),
+            None
+        );
+        // Anyone can answer at another endpoint while the resources are AWS's.
+        let why = untrusted_answer("http://10.0.0.9:8080", true, arn, Some("111111111111")).unwrap();
+        assert!(why.contains("not AWS"), "{why}");
+        // A local stack: its own STS is as good as its queues.
+        assert_eq!(
+            untrusted_answer("http://127.0.0.1:45660", false, arn, Some("111111111111")),
+            None
+        );
+        assert!(untrusted_answer(aws, true, arn, Some("222222222222")).is_some());
+        assert!(untrusted_answer(aws, true, arn, None).is_some());
+        // A queue of another account than the caller's.
+        let q = "https://sqs.us-east-1.amazonaws.com/222222222222/jobs-dlq";
+        assert_eq!(queue_account(q), Some("222222222222"));
+        assert_eq!(
+            queue_account("arn:aws:sqs:us-east-1:333333333333:jobs"),
+            Some("333333333333")
+        );
+        assert_eq!(queue_account("billing.charge"), None);
+        assert_eq!(
+            queue_account("http://127.0.0.1:45660/123456789012/q"),
+            Some("123456789012")
+        );
+        assert!(
+            foreign_queue(Some("111111111111"), q)
+                .unwrap()
+                .contains("222222222222")
+        );
+        assert_eq!(foreign_queue(Some("222222222222"), q), None);
+        assert_eq!(foreign_queue(Some("111111111111"), "billing.charge"), None);
     }
 
     #[test]

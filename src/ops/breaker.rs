@@ -205,12 +205,30 @@ pub async fn force(ctx: &Ctx, table: &str, job_type: &str, what: Force) -> OpsRe
         .status(job_type, now)
         .await
         .map_err(|e| ctx.storage_error(e, table))?;
-    let after = match what {
+    let forced = match what {
         Force::Open(period) => store.force_open(job_type, period, now).await,
         Force::Close => store.force_close(job_type).await,
         Force::Reset => store.reset(job_type).await,
-    }
-    .map_err(|e| ctx.storage_error(e, table))?;
+    };
+    let after = match forced {
+        Ok(after) => after,
+        Err(e) => {
+            // A write without a clear answer may have landed: audited as unclear.
+            let unclear = e.uncertain && e.op == "PutItem";
+            let err = ctx.storage_error(e, table);
+            if !unclear {
+                return Err(err);
+            }
+            let mut detail = serde_json::json!({ "from": before.phase.as_str() });
+            if let Force::Open(Some(period)) = what {
+                detail["for"] = humantime::format_duration(period).to_string().into();
+            }
+            let entry = AuditEntry::new(format!("breaker.{}", what.name()), job_type)
+                .detail(detail)
+                .outcome("unclear", &err.message);
+            return Err(audit::failed_action(ctx, entry, err).await);
+        }
+    };
     let mut detail = serde_json::json!({
         "from": before.phase.as_str(),
         "to": after.phase.as_str(),

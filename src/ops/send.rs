@@ -34,8 +34,8 @@ pub struct JobSpec {
     /// Handler input (any JSON; absent means null), sent as given.
     #[serde(default)]
     pub payload: Payload,
-    /// Job id (also the FIFO deduplication id, so on a FIFO queue it must be 1-128 characters
-    /// of letters, digits and ASCII punctuation).
+    /// Job id (on a FIFO queue it keys the deduplication of a run's lines, and must be 1-128
+    /// characters of letters, digits and ASCII punctuation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Delivery delay in seconds (0-900, standard queues only).
@@ -156,7 +156,7 @@ impl JobSpec {
         if let (true, Some(id)) = (fifo, &self.id) {
             check_sqs_id(id).map_err(|e| {
                 format!(
-                    "id {} {e}: on a FIFO queue the job id is the deduplication id ({SQS_ID_RULE})",
+                    "id {} {e}: on a FIFO queue the job id keys the deduplication id ({SQS_ID_RULE})",
                     shown(id)
                 )
             })?;
@@ -534,11 +534,20 @@ fn shown(value: &str) -> String {
 
 const SQS_ID_RULE: &str = "SQS takes 1-128 characters of letters, digits and ASCII punctuation (no spaces)";
 
-fn dedup_id(spec: &JobSpec) -> String {
-    match &spec.id {
-        Some(id) => id.clone(),
-        None => format!("{:032x}", rand::rng().random::<u128>()),
-    }
+/// A line's FIFO deduplication id: a hash of the run's nonce and the job id, else a random one.
+/// Not the job id itself: SQS drops a deduplication id sent again within five minutes even
+/// when its first message was processed and deleted since, so a job sent again by a later run
+/// would be dropped and reported sent. Lines of one run with one job id share an id (SQS keeps
+/// the first, and the report says `deduplicated`); the SDK's retries of a batch resend its ids.
+fn dedup_id(spec: &JobSpec, run: u128) -> String {
+    use sha2::{Digest, Sha256};
+    let Some(id) = &spec.id else {
+        return format!("{:032x}", rand::rng().random::<u128>());
+    };
+    let mut h = Sha256::new();
+    h.update(run.to_be_bytes());
+    h.update(id.as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What became of one job.
@@ -667,6 +676,7 @@ pub async fn send_jobs(
         return Err(refuse(errors));
     }
     let requested = jobs.len();
+    let run_nonce: u128 = rand::rng().random();
     let outgoing: Vec<Outgoing> = jobs
         .iter()
         .enumerate()
@@ -675,7 +685,7 @@ pub async fn send_jobs(
             body: job.spec.body(),
             attributes: HashMap::new(),
             group_id: job.spec.group.clone(),
-            dedup_id: fifo.then(|| dedup_id(&job.spec)),
+            dedup_id: fifo.then(|| dedup_id(&job.spec, run_nonce)),
             delay_seconds: if fifo {
                 None
             } else {

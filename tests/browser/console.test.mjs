@@ -11,6 +11,7 @@ import { tmpdir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
 import { createInterface } from "node:readline";
+import { createServer } from "node:http";
 import { chromium } from "playwright-core";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
@@ -191,4 +192,46 @@ test("the live refresh shows a new dead letter without a reload", async () => {
   );
   assert.equal(await page.evaluate(() => window.__sameLoad), true, "the page was reloaded");
   assert.equal(await page.getAttribute("body", "data-stale"), null, "the refresh failed");
+});
+
+test("with a token, the cookie never reaches another server on this host", async () => {
+  // Another web server on this host, as an operator may run one: it records every Cookie header.
+  const seen = [];
+  const other = createServer((req, res) => {
+    if (req.url !== "/favicon.ico") seen.push(req.headers.cookie || "");
+    res.end("<!doctype html><p>another server</p>");
+  });
+  await new Promise((r) => other.listen(0, "127.0.0.1", r));
+  const otherBase = `http://127.0.0.1:${other.address().port}`;
+  const tokened = spawn(TRIAGE, ["console", "--port", "0", "--bind", "127.0.0.1"], { env, stdio: ["ignore", "pipe", "inherit"] });
+  children.push(tokened);
+  const printed = await new Promise((resolve, reject) => {
+    createInterface({ input: tokened.stdout }).once("line", resolve);
+    tokened.once("exit", (c) => reject(new Error(`triage console exited with ${c}`)));
+  });
+  const url = printed.replace(/^triage console: /, "");
+  const token = url.split("?token=")[1];
+  const p = await browser.newPage();
+  try {
+    await p.goto(url);
+    assert.equal(new URL(p.url()).search, "", "the token left the address bar");
+    assert.match(await p.textContent("#dlq-visible"), /^\d+$/);
+    // The live refresh works under the console's path.
+    const at = await p.textContent("#refreshed");
+    await p.waitForFunction((t) => document.querySelector("#refreshed").textContent !== t, at, { timeout: 30000 });
+    assert.equal(await p.getAttribute("body", "data-stale"), null, "the refresh failed");
+    await p.click("nav a[href$='/dlq']");
+    assert.match(await p.textContent("h1"), /Dead-letter queue/);
+    assert.match(new URL(p.url()).pathname, /^\/s\/[0-9a-f]{32}\/dlq$/);
+    const secret = new URL(p.url()).pathname.replace(/\/dlq$/, "");
+    for (const path of ["/", "/dlq", "/index.html", "/s/"]) await p.goto(otherBase + path);
+    assert.equal(seen.length, 4);
+    for (const c of seen) assert.ok(!c.includes(token), `another server got the token: ${c}`);
+    // Cookies do cross ports: at the console's secret path another server would get it.
+    await p.goto(otherBase + secret + "/dlq");
+    assert.ok(seen[4].includes(token), `the browser did not send the cookie across ports: ${seen[4]}`);
+  } finally {
+    await p.close();
+    other.close();
+  }
 });

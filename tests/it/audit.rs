@@ -706,3 +706,166 @@ async fn oversized_details_odd_times_and_absurd_retentions_keep_the_trail_workin
     ));
     assert!(!status.to_string().contains("\"open\""), "not forced: {status}");
 }
+
+/// Actions whose answer was unclear, or that changed state before they failed, are audited
+/// too, saying so: a `dlq redrive` start or cancel whose answer was lost (the task may run),
+/// a breaker force whose write got no answer (it may have landed), and a `dlq edit` whose send
+/// failed after the job's attempt ledger was reset.
+#[tokio::test]
+async fn actions_that_may_have_changed_state_are_audited_when_they_fail() {
+    let stack = fresh("audit-unclear").await;
+    let arn = moto_arn().await;
+    let lost = |op: &str, body: Option<&str>| FaultRule {
+        ops: Some(vec![op.to_owned()]),
+        body_contains: body.map(str::to_owned),
+        fault: Fault::LostAnswer,
+        times: None,
+    };
+    let sqs = FaultProxy::start(&support::sqs_endpoint());
+    sqs.add_rule(lost("StartMessageMoveTask", None));
+    sqs.add_rule(lost("CancelMessageMoveTask", None));
+    let via_sqs = |args: &[&str]| {
+        triage(&stack, &support::sts_endpoint(), args)
+            .env("AWS_ENDPOINT_URL_SQS", sqs.url())
+            .output()
+            .unwrap()
+    };
+    let unclear = |item: &HashMap<String, AttributeValue>, action: &str| {
+        assert_eq!(s(item, "action"), action, "{item:?}");
+        assert_eq!(s(item, "actor"), arn);
+        let detail = parsed(item, "detail");
+        assert_eq!(detail["outcome"], "unclear", "{detail}");
+        assert!(
+            detail["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{detail}"
+        );
+    };
+
+    let o = via_sqs(&["dlq", "redrive", "--yes", "--json"]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("audited as"), "{}", stderr(&o));
+    unclear(&one_new_item(&stack.table, 0).await, "dlq.redrive.start");
+
+    let o = via_sqs(&["dlq", "redrive", "cancel", "task-1", "--json"]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    let item = one_new_item(&stack.table, 1).await;
+    unclear(&item, "dlq.redrive.cancel");
+    assert_eq!(parsed(&item, "detail")["task_handle"], "task-1");
+
+    // The breaker's write lands but its answer is lost, on every try.
+    let ddb = FaultProxy::start(&support::ddb_endpoint());
+    ddb.add_rule(lost("PutItem", Some("breaker#bk.unclear")));
+    let o = triage(
+        &stack,
+        &support::sts_endpoint(),
+        &["breaker", "open", "bk.unclear", "--yes", "--json"],
+    )
+    .env("AWS_ENDPOINT_URL_DYNAMODB", ddb.url())
+    .output()
+    .unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("audited as"), "{}", stderr(&o));
+    let item = one_new_item(&stack.table, 2).await;
+    unclear(&item, "breaker.open");
+    assert_eq!(s(&item, "target"), "bk.unclear");
+
+    // An edit whose send fails after the ledger reset: audited as not sent, the reset named.
+    seed_dlq(&stack, &[(FailureClass::Fatal, "e.type", "e-1".into())]).await;
+    sqs.add_rule(FaultRule {
+        ops: Some(vec!["SendMessageBatch".into()]),
+        body_contains: None,
+        fault: Fault::Error {
+            status: 400,
+            code: "InvalidParameterValue".into(),
+        },
+        times: None,
+    });
+    let o = via_sqs(&[
+        "dlq",
+        "edit",
+        "e-1",
+        "--patch",
+        r#"[{"op": "add", "path": "/payload/n", "value": 2}]"#,
+    ]);
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert!(stderr(&o).contains("audited as"), "{}", stderr(&o));
+    let item = one_new_item(&stack.table, 3).await;
+    assert_eq!(s(&item, "action"), "dlq.edit");
+    let detail = parsed(&item, "detail");
+    assert_eq!(detail["outcome"], "not_sent", "{detail}");
+    assert_eq!(detail["ledger_reset"], true, "{detail}");
+    assert_eq!(detail["job_id"], "e-1", "{detail}");
+
+    // No clear answer from the send: the copy may have landed.
+    sqs.clear_faults();
+    sqs.add_rule(lost("SendMessageBatch", None));
+    let o = via_sqs(&[
+        "dlq",
+        "edit",
+        "e-1",
+        "--patch",
+        r#"[{"op": "add", "path": "/payload/n", "value": 3}]"#,
+    ]);
+    assert_eq!(o.status.code(), Some(4), "SQS unreachable: {}", stderr(&o));
+    assert!(stderr(&o).contains("audited as"), "{}", stderr(&o));
+    let item = one_new_item(&stack.table, 4).await;
+    assert_eq!(s(&item, "action"), "dlq.edit");
+    assert_eq!(parsed(&item, "detail")["outcome"], "unclear");
+}
+
+/// Whoever answers at `AWS_ENDPOINT_URL_STS` names the actor. An answer naming another account
+/// than the resources' (here the DLQ URL's) is recorded as not verified, with why, and the
+/// command warns; the item keeps what STS said.
+#[tokio::test]
+async fn an_actor_of_another_account_than_the_resources_is_recorded_unverified() {
+    let stack = fresh("audit-foreign").await;
+    let sts = FaultProxy::start(&support::sts_endpoint());
+    sts.add_rule(FaultRule {
+        ops: None,
+        body_contains: Some("GetCallerIdentity".into()),
+        fault: Fault::Body {
+            status: 200,
+            body: "<GetCallerIdentityResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\">\
+<GetCallerIdentityResult><Arn>arn:aws:iam::999999999999:user/mallory</Arn>\
+<UserId>AIDAEXAMPLE</UserId><Account>999999999999</Account></GetCallerIdentityResult>\
+<ResponseMetadata><RequestId>r-1</RequestId></ResponseMetadata></GetCallerIdentityResponse>"
+                .into(),
+        },
+        times: None,
+    });
+    let o = run(&stack, &sts.url(), &["dlq", "purge", "--yes", "--json"]);
+    let report = ok_json(&o);
+    assert_eq!(
+        report["audit"]["actor"], "arn:aws:iam::999999999999:user/mallory",
+        "{report}"
+    );
+    let why = report["audit"]["actor_unverified"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        why.contains("999999999999") && why.contains("123456789012"),
+        "{report}"
+    );
+    assert!(stderr(&o).contains("not verified"), "{}", stderr(&o));
+    let item = one_new_item(&stack.table, 0).await;
+    assert_eq!(s(&item, "actor"), "arn:aws:iam::999999999999:user/mallory");
+    assert_eq!(s(&item, "actor_unverified"), why);
+    let listed = ok_json(&run(&stack, &support::sts_endpoint(), &["audit", "--json"]));
+    assert_eq!(listed["entries"][0]["actor_unverified"], why.as_str(), "{listed}");
+
+    // moto's own STS names the queues' account: verified, nothing added.
+    let o = run(
+        &stack,
+        &support::sts_endpoint(),
+        &["dlq", "purge", "--yes", "--json"],
+    );
+    let report = ok_json(&o);
+    assert!(report["audit"].get("actor_unverified").is_none(), "{report}");
+    assert!(!stderr(&o).contains("not verified"), "{}", stderr(&o));
+    assert!(
+        !one_new_item(&stack.table, 1)
+            .await
+            .contains_key("actor_unverified")
+    );
+}

@@ -1847,3 +1847,83 @@ async fn identical_bodies_already_in_the_dlq_are_all_moved() {
     );
     assert_eq!(drain(&stack.queue_url, 3).await.len(), 3);
 }
+
+/// The deduplication id the next message of `queue_url` was sent with; the message is deleted
+/// (as a worker that processed it would).
+async fn take_dedup_id(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> String {
+    use aws_sdk_sqs::types::MessageSystemAttributeName;
+    let got = sqs
+        .receive_message()
+        .queue_url(queue_url)
+        .message_system_attribute_names(MessageSystemAttributeName::MessageDeduplicationId)
+        .wait_time_seconds(2)
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default();
+    assert_eq!(got.len(), 1, "one message expected: {got:?}");
+    let m = &got[0];
+    sqs.delete_message()
+        .queue_url(queue_url)
+        .receipt_handle(m.receipt_handle().unwrap())
+        .send()
+        .await
+        .unwrap();
+    m.attributes()
+        .and_then(|a| a.get(&MessageSystemAttributeName::MessageDeduplicationId))
+        .cloned()
+        .expect("a FIFO message carries its deduplication id")
+}
+
+/// A FIFO job sent again by a later run is stored again. SQS drops a send whose deduplication
+/// id was sent less than five minutes before, even when that message was processed and
+/// deleted since, and answers it as a success; moto keeps no such window (it deduplicates only
+/// against messages still queued), so the test holds the rule itself: two runs never send one
+/// deduplication id. Within a run, a batch retried after its first try landed keeps its ids,
+/// and is stored once.
+#[tokio::test]
+async fn a_fifo_job_sent_again_by_a_later_run_is_not_dropped_as_a_duplicate() {
+    use support::fault_proxy::{Fault, FaultProxy};
+    let r = support::fresh_resources("cli-dedup-runs", true).await;
+    let stack = Stack {
+        queue_url: r.queue_url.clone(),
+        dlq_url: r.dlq_url.clone(),
+        table: r.table.clone(),
+    };
+    let sqs = support::sqs_client().await;
+    let line = json!({"type": "report.build", "id": "j1", "group": "g", "payload": {}}).to_string() + "\n";
+    let args = ["send", "--file", "-", "--json"];
+    let first = ok_json(&run_with_stdin(Some(&stack), &args, &line));
+    assert_eq!(first["accepted"], 1, "{first}");
+    let d1 = take_dedup_id(&sqs, &stack.queue_url).await;
+    // The job ran and was deleted; the producer sends it again a moment later.
+    let again = ok_json(&run_with_stdin(Some(&stack), &args, &line));
+    assert_eq!(again["accepted"], 1, "{again}");
+    let d2 = take_dedup_id(&sqs, &stack.queue_url).await;
+    assert_ne!(
+        d1, d2,
+        "the second run reused the first run's deduplication id: SQS would drop its job and the report says sent"
+    );
+
+    // The first try of the batch lands but its answer is lost: the retry carries the same ids.
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_next(1, Fault::LostAnswer, Some(vec!["SendMessageBatch".into()]));
+    let mut cmd = triage_cmd(Some(&stack), &args);
+    cmd.env("AWS_ENDPOINT_URL_SQS", proxy.url())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(line.as_bytes()).unwrap();
+    let retried = ok_json(&child.wait_with_output().unwrap());
+    assert_eq!(retried["accepted"], 1, "{retried}");
+    assert_eq!(proxy.count("SendMessageBatch"), 2, "the batch was retried");
+    let d3 = take_dedup_id(&sqs, &stack.queue_url).await;
+    assert!(d3 != d1 && d3 != d2, "{d1} {d2} {d3}");
+    assert_eq!(
+        support::queue_depth(&sqs, &stack.queue_url).await.total(),
+        0,
+        "the retry was stored as a second copy"
+    );
+}

@@ -514,24 +514,20 @@ async fn with_bind_every_request_needs_the_token() {
     .await;
     assert_eq!(ok.status, 200, "{}", ok.body);
     // The printed URL keeps the token in a cookie and drops it from the address.
-    let first = http("GET", &c.printed, &[], None).await;
-    assert_eq!(first.status, 303);
-    assert_eq!(first.headers["location"], "/");
-    let cookie = first.headers["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
-    assert!(cookie.contains(&token));
+    let (location, cookie, _) = log_in(&c, &token).await;
     // Another console on this host (another port) keeps a cookie of its own.
     let port = c.base.rsplit(':').next().unwrap();
     assert!(
         cookie.starts_with(&format!("triage_console_token_{port}=")),
         "{cookie}"
     );
-    let ok = http("GET", &format!("{}/dlq", c.base), &[("cookie", &cookie)], None).await;
+    let ok = http(
+        "GET",
+        &format!("{}{location}/dlq", c.base),
+        &[("cookie", &cookie)],
+        None,
+    )
+    .await;
     assert_eq!(ok.status, 200, "{}", ok.body);
 
     // A token given by the operator must be long enough.
@@ -1054,4 +1050,130 @@ async fn every_page_that_read_the_dlq_says_when_the_read_stopped_at_max_scan() {
             a.body
         );
     }
+}
+
+/// Opens the printed URL of `c` as a browser does: returns where it was sent, the token's
+/// cookie (`name=value`) and that cookie's `Path`.
+async fn log_in(c: &Console, token: &str) -> (String, String, String) {
+    let first = http("GET", &c.printed, &[], None).await;
+    assert_eq!(first.status, 303, "{}", first.body);
+    let location = first.headers["location"].to_str().unwrap().to_owned();
+    let set = first
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .find(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|kv| kv.ends_with(&format!("={token}")))
+        })
+        .expect("a cookie with the token");
+    let attrs: Vec<String> = set.split(';').map(|a| a.trim().to_ascii_lowercase()).collect();
+    assert!(attrs.contains(&"httponly".to_owned()), "{set}");
+    assert!(attrs.contains(&"samesite=strict".to_owned()), "{set}");
+    let path = set
+        .split(';')
+        .map(str::trim)
+        .find_map(|a| a.strip_prefix("Path=").or_else(|| a.strip_prefix("path=")))
+        // RFC 6265's default path of a cookie set by `/?token=`.
+        .unwrap_or("/")
+        .to_owned();
+    let cookie = set.split(';').next().unwrap().to_owned();
+    (location, cookie, path)
+}
+
+/// RFC 6265 (5.1.4): whether a browser sends a cookie whose `Path` is `cookie_path` with a
+/// request for `path`. Host-only cookies go to every port of the host.
+fn path_match(path: &str, cookie_path: &str) -> bool {
+    path == cookie_path
+        || (path.starts_with(cookie_path)
+            && (cookie_path.ends_with('/') || path[cookie_path.len()..].starts_with('/')))
+}
+
+/// Cookies are not isolated by port: a browser sends the console's cookie to any other web
+/// server on the same host whose path matches the cookie's. So the cookie is scoped to a
+/// random path the console serves under, which no other server is visited at (and which no
+/// `Referer` names to another origin), and every link of the console stays under it.
+#[tokio::test]
+async fn the_token_cookie_never_reaches_another_server_on_this_host() {
+    let stack = support::fresh_resources("console-cookie", false).await;
+    let c = start(&stack, &["--bind", "127.0.0.1"], &[]);
+    let token = c.printed.split_once("?token=").unwrap().1.to_owned();
+    let (location, cookie, cookie_path) = log_in(&c, &token).await;
+    // Where the operator may open another local server's pages: the cookie is not sent there.
+    for elsewhere in [
+        "/",
+        "/index.html",
+        "/login",
+        "/dlq",
+        "/api/overview",
+        "/assets/console.js",
+        "/s/",
+    ] {
+        assert!(
+            !path_match(elsewhere, &cookie_path),
+            "the browser sends the token to any server on this host at {elsewhere} (cookie Path={cookie_path})"
+        );
+    }
+    assert!(cookie_path.len() >= 20, "a path no one guesses: {cookie_path}");
+    assert!(path_match(&location, &cookie_path), "{location} {cookie_path}");
+    let home = http(
+        "GET",
+        &format!("{}{location}", c.base),
+        &[("cookie", &cookie)],
+        None,
+    )
+    .await;
+    assert_eq!(home.status, 200, "{}", home.body);
+    let policy = home.headers["referrer-policy"].to_str().unwrap();
+    assert!(policy == "same-origin" || policy == "no-referrer", "{policy}");
+    // Every link, form and asset of the page stays where the cookie goes, and works with it.
+    let mut links = Vec::new();
+    for attr in ["href=\"", "action=\"", "src=\""] {
+        for (i, _) in home.body.match_indices(attr) {
+            let rest = &home.body[i + attr.len()..];
+            links.push(rest[..rest.find('"').unwrap()].to_owned());
+        }
+    }
+    assert!(links.len() >= 6, "{links:?}");
+    for l in &links {
+        let path = l.split('?').next().unwrap();
+        assert!(path_match(path, &cookie_path), "{l} is outside {cookie_path}");
+    }
+    for l in links.iter().filter(|l| !l.contains("breaker")) {
+        let got = http(
+            "GET",
+            &format!("{}{}", c.base, l.replace("&amp;", "&")),
+            &[("cookie", &cookie)],
+            None,
+        )
+        .await;
+        assert_eq!(got.status, 200, "{l}: {}", got.body);
+    }
+    // The live refresh asks for `api/overview` under the overview's path.
+    let api = http(
+        "GET",
+        &format!("{}{location}/api/overview", c.base),
+        &[("cookie", &cookie)],
+        None,
+    )
+    .await;
+    assert_eq!(api.status, 200, "{}", api.body);
+    assert!(include_str!("../../src/console/assets/console.js").contains("location.pathname"));
+    // The prefix with a slash leads to the overview.
+    let slash = http(
+        "GET",
+        &format!("{}{location}/", c.base),
+        &[("cookie", &cookie)],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (slash.status, slash.headers["location"].to_str().unwrap()),
+        (303, location.as_str())
+    );
+    // A token cookie sent anywhere else (a cookie a former console set at `/`) is refused.
+    let outside = http("GET", &format!("{}/dlq", c.base), &[("cookie", &cookie)], None).await;
+    assert_eq!(outside.status, 401, "{}", outside.body);
 }

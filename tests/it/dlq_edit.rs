@@ -1258,3 +1258,114 @@ async fn an_edit_over_the_target_queues_size_limit_is_refused() {
     );
     untouched(&stack).await;
 }
+
+// ---------------------------------------------------------------- dlq replay: the hold
+
+/// A replay of `stack`'s DLQ through `proxy`, holding each message read for `hold`.
+async fn replay_via(
+    proxy: &FaultProxy,
+    stack: &SetupReport,
+    hold: Duration,
+) -> tokio::task::JoinHandle<dlq::ReplayReport> {
+    let ctx = ctx_via(proxy).await;
+    let opts = dlq::ReplayOptions {
+        table: Some(stack.table.clone()),
+        hold: Some(hold),
+        max_scan: 1000,
+        ..dlq::ReplayOptions::default()
+    };
+    let dlq_url = stack.dlq_url.clone();
+    tokio::spawn(async move { dlq::replay(&ctx, &dlq_url, &opts).await.unwrap() })
+}
+
+/// The hold is renewed while the copies are sent: a slow send (4 s, on a 1 s hold) does not
+/// let another reader receive a DLQ message meanwhile, so the delete afterwards uses a receipt
+/// handle that still holds it (on SQS a stale one answers success and deletes nothing).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_keeps_its_hold_while_a_slow_send_runs() {
+    let stack = support::fresh_resources("replay-slow", false).await;
+    let sqs = support::sqs_client().await;
+    seed(&stack, "rs-1", &job_body("rs-1", 1), &[], None).await;
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_always("SendMessageBatch", Fault::Delay(Duration::from_secs(4)));
+    let task = replay_via(&proxy, &stack, Duration::from_secs(1)).await;
+    until_seen(&proxy, "SendMessageBatch").await;
+    while !task.is_finished() {
+        let got = sqs
+            .receive_message()
+            .queue_url(&stack.dlq_url)
+            .wait_time_seconds(1)
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        assert!(got.is_empty(), "another reader got the message during the send");
+    }
+    let report = task.await.unwrap();
+    assert_eq!((report.moved, report.delete_failed), (1, 0), "{report:?}");
+    assert!(
+        proxy.count("ChangeMessageVisibilityBatch") >= 2,
+        "renewed during the send: {:?}",
+        proxy.counts()
+    );
+    assert_eq!(support::drain(&sqs, &stack.queue_url, 1).await.len(), 1);
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.total(), 0);
+}
+
+/// A hold lost during the send (the renewals refused, another reader received the message)
+/// means no delete with the stale receipt handle: the report counts the message moved but not
+/// deleted, and the DLQ copy stays with the other reader. moto would delete with the stale
+/// handle; SQS would answer success and delete nothing, so the test counts the deletes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_whose_hold_was_lost_during_the_send_deletes_nothing() {
+    let stack = support::fresh_resources("replay-lost", false).await;
+    let sqs = support::sqs_client().await;
+    let dlq_id = seed(&stack, "rl-1", &job_body("rl-1", 1), &[], None).await;
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_always("SendMessageBatch", Fault::Delay(Duration::from_secs(5)));
+    let task = replay_via(&proxy, &stack, Duration::from_secs(1)).await;
+    until_seen(&proxy, "SendMessageBatch").await;
+    // SQS refuses a receipt handle whose message is no longer in flight for it.
+    proxy.add_rule(FaultRule {
+        ops: Some(vec![
+            "ChangeMessageVisibilityBatch".into(),
+            "ChangeMessageVisibility".into(),
+        ]),
+        body_contains: None,
+        fault: Fault::Error {
+            status: 400,
+            code: "MessageNotInflight".into(),
+        },
+        times: None,
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stolen = loop {
+        let got = sqs
+            .receive_message()
+            .queue_url(&stack.dlq_url)
+            .wait_time_seconds(1)
+            .visibility_timeout(60)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        if let Some(m) = got.into_iter().next() {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "the hold never ran out");
+    };
+    assert!(!task.is_finished(), "the send was still running");
+    let report = task.await.unwrap();
+    assert_eq!((report.moved, report.delete_failed), (1, 1), "{report:?}");
+    assert_eq!(
+        proxy.count("DeleteMessageBatch"),
+        0,
+        "a delete with a stale handle"
+    );
+    assert_eq!(stolen.message_id(), Some(dlq_id.as_str()));
+    assert_eq!(support::drain(&sqs, &stack.queue_url, 1).await.len(), 1);
+    assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.total(), 1);
+}

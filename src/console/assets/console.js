@@ -1,4 +1,5 @@
-// triage console: the overview's live refresh. Polls /api/overview and writes the counts and
+// triage console: the overview's live refresh. Polls api/overview under the overview's path
+// (with a token the console lives under a secret path, /s/<hex>) and writes the counts and
 // the breakers' phases into the page with textContent only (never HTML). Each refresh starts
 // 5 s after the previous one finished (never two at once), and none runs while the tab is
 // hidden.
@@ -6,6 +7,7 @@
 (function () {
   if (!document.querySelector("[data-field]")) return;
   var EVERY_MS = 5000;
+  var API = location.pathname.replace(/\/?$/, "/") + "api/overview";
   function pick(obj, path) {
     return path.split(".").reduce(function (o, k) { return o == null ? undefined : o[k]; }, obj);
   }
@@ -51,7 +53,7 @@
     timer = null;
     if (document.visibilityState === "hidden") return;
     running = true;
-    fetch("/api/overview", { credentials: "same-origin", cache: "no-store" })
+    fetch(API, { credentials: "same-origin", cache: "no-store" })
       .then(function (r) { return r.ok ? r.json() : Promise.reject(r.status); })
       .then(show)
       .catch(function () { document.body.setAttribute("data-stale", "true"); })

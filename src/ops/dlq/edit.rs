@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::super::audit::{self, AuditEntry, AuditStatus};
@@ -401,12 +402,37 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
         })?;
         // The message stays held through the reset and the send: a slow send (SQS retries)
         // must not outlast the hold and let another reader receive the original meanwhile.
-        let (ledger_reset, sent) = hold
+        // What an edit that fails from here on changed (the ledger, maybe a copy) is audited.
+        let failed_entry = |outcome: &str, ledger_reset: Value, error: &str| {
+            AuditEntry::new("dlq.edit", dlq_url)
+                .count(0)
+                .filter(serde_json::json!({ "id": id }))
+                .detail(serde_json::json!({
+                    "how": opts.source.how(),
+                    "changed": changed,
+                    "original_message_id": found.message_id,
+                    "original_record": found.record,
+                    "job_type": job.job_type,
+                    "job_id": job.id,
+                    "to": target,
+                    "ledger_reset": ledger_reset,
+                }))
+                .outcome(outcome, error)
+        };
+        let reset_and_sent = hold
             .during(async {
                 let reset = reset_ledgers(ctx, table, &jobs).await? > 0;
                 Ok::<_, OpsError>((reset, ctx.sqs_effects().send(&target, vec![outgoing], None).await))
             })
-            .await?;
+            .await;
+        let (ledger_reset, sent) = match reset_and_sent {
+            Ok(done) => done,
+            Err(e) => {
+                // The reset failed, maybe after it landed: nothing was sent.
+                let entry = failed_entry("not_sent", json!("unclear"), &e.message);
+                return Err(audit::failed_action(ctx, entry, e).await);
+            }
+        };
         let Some(new_message_id) = sent.message_ids.get(&0).cloned() else {
             let why = sent
                 .failed
@@ -451,12 +477,15 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
                 }
                 _ => String::new(),
             };
-            return Err(OpsError::new(
+            let err = OpsError::new(
                 kind,
                 format!(
                     "the edited copy was not sent to {target} ({why}){maybe}: nothing was deleted{ledger}"
                 ),
-            ));
+            );
+            let outcome = if unclear { "unclear" } else { "not_sent" };
+            let entry = failed_entry(outcome, json!(ledger_reset), &why);
+            return Err(audit::failed_action(ctx, entry, err).await);
         };
         draft.take();
         Ok(EditReport {

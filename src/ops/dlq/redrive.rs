@@ -213,7 +213,7 @@ pub async fn redrive_start_confirmed(
     if !confirm(&plan) {
         return Err(OpsError::usage("redrive cancelled: no move task was started"));
     }
-    let out = once()
+    let started = once()
         .call("StartMessageMoveTask", None, || {
             ctx.sqs
                 .start_message_move_task()
@@ -222,8 +222,23 @@ pub async fn redrive_start_confirmed(
                 .set_max_number_of_messages_per_second(rate)
                 .send()
         })
-        .await
-        .map_err(|e| move_task_error(ctx, "StartMessageMoveTask", e, dlq_url))?;
+        .await;
+    let out = match started {
+        Ok(out) => out,
+        Err(e) => {
+            let uncertain = e.uncertain;
+            let err = move_task_error(ctx, "StartMessageMoveTask", e, dlq_url);
+            // No clear answer: the task may be running, so it is audited as unclear.
+            if !uncertain || err.kind == ErrorKind::Unsupported {
+                return Err(err);
+            }
+            let mut entry = AuditEntry::new("dlq.redrive.start", dlq_url)
+                .detail(serde_json::json!({ "to": plan.to, "rate": rate }))
+                .outcome("unclear", &err.message);
+            entry.count = plan.approximate_messages;
+            return Err(audit::failed_action(ctx, entry, err).await);
+        }
+    };
     // The count of a task just started is SQS's approximate number of messages in the DLQ.
     let mut entry = AuditEntry::new("dlq.redrive.start", dlq_url).detail(serde_json::json!({
         "task_handle": out.task_handle,
@@ -295,12 +310,25 @@ pub async fn redrive_cancel(ctx: &Ctx, dlq_url: &str, handle: Option<&str>) -> O
                 OpsError::new(ErrorKind::NotFound, format!("no running move task on {dlq_url}"))
             })?,
     };
-    let out = once()
+    let cancelled = once()
         .call("CancelMessageMoveTask", None, || {
             ctx.sqs.cancel_message_move_task().task_handle(&handle).send()
         })
-        .await
-        .map_err(|e| move_task_error(ctx, "CancelMessageMoveTask", e, dlq_url))?;
+        .await;
+    let out = match cancelled {
+        Ok(out) => out,
+        Err(e) => {
+            let uncertain = e.uncertain;
+            let err = move_task_error(ctx, "CancelMessageMoveTask", e, dlq_url);
+            if !uncertain || err.kind == ErrorKind::Unsupported {
+                return Err(err);
+            }
+            let entry = AuditEntry::new("dlq.redrive.cancel", dlq_url)
+                .detail(serde_json::json!({ "task_handle": handle }))
+                .outcome("unclear", &err.message);
+            return Err(audit::failed_action(ctx, entry, err).await);
+        }
+    };
     let moved = out.approximate_number_of_messages_moved;
     let entry = AuditEntry::new("dlq.redrive.cancel", dlq_url)
         .count(u64::try_from(moved).unwrap_or(0))

@@ -437,6 +437,8 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
     let mut st = ReplayState {
         fates: HashMap::new(),
         handles: HashMap::new(),
+        hold,
+        held_until: HashMap::new(),
         selected: Vec::new(),
         moved: 0,
         delete_failed: 0,
@@ -464,6 +466,8 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
             if opts.limit.is_some_and(|l| st.selected.len() >= l) || stopped() {
                 break;
             }
+            // A receive's hold starts before its answer comes.
+            let asked = Instant::now();
             let Some((new, again)) = sweep.next().await? else {
                 // On a FIFO DLQ a held message the filter did not select hides the rest of its
                 // group: released, its group's later messages come with it in the next
@@ -486,6 +490,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                 match st.fates.get(&m.message_id) {
                     Some(Fate::MovedUndeleted) => redelete.push((m.message_id, m.receipt_handle)),
                     _ => {
+                        st.held_until.insert(m.message_id.clone(), asked + hold);
                         st.handles.insert(m.message_id, m.receipt_handle);
                     }
                 }
@@ -501,6 +506,7 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
                 let room = opts.limit.is_none_or(|l| st.selected.len() < l);
                 st.fates.insert(m.message_id.clone(), Fate::Held);
                 st.handles.insert(m.message_id.clone(), m.receipt_handle.clone());
+                st.held_until.insert(m.message_id.clone(), asked + hold);
                 let matches = opts.filter.matches(&m, now);
                 if room
                     && matches
@@ -712,6 +718,12 @@ pub(super) fn replay_copy(key: usize, m: &DlqMessage, fifo: bool) -> Result<Outg
 struct ReplayState {
     fates: HashMap<String, Fate>,
     handles: HashMap<String, String>,
+    /// How long a receive or a renewal holds a message.
+    hold: Duration,
+    /// Until when each message's latest receipt handle surely holds it: a handle whose hold
+    /// ran out may be another reader's message by now, and SQS answers a delete with it as a
+    /// success without deleting anything.
+    held_until: HashMap<String, Instant>,
     selected: Vec<DlqMessage>,
     moved: usize,
     delete_failed: usize,
@@ -869,19 +881,56 @@ impl ReplayState {
         ms: &[DlqMessage],
         batch: Vec<Outgoing>,
     ) -> OpsResult<()> {
+        // Each message must still be ours when its copy is sent: one whose hold is over, or
+        // nearly, is held again first, and one SQS will not hold again (another reader may
+        // have it) is not sent.
+        let stale: Vec<(String, String)> = batch
+            .iter()
+            .filter_map(|o| ms.get(o.key))
+            .filter(|m| !self.holds(&m.message_id))
+            .map(|m| (m.message_id.clone(), self.handle_of(m)))
+            .collect();
+        renew(ctx, dlq_url, &stale, self.hold, &mut self.held_until).await;
+        let (batch, lost): (Vec<Outgoing>, Vec<Outgoing>) = batch
+            .into_iter()
+            .partition(|o| ms.get(o.key).is_some_and(|m| self.holds(&m.message_id)));
+        for o in lost {
+            if let Some(m) = ms.get(o.key) {
+                self.not_moved(
+                    m,
+                    "not sent: its hold ran out and SQS would not hold it again (another reader may have it)"
+                        .into(),
+                );
+            }
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let held: Vec<(String, String)> = batch
+            .iter()
+            .filter_map(|o| ms.get(o.key))
+            .map(|m| (m.message_id.clone(), self.handle_of(m)))
+            .collect();
         // Reset before sending: once the job is back on its queue a worker may count a new
         // attempt at any moment, and that count must not be wiped. The job is the one its body
         // names, as the processor will read it (type and id); a job without an id gets a new
         // message id, hence a fresh ledger, when it is sent again.
-        if let Some(table) = table {
-            let jobs: BTreeSet<(&str, &str)> = batch
-                .iter()
-                .filter_map(|o| ms.get(o.key).and_then(|m| m.body_job.as_ref()))
-                .filter_map(|j| j.id.as_deref().map(|id| (j.job_type.as_str(), id)))
-                .collect();
-            self.ledgers_reset += reset_ledgers(ctx, table, &jobs).await?;
-        }
-        let sent = sqs.send(target, batch, None).await;
+        let jobs: BTreeSet<(&str, &str)> = batch
+            .iter()
+            .filter_map(|o| ms.get(o.key).and_then(|m| m.body_job.as_ref()))
+            .filter_map(|j| j.id.as_deref().map(|id| (j.job_type.as_str(), id)))
+            .collect();
+        // The messages stay held through the reset and the send, which have no deadline (SQS
+        // retries): a slow send must not outlast the hold and let another reader receive one.
+        let work = async {
+            let reset = match table {
+                Some(table) => reset_ledgers(ctx, table, &jobs).await?,
+                None => 0,
+            };
+            Ok::<_, OpsError>((reset, sqs.send(target, batch, None).await))
+        };
+        let (reset, sent) = holding(ctx, dlq_url, &held, self.hold, &mut self.held_until, work).await?;
+        self.ledgers_reset += reset;
         for (k, why) in &sent.failed {
             if let Some(m) = ms.get(*k) {
                 self.not_moved(m, why.clone());
@@ -891,20 +940,102 @@ impl ReplayState {
             .accepted
             .iter()
             .filter_map(|k| ms.get(*k))
-            .map(|m| (m.message_id.clone(), m.receipt_handle.clone()))
+            .map(|m| (m.message_id.clone(), self.handle_of(m)))
             .collect();
         self.moved += accepted.len();
         *self.targets.entry(target.to_owned()).or_default() += accepted.len();
         for (id, _) in &accepted {
             self.fates.insert(id.clone(), Fate::Moved);
         }
-        let failed = delete(ctx, dlq_url, &accepted).await;
-        self.delete_failed += failed.len();
-        for id in failed {
+        // Deleted only with a handle that still holds its message: one whose hold is over is
+        // renewed first, and one SQS will not hold again is not used (SQS would answer the
+        // delete as a success and delete nothing while another reader has the message).
+        let stale: Vec<(String, String)> = accepted
+            .iter()
+            .filter(|(id, _)| !self.holds(id))
+            .cloned()
+            .collect();
+        renew(ctx, dlq_url, &stale, self.hold, &mut self.held_until).await;
+        let (ours, lost): (Vec<_>, Vec<_>) = accepted.into_iter().partition(|(id, _)| self.holds(id));
+        let failed = delete(ctx, dlq_url, &ours).await;
+        self.delete_failed += failed.len() + lost.len();
+        for id in failed.into_iter().chain(lost.into_iter().map(|(id, _)| id)) {
             self.fates.insert(id, Fate::MovedUndeleted);
         }
         Ok(())
     }
+
+    /// Whether the latest receipt handle of message `id` holds it for a while yet.
+    fn holds(&self, id: &str) -> bool {
+        let margin = (self.hold / 4).min(Duration::from_secs(30));
+        self.held_until
+            .get(id)
+            .is_some_and(|until| Instant::now() + margin < *until)
+    }
+
+    /// The latest receipt handle of `m`.
+    fn handle_of(&self, m: &DlqMessage) -> String {
+        self.handles
+            .get(&m.message_id)
+            .cloned()
+            .unwrap_or_else(|| m.receipt_handle.clone())
+    }
+}
+
+/// Holds the messages `held` (message id, receipt handle) for `hold` from now, in batched
+/// calls; the end of each hold SQS granted goes into `until`.
+async fn renew(
+    ctx: &Ctx,
+    url: &str,
+    held: &[(String, String)],
+    hold: Duration,
+    until: &mut HashMap<String, Instant>,
+) {
+    if held.is_empty() {
+        return;
+    }
+    let asked = Instant::now();
+    let secs = i32::try_from(hold.as_secs().clamp(1, 43_200)).unwrap_or(43_200);
+    let entries = held
+        .iter()
+        .enumerate()
+        .map(|(k, (_, h))| (k, h.clone(), secs))
+        .collect();
+    let r = ctx.sqs_effects().change_visibility(url, entries, None).await;
+    for k in r.accepted {
+        if let Some((id, _)) = held.get(k) {
+            until.insert(id.clone(), asked + hold);
+        }
+    }
+}
+
+/// Runs `work` while renewing the holds of `held` every third of `hold`; a renewal refused is
+/// tried again at the next tick, and `until` says what was granted.
+async fn holding<T>(
+    ctx: &Ctx,
+    url: &str,
+    held: &[(String, String)],
+    hold: Duration,
+    until: &mut HashMap<String, Instant>,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    let period = (hold / 3).max(Duration::from_millis(500));
+    let granted = tokio::sync::Mutex::new(HashMap::new());
+    let keep = async {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        loop {
+            tick.tick().await;
+            let mut g = granted.lock().await;
+            renew(ctx, url, held, hold, &mut g).await;
+        }
+    };
+    tokio::pin!(work);
+    let out = tokio::select! {
+        out = &mut work => out,
+        never = keep => match never {},
+    };
+    until.extend(granted.into_inner());
+    out
 }
 
 /// The audit entry of a replay: `dlq.replay` on the DLQ, the count moved.
