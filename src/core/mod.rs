@@ -9,6 +9,7 @@ pub mod envelope;
 pub mod error;
 pub mod failure;
 pub mod policy;
+pub mod redrive;
 
 pub use backoff::Backoff;
 pub use decision::{

@@ -31,6 +31,7 @@ use super::RuntimeError;
 use super::env::{Environment, build, init_tracing, install_panic_hook, sdk_config};
 use crate::clock::now_ms;
 use crate::config::Config;
+use crate::effects::aws_errors::OVER_LIMIT;
 use crate::effects::storage_retry::{FailureKind, StorageError, classify};
 use crate::processor::registry::Registry;
 use crate::processor::{BatchOutcome, Deadline, Incoming};
@@ -462,6 +463,9 @@ impl Worker {
                     r
                 }
                 Err(e) => {
+                    if e.code() == Some(OVER_LIMIT) {
+                        self.report_in_flight_limit();
+                    }
                     let (wait, last) = self.after_failure(&e, health)?;
                     let retry_in_ms = wait.as_millis() as u64;
                     if last {
@@ -488,6 +492,33 @@ impl Worker {
                 }
             };
             let _ = out.send(outcome);
+        }
+    }
+
+    /// Says that the source queue is at SQS's in-flight limit: a warning naming the cause, and
+    /// an `InFlightLimitReached` metric with EMF on. Every job type waits meanwhile, not only
+    /// the one whose retries and deferrals fill the queue.
+    fn report_in_flight_limit(&self) {
+        tracing::warn!(
+            queue = %self.env.queue_url,
+            "the source queue holds as many in-flight messages as SQS allows (OverLimit): no job of \
+             any type is received until held messages are settled or come back; retries and breaker \
+             deferrals are held in flight, so look for a job type that keeps failing or deferring \
+             (`triage breaker status`, the Deferred and Retried metrics); receives go on with backoff"
+        );
+        if self.opts.emf {
+            let line = serde_json::json!({
+                "InFlightLimitReached": 1,
+                "_aws": {
+                    "Timestamp": now_ms(),
+                    "CloudWatchMetrics": [{
+                        "Namespace": crate::effects::metrics::NAMESPACE,
+                        "Dimensions": [[]],
+                        "Metrics": [{"Name": "InFlightLimitReached", "Unit": "Count"}],
+                    }],
+                },
+            });
+            super::env::print_emf(&line.to_string());
         }
     }
 
