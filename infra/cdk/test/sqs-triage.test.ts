@@ -113,3 +113,14 @@ test('a partial policy keeps the other defaults; settings keep their validation'
   assert.throws(() => oneStack({ binaryName: '' }), /binaryName/);
   assert.throws(() => oneStack({ manifestPath: '' }), /manifestPath/);
 });
+
+test('a redrive that retention outruns is refused: the retention rule', () => {
+  // 100 receives of 5400 s (a 900 s function) over 4 days: retention would delete the message first.
+  assert.throws(() => oneStack({ functionTimeoutSeconds: 900, sourceRetentionSeconds: 345600 }),
+    /maxReceiveCount \(100\) x the visibility timeout \(5400 s.*at most 48/);
+  oneStack({ functionTimeoutSeconds: 900, sourceRetentionSeconds: 345600, maxReceiveCount: 48 });
+  // The defaults hold it for every function timeout.
+  oneStack({ functionTimeoutSeconds: 900 });
+  // At most 13 days: the DLQ (14 days) keeps what SQS moves into it a day longer.
+  assert.throws(() => oneStack({ sourceRetentionSeconds: 1_123_201 }), /sourceRetentionSeconds/);
+});
