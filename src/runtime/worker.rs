@@ -53,6 +53,11 @@ pub const DELETE_MARGIN: Duration = Duration::from_secs(1);
 /// never before the request was sent.
 pub const RECEIVE_LATENCY: Duration = Duration::from_secs(2);
 
+/// How often, at most, an empty long poll is followed by a short poll, which SQS answers
+/// `OverLimit` when the queue is at its in-flight limit (a long poll then returns nothing): an
+/// idle worker makes one more receive a minute, and a full queue is named within a minute.
+pub const IN_FLIGHT_PROBE_EVERY: Duration = Duration::from_secs(60);
+
 /// First wait after a failed receive; it doubles on each further failure.
 pub(crate) const RECEIVE_BACKOFF_BASE: Duration = Duration::from_secs(1);
 
@@ -274,14 +279,21 @@ impl Worker {
     /// Receives one batch (long poll), processes it, deletes what is settled.
     pub async fn poll_once(&self) -> Result<Option<BatchOutcome>, RuntimeError> {
         let visibility = self.visibility_timeout().await?;
-        let received = self.receive(visibility, &mut AttemptId::default()).await?;
+        let received = self
+            .receive(visibility, self.opts.wait, &mut AttemptId::default())
+            .await?;
         if received.records.is_empty() {
             return Ok(None);
         }
         Ok(Some(self.process(received).await))
     }
 
-    async fn receive(&self, visibility: Duration, attempt: &mut AttemptId) -> Result<Received, StorageError> {
+    async fn receive(
+        &self,
+        visibility: Duration,
+        wait: Duration,
+        attempt: &mut AttemptId,
+    ) -> Result<Received, StorageError> {
         let sqs = self.env.processor.sqs();
         let fifo = self.env.processor.is_fifo();
         let id = Mutex::new(fifo.then(|| attempt.current()));
@@ -296,7 +308,7 @@ impl Worker {
                     .receive_message()
                     .queue_url(&self.env.queue_url)
                     .max_number_of_messages(self.opts.max_messages.clamp(1, 10))
-                    .wait_time_seconds(self.opts.wait.as_secs().min(20) as i32)
+                    .wait_time_seconds(wait.as_secs().min(20) as i32)
                     .visibility_timeout(visibility_s)
                     .set_receive_request_attempt_id(id.lock().unwrap_or_else(|e| e.into_inner()).clone())
                     .message_system_attribute_names(MessageSystemAttributeName::All)
@@ -449,12 +461,23 @@ impl Worker {
         out: mpsc::UnboundedSender<BatchOutcome>,
     ) -> Result<(), WorkerError> {
         let mut attempt = AttemptId::default();
+        // At SQS's in-flight limit long polls return nothing: after an empty one, a short poll
+        // (at most every IN_FLIGHT_PROBE_EVERY) tells an idle queue from a full one.
+        let mut probe_at = Instant::now();
+        let mut short_next = false;
         loop {
             if *stop.borrow() {
                 return Ok(());
             }
+            let wait = if short_next {
+                probe_at = Instant::now() + IN_FLIGHT_PROBE_EVERY;
+                Duration::ZERO
+            } else {
+                self.opts.wait
+            };
+            short_next = false;
             let received = tokio::select! {
-                r = self.receive(visibility, &mut attempt) => r,
+                r = self.receive(visibility, wait, &mut attempt) => r,
                 () = stopped(&mut stop) => return Ok(()),
             };
             let received = match received {
@@ -480,6 +503,7 @@ impl Worker {
                 }
             };
             if received.records.is_empty() {
+                short_next = !wait.is_zero() && Instant::now() >= probe_at;
                 continue;
             }
             let batch = self.process(received);

@@ -28,7 +28,7 @@ use sqs_triage::ops::setup::SetupReport;
 use sqs_triage::processor::registry::Registry;
 use sqs_triage::runtime::env::{build, build_with};
 use sqs_triage::runtime::worker::{Worker, WorkerOptions};
-use support::fault_proxy::{Fault, FaultProxy};
+use support::fault_proxy::{Fault, FaultProxy, FaultRule};
 
 /// The flag `triage worker` needs to run the built-in demo job type.
 const DEMO: &str = "--demo-handlers";
@@ -473,6 +473,51 @@ async fn a_source_queue_at_its_in_flight_limit_is_waited_out_and_named() {
     assert!(
         lines.wait_for("succeeded", 1, Duration::from_secs(120)),
         "the job never ran after the limit passed:\n{}",
+        lines.text()
+    );
+    sigterm(&child.0);
+    let status = exited_within(&mut child.0, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status}:\n{}", lines.text());
+}
+
+/// At the in-flight limit SQS answers long polls with nothing, which looks like an idle queue.
+/// After an empty long poll the worker asks once with a short poll (at most once a minute, the
+/// first at once), which SQS answers `OverLimit`: the cause is named within a minute.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_source_queue_is_named_though_its_long_polls_return_nothing() {
+    let created = support::fresh_resources("ew-full", false).await;
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.add_rule(FaultRule {
+        ops: Some(vec!["ReceiveMessage".into()]),
+        body_contains: Some("\"WaitTimeSeconds\":0".into()),
+        fault: Fault::Error {
+            status: 403,
+            code: "OverLimit".into(),
+        },
+        times: None,
+    });
+    proxy.add_rule(FaultRule {
+        ops: Some(vec!["ReceiveMessage".into()]),
+        body_contains: None,
+        fault: Fault::Body {
+            status: 200,
+            body: "{}".into(),
+        },
+        times: None,
+    });
+    let url = proxy.url();
+    let (mut child, lines) = spawn_worker(&created, &[DEMO], &[("AWS_ENDPOINT_URL_SQS", &url)]);
+    assert!(
+        lines.wait_for("in-flight messages as SQS allows", 1, Duration::from_secs(60)),
+        "worker said:\n{}",
+        lines.text()
+    );
+    proxy.clear_faults();
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "worker exited:\n{}",
         lines.text()
     );
     sigterm(&child.0);
