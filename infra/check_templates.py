@@ -1068,6 +1068,13 @@ class Facts:
                                   [{"Name": "QueueName", "Value": src_name}], "Maximum"))
         self.c("alarm on the function's throttles (AWS/Lambda Throttles Sum)",
                lambda: alarm_with("AWS/Lambda", "Throttles", fn_dims, "Sum"))
+        self.c("alarm near SQS's in-flight limit (AWS/SQS ApproximateNumberOfMessagesNotVisible Maximum of the source "
+               "queue, at 100,000, 16,000 on FIFO)", lambda: alarm_with(
+                   "AWS/SQS", "ApproximateNumberOfMessagesNotVisible", [{"Name": "QueueName", "Value": src_name}],
+                   "Maximum") if any(
+                       a.get("MetricName") == "ApproximateNumberOfMessagesNotVisible"
+                       and num(a["Threshold"]) == (16000 if is_fifo(t.props(self.src)) else 100000) for a in alarms)
+               else (False, json.dumps(alarms)))
         self.c("alarm on storage failures (SqsTriage StorageFailures Sum, no dimension)",
                lambda: alarm_with("SqsTriage", "StorageFailures", [], "Sum"))
 

@@ -256,6 +256,13 @@ export const VISIBILITY_FACTOR = 6;
  */
 export const HOLDS_SHARE = { numerator: 3, denominator: 4 };
 
+/**
+ * In-flight messages of the source queue that raise the in-flight alarm: five sixths of SQS's
+ * limit (about 120,000 per standard queue, 20,000 per FIFO queue).
+ */
+export const IN_FLIGHT_ALARM_STANDARD = 100_000;
+export const IN_FLIGHT_ALARM_FIFO = 16_000;
+
 /** The DLQ's retention (14 days, SQS's longest). */
 export const DLQ_RETENTION_SECONDS = 1_209_600;
 
@@ -332,7 +339,7 @@ export class SqsTriage extends Construct {
   readonly function: RustFunction;
   /** The dashboard. */
   readonly dashboard: cloudwatch.CfnDashboard;
-  /** Every alarm: DLQ depth, breaker openings, function errors, throttles, source age, storage failures. */
+  /** Every alarm: DLQ depth, breaker openings, function errors, throttles, source age, in-flight messages, storage failures. */
   readonly alarms: cloudwatch.Alarm[];
 
   constructor(scope: Construct, id: string, sqsTriageProps: SqsTriageProps) {
@@ -652,6 +659,20 @@ export class SqsTriage extends Construct {
       comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
       treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
     });
+    // Near SQS's in-flight limit: retries and deferrals are held in flight, and at the limit SQS
+    // hands out nothing more, for every job type.
+    const inFlightAlarm = new cloudwatch.Alarm(this, 'InFlightAlarm', {
+      alarmDescription: "The sqs-triage source queue nears SQS's in-flight limit (120,000 messages, 20,000 on FIFO): at "
+        + 'the limit no job of any type is received until held retries and deferrals come back.',
+      metric: queue.metricApproximateNumberOfMessagesNotVisible({
+        period: Duration.minutes(1),
+        statistic: cloudwatch.Stats.MAXIMUM,
+      }),
+      threshold: fifo ? IN_FLIGHT_ALARM_FIFO : IN_FLIGHT_ALARM_STANDARD,
+      evaluationPeriods: 1,
+      comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+      treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+    });
     // The function's own SQS / DynamoDB calls failed for good (after their retries).
     const storageAlarm = new cloudwatch.Alarm(this, 'StorageFailuresAlarm', {
       alarmDescription: "triage-lambda's SQS or DynamoDB calls failed after their retries (EMF metric SqsTriage/StorageFailures).",
@@ -668,7 +689,7 @@ export class SqsTriage extends Construct {
     });
     if (props.alarmTopicArn) {
       const topic = sns.Topic.fromTopicArn(this, 'AlarmTopic', props.alarmTopicArn);
-      for (const alarm of [dlqAlarm, breakerAlarm, errorsAlarm, throttlesAlarm, ageAlarm, storageAlarm]) {
+      for (const alarm of [dlqAlarm, breakerAlarm, errorsAlarm, throttlesAlarm, ageAlarm, inFlightAlarm, storageAlarm]) {
         alarm.addAlarmAction(new cwActions.SnsAction(topic));
       }
     }
@@ -685,7 +706,7 @@ export class SqsTriage extends Construct {
     this.table = table;
     this.function = fn;
     this.dashboard = dashboard;
-    this.alarms = [dlqAlarm, breakerAlarm, errorsAlarm, throttlesAlarm, ageAlarm, storageAlarm];
+    this.alarms = [dlqAlarm, breakerAlarm, errorsAlarm, throttlesAlarm, ageAlarm, inFlightAlarm, storageAlarm];
   }
 }
 

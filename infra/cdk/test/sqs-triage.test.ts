@@ -41,9 +41,9 @@ test('used twice in one stack with different prefixes: two of everything, each w
   assert.equal(count('AWS::Lambda::EventSourceMapping'), 2);
   assert.equal(count('AWS::Logs::LogGroup'), 2);
   assert.equal(count('AWS::IAM::Role'), 2);
-  assert.equal(count('AWS::CloudWatch::Alarm'), 12);
+  assert.equal(count('AWS::CloudWatch::Alarm'), 14);
   assert.equal(count('AWS::CloudWatch::Dashboard'), 2);
-  assert.equal(orders.alarms.length + emails.alarms.length, 12);
+  assert.equal(orders.alarms.length + emails.alarms.length, 14);
 
   for (const [prefix, suffix, attempts] of [['orders', '', '5'], ['emails', '.fifo', '3']]) {
     const source = idWhere(t, 'AWS::SQS::Queue', 'QueueName', `${prefix}-jobs${suffix}`);
