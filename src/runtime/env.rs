@@ -225,7 +225,12 @@ pub async fn build_with(
     if let (Some(retention), Some(visibility), Some(max_receive)) =
         (source.retention, source.visibility, source.receive_limit)
     {
-        let hold = redrive::unsettled_hold(visibility, config.heartbeat, TICKS_AHEAD);
+        // A worker receives with at least its minimum visibility timeout.
+        let hold = redrive::unsettled_hold(
+            visibility.max(super::worker::MIN_VISIBILITY),
+            config.heartbeat,
+            TICKS_AHEAD,
+        );
         redrive::check_holds(max_receive, hold, retention).map_err(|e| {
             let (var, of) = match config.source_queue {
                 Some(_) => (
