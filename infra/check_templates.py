@@ -222,6 +222,16 @@ RUST_RULE = "src/ops/setup.rs"
 CDK_RULE = "infra/cdk/lib/sqs-triage.ts"
 DOC_RULE = "docs/deploy.md"
 SQS_MAX_RECEIVE_COUNT = 1000
+# The retention rule (src/core/redrive.rs, docs/deploy.md): maxReceiveCount holds of the visibility
+# timeout fit HOLDS_SHARE of the source queue's retention, and a standard DLQ keeps messages
+# DLQ_RETENTION_MARGIN_S longer than its source (SQS keeps a moved message's enqueue time).
+HOLDS_SHARE = (3, 4)
+DLQ_RETENTION_MARGIN_S = 86400
+VISIBILITY_FACTOR = 6  # the source queue's visibility timeout is 6 x the function timeout
+
+
+def holds_fit(max_receive: int, visibility: int, retention: int) -> bool:
+    return max_receive * visibility <= retention * HOLDS_SHARE[0] // HOLDS_SHARE[1]
 
 
 def rust_factor(root: Path) -> int | None:
@@ -325,6 +335,55 @@ def sam_rules(raw: dict, factor: int) -> dict:
     return rules
 
 
+def sam_retention_rules(raw: dict) -> dict:
+    """The Rules that hold MaxReceiveCount x 6 x FunctionTimeout within 3/4 of SourceRetentionSeconds.
+
+    One rule per FunctionTimeout that some retention refuses counts for; one assertion per group
+    of retentions that allow the same largest count."""
+    params = Params(raw)
+    counts = sorted(int(c) for c in params.decl["MaxReceiveCount"]["AllowedValues"])
+    timeouts = sorted(int(v) for v in params.decl["FunctionTimeout"]["AllowedValues"])
+    retentions = sorted(int(v) for v in params.decl["SourceRetentionSeconds"]["AllowedValues"])
+    rules = {}
+    for timeout in timeouts:
+        visibility = VISIBILITY_FACTOR * timeout
+        groups: dict[int, list[int]] = {}
+        for r in retentions:
+            allowed = [c for c in counts if holds_fit(c, visibility, r)]
+            if len(allowed) < len(counts):
+                groups.setdefault(len(allowed), []).append(r)
+        assertions = []
+        for k, group in sorted(groups.items()):
+            allowed, refused = counts[:k], counts[k:]
+            retention_is = {"Fn::Contains": [[str(r) for r in group], {"Ref": "SourceRetentionSeconds"}]}
+            if not allowed:
+                assertions.append({
+                    "Assert": {"Fn::Not": [retention_is]},
+                    "AssertDescription": f"SourceRetentionSeconds ({', '.join(map(str, group))}) is too short for even "
+                                         f"{counts[0]} receives of {visibility} s (6 x FunctionTimeout {timeout}) within 3/4 "
+                                         "of it: retention would delete a message no consumer settles before SQS moves it",
+                })
+                continue
+            if len(refused) <= len(allowed):
+                fits = {"Fn::Not": [{"Fn::Contains": [[str(c) for c in refused], {"Ref": "MaxReceiveCount"}]}]}
+            else:
+                fits = {"Fn::Contains": [[str(c) for c in allowed], {"Ref": "MaxReceiveCount"}]}
+            assertions.append({
+                "Assert": {"Fn::Or": [{"Fn::Not": [retention_is]}, fits]},
+                "AssertDescription": f"MaxReceiveCount x {visibility} s (6 x FunctionTimeout {timeout}) must fit 3/4 of "
+                                     f"SourceRetentionSeconds ({', '.join(map(str, group))}): MaxReceiveCount at most {allowed[-1]}, "
+                                     "or retention deletes a message no consumer settles before SQS moves it to the DLQ",
+            })
+        if assertions:
+            rules[f"RetentionForTimeout{timeout}"] = {
+                "RuleCondition": {"Fn::Equals": [{"Ref": "FunctionTimeout"}, str(timeout)]},
+                "Assertions": assertions,
+            }
+    return rules
+
+
+GENERATED_RULES = ("ReceivesFor", "RetentionFor")
+
 KEPT_RULES_COMMENT = "# Not generated (kept as they are by `sam-rules`): what a FIFO source's mapping accepts."
 
 
@@ -340,17 +399,23 @@ def write_sam_rules(sam_path: Path, factor: int) -> None:
         return json.dumps(x, separators=(", ", ": "))
 
     def emit(name, r):
-        a = r["Assertions"][0]
-        return [f"  {name}:",
-                f"    RuleCondition: {flow(r['RuleCondition'])}",
-                "    Assertions:",
-                f"      - Assert: {flow(a['Assert'])}",
-                f"        AssertDescription: {json.dumps(a['AssertDescription'])}"]
+        out = [f"  {name}:",
+               f"    RuleCondition: {flow(r['RuleCondition'])}",
+               "    Assertions:"]
+        for a in r["Assertions"]:
+            out += [f"      - Assert: {flow(a['Assert'])}",
+                    f"        AssertDescription: {json.dumps(a['AssertDescription'])}"]
+        return out
 
     for name, r in rules.items():
         lines += emit(name, r)
+    retention = sam_retention_rules(load_yaml_template(sam_path))
+    lines += ["  # Generated too: MaxReceiveCount x the visibility timeout (6 x FunctionTimeout) within 3/4 of",
+              "  # SourceRetentionSeconds (docs/deploy.md, the retention rule), one rule per FunctionTimeout."]
+    for name, r in retention.items():
+        lines += emit(name, r)
     # The template's other rules (the FIFO ones) are kept as they are, after the generated ones.
-    kept = {k: v for k, v in load_yaml_template(sam_path).get("Rules", {}).items() if not k.startswith("ReceivesFor")}
+    kept = {k: v for k, v in load_yaml_template(sam_path).get("Rules", {}).items() if not k.startswith(GENERATED_RULES)}
     if kept:
         lines.append(f"  {KEPT_RULES_COMMENT}")
         for name, r in kept.items():
@@ -363,7 +428,7 @@ def write_sam_rules(sam_path: Path, factor: int) -> None:
         at = re.search(r"^Mappings:", text, re.M).start()
         text = text[:at] + block + text[at:]
     sam_path.write_text(text)
-    print(f"wrote {len(rules)} rules to {sam_path}")
+    print(f"wrote {len(rules) + len(retention)} rules to {sam_path}")
 
 
 def config_ranges(limits: dict) -> dict[str, tuple[str, str, bool]]:
@@ -395,6 +460,26 @@ def rule_facts(root: Path, sam_raw: dict, limits: dict, report: Report) -> int |
             f"MaxAttempts with no allowed MaxReceiveCount: {stranded[:5]}")
 
     report.check(f"[sam] Rules accept exactly MaxReceiveCount >= {factor} x MaxAttempts, over every allowed pair", sam_rule)
+
+    def retention_rule():
+        timeouts = [int(v) for v in params.decl["FunctionTimeout"]["AllowedValues"]]
+        counts = [m for m in range(0, 1002) if params.accepts("MaxReceiveCount", m)]
+        retentions = [r for r in range(60, 1_209_601, 60) if params.accepts("SourceRetentionSeconds", r)]
+        wrong, stranded = [], []
+        for t in timeouts:
+            for r in retentions:
+                verdicts = [params.rules_pass({"FunctionTimeout": t, "MaxReceiveCount": m, "SourceRetentionSeconds": r,
+                                               "MaxAttempts": 1}) for m in counts]
+                wrong += [(t, m, r) for m, ok in zip(counts, verdicts) if ok != holds_fit(m, VISIBILITY_FACTOR * t, r)]
+        for r in retentions:
+            if r + DLQ_RETENTION_MARGIN_S > 1_209_600:
+                stranded.append(r)
+        return not wrong and not stranded and bool(retentions), (
+            f"{len(wrong)} wrong verdicts, e.g. {wrong[:5]} (FunctionTimeout, MaxReceiveCount, SourceRetentionSeconds); "
+            f"retentions the 14-day DLQ does not outlive by a day: {stranded[:5]}")
+
+    report.check("[sam] Rules accept exactly MaxReceiveCount x 6 x FunctionTimeout <= 3/4 x SourceRetentionSeconds, over "
+                 "every allowed triple, and every allowed retention leaves the 14-day DLQ a day more", retention_rule)
 
     def ranges():
         cfg = config_ranges(limits)
@@ -777,9 +862,18 @@ class Facts:
             f"{ {k: self.env.get(k) for k in queue_vars} } source retention {srcp.get('MessageRetentionPeriod')} "
             f"visibility {srcp.get('VisibilityTimeout')} redrive {json.dumps(srcp.get('RedrivePolicy'))}"))
         self.fifo_facts(srcp, dlqp)
-        self.c("DLQ keeps messages 14 days, source queue 4 days", lambda: (
-            num(dlqp["MessageRetentionPeriod"]) == 1209600 and num(srcp["MessageRetentionPeriod"]) == 345600,
+        self.c("DLQ keeps messages 14 days, source queue 10 days", lambda: (
+            num(dlqp["MessageRetentionPeriod"]) == 1209600 and num(srcp["MessageRetentionPeriod"]) == 864000,
             f"dlq {dlqp.get('MessageRetentionPeriod')} source {srcp.get('MessageRetentionPeriod')}"))
+        self.c("maxReceiveCount x the visibility timeout fits 3/4 of the source queue's retention, and a standard "
+               "DLQ keeps messages a day longer than its source (the retention rule)", lambda: (
+            holds_fit(int(num(parse_json_prop(srcp["RedrivePolicy"])["maxReceiveCount"])),
+                      int(num(srcp.get("VisibilityTimeout", 30))), int(num(srcp.get("MessageRetentionPeriod", 345600))))
+            and (is_fifo(srcp) or num(dlqp.get("MessageRetentionPeriod", 345600))
+                 >= num(srcp.get("MessageRetentionPeriod", 345600)) + DLQ_RETENTION_MARGIN_S),
+            f"maxReceiveCount {parse_json_prop(srcp['RedrivePolicy']).get('maxReceiveCount')} visibility "
+            f"{srcp.get('VisibilityTimeout')} retention {srcp.get('MessageRetentionPeriod')} dlq "
+            f"{dlqp.get('MessageRetentionPeriod')}"))
 
         tp = t.props(self.table)
         self.c("state table: pk/sk strings, on-demand, TTL on expires_at, point-in-time recovery set", lambda: (
@@ -974,6 +1068,13 @@ class Facts:
                                   [{"Name": "QueueName", "Value": src_name}], "Maximum"))
         self.c("alarm on the function's throttles (AWS/Lambda Throttles Sum)",
                lambda: alarm_with("AWS/Lambda", "Throttles", fn_dims, "Sum"))
+        self.c("alarm near SQS's in-flight limit (AWS/SQS ApproximateNumberOfMessagesNotVisible Maximum of the source "
+               "queue, at 100,000, 16,000 on FIFO)", lambda: alarm_with(
+                   "AWS/SQS", "ApproximateNumberOfMessagesNotVisible", [{"Name": "QueueName", "Value": src_name}],
+                   "Maximum") if any(
+                       a.get("MetricName") == "ApproximateNumberOfMessagesNotVisible"
+                       and num(a["Threshold"]) == (16000 if is_fifo(t.props(self.src)) else 100000) for a in alarms)
+               else (False, json.dumps(alarms)))
         self.c("alarm on storage failures (SqsTriage StorageFailures Sum, no dimension)",
                lambda: alarm_with("SqsTriage", "StorageFailures", [], "Sum"))
 

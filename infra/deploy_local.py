@@ -40,7 +40,7 @@ SETUP_RS = ROOT / "src/ops/setup.rs"
 # The stacks' defaults (infra/template.yaml's parameters, infra/cdk/cdk.json's context).
 EXPECT = {
     "maxReceiveCount": 100,
-    "sourceRetention": 345600,
+    "sourceRetention": 864000,
     "dlqRetention": 1209600,
     "maxMessageSize": 1048576,
     "functionTimeout": 30,

@@ -1,5 +1,5 @@
 //! The pure core: envelope, errors and their classification, backoff, policy, the breaker
-//! state machine, the failure record, SQS's characters and the decision. No AWS crate, no
+//! state machine, the failure record, SQS's characters, the redrive's bounds and the decision. No AWS crate, no
 //! tokio, no clock: time and randomness come in as arguments. Read this layer alone to know
 //! every rule.
 
@@ -10,6 +10,7 @@ pub mod envelope;
 pub mod error;
 pub mod failure;
 pub mod policy;
+pub mod redrive;
 pub mod sqs_text;
 
 pub use backoff::Backoff;

@@ -36,6 +36,9 @@ pub enum CodeClass {
     Conflict,
 }
 
+/// SQS's `OverLimit`: a receive from a queue that holds as many in-flight messages as SQS allows.
+pub const OVER_LIMIT: &str = "OverLimit";
+
 /// Every AWS error code the crate knows, with its class. The SDK's own throttling and
 /// transient lists plus the service-specific codes DynamoDB and SQS return.
 pub const CODES: &[(&str, CodeClass)] = &[
@@ -57,6 +60,9 @@ pub const CODES: &[(&str, CodeClass)] = &[
     ("TransactionConflictException", CodeClass::Throttling),
     ("KMSThrottlingException", CodeClass::Throttling),
     ("AWS.SimpleQueueService.RequestThrottled", CodeClass::Throttling),
+    // SQS's answer to a short poll of a queue at its in-flight limit (about 120,000 messages,
+    // 20,000 on FIFO): it passes as messages are settled or come back, so it is waited out.
+    (OVER_LIMIT, CodeClass::Throttling),
     // Server faults.
     ("RequestTimeout", CodeClass::ServerFault),
     ("RequestTimeoutException", CodeClass::ServerFault),

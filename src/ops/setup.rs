@@ -11,7 +11,7 @@ use super::{Ctx, ErrorKind, OpsError, OpsResult};
 
 /// Messages are kept in the DLQ for the longest SQS allows (14 days), so an incident can be
 /// investigated after a long weekend.
-const DLQ_RETENTION_S: &str = "1209600";
+const DLQ_RETENTION: Duration = Duration::from_secs(1_209_600);
 
 /// Both queues take SQS's largest message (1 MiB), as the SAM and CDK stacks make them: the DLQ
 /// is never smaller than its source, so every dead-lettered copy (the body and its failure
@@ -292,7 +292,7 @@ pub async fn setup_with(ctx: &Ctx, opts: &SetupOptions, flags: &SetupFlags) -> O
         [
             (
                 QueueAttributeName::MessageRetentionPeriod,
-                DLQ_RETENTION_S.to_owned(),
+                DLQ_RETENTION.as_secs().to_string(),
             ),
             (
                 QueueAttributeName::MaximumMessageSize,
@@ -309,6 +309,7 @@ pub async fn setup_with(ctx: &Ctx, opts: &SetupOptions, flags: &SetupFlags) -> O
         &[
             QueueAttributeName::QueueArn,
             QueueAttributeName::VisibilityTimeout,
+            QueueAttributeName::MessageRetentionPeriod,
         ],
         "--queue",
     )
@@ -319,6 +320,24 @@ pub async fn setup_with(ctx: &Ctx, opts: &SetupOptions, flags: &SetupFlags) -> O
             format!("queue {queue_url} has no QueueArn attribute"),
         )
     })?;
+    let visibility_timeout_s = match flags.visibility_timeout {
+        Some(v) => v,
+        None => queue_attrs
+            .remove(&QueueAttributeName::VisibilityTimeout)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(30),
+    };
+    let retention = queue_attrs
+        .remove(&QueueAttributeName::MessageRetentionPeriod)
+        .and_then(|v| v.parse().ok())
+        .map_or(SQS_DEFAULT_RETENTION, Duration::from_secs);
+    check_redrive(
+        &queue,
+        opts.max_receive_count,
+        visibility_timeout_s,
+        retention,
+        fifo,
+    )?;
     // SQS accepts a RedrivePolicy only to a DLQ that allows the source: the DLQ's policy first.
     allow_source(ctx, &dlq_url, &dlq, allow, &queue_arn, flags.replace_deny_all).await?;
 
@@ -337,13 +356,6 @@ pub async fn setup_with(ctx: &Ctx, opts: &SetupOptions, flags: &SetupFlags) -> O
         source.push((QueueAttributeName::VisibilityTimeout, v.to_string()));
     }
     set_attributes(ctx, &queue_url, source).await?;
-    let visibility_timeout_s = match flags.visibility_timeout {
-        Some(v) => v,
-        None => queue_attrs
-            .remove(&QueueAttributeName::VisibilityTimeout)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(30),
-    };
 
     Ok(SetupReport {
         queue_url,
@@ -355,6 +367,37 @@ pub async fn setup_with(ctx: &Ctx, opts: &SetupOptions, flags: &SetupFlags) -> O
         max_receive_count: opts.max_receive_count,
         visibility_timeout_s,
     })
+}
+
+/// SQS's retention of a queue made without one (4 days).
+const SQS_DEFAULT_RETENTION: Duration = Duration::from_secs(345_600);
+
+/// Refuses (usage error) a redrive that the source queue's retention would outrun
+/// ([`crate::core::redrive`]): `max_receive_count` unsettled holds of the visibility timeout
+/// (or of the worker's default heartbeat's reach) within three quarters of `retention`, and,
+/// on a standard queue, a DLQ (kept [`DLQ_RETENTION`]) a day longer than its source.
+pub(crate) fn check_redrive(
+    queue: &str,
+    max_receive_count: u32,
+    visibility_timeout_s: u32,
+    retention: Duration,
+    fifo: bool,
+) -> OpsResult<()> {
+    use crate::core::redrive::{check_dlq_retention, check_holds, unsettled_hold};
+    use crate::processor::{DEFAULT_HEARTBEAT, TICKS_AHEAD};
+    let hold = unsettled_hold(
+        Duration::from_secs(visibility_timeout_s.into()),
+        Some(DEFAULT_HEARTBEAT),
+        TICKS_AHEAD,
+    );
+    check_holds(max_receive_count, hold, retention).map_err(|e| {
+        OpsError::usage(format!(
+            "--max-receive-count {max_receive_count} with the visibility timeout of {queue} ({visibility_timeout_s} s, \
+             --visibility-timeout): {e}"
+        ))
+    })?;
+    check_dlq_retention(retention, DLQ_RETENTION, fifo)
+        .map_err(|e| OpsError::usage(format!("the source queue {queue}: {e}")))
 }
 
 async fn create_queue(ctx: &Ctx, name: &str, fifo: bool) -> OpsResult<String> {

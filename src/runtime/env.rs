@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::RuntimeError;
 use crate::config::{Config, QueueFacts};
 use crate::core::envelope::EnvelopeLimits;
+use crate::core::redrive;
 use crate::effects::breaker_store::BreakerStore;
 use crate::effects::calls::CallCounter;
 use crate::effects::dlq::DlqLimit;
@@ -20,6 +21,7 @@ use crate::effects::queue_url::{url_names_arn, urls_name_one_queue};
 use crate::effects::sqs::Sqs;
 use crate::effects::storage_retry::{StorageError, StorageRetry, dynamodb_config, sqs_config};
 use crate::effects::table::{PK, SK};
+use crate::processor::TICKS_AHEAD;
 use crate::processor::registry::Registry;
 use crate::processor::{Processor, ProcessorConfig};
 
@@ -179,6 +181,7 @@ pub async fn build_with(
                     dlq_url.clone(),
                     vec![
                         QueueAttributeName::MaximumMessageSize,
+                        QueueAttributeName::MessageRetentionPeriod,
                         QueueAttributeName::QueueArn,
                     ],
                 )
@@ -217,6 +220,32 @@ pub async fn build_with(
                 ""
             };
             format!("retry policy rejected for {queue_url}{of}: {e}")
+        })?;
+    }
+    if let (Some(retention), Some(visibility), Some(max_receive)) =
+        (source.retention, source.visibility, source.receive_limit)
+    {
+        // A worker receives with at least its minimum visibility timeout.
+        let hold = redrive::unsettled_hold(
+            visibility.max(super::worker::MIN_VISIBILITY),
+            config.heartbeat,
+            TICKS_AHEAD,
+        );
+        redrive::check_holds(max_receive, hold, retention).map_err(|e| {
+            let (var, of) = match config.source_queue {
+                Some(_) => (
+                    "TRIAGE_QUEUE_MAX_RECEIVE",
+                    " (TRIAGE_QUEUE_RETENTION_S, TRIAGE_QUEUE_VISIBILITY_S, TRIAGE_QUEUE_MAX_RECEIVE)",
+                ),
+                None => ("TRIAGE_QUEUE_URL", ""),
+            };
+            StartupError {
+                var,
+                message: format!(
+                    "{var}: the source queue {queue_url}{of} cannot dead-letter what it keeps: {e}"
+                ),
+                misconfigured: true,
+            }
         })?;
     }
     if let (Some(every), Some(v)) = (config.heartbeat, source.visibility) {
@@ -272,6 +301,20 @@ pub async fn build_with(
                 if let Some(target) = target.filter(|t| t != d) {
                     warnings.push(mismatched_target(target, d));
                 }
+            }
+            let dlq_retention = a
+                .get(&QueueAttributeName::MessageRetentionPeriod)
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_secs);
+            if let (Some(source_retention), Some(dlq_retention)) = (source.retention, dlq_retention) {
+                let fifo = queue_url.trim_end_matches('/').ends_with(".fifo");
+                redrive::check_dlq_retention(source_retention, dlq_retention, fifo).map_err(|e| {
+                    StartupError {
+                        var: "TRIAGE_DLQ_URL",
+                        message: format!("TRIAGE_DLQ_URL: the DLQ {dlq_url} of {queue_url}: {e}"),
+                        misconfigured: true,
+                    }
+                })?;
             }
             match a
                 .get(&QueueAttributeName::MaximumMessageSize)

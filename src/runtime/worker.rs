@@ -31,6 +31,7 @@ use super::RuntimeError;
 use super::env::{Environment, build, init_tracing, install_panic_hook, sdk_config};
 use crate::clock::now_ms;
 use crate::config::Config;
+use crate::effects::aws_errors::OVER_LIMIT;
 use crate::effects::storage_retry::{FailureKind, StorageError, classify};
 use crate::processor::registry::Registry;
 use crate::processor::{BatchOutcome, Deadline, Incoming};
@@ -51,6 +52,11 @@ pub const DELETE_MARGIN: Duration = Duration::from_secs(1);
 /// timeout (the answer's way back): the batch's clock starts that much before the answer,
 /// never before the request was sent.
 pub const RECEIVE_LATENCY: Duration = Duration::from_secs(2);
+
+/// How often, at most, an empty long poll is followed by a short poll, which SQS answers
+/// `OverLimit` when the queue is at its in-flight limit (a long poll then returns nothing): an
+/// idle worker makes one more receive a minute, and a full queue is named within a minute.
+pub const IN_FLIGHT_PROBE_EVERY: Duration = Duration::from_secs(60);
 
 /// First wait after a failed receive; it doubles on each further failure.
 pub(crate) const RECEIVE_BACKOFF_BASE: Duration = Duration::from_secs(1);
@@ -273,14 +279,21 @@ impl Worker {
     /// Receives one batch (long poll), processes it, deletes what is settled.
     pub async fn poll_once(&self) -> Result<Option<BatchOutcome>, RuntimeError> {
         let visibility = self.visibility_timeout().await?;
-        let received = self.receive(visibility, &mut AttemptId::default()).await?;
+        let received = self
+            .receive(visibility, self.opts.wait, &mut AttemptId::default())
+            .await?;
         if received.records.is_empty() {
             return Ok(None);
         }
         Ok(Some(self.process(received).await))
     }
 
-    async fn receive(&self, visibility: Duration, attempt: &mut AttemptId) -> Result<Received, StorageError> {
+    async fn receive(
+        &self,
+        visibility: Duration,
+        wait: Duration,
+        attempt: &mut AttemptId,
+    ) -> Result<Received, StorageError> {
         let sqs = self.env.processor.sqs();
         let fifo = self.env.processor.is_fifo();
         let id = Mutex::new(fifo.then(|| attempt.current()));
@@ -295,7 +308,7 @@ impl Worker {
                     .receive_message()
                     .queue_url(&self.env.queue_url)
                     .max_number_of_messages(self.opts.max_messages.clamp(1, 10))
-                    .wait_time_seconds(self.opts.wait.as_secs().min(20) as i32)
+                    .wait_time_seconds(wait.as_secs().min(20) as i32)
                     .visibility_timeout(visibility_s)
                     .set_receive_request_attempt_id(id.lock().unwrap_or_else(|e| e.into_inner()).clone())
                     .message_system_attribute_names(MessageSystemAttributeName::All)
@@ -448,12 +461,23 @@ impl Worker {
         out: mpsc::UnboundedSender<BatchOutcome>,
     ) -> Result<(), WorkerError> {
         let mut attempt = AttemptId::default();
+        // At SQS's in-flight limit long polls return nothing: after an empty one, a short poll
+        // (at most every IN_FLIGHT_PROBE_EVERY) tells an idle queue from a full one.
+        let mut probe_at = Instant::now();
+        let mut short_next = false;
         loop {
             if *stop.borrow() {
                 return Ok(());
             }
+            let wait = if short_next {
+                probe_at = Instant::now() + IN_FLIGHT_PROBE_EVERY;
+                Duration::ZERO
+            } else {
+                self.opts.wait
+            };
+            short_next = false;
             let received = tokio::select! {
-                r = self.receive(visibility, &mut attempt) => r,
+                r = self.receive(visibility, wait, &mut attempt) => r,
                 () = stopped(&mut stop) => return Ok(()),
             };
             let received = match received {
@@ -462,6 +486,9 @@ impl Worker {
                     r
                 }
                 Err(e) => {
+                    if e.code() == Some(OVER_LIMIT) {
+                        self.report_in_flight_limit();
+                    }
                     let (wait, last) = self.after_failure(&e, health)?;
                     let retry_in_ms = wait.as_millis() as u64;
                     if last {
@@ -476,6 +503,7 @@ impl Worker {
                 }
             };
             if received.records.is_empty() {
+                short_next = !wait.is_zero() && Instant::now() >= probe_at;
                 continue;
             }
             let batch = self.process(received);
@@ -488,6 +516,33 @@ impl Worker {
                 }
             };
             let _ = out.send(outcome);
+        }
+    }
+
+    /// Says that the source queue is at SQS's in-flight limit: a warning naming the cause, and
+    /// an `InFlightLimitReached` metric with EMF on. Every job type waits meanwhile, not only
+    /// the one whose retries and deferrals fill the queue.
+    fn report_in_flight_limit(&self) {
+        tracing::warn!(
+            queue = %self.env.queue_url,
+            "the source queue holds as many in-flight messages as SQS allows (OverLimit): no job of \
+             any type is received until held messages are settled or come back; retries and breaker \
+             deferrals are held in flight, so look for a job type that keeps failing or deferring \
+             (`triage breaker status`, the Deferred and Retried metrics); receives go on with backoff"
+        );
+        if self.opts.emf {
+            let line = serde_json::json!({
+                "InFlightLimitReached": 1,
+                "_aws": {
+                    "Timestamp": now_ms(),
+                    "CloudWatchMetrics": [{
+                        "Namespace": crate::effects::metrics::NAMESPACE,
+                        "Dimensions": [[]],
+                        "Metrics": [{"Name": "InFlightLimitReached", "Unit": "Count"}],
+                    }],
+                },
+            });
+            super::env::print_emf(&line.to_string());
         }
     }
 

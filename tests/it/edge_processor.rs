@@ -436,9 +436,13 @@ async fn a_job_deferred_past_the_queues_retention_is_dead_lettered_with_a_record
         .set_queue_attributes()
         .queue_url(&h.queue_url)
         .attributes(QueueAttributeName::MessageRetentionPeriod, "60")
+        .attributes(QueueAttributeName::VisibilityTimeout, "10")
         .send()
         .await
         .unwrap();
+    // Three receives held 15 s each (the heartbeat's reach) fit three quarters of the retention:
+    // start-up refuses more.
+    h.set_redrive(3).await;
     let policy = sqs_triage::core::policy::RetryPolicy::builder()
         .max_attempts(2)
         .backoff(sqs_triage::core::Backoff::exponential(

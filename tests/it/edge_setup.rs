@@ -592,6 +592,76 @@ async fn setup_sets_the_visibility_timeout_only_when_asked() {
     assert!(line.contains("--visibility-timeout"), "{line}");
 }
 
+/// Holds that retention would outrun (100 receives of 5400 s over SQS's default 4 days): refused
+/// before the source queue's redrive policy or visibility timeout is written; 48 fit.
+#[tokio::test(flavor = "multi_thread")]
+async fn setup_refuses_a_redrive_that_retention_would_outrun() {
+    let q = support::unique_name("su-hold");
+    let (dlq, table) = (format!("{q}-dlq"), format!("{q}-t"));
+    let flags = |n: &'static str| ["--visibility-timeout", "5400", "--max-receive-count", n];
+    let o = run(&setup_args(&q, &dlq, &table, &flags("100")), &[]);
+    let line = error_line(&o, 2);
+    for part in [
+        "--max-receive-count 100",
+        "maxReceiveCount (100)",
+        "MessageRetentionPeriod (345600 s",
+        "at most 48",
+    ] {
+        assert!(line.contains(part), "{part}: {line}");
+    }
+    let sqs = support::sqs_client().await;
+    let url = sqs
+        .get_queue_url()
+        .queue_name(&q)
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let a = support::all_attributes(&sqs, &url).await;
+    assert!(!a.contains_key(&QueueAttributeName::RedrivePolicy), "{a:?}");
+    assert_eq!(a[&QueueAttributeName::VisibilityTimeout], "30");
+    let v = ok_json(&run(&setup_args(&q, &dlq, &table, &flags("48")), &[]));
+    assert_eq!(v["max_receive_count"], 48);
+}
+
+/// A source queue that keeps messages 14 days: its DLQ (14 days, SQS's longest) would delete
+/// what SQS moves into it at once. Refused; a FIFO pair is not, since a FIFO DLQ gives a
+/// moved message a new enqueue time.
+#[tokio::test(flavor = "multi_thread")]
+async fn setup_refuses_a_source_queue_its_dlq_cannot_outlive() {
+    let sqs = support::sqs_client().await;
+    for fifo in [false, true] {
+        let base = support::unique_name("su-ret");
+        let q = if fifo {
+            format!("{base}.fifo")
+        } else {
+            base.clone()
+        };
+        let mut create = sqs
+            .create_queue()
+            .queue_name(&q)
+            .attributes(QueueAttributeName::MessageRetentionPeriod, "1209600");
+        if fifo {
+            create = create.attributes(QueueAttributeName::FifoQueue, "true");
+        }
+        create.send().await.unwrap();
+        let o = run(
+            &setup_args(&q, &format!("{base}-dlq"), &format!("{base}-t"), &[]),
+            &[],
+        );
+        if fifo {
+            ok_json(&o);
+            continue;
+        }
+        let line = error_line(&o, 2);
+        assert!(
+            line.contains("the DLQ's MessageRetentionPeriod (1209600 s)") && line.contains(&q),
+            "{line}"
+        );
+    }
+}
+
 // ------------------------------------------------------------------ ARN regions
 
 #[tokio::test(flavor = "multi_thread")]

@@ -28,7 +28,7 @@ use sqs_triage::ops::setup::SetupReport;
 use sqs_triage::processor::registry::Registry;
 use sqs_triage::runtime::env::{build, build_with};
 use sqs_triage::runtime::worker::{Worker, WorkerOptions};
-use support::fault_proxy::{Fault, FaultProxy};
+use support::fault_proxy::{Fault, FaultProxy, FaultRule};
 
 /// The flag `triage worker` needs to run the built-in demo job type.
 const DEMO: &str = "--demo-handlers";
@@ -426,6 +426,99 @@ async fn throttled_receives_are_retried_past_the_give_up_time() {
     assert!(
         lines.wait_for("succeeded", 1, Duration::from_secs(120)),
         "the job never ran after the throttling ended:\n{}",
+        lines.text()
+    );
+    sigterm(&child.0);
+    let status = exited_within(&mut child.0, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status}:\n{}", lines.text());
+}
+
+/// A source queue at SQS's in-flight limit answers short polls `OverLimit` (long polls, nothing):
+/// it passes as held messages are settled or come back, so the worker waits it out as
+/// throttling, past the give-up time, and says why no job of any type is received.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_queue_at_its_in_flight_limit_is_waited_out_and_named() {
+    let created = support::fresh_resources("ew-overlimit", false).await;
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.fail_always(
+        "ReceiveMessage",
+        Fault::Error {
+            status: 403,
+            code: "OverLimit".into(),
+        },
+    );
+    let url = proxy.url();
+    let (mut child, lines) = spawn_worker(
+        &created,
+        &[DEMO, "--give-up-after", "1s"],
+        &[("AWS_ENDPOINT_URL_SQS", &url)],
+    );
+    assert!(
+        lines.wait_for("in-flight messages as SQS allows", 3, Duration::from_secs(120)),
+        "worker said:\n{}",
+        lines.text()
+    );
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "worker exited:\n{}",
+        lines.text()
+    );
+    proxy.clear_faults();
+    send(
+        &created.queue_url,
+        json!({"type": chaos::CHAOS, "id": "ol1", "payload": {"outcome": "ok"}}),
+    )
+    .await;
+    assert!(
+        lines.wait_for("succeeded", 1, Duration::from_secs(120)),
+        "the job never ran after the limit passed:\n{}",
+        lines.text()
+    );
+    sigterm(&child.0);
+    let status = exited_within(&mut child.0, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status}:\n{}", lines.text());
+}
+
+/// At the in-flight limit SQS answers long polls with nothing, which looks like an idle queue.
+/// After an empty long poll the worker asks once with a short poll (at most once a minute, the
+/// first at once), which SQS answers `OverLimit`: the cause is named within a minute.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_source_queue_is_named_though_its_long_polls_return_nothing() {
+    let created = support::fresh_resources("ew-full", false).await;
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    proxy.add_rule(FaultRule {
+        ops: Some(vec!["ReceiveMessage".into()]),
+        body_contains: Some("\"WaitTimeSeconds\":0".into()),
+        fault: Fault::Error {
+            status: 403,
+            code: "OverLimit".into(),
+        },
+        times: None,
+    });
+    proxy.add_rule(FaultRule {
+        ops: Some(vec!["ReceiveMessage".into()]),
+        body_contains: None,
+        fault: Fault::Body {
+            status: 200,
+            body: "{}".into(),
+        },
+        times: None,
+    });
+    let url = proxy.url();
+    let (mut child, lines) = spawn_worker(&created, &[DEMO], &[("AWS_ENDPOINT_URL_SQS", &url)]);
+    assert!(
+        lines.wait_for("in-flight messages as SQS allows", 1, Duration::from_secs(60)),
+        "worker said:\n{}",
+        lines.text()
+    );
+    proxy.clear_faults();
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "worker exited:\n{}",
         lines.text()
     );
     sigterm(&child.0);

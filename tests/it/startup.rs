@@ -328,6 +328,94 @@ async fn configured_queue_attributes_are_checked_as_read_ones_are() {
     assert!(e.contains("names the source queue"), "{e}");
 }
 
+/// A message no consumer settles (a crash, out of memory, a timeout) is hidden for one hold per
+/// receive; SQS moves it to the DLQ only after `maxReceiveCount` of them. Holds that retention
+/// outruns (the templates' old defaults with a 900 s function: 100 x 5400 s over 4 days,
+/// deleted around the 64th receive) are refused, configured or read, naming the attributes
+/// and the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_that_retention_outruns_is_refused_at_start_up() {
+    let r = rig("start-holds").await;
+    let vars = r.stack_vars().await;
+    let with = |facts: [(&'static str, &'static str); 3]| {
+        let mut v = pairs(&vars);
+        v.extend(facts);
+        v
+    };
+    let e = r
+        .refused(
+            &with([
+                ("TRIAGE_QUEUE_RETENTION_S", "345600"),
+                ("TRIAGE_QUEUE_VISIBILITY_S", "5400"),
+                ("TRIAGE_QUEUE_MAX_RECEIVE", "100"),
+            ]),
+            "100 holds of 5400 s do not fit 4 days of retention",
+        )
+        .await;
+    for part in [
+        "TRIAGE_QUEUE_MAX_RECEIVE",
+        "maxReceiveCount (100)",
+        "MessageRetentionPeriod (345600 s",
+        "at most 48",
+    ] {
+        assert!(e.contains(part), "{part}: {e}");
+    }
+    // 48 holds fit three quarters of the retention.
+    r.build(&with([
+        ("TRIAGE_QUEUE_RETENTION_S", "345600"),
+        ("TRIAGE_QUEUE_VISIBILITY_S", "5400"),
+        ("TRIAGE_QUEUE_MAX_RECEIVE", "48"),
+    ]))
+    .await;
+
+    // Read from the queue: 1000 receives (the rig's redrive) of 30 s over one hour.
+    r.sqs
+        .set_queue_attributes()
+        .queue_url(&r.queue_url)
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "3600")
+        .send()
+        .await
+        .unwrap();
+    let e = r
+        .refused(&[], "1000 holds of 30 s do not fit an hour of retention")
+        .await;
+    assert!(
+        e.contains("TRIAGE_QUEUE_URL") && e.contains("maxReceiveCount (1000)") && e.contains("at most 90"),
+        "{e}"
+    );
+}
+
+/// SQS keeps a moved message's first enqueue time on a standard queue: a DLQ that keeps
+/// messages no longer than its source deletes what the redrive moves into it. Refused when
+/// start-up reads the DLQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dlq_that_keeps_messages_no_longer_than_its_source_is_refused_at_start_up() {
+    let r = rig("start-dlq-ret").await;
+    r.sqs
+        .set_queue_attributes()
+        .queue_url(&r.dlq_url)
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "345600")
+        .send()
+        .await
+        .unwrap();
+    let e = r
+        .refused(&[], "a DLQ kept as long as its source is refused")
+        .await;
+    assert!(
+        e.contains("TRIAGE_DLQ_URL") && e.contains("the DLQ's MessageRetentionPeriod (345600 s)"),
+        "{e}"
+    );
+    // A day longer is enough.
+    r.sqs
+        .set_queue_attributes()
+        .queue_url(&r.dlq_url)
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "432000")
+        .send()
+        .await
+        .unwrap();
+    r.build(&[]).await;
+}
+
 /// Start-up reads the breakers of the first ten job types (as many as a batch can name), none
 /// that no envelope can name, and does it on its own retry budget: a throttled table at
 /// start-up leaves the budget the batches share untouched. The worker receives with the

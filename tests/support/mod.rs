@@ -430,7 +430,12 @@ pub async fn hand_table(
 /// send to it is refused (`NonExistentQueue`).
 pub async fn queue_to_delete(prefix: &str, fifo: bool) -> String {
     let name = unique_name(prefix);
-    let mut req = sqs_client().await.create_queue();
+    // Kept 14 days, as `triage setup` makes a DLQ: start-up refuses a DLQ no longer kept than
+    // its source.
+    let mut req = sqs_client().await.create_queue().attributes(
+        aws_sdk_sqs::types::QueueAttributeName::MessageRetentionPeriod,
+        "1209600",
+    );
     if fifo {
         req = req
             .queue_name(format!("{name}.fifo"))

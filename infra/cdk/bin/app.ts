@@ -46,7 +46,7 @@ new TriageStack(app, 'SqsTriage', {
   maximumPollers: num('maximumPollers', 200),
   queueType: ctx('queueType', 'standard') as QueueType,
   maxReceiveCount: num('maxReceiveCount', 100),
-  sourceRetentionSeconds: num('sourceRetentionSeconds', 345600),
+  sourceRetentionSeconds: num('sourceRetentionSeconds', 864000),
   pointInTimeRecovery: ctx('pointInTimeRecovery', 'true') !== 'false',
   applicationLogLevel: ctx('applicationLogLevel', 'INFO') as ApplicationLogLevel,
   alarmTopicArn: ctx('alarmTopicArn', ''),

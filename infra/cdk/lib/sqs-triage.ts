@@ -63,8 +63,8 @@ export const SQS_MAX_RECEIVE_COUNT = 1000;
 
 /**
  * The stack's numeric settings (whole numbers), from the SAM template's parameters. SAM lists
- * the values of FunctionTimeout and MaxReceiveCount (CloudFormation cannot multiply, and its
- * rules compare text); the CDK app takes any whole number between the list's ends.
+ * the values of FunctionTimeout, MaxReceiveCount and SourceRetentionSeconds (CloudFormation cannot
+ * multiply, and its rules compare text); the CDK app takes any whole number between the list's ends.
  */
 export const STACK_SETTING_RANGES: Record<string, PolicyRange> = {
   functionTimeoutSeconds: { min: 10, max: 900, whole: true }, // FunctionTimeout
@@ -75,7 +75,7 @@ export const STACK_SETTING_RANGES: Record<string, PolicyRange> = {
   minimumPollers: { min: 2, max: 200, whole: true }, // MinimumPollers
   maximumPollers: { min: 2, max: 2000, whole: true }, // MaximumPollers
   maxReceiveCount: { min: 4, max: 1000, whole: true }, // MaxReceiveCount
-  sourceRetentionSeconds: { min: 60, max: 1_209_600, whole: true }, // SourceRetentionSeconds
+  sourceRetentionSeconds: { min: 43_200, max: 1_123_200, whole: true }, // SourceRetentionSeconds
   sourceAgeAlarmSeconds: { min: 60, max: 1_209_600, whole: true }, // SourceAgeAlarmSeconds
   functionErrorsAlarmThreshold: { min: 1, max: 100_000, whole: true }, // FunctionErrorsAlarmThreshold
   functionThrottlesAlarmThreshold: { min: 1, max: 100_000, whole: true }, // FunctionThrottlesAlarmThreshold
@@ -252,6 +252,29 @@ export function dashboardBody(region: string, sourceQueueName: string, dlqName: 
 export const VISIBILITY_FACTOR = 6;
 
 /**
+ * The retention rule (docs/deploy.md, src/core/redrive.rs): maxReceiveCount receives that are never
+ * settled, each hidden for the visibility timeout, fit HOLDS_SHARE of the source queue's retention,
+ * or retention deletes the message before SQS moves it to the DLQ. The SAM template's Rules apply it.
+ */
+export const HOLDS_SHARE = { numerator: 3, denominator: 4 };
+
+/**
+ * In-flight messages of the source queue that raise the in-flight alarm: five sixths of SQS's
+ * limit (about 120,000 per standard queue, 20,000 per FIFO queue).
+ */
+export const IN_FLIGHT_ALARM_STANDARD = 100_000;
+export const IN_FLIGHT_ALARM_FIFO = 16_000;
+
+/** The DLQ's retention (14 days, SQS's longest). */
+export const DLQ_RETENTION_SECONDS = 1_209_600;
+
+/**
+ * How much longer a standard queue's DLQ keeps messages than its source: SQS keeps a moved
+ * message's first enqueue time, so the DLQ keeps it only for the difference.
+ */
+export const DLQ_RETENTION_MARGIN_SECONDS = 86_400;
+
+/**
  * The defaults of every setting: infra/cdk/cdk.json's context (test/sqs-triage.test.ts checks
  * them equal), which `bash infra/check.sh` compares with the SAM template's parameter defaults.
  */
@@ -266,7 +289,7 @@ export const SQS_TRIAGE_DEFAULTS: Readonly<SqsTriageSettings> = Object.freeze({
   maximumPollers: 200,
   queueType: 'standard',
   maxReceiveCount: 100,
-  sourceRetentionSeconds: 345600,
+  sourceRetentionSeconds: 864000,
   pointInTimeRecovery: true,
   applicationLogLevel: lambda.ApplicationLogLevel.INFO,
   alarmTopicArn: '',
@@ -318,7 +341,7 @@ export class SqsTriage extends Construct {
   readonly function: RustFunction;
   /** The dashboard. */
   readonly dashboard: cloudwatch.CfnDashboard;
-  /** Every alarm: DLQ depth, breaker openings, function errors, throttles, source age, storage failures. */
+  /** Every alarm: DLQ depth, breaker openings, function errors, throttles, source age, in-flight messages, storage failures. */
   readonly alarms: cloudwatch.Alarm[];
 
   constructor(scope: Construct, id: string, sqsTriageProps: SqsTriageProps) {
@@ -387,6 +410,18 @@ export class SqsTriage extends Construct {
     }
 
     const fifo = (props.queueType ?? 'standard') === 'fifo';
+    const visibility = props.functionTimeoutSeconds * VISIBILITY_FACTOR;
+    const holdsBound = Math.floor(props.sourceRetentionSeconds * HOLDS_SHARE.numerator / HOLDS_SHARE.denominator);
+    if (props.maxReceiveCount * visibility > holdsBound) {
+      throw new Error(`maxReceiveCount (${props.maxReceiveCount}) x the visibility timeout (${visibility} s, 6 x functionTimeoutSeconds) `
+        + `= ${props.maxReceiveCount * visibility} s, above 3/4 of sourceRetentionSeconds (${props.sourceRetentionSeconds} s, so at most `
+        + `${holdsBound} s): retention would delete a message no consumer settles before SQS moves it to the DLQ; use a `
+        + `maxReceiveCount of at most ${Math.floor(holdsBound / visibility)}, a shorter function timeout or a longer retention`);
+    }
+    if (!fifo && DLQ_RETENTION_SECONDS < props.sourceRetentionSeconds + DLQ_RETENTION_MARGIN_SECONDS) {
+      throw new Error(`sourceRetentionSeconds (${props.sourceRetentionSeconds}) leaves the DLQ (${DLQ_RETENTION_SECONDS} s) less than a day `
+        + 'more: SQS keeps a moved message\'s first enqueue time, so the DLQ would delete what SQS moves into it');
+    }
     if (!(QUEUE_TYPES as readonly string[]).includes(props.queueType ?? 'standard')) {
       throw new Error(`queueType (${props.queueType}) must be one of ${QUEUE_TYPES.join(', ')}`);
     }
@@ -407,7 +442,7 @@ export class SqsTriage extends Construct {
     const dlq = new sqs.Queue(this, 'DeadLetterQueue', {
       queueName: `${prefix}-dlq${suffix}`,
       ...fifoProps,
-      retentionPeriod: Duration.days(14),
+      retentionPeriod: Duration.seconds(DLQ_RETENTION_SECONDS),
       // As the source queue: a dead-lettered copy (body and triage-failure attribute) always fits.
       maxMessageSizeBytes: MAX_MESSAGE_SIZE_BYTES,
       encryption: sqs.QueueEncryption.SQS_MANAGED,
@@ -626,6 +661,20 @@ export class SqsTriage extends Construct {
       comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
       treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
     });
+    // Near SQS's in-flight limit: retries and deferrals are held in flight, and at the limit SQS
+    // hands out nothing more, for every job type.
+    const inFlightAlarm = new cloudwatch.Alarm(this, 'InFlightAlarm', {
+      alarmDescription: "The sqs-triage source queue nears SQS's in-flight limit (120,000 messages, 20,000 on FIFO): at "
+        + 'the limit no job of any type is received until held retries and deferrals come back.',
+      metric: queue.metricApproximateNumberOfMessagesNotVisible({
+        period: Duration.minutes(1),
+        statistic: cloudwatch.Stats.MAXIMUM,
+      }),
+      threshold: fifo ? IN_FLIGHT_ALARM_FIFO : IN_FLIGHT_ALARM_STANDARD,
+      evaluationPeriods: 1,
+      comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+      treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+    });
     // The function's own SQS / DynamoDB calls failed for good (after their retries).
     const storageAlarm = new cloudwatch.Alarm(this, 'StorageFailuresAlarm', {
       alarmDescription: "triage-lambda's SQS or DynamoDB calls failed after their retries (EMF metric SqsTriage/StorageFailures).",
@@ -642,7 +691,7 @@ export class SqsTriage extends Construct {
     });
     if (props.alarmTopicArn) {
       const topic = sns.Topic.fromTopicArn(this, 'AlarmTopic', props.alarmTopicArn);
-      for (const alarm of [dlqAlarm, breakerAlarm, errorsAlarm, throttlesAlarm, ageAlarm, storageAlarm]) {
+      for (const alarm of [dlqAlarm, breakerAlarm, errorsAlarm, throttlesAlarm, ageAlarm, inFlightAlarm, storageAlarm]) {
         alarm.addAlarmAction(new cwActions.SnsAction(topic));
       }
     }
@@ -659,7 +708,7 @@ export class SqsTriage extends Construct {
     this.table = table;
     this.function = fn;
     this.dashboard = dashboard;
-    this.alarms = [dlqAlarm, breakerAlarm, errorsAlarm, throttlesAlarm, ageAlarm, storageAlarm];
+    this.alarms = [dlqAlarm, breakerAlarm, errorsAlarm, throttlesAlarm, ageAlarm, inFlightAlarm, storageAlarm];
   }
 }
 

@@ -41,9 +41,9 @@ test('used twice in one stack with different prefixes: two of everything, each w
   assert.equal(count('AWS::Lambda::EventSourceMapping'), 2);
   assert.equal(count('AWS::Logs::LogGroup'), 2);
   assert.equal(count('AWS::IAM::Role'), 2);
-  assert.equal(count('AWS::CloudWatch::Alarm'), 12);
+  assert.equal(count('AWS::CloudWatch::Alarm'), 14);
   assert.equal(count('AWS::CloudWatch::Dashboard'), 2);
-  assert.equal(orders.alarms.length + emails.alarms.length, 12);
+  assert.equal(orders.alarms.length + emails.alarms.length, 14);
 
   for (const [prefix, suffix, attempts] of [['orders', '', '5'], ['emails', '.fifo', '3']]) {
     const source = idWhere(t, 'AWS::SQS::Queue', 'QueueName', `${prefix}-jobs${suffix}`);
@@ -112,4 +112,15 @@ test('a partial policy keeps the other defaults; settings keep their validation'
   oneStack({ namePrefix: 'x'.repeat(50) });
   assert.throws(() => oneStack({ binaryName: '' }), /binaryName/);
   assert.throws(() => oneStack({ manifestPath: '' }), /manifestPath/);
+});
+
+test('a redrive that retention outruns is refused: the retention rule', () => {
+  // 100 receives of 5400 s (a 900 s function) over 4 days: retention would delete the message first.
+  assert.throws(() => oneStack({ functionTimeoutSeconds: 900, sourceRetentionSeconds: 345600 }),
+    /maxReceiveCount \(100\) x the visibility timeout \(5400 s.*at most 48/);
+  oneStack({ functionTimeoutSeconds: 900, sourceRetentionSeconds: 345600, maxReceiveCount: 48 });
+  // The defaults hold it for every function timeout.
+  oneStack({ functionTimeoutSeconds: 900 });
+  // At most 13 days: the DLQ (14 days) keeps what SQS moves into it a day longer.
+  assert.throws(() => oneStack({ sourceRetentionSeconds: 1_123_201 }), /sourceRetentionSeconds/);
 });

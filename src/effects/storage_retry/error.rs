@@ -250,6 +250,8 @@ pub(super) mod tests {
         assert_eq!(classify(&service("ThrottlingException", 400)), Throttled);
         assert_eq!(classify(&service("RequestLimitExceeded", 400)), Throttled);
         assert_eq!(classify(&service("TransactionConflictException", 400)), Throttled);
+        // SQS's in-flight limit passes as held messages are settled: waited out, not refused.
+        assert_eq!(classify(&service("OverLimit", 403)), Throttled);
         assert_eq!(classify(&service("InternalServerError", 500)), Transient);
         assert_eq!(classify(&service("Whatever", 502)), Transient);
         assert_eq!(classify(&service("ServiceUnavailable", 503)), Transient);

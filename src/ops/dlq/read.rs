@@ -10,7 +10,9 @@ use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, Queu
 use super::super::{Ctx, OpsError, OpsResult};
 use crate::core::envelope::{self, EnvelopeLimits, EventBridgeTypes, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE};
 use crate::core::failure::FailureRecord;
+use crate::effects::aws_errors::OVER_LIMIT;
 use crate::effects::dlq::{failure_record, original_attributes};
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
 /// Class shown for DLQ messages without a failure record: SQS moved them itself after
 /// `maxReceiveCount` receives (a consumer that crashed or timed out on them, a Lambda record
@@ -300,8 +302,9 @@ pub enum ReadEnd {
     Complete,
     /// `--max-scan` messages were read: messages past them, if any, were not.
     ScanLimit,
-    /// Messages kept coming back faster than the read could hold them again: messages that were
-    /// in the DLQ may not have been read.
+    /// Messages kept coming back faster than the read could hold them again, or the queue is at
+    /// SQS's in-flight limit (it hands out nothing more): messages that were in the DLQ may not
+    /// have been read.
     CutShort,
 }
 
@@ -315,8 +318,9 @@ impl ReadEnd {
                 "the read stopped at --max-scan ({read} message(s)): messages past them, if any, were not read"
             )),
             Self::CutShort => Some(format!(
-                "the DLQ was not read to the end ({read} message(s) read; messages kept coming back): \
-                 messages that were in it may not have been read; run the command again"
+                "the DLQ was not read to the end ({read} message(s) read; messages kept coming back, \
+                 or the queue is at SQS's in-flight limit): messages that were in it may not have been \
+                 read; run the command again"
             )),
         }
     }
@@ -422,10 +426,27 @@ impl<'a> Sweep<'a> {
                     .send()
             })
             .await?;
-        let messages = out.messages.unwrap_or_default();
+        let mut messages = out.messages.unwrap_or_default();
         if messages.is_empty() {
-            self.done = true;
-            return Ok(None);
+            // A queue at SQS's in-flight limit answers long polls with nothing and short polls
+            // with OverLimit: one short poll tells that from a queue read to its end.
+            match self.short_poll().await {
+                Ok(more) if !more.is_empty() => messages = more,
+                Ok(_) => {
+                    self.done = true;
+                    return Ok(None);
+                }
+                Err(()) => {
+                    tracing::warn!(
+                        queue = self.url,
+                        read = self.seen.len(),
+                        "the queue is at SQS's in-flight limit (OverLimit): its other messages cannot be received until held ones are released"
+                    );
+                    self.done = true;
+                    self.cut_short = true;
+                    return Ok(None);
+                }
+            }
         }
         let (mut new, mut again) = (Vec::new(), Vec::new());
         for m in messages.into_iter().filter_map(DlqMessage::from_sdk) {
@@ -468,6 +489,28 @@ impl<'a> Sweep<'a> {
             }
         }
         Ok(Some((new, again)))
+    }
+
+    /// One short poll, tried once: its messages, or `Err` when SQS answers `OverLimit`. Any
+    /// other failure reads as nothing more to receive, as the long poll before it said.
+    async fn short_poll(&self) -> Result<Vec<aws_sdk_sqs::types::Message>, ()> {
+        let answer = self
+            .ctx
+            .sqs
+            .receive_message()
+            .queue_url(self.url)
+            .max_number_of_messages(self.max.saturating_sub(self.seen.len()).clamp(1, 10) as i32)
+            .wait_time_seconds(0)
+            .visibility_timeout(self.visibility)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await;
+        match answer {
+            Ok(out) => Ok(out.messages.unwrap_or_default()),
+            Err(e) if ProvideErrorMetadata::code(&e) == Some(OVER_LIMIT) => Err(()),
+            Err(_) => Ok(Vec::new()),
+        }
     }
 }
 
