@@ -215,6 +215,7 @@ impl Processor {
                     waiting: Some(waiting).filter(|w| !w.receipt_handle.is_empty()),
                     last_error,
                     exists: s.record.believes_item_exists(),
+                    clear_marker: s.record.clears_marker,
                 }
             })
             .collect();
