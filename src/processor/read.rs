@@ -290,6 +290,15 @@ impl Processor {
         }
     }
 
+    /// When the queue's retention period for a record's message ends (epoch ms): SQS deletes
+    /// it then. `None` when unknown, or when the timestamp cannot be right (see
+    /// [`facts`](Self::facts)).
+    pub(super) fn retention_ends_ms(&self, record: &Record) -> Option<u64> {
+        let (sent, r) = record.inc.sent_at_ms.zip(self.retention)?;
+        let end = sent.saturating_add(r.as_millis() as u64);
+        (end > record.received_at_ms).then_some(end)
+    }
+
     /// What SQS says about a record's delivery.
     pub(super) fn facts(&self, record: &Record) -> RecordFacts {
         RecordFacts {

@@ -47,6 +47,7 @@ mod ledger_facts;
 mod library_env;
 mod pipeline;
 mod promises;
+mod retention;
 mod stack;
 mod startup;
 mod state_pipeline;
