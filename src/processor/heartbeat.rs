@@ -3,17 +3,21 @@
 //! ten messages, so a handler that outlasts the queue's visibility timeout is not delivered
 //! to a second consumer meanwhile. It spends no attempt and writes nothing to the ledger.
 //!
-//! - **What is extended**: every message of the batch, from its read until the run step ends
-//!   — the records whose handlers run, the ones already finished (they are settled, deleted
-//!   or given their retry delay, only in the execute step, after every handler of the batch),
-//!   and, on a FIFO queue, the ones waiting behind an earlier record of their group (held by
-//!   this consumer as much as the running one).
+//! - **What is extended**: every message of the batch, from its read until its record is
+//!   finished — the records whose handlers run and, on a FIFO queue, the ones waiting behind
+//!   an earlier record of their group (held by this consumer as much as the running one). A
+//!   record whose handler ended is finished at the next tick ([`Processor::settle_early`]),
+//!   so its retry or deferral lands before the queue's retention ends; a settled Lambda
+//!   record stays extended until the response.
+//! - **Never past the retention**: no extension keeps a message hidden past its
+//!   `SentTimestamp` + `MessageRetentionPeriod` (SQS deletes it then, hidden or not).
 //! - **How far**: [`TICKS_AHEAD`] ticks from now, or the queue's own visibility timeout when
 //!   that is longer, so one lost tick does not let a message reappear; cut, for a Lambda
 //!   invocation, so a message is visible again no later than [`DEADLINE_SLACK`] after the
 //!   invocation's deadline (which may shorten what the receive gave it: a record of an
 //!   invocation that times out after the first tick comes back then), and always within
-//!   SQS's 12-hour limit counted from the receive.
+//!   SQS's 12-hour limit counted from the receive. A try retried after throttling asks for
+//!   the seconds left until the cap, so it lands by it too.
 //! - **Only what moves a message later**: a message's extension is sent only when it ends at
 //!   least a tick after the visibility SQS last accepted for it (a worker's receive sets the
 //!   first); SQS replaces a visibility timeout, so a worker's message never reappears sooner

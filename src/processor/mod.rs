@@ -9,8 +9,10 @@
 //!    side by side — admission (the decision before the handler, with a probe permit when the
 //!    breaker is half-open), the handler in its own task, and the decision after it: a `Ran`.
 //!    Meanwhile the visibility heartbeat (`heartbeat.rs`) keeps the batch's messages hidden
-//!    while handlers outlast their visibility timeout; it has stopped, its last call answered,
-//!    before step 3.
+//!    while handlers outlast their visibility timeout, and at each tick takes the records
+//!    whose handlers ended through steps 3 and 4 at once, so none waits for the slowest
+//!    handler past its message's retention; it has stopped, its last call answered, before
+//!    step 3 for the rest.
 //! 3. **Plan** (`plan.rs`): a pure function of the records and their decisions that returns
 //!    every effect: DLQ copies, visibility changes, ledger counts and deletes, breaker reports,
 //!    metrics and the per-record reports — a `Plan`.
@@ -30,7 +32,8 @@
 //! counts and deletes (a condition per item, 25 items per call; a single write for an item
 //! whose statement was refused), one batched write of completion markers, and one breaker
 //! report per job type; and, per heartbeat tick while handlers still run, one visibility
-//! change per ten messages. A batch of first deliveries that all succeed before the first
+//! change per ten messages, plus the batched calls of the records that ended since the last
+//! tick (their breaker outcomes go in the batch's one report). A batch of first deliveries that all succeed before the first
 //! tick, of job types without a completion marker, makes no AWS call at all.
 
 mod execute;
