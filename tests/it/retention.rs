@@ -36,6 +36,7 @@ use sqs_triage::effects::storage_retry::{dynamodb_config, sqs_config};
 use sqs_triage::processor::registry::{JobContext, Registry};
 use sqs_triage::runtime::env::{Environment, build_with};
 use sqs_triage::runtime::worker::{Worker, WorkerOptions};
+use support::fault_proxy::{Fault, FaultProxy};
 use support::pipeline::{Harness, Options, failed_ids, fast_policy};
 
 /// The retention the product is told the queue has, and that the test enforces.
@@ -151,6 +152,16 @@ type Runs = Arc<Mutex<Vec<(String, u32, u64)>>>;
 /// A harness whose queue has a 10 s visibility timeout, and an environment over it that is
 /// told the queue keeps messages 20 s, whose SQS requests `wire` reads.
 async fn setup(prefix: &str, wire: &Wire, runs: &Runs) -> (Harness, Environment) {
+    setup_via(prefix, wire, runs, None).await
+}
+
+/// [`setup`], the environment's SQS client sending to `endpoint` when given (a fault proxy).
+async fn setup_via(
+    prefix: &str,
+    wire: &Wire,
+    runs: &Runs,
+    endpoint: Option<String>,
+) -> (Harness, Environment) {
     let h = Harness::build(Options {
         prefix,
         ..Options::default()
@@ -192,14 +203,13 @@ async fn setup(prefix: &str, wire: &Wire, runs: &Runs) -> (Harness, Environment)
             chaos::run(p, ctx)
         },
     );
-    let env = build_with(
-        &config,
-        registry,
-        sqs_config(&sdk).interceptor(wire.clone()),
-        dynamodb_config(&sdk),
-    )
-    .await
-    .unwrap();
+    let mut sqs_conf = sqs_config(&sdk).interceptor(wire.clone());
+    if let Some(url) = endpoint {
+        sqs_conf = sqs_conf.endpoint_url(url);
+    }
+    let env = build_with(&config, registry, sqs_conf, dynamodb_config(&sdk))
+        .await
+        .unwrap();
     (h, env)
 }
 
@@ -391,4 +401,41 @@ async fn a_lambda_settled_record_is_applied_before_its_retention_ends() {
     );
     assert_retention_held(&wire, &runs);
     assert!(h.dlq_messages().await.is_empty());
+}
+
+/// A Lambda tick throttled five times lands its extension by the invocation's deadline + 5 s all
+/// the same: its retried try asks for the seconds left until then, not for what the first
+/// try asked for.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_throttled_tick_lands_its_extension_by_the_deadline_slack() {
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    let (wire, runs) = (Wire::default(), Runs::default());
+    let (h, env) = setup_via("ret-slack", &wire, &runs, Some(proxy.url())).await;
+    let job = json!({"type": JOB, "id": "slow", "payload": {"outcome": "ok", "sleep_ms": 5_000}});
+    h.send_raw(&[(&job.to_string(), None)]).await;
+    let messages = h.receive(&h.queue_url, Duration::from_secs(5)).await;
+    assert_eq!(messages.len(), 1);
+    proxy.fail_next(
+        5,
+        Fault::Throttle,
+        Some(vec!["ChangeMessageVisibilityBatch".into()]),
+    );
+    let before = now_ms();
+    support::pipeline::invoke(&env, &messages, &h.queue_url, Duration::from_secs(6))
+        .await
+        .unwrap();
+    // Five throttled tries: the last one lands at least 1.5 s after the first.
+    assert_eq!(proxy.faults_injected(), 5, "the first tick was throttled");
+    // The invocation's deadline is `before` + 6 s at the latest; 50 ms for the wire.
+    let cap = before + 6_000 + sqs_triage::processor::DEADLINE_SLACK.as_millis() as u64 + 50;
+    let changes = wire.changes.lock().unwrap().clone();
+    assert!(changes.len() >= 3, "{changes:?}");
+    let late: Vec<_> = changes
+        .iter()
+        .filter(|(at, _, secs)| at + secs * 1000 > cap)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "visible again after the deadline's slack (cap {cap}): {late:?}"
+    );
 }
