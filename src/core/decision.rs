@@ -423,6 +423,13 @@ fn within_retention(record: RecordFacts, prior: u32, now_ms: u64, decision: Deci
     }
 }
 
+/// The retention rule again, at `now_ms`, for a decision taken earlier and applied now: a
+/// deferral or retry still comes back before the retention ends, or is dead-lettered
+/// `expiring` ([`within_retention`]'s rule).
+pub(crate) fn retained(record: RecordFacts, prior: u32, now_ms: u64, decision: Decision) -> Decision {
+    within_retention(record, prior, now_ms, decision)
+}
+
 /// The margin kept before the end of a message's retention period: a tenth of the period, at
 /// most a minute (the message must come back, be received and be decided before SQS deletes
 /// it).

@@ -46,6 +46,9 @@ pub const LAST_ERROR_MAX: usize = 1024;
 /// every message that can still refer to it.
 pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(15 * 24 * 3600);
 
+/// A completion marker's attributes: a count that clears a marker removes them.
+const MARKER_ATTRIBUTES: [&str; 2] = ["done_at", "done_until"];
+
 /// The `expires_at` (epoch seconds) of an item written at `now_ms` to live `ttl`, at least a
 /// second: saturating, so no lifetime can wrap it around to the past.
 fn expires_at_s(now_ms: u64, ttl: Duration) -> u64 {
@@ -71,6 +74,9 @@ pub struct Count<'a> {
     /// The job's item was read and exists: chooses `UPDATE` over `INSERT`. A wrong guess
     /// costs one more write, never a wrong count.
     pub exists: bool,
+    /// The delivery saw a completion marker that no longer counts (lived out, or its job
+    /// type has no marker any more): the count removes it, so it never counts again.
+    pub clear_marker: bool,
 }
 
 /// Which request a statement of [`AttemptLedger::write_batch`] serves.
@@ -169,6 +175,10 @@ pub struct LedgerItem {
     pub expires_at_s: Option<u64>,
     /// Completion marker: the job succeeded at this instant (epoch ms). Job types that opt in.
     pub done_at_ms: Option<u64>,
+    /// The end of the completion marker's lifetime (epoch ms): the marker counts until then
+    /// only, whatever later writes do to `expires_at`. Markers written before it existed
+    /// count until `expires_at`.
+    pub done_until_ms: Option<u64>,
     /// Parked by an operator at this instant (epoch ms): dead-lettered at its next delivery.
     pub parked_at_ms: Option<u64>,
     /// Who parked it, as the CLI was told.
@@ -189,6 +199,9 @@ pub struct LedgerFacts {
     pub stored: StoredAttempts,
     /// The completion marker, when it has not expired (epoch ms of the success).
     pub done_at_ms: Option<u64>,
+    /// The item carries a completion marker that has lived out: a count written for this
+    /// delivery removes it.
+    pub lived_out_marker: bool,
     /// When an operator parked the job (epoch ms).
     pub parked_at_ms: Option<u64>,
     /// Who parked it and why, for the failure record.
@@ -263,6 +276,7 @@ impl LedgerItem {
             updated_at_ms: n(item, "updated_at"),
             expires_at_s: n(item, TTL_ATTRIBUTE),
             done_at_ms: n(item, "done_at"),
+            done_until_ms: n(item, "done_until"),
             parked_at_ms: n(item, "parked_at"),
             parked_by: s(item, "parked_by").map(str::to_owned),
             parked_reason: s(item, "parked_reason").map(str::to_owned),
@@ -271,10 +285,11 @@ impl LedgerItem {
         })
     }
 
-    /// The facts a batch reads at `now_ms`. A completion marker counts until its
-    /// `expires_at` (DynamoDB's TTL deletes items up to days late).
+    /// The facts a batch reads at `now_ms`. A completion marker counts until its own
+    /// `done_until` (DynamoDB's TTL deletes items up to days late, and a count moves
+    /// `expires_at`); one written without it, until `expires_at`.
     pub fn facts(&self, now_ms: u64) -> LedgerFacts {
-        let alive = self.expires_at_s.is_none_or(|e| e.saturating_mul(1000) > now_ms);
+        let alive = self.marker_lives(now_ms);
         let note = match (&self.parked_by, &self.parked_reason) {
             (Some(by), Some(why)) => Some(format!("by {by}: {why}")),
             (Some(by), None) => Some(format!("by {by}")),
@@ -284,8 +299,17 @@ impl LedgerItem {
         LedgerFacts {
             stored: self.stored(),
             done_at_ms: self.done_at_ms.filter(|_| alive),
+            lived_out_marker: self.done_at_ms.is_some() && !alive,
             parked_at_ms: self.parked_at_ms,
             park_note: self.parked_at_ms.and(note),
+        }
+    }
+
+    /// Whether the item's completion marker, if any, still counts at `now_ms`.
+    pub fn marker_lives(&self, now_ms: u64) -> bool {
+        match self.done_until_ms {
+            Some(until) => until > now_ms,
+            None => self.expires_at_s.is_none_or(|e| e.saturating_mul(1000) > now_ms),
         }
     }
 
@@ -496,6 +520,7 @@ impl AttemptLedger {
             next_attempt_at_ms,
             None,
             last_error,
+            false,
             deadline,
         )
         .await
@@ -503,7 +528,8 @@ impl AttemptLedger {
 
     /// [`count`](Self::count), storing as well, for a retry, where its message can be reached
     /// while it waits (`waiting`: the delivery's receipt handle and queue), in the same write.
-    /// A count without `next_attempt_at_ms` removes them.
+    /// A count without `next_attempt_at_ms` removes them. `clear_marker` removes a completion
+    /// marker the delivery saw no longer counting (see [`Count::clear_marker`]).
     #[allow(clippy::too_many_arguments)]
     pub async fn count_waiting(
         &self,
@@ -513,6 +539,7 @@ impl AttemptLedger {
         next_attempt_at_ms: Option<u64>,
         waiting: Option<Waiting<'_>>,
         last_error: &str,
+        clear_marker: bool,
         deadline: Option<Instant>,
     ) -> Result<Counted, StorageError> {
         let waiting = waiting.filter(|_| next_attempt_at_ms.is_some());
@@ -531,10 +558,16 @@ impl AttemptLedger {
             set.push_str(", receipt_handle = :rh, queue_url = :q");
         }
         let mut expr = format!("ADD attempts :one, deliveries :dset {set}");
-        match (next_attempt_at_ms, waiting) {
-            (None, _) => expr.push_str(" REMOVE next_attempt_at, receipt_handle, queue_url"),
-            (Some(_), None) => expr.push_str(" REMOVE receipt_handle, queue_url"),
-            (Some(_), Some(_)) => {}
+        let mut removed: Vec<&str> = match (next_attempt_at_ms, waiting) {
+            (None, _) => vec!["next_attempt_at", "receipt_handle", "queue_url"],
+            (Some(_), None) => vec!["receipt_handle", "queue_url"],
+            (Some(_), Some(_)) => Vec::new(),
+        };
+        if clear_marker {
+            removed.extend(MARKER_ATTRIBUTES);
+        }
+        if !removed.is_empty() {
+            expr.push_str(&format!(" REMOVE {}", removed.join(", ")));
         }
         let resp = self
             .retry
@@ -699,6 +732,7 @@ impl AttemptLedger {
                 c.next_attempt_at_ms,
                 c.waiting,
                 c.last_error,
+                c.clear_marker,
                 deadline,
             )
         }));
@@ -753,11 +787,14 @@ impl AttemptLedger {
                 sql.push_str(&format!(" SET \"{name}\" = ?"));
                 params.push(v);
             }
-            let removed: &[&str] = match (c.next_attempt_at_ms, waiting) {
-                (None, _) => &["next_attempt_at", "receipt_handle", "queue_url"],
-                (Some(_), None) => &["receipt_handle", "queue_url"],
-                (Some(_), Some(_)) => &[],
+            let mut removed: Vec<&str> = match (c.next_attempt_at_ms, waiting) {
+                (None, _) => vec!["next_attempt_at", "receipt_handle", "queue_url"],
+                (Some(_), None) => vec!["receipt_handle", "queue_url"],
+                (Some(_), Some(_)) => Vec::new(),
             };
+            if c.clear_marker {
+                removed.extend(MARKER_ATTRIBUTES);
+            }
             for name in removed {
                 sql.push_str(&format!(" REMOVE \"{name}\""));
             }
@@ -947,6 +984,10 @@ impl AttemptLedger {
                             item.insert("job_id".into(), AttributeValue::S(id.clone()));
                             item.insert("job_type".into(), AttributeValue::S(t.clone()));
                             item.insert("done_at".into(), num(now));
+                            item.insert(
+                                "done_until".into(),
+                                num(now.saturating_add(ttl.as_millis().min(u64::MAX as u128) as u64)),
+                            );
                             item.insert("updated_at".into(), num(now));
                             item.insert(TTL_ATTRIBUTE.into(), num(expires_at_s(now, *ttl)));
                             let put = PutRequest::builder()

@@ -274,32 +274,53 @@ impl Sqs {
         split(entries, BATCH_LIMIT, usize::MAX, |_| 0)
     }
 
-    /// Sets the visibility timeout of received messages: `(key, receipt handle, seconds)`.
+    /// Changes the visibility of received messages: `(key, receipt handle, seconds)`.
     pub(crate) async fn change_visibility(
         &self,
         queue_url: &str,
         entries: Vec<(usize, String, i32)>,
         deadline: Option<Instant>,
     ) -> EntryResults {
-        let call = |pending: Vec<(usize, String, i32)>| async move {
-            let batch: Vec<_> = pending
-                .iter()
-                .map(|(k, receipt, secs)| {
-                    ChangeMessageVisibilityBatchRequestEntry::builder()
-                        .id(entry_id(*k))
-                        .receipt_handle(receipt)
-                        .visibility_timeout(*secs)
-                        .build()
-                        .expect("id and receipt handle are set")
-                })
-                .collect();
+        let entries = entries.into_iter().map(|(k, r, s)| (k, r, s, None)).collect();
+        self.change_visibility_by(queue_url, entries, deadline).await
+    }
+
+    /// Changes the visibility of received messages: `(key, receipt handle, seconds, by)`. An
+    /// entry with `by` makes its message visible again by then at the latest: each try
+    /// sends the seconds left until `by`, rounded down, when fewer (a try retried after
+    /// throttling lands later than the first). SQS counts from when it takes the call, so
+    /// only the try's time on the wire can pass `by`.
+    pub(crate) async fn change_visibility_by(
+        &self,
+        queue_url: &str,
+        entries: Vec<(usize, String, i32, Option<Instant>)>,
+        deadline: Option<Instant>,
+    ) -> EntryResults {
+        let call = |pending: Vec<(usize, String, i32, Option<Instant>)>| async move {
+            let batch = || -> Vec<_> {
+                let now = Instant::now();
+                pending
+                    .iter()
+                    .map(|(k, receipt, secs, by)| {
+                        let left = by.map_or(*secs, |by| {
+                            by.saturating_duration_since(now).as_secs().min(i32::MAX as u64) as i32
+                        });
+                        ChangeMessageVisibilityBatchRequestEntry::builder()
+                            .id(entry_id(*k))
+                            .receipt_handle(receipt)
+                            .visibility_timeout((*secs).min(left))
+                            .build()
+                            .expect("id and receipt handle are set")
+                    })
+                    .collect()
+            };
             let out = self
                 .retry
                 .call("ChangeMessageVisibilityBatch", deadline, || {
                     self.client
                         .change_message_visibility_batch()
                         .queue_url(queue_url)
-                        .set_entries(Some(batch.clone()))
+                        .set_entries(Some(batch()))
                         .send()
                 })
                 .await?;

@@ -31,13 +31,16 @@ impl Processor {
 
         self.send_copies(&mut steps, deadline).await;
 
-        let visibility: Vec<(usize, String, i32)> = steps
+        // A message that stays comes back before its retention ends, however late the call
+        // lands (retried after throttling, after the DLQ's answer).
+        let visibility: Vec<(usize, String, i32, Option<Instant>)> = steps
             .iter()
             .enumerate()
             .filter_map(|(i, s)| {
+                let by = self.facts(&s.record).expires_at_ms.map(super::instant_at);
                 s.effects
                     .visibility
-                    .map(|v| (i, s.record.inc.receipt_handle.clone(), v))
+                    .map(|v| (i, s.record.inc.receipt_handle.clone(), v, by))
             })
             .collect();
         let done: Vec<((String, String), std::time::Duration)> = steps
@@ -91,7 +94,7 @@ impl Processor {
         });
         let (_, (lost, folded_opened), direct_opened, _) = tokio::join!(
             self.sqs
-                .change_visibility(&self.source_queue, visibility, deadline),
+                .change_visibility_by(&self.source_queue, visibility, deadline),
             ledger,
             reports,
             async {
@@ -143,6 +146,7 @@ impl Processor {
             metrics,
             whole_batch_failed,
             visible_until: None,
+            deleted: Vec::new(),
         }
     }
 
@@ -221,6 +225,7 @@ impl Processor {
                     waiting: Some(waiting).filter(|w| !w.receipt_handle.is_empty()),
                     last_error,
                     exists: s.record.believes_item_exists(),
+                    clear_marker: s.record.clears_marker,
                 }
             })
             .collect();

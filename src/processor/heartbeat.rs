@@ -3,17 +3,21 @@
 //! ten messages, so a handler that outlasts the queue's visibility timeout is not delivered
 //! to a second consumer meanwhile. It spends no attempt and writes nothing to the ledger.
 //!
-//! - **What is extended**: every message of the batch, from its read until the run step ends
-//!   — the records whose handlers run, the ones already finished (they are settled, deleted
-//!   or given their retry delay, only in the execute step, after every handler of the batch),
-//!   and, on a FIFO queue, the ones waiting behind an earlier record of their group (held by
-//!   this consumer as much as the running one).
+//! - **What is extended**: every message of the batch, from its read until its record is
+//!   finished — the records whose handlers run and, on a FIFO queue, the ones waiting behind
+//!   an earlier record of their group (held by this consumer as much as the running one). A
+//!   record whose handler ended is finished at the next tick ([`Processor::settle_early`]),
+//!   so its retry or deferral lands before the queue's retention ends; a settled Lambda
+//!   record stays extended until the response.
+//! - **Never past the retention**: no extension keeps a message hidden past its
+//!   `SentTimestamp` + `MessageRetentionPeriod` (SQS deletes it then, hidden or not).
 //! - **How far**: [`TICKS_AHEAD`] ticks from now, or the queue's own visibility timeout when
 //!   that is longer, so one lost tick does not let a message reappear; cut, for a Lambda
 //!   invocation, so a message is visible again no later than [`DEADLINE_SLACK`] after the
 //!   invocation's deadline (which may shorten what the receive gave it: a record of an
 //!   invocation that times out after the first tick comes back then), and always within
-//!   SQS's 12-hour limit counted from the receive.
+//!   SQS's 12-hour limit counted from the receive. A try retried after throttling asks for
+//!   the seconds left until the cap, so it lands by it too.
 //! - **Only what moves a message later**: a message's extension is sent only when it ends at
 //!   least a tick after the visibility SQS last accepted for it (a worker's receive sets the
 //!   first); SQS replaces a visibility timeout, so a worker's message never reappears sooner
@@ -47,8 +51,10 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::read::Record;
-use super::{Deadline, Processor};
+use super::run::{Finished, Ran};
+use super::{Deadline, Early, Processor, instant_at};
 use crate::clock::now_ms;
+use crate::core::Decision;
 use crate::core::decision::{RecordFacts, visibility_limit};
 
 /// Seconds between ticks by default (`TRIAGE_HEARTBEAT_S`): the first tick comes well inside
@@ -97,6 +103,14 @@ fn moves_later(until: Option<Instant>, target: Instant, every: Duration) -> bool
     until.is_none_or(|u| target >= u + every)
 }
 
+/// Whether a record's decision sets its message's visibility (it stays in its queue).
+fn sets_visibility(d: &Decision) -> bool {
+    matches!(
+        d,
+        Decision::Retry { .. } | Decision::Defer { .. } | Decision::Release
+    )
+}
+
 /// The batch's deadline as the heartbeat moves it: a worker's deadline follows the
 /// visibility of the messages it holds; a Lambda invocation's stays put.
 #[derive(Debug)]
@@ -122,7 +136,13 @@ impl Hold {
 /// One message the heartbeat keeps hidden.
 #[derive(Debug)]
 pub(super) struct Held {
+    /// Its record's position in the batch.
+    index: usize,
     receipt: String,
+    /// When the queue's retention period for it ends (`SentTimestamp` +
+    /// `MessageRetentionPeriod`): SQS deletes it then, hidden or not, so no extension reaches
+    /// past it.
+    gone: Option<Instant>,
     facts: RecordFacts,
     /// When SQS makes it visible again, as far as known: a worker knows its receive's end
     /// (it chose the visibility timeout); a Lambda record's receive is not known, until the
@@ -135,9 +155,12 @@ impl Processor {
     pub(super) fn held(&self, records: &[Record], deadline: Deadline) -> Vec<Held> {
         records
             .iter()
-            .filter(|r| !r.inc.receipt_handle.is_empty())
-            .map(|r| Held {
+            .enumerate()
+            .filter(|(_, r)| !r.inc.receipt_handle.is_empty())
+            .map(|(index, r)| Held {
+                index,
                 receipt: r.inc.receipt_handle.clone(),
+                gone: self.retention_ends_ms(r).map(instant_at),
                 facts: self.facts(r),
                 until: deadline.visible_until(),
             })
@@ -145,33 +168,80 @@ impl Processor {
     }
 
     /// Ticks every `every` until `done` is set (or dropped), or the processor drains. A tick
-    /// is awaited to its end before `done` is looked at again. Returns the number of ticks.
+    /// is awaited to its end before `done` is looked at again. With `early`, each tick also
+    /// finishes the records that ended since the last one ([`Processor::settle_early`]) and
+    /// stops extending their messages. Returns the number of ticks and what the early
+    /// finishes came to.
     pub(super) async fn beat(
         &self,
         mut held: Vec<Held>,
         every: Duration,
         hold: &Hold,
         mut done: watch::Receiver<bool>,
-    ) -> u32 {
+        early: Option<&Finished>,
+    ) -> (u32, Vec<Early>) {
         let mut ticks = 0;
+        let mut settled = Vec::new();
         if held.is_empty() {
-            return ticks;
+            return (ticks, settled);
         }
         let mut next = Instant::now() + every;
         loop {
             tokio::select! {
                 biased;
-                _ = done.wait_for(|d| *d) => return ticks,
+                _ = done.wait_for(|d| *d) => return (ticks, settled),
                 () = tokio::time::sleep_until(next) => {}
             }
             if self.draining.load(std::sync::atomic::Ordering::SeqCst) {
                 debug!("heartbeat stopped: draining");
-                return ticks;
+                return (ticks, settled);
             }
-            self.tick(&mut held, every, hold).await;
+            let ended = early.map(Finished::take).unwrap_or_default();
+            let patience = Instant::now() + every.saturating_mul(TICKS_AHEAD);
+            let (ended, deadline) = self.release_held(&mut held, ended, hold.deadline());
+            let (_, finished) = tokio::join!(
+                self.tick(&mut held, every, hold),
+                // Boxed: the execute step's future inside the heartbeat's is too deep a type.
+                Box::pin(self.settle_early(ended, deadline.at_most(patience))),
+            );
+            settled.extend(finished);
             ticks += 1;
             next = Instant::now() + every;
         }
+    }
+
+    /// Takes out of `held` the messages of `ended` records that no longer need extending:
+    /// every one in a worker's batch (the processor deletes the settled ones); in a Lambda
+    /// invocation, those whose visibility their decision sets (a retry, a deferral, a
+    /// release). A settled Lambda record stays held until the event source mapping deletes it
+    /// after the response. Returns the records and the deadline their effects must meet.
+    fn release_held(
+        &self,
+        held: &mut Vec<Held>,
+        ended: Vec<(usize, Ran)>,
+        deadline: Deadline,
+    ) -> (Vec<(usize, Ran)>, Deadline) {
+        if ended.is_empty() {
+            return (ended, deadline);
+        }
+        let deletes = deadline.visible_until().is_some();
+        let released: std::collections::HashSet<usize> = ended
+            .iter()
+            .filter(|(_, r)| deletes || sets_visibility(&r.decision))
+            .map(|(i, _)| *i)
+            .collect();
+        // A worker's effects must land while every one of their messages is still hidden.
+        let until = held
+            .iter()
+            .filter(|h| released.contains(&h.index))
+            .filter_map(|h| h.until)
+            .min();
+        held.retain(|h| !released.contains(&h.index));
+        let deadline = match until {
+            Some(u) if deletes => deadline.with_visible_until(u),
+            _ => deadline,
+        };
+        (ended, deadline)
     }
 
     /// One tick: extends every held message, in batches of ten; moves a worker's deadline to
@@ -181,18 +251,23 @@ impl Processor {
         let now = now_ms();
         let deadline = hold.deadline();
         let to_deadline = deadline.invocation().map(|d| d.saturating_duration_since(sent));
-        let entries: Vec<(usize, String, i32)> = held
+        // Each message is visible again by its cap at the latest, however late a try lands.
+        let slack = deadline.invocation().map(|d| d + DEADLINE_SLACK);
+        let entries: Vec<(usize, String, i32, Option<Instant>)> = held
             .iter()
             .enumerate()
             .filter_map(|(k, h)| {
-                extension(
-                    every,
-                    self.visibility,
-                    to_deadline,
-                    visibility_limit(h.facts, now),
-                )
-                .filter(|&secs| moves_later(h.until, sent + Duration::from_secs(secs as u64), every))
-                .map(|secs| (k, h.receipt.clone(), secs))
+                let by = match (slack, h.gone) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                let limit = visibility_limit(h.facts, now).min(
+                    h.gone
+                        .map_or(Duration::MAX, |g| g.saturating_duration_since(sent)),
+                );
+                extension(every, self.visibility, to_deadline, limit)
+                    .filter(|&secs| moves_later(h.until, sent + Duration::from_secs(secs as u64), every))
+                    .map(|secs| (k, h.receipt.clone(), secs, by))
             })
             .collect();
         if entries.is_empty() {
@@ -204,17 +279,20 @@ impl Processor {
         // comes back before its retry delay and the early-arrival check defers it, unspent.
         let patience = sent + every.saturating_mul(TICKS_AHEAD);
         let call_deadline = deadline.admission().map_or(patience, |s| s.min(patience));
-        let secs: std::collections::HashMap<usize, i32> = entries.iter().map(|e| (e.0, e.2)).collect();
+        let secs: std::collections::HashMap<usize, (i32, Option<Instant>)> =
+            entries.iter().map(|e| (e.0, (e.2, e.3))).collect();
         let asked = entries.len();
         let answer = self
             .sqs
-            .change_visibility(&self.source_queue, entries, Some(call_deadline))
+            .change_visibility_by(&self.source_queue, entries, Some(call_deadline))
             .await;
         for k in &answer.accepted {
-            if let (Some(h), Some(&s)) = (held.get_mut(*k), secs.get(k)) {
+            if let (Some(h), Some(&(s, by))) = (held.get_mut(*k), secs.get(k)) {
                 // SQS counts the timeout from when it took the call: no sooner than it was
-                // sent. It replaces the visibility the message had, longer or not.
-                h.until = Some(sent + Duration::from_secs(s as u64));
+                // sent, and no later than the entry's cap. It replaces the visibility the
+                // message had, longer or not.
+                let until = sent + Duration::from_secs(s as u64);
+                h.until = Some(by.map_or(until, |b| until.min(b)));
             }
         }
         if let Some((_, why)) = answer.failed.first() {

@@ -9,8 +9,10 @@
 //!    side by side — admission (the decision before the handler, with a probe permit when the
 //!    breaker is half-open), the handler in its own task, and the decision after it: a `Ran`.
 //!    Meanwhile the visibility heartbeat (`heartbeat.rs`) keeps the batch's messages hidden
-//!    while handlers outlast their visibility timeout; it has stopped, its last call answered,
-//!    before step 3.
+//!    while handlers outlast their visibility timeout, and at each tick takes the records
+//!    whose handlers ended through steps 3 and 4 at once, so none waits for the slowest
+//!    handler past its message's retention; it has stopped, its last call answered, before
+//!    step 3 for the rest.
 //! 3. **Plan** (`plan.rs`): a pure function of the records and their decisions that returns
 //!    every effect: DLQ copies, visibility changes, ledger counts and deletes, breaker reports,
 //!    metrics and the per-record reports — a `Plan`.
@@ -30,7 +32,8 @@
 //! counts and deletes (a condition per item, 25 items per call; a single write for an item
 //! whose statement was refused), one batched write of completion markers, and one breaker
 //! report per job type; and, per heartbeat tick while handlers still run, one visibility
-//! change per ten messages. A batch of first deliveries that all succeed before the first
+//! change per ten messages, plus the batched calls of the records that ended since the last
+//! tick (their breaker outcomes go in the batch's one report). A batch of first deliveries that all succeed before the first
 //! tick, of job types without a completion marker, makes no AWS call at all.
 
 mod execute;
@@ -129,6 +132,15 @@ impl Deadline {
                 margin: Some(m),
             },
             _ => self,
+        }
+    }
+
+    /// A deadline that follows visibility, for messages hidden until `until` (a fixed one
+    /// stays).
+    pub(crate) fn with_visible_until(self, until: Instant) -> Self {
+        match self.margin {
+            Some(m) => Self::visibility(until, m),
+            None => self,
         }
     }
 
@@ -240,6 +252,25 @@ pub struct BatchOutcome {
     /// messages may be visible again at the earliest, after the heartbeat's extensions (the
     /// worker deletes the settled ones by then).
     pub visible_until: Option<Instant>,
+    /// Positions of the records the processor deleted itself: a batch whose deadline follows
+    /// visibility (a worker's) has its records settled at a heartbeat tick deleted then. The
+    /// caller deletes the other settled ones.
+    pub deleted: Vec<usize>,
+}
+
+/// Records finished at a heartbeat tick, before the batch's run step ended.
+#[derive(Debug, Default)]
+pub(super) struct Early {
+    /// Their positions in the batch, in the order of `outcome.records`.
+    indices: Vec<usize>,
+    outcome: BatchOutcome,
+    /// Their handlers' runs, for the batch's breaker report.
+    runs: Vec<(String, run::Run)>,
+}
+
+/// The instant of an epoch-ms time on the monotonic clock (now, for a time past).
+pub(crate) fn instant_at(epoch_ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(epoch_ms.saturating_sub(now_ms()))
 }
 
 impl BatchOutcome {
@@ -346,13 +377,19 @@ impl Processor {
     /// follow the messages' visibility (the worker's).
     pub async fn process_within(&self, records: Vec<Incoming>, deadline: Deadline) -> BatchOutcome {
         let before = self.sqs.retry().stats();
-        let (ran, read_metrics, deadline) = self.admit_and_run_held(records, deadline).await;
-        let mut plan = match self.dlq_limit.get() {
-            Some(_) => self.plan(ran, now_ms()),
-            None => self.plan_learning_dlq_limit(ran, now_ms(), deadline).await,
-        };
+        let n = records.len();
+        // Boxed, as the futures below: nested, they make too deep a type for the compiler.
+        let (ran, read_metrics, deadline, early) =
+            Box::pin(self.admit_and_run_held(records, deadline, true)).await;
+        let (indices, ran): (Vec<usize>, Vec<Ran>) = ran.into_iter().unzip();
+        let mut plan = Box::pin(self.plan_now(ran, deadline)).await;
+        // The batch's one breaker report carries the records finished early too.
+        for (job_type, run) in early.iter().flat_map(|e| &e.runs) {
+            plan::tally(plan.breaker_reports.entry(job_type.clone()).or_default(), run);
+        }
         plan.metrics.merge(read_metrics);
-        let mut outcome = self.execute(plan, deadline).await;
+        let last = Box::pin(self.execute(plan, deadline)).await;
+        let mut outcome = merge(n, indices, last, early);
         outcome.visible_until = deadline.visible_until();
         let after = self.sqs.retry().stats();
         outcome.metrics.storage_retries = after.retries.saturating_sub(before.retries);
@@ -376,44 +413,109 @@ impl Processor {
         self.plan(again, now_ms)
     }
 
+    /// Step 3 at this moment: the retention rule taken again with the clock now (a decision
+    /// taken before may be applied a heartbeat tick later, or after the batch's slowest
+    /// handler), then the plan.
+    async fn plan_now(&self, ran: Vec<Ran>, deadline: Deadline) -> plan::Plan {
+        let now = now_ms();
+        let ran = ran.into_iter().map(|r| self.retained(r, now)).collect();
+        match self.dlq_limit.get() {
+            Some(_) => self.plan(ran, now),
+            None => self.plan_learning_dlq_limit(ran, now, deadline).await,
+        }
+    }
+
+    fn retained(&self, mut ran: Ran, now: u64) -> Ran {
+        let facts = self.facts(&ran.record);
+        let prior = crate::core::decision::attempts_before(facts, ran.record.ledger);
+        ran.decision = crate::core::decision::retained(facts, prior, now, ran.decision);
+        ran
+    }
+
+    /// Finishes records whose handlers ended before the batch's run step did, at a heartbeat
+    /// tick: their plan and its effects in the batched calls of a batch of their own (the
+    /// breaker report left to the batch's), and, in a worker's batch, the deletes of those
+    /// settled. So a retry or deferral lands long before the queue's retention ends, however
+    /// long a handler beside it runs.
+    pub(super) async fn settle_early(&self, ended: Vec<(usize, Ran)>, deadline: Deadline) -> Option<Early> {
+        if ended.is_empty() {
+            return None;
+        }
+        let (indices, ran): (Vec<usize>, Vec<Ran>) = ended.into_iter().unzip();
+        let runs = ran.iter().filter_map(Ran::breaker_run).collect();
+        let receipts: Vec<String> = ran.iter().map(|r| r.record.inc.receipt_handle.clone()).collect();
+        let mut plan = self.plan_now(ran, deadline).await;
+        plan.breaker_reports.clear();
+        let mut outcome = self.execute(plan, deadline).await;
+        if let Some(until) = deadline.visible_until() {
+            let settled: Vec<(usize, String)> = outcome
+                .records
+                .iter()
+                .enumerate()
+                .filter(|(k, r)| r.settled && !receipts[*k].is_empty())
+                .map(|(k, _)| (k, receipts[k].clone()))
+                .collect();
+            if !settled.is_empty() {
+                let answer = self.sqs.delete(&self.source_queue, settled, Some(until)).await;
+                for (k, why) in &answer.failed {
+                    tracing::warn!(message_id = %outcome.records[*k].message_id, error = %why, "delete failed; the message will be seen again");
+                }
+                outcome.deleted = answer.accepted.iter().map(|&k| indices[k]).collect();
+            }
+        }
+        Some(Early {
+            indices,
+            outcome,
+            runs,
+        })
+    }
+
     /// Steps 1 and 2: reads the batch's records and the state they need, then admits and runs
     /// them. Returns each record with its final decision, in input order, and the metrics of
     /// the reading (ledger fallbacks).
     #[doc(hidden)]
     pub async fn admit_and_run(&self, records: Vec<Incoming>, deadline: Deadline) -> (Vec<Ran>, Metrics) {
-        let (ran, metrics, _) = self.admit_and_run_held(records, deadline).await;
-        (ran, metrics)
+        let (ran, metrics, ..) = self.admit_and_run_held(records, deadline, false).await;
+        (ran.into_iter().map(|(_, r)| r).collect(), metrics)
     }
 
     /// Steps 1 and 2 with the heartbeat beside them; also returns the deadline as the
-    /// heartbeat left it. The heartbeat has stopped, its last call answered, on return.
+    /// heartbeat left it. With `early`, the heartbeat finishes records whose handlers ended
+    /// at its ticks ([`settle_early`](Self::settle_early)); the others are returned with
+    /// their positions, in order. The heartbeat has stopped, its last call answered, on
+    /// return.
     async fn admit_and_run_held(
         &self,
         records: Vec<Incoming>,
         deadline: Deadline,
-    ) -> (Vec<Ran>, Metrics, Deadline) {
+        early: bool,
+    ) -> (Vec<(usize, Ran)>, Metrics, Deadline, Vec<Early>) {
         let mut metrics = Metrics::default();
         let mut records: Vec<Record> = records.into_iter().map(|r| self.read(r)).collect();
         self.count_past_receive_limit(&records, &mut metrics);
         self.count_other_source_queue(&records, &mut metrics);
         let hold = Hold::new(deadline);
+        let finished = run::Finished::default();
         let (done, stopped) = tokio::sync::watch::channel(false);
         let held = self.heartbeat.map(|every| (every, self.held(&records, deadline)));
         let beat = async {
-            if let Some((every, held)) = held {
-                self.beat(held, every, &hold, stopped).await;
+            match held {
+                Some((every, held)) => {
+                    let early = early.then_some(&finished);
+                    self.beat(held, every, &hold, stopped, early).await.1
+                }
+                None => Vec::new(),
             }
         };
         let work = async {
             self.load_ledger(&mut records, hold.deadline(), &mut metrics)
                 .await;
             let states = self.load_breakers(&records, hold.deadline()).await;
-            let ran = self.run(records, &states, &hold).await;
+            self.run(records, &states, &hold, &finished).await;
             let _ = done.send(true);
-            ran
         };
-        let (ran, ()) = tokio::join!(work, beat);
-        (ran, metrics, hold.deadline())
+        let ((), early) = tokio::join!(work, beat);
+        (finished.take(), metrics, hold.deadline(), early)
     }
 
     /// The metric dimension of a job type: the type when registered, else
@@ -424,6 +526,30 @@ impl Processor {
             _ => crate::effects::metrics::UNREGISTERED,
         }
     }
+}
+
+/// The batch's outcome from its last execute and the early ones: every record's report at
+/// its position, metrics added up.
+fn merge(n: usize, indices: Vec<usize>, last: BatchOutcome, early: Vec<Early>) -> BatchOutcome {
+    let mut records: Vec<Option<RecordReport>> = vec![None; n];
+    let mut out = BatchOutcome {
+        whole_batch_failed: last.whole_batch_failed,
+        metrics: last.metrics,
+        ..BatchOutcome::default()
+    };
+    for (i, r) in indices.into_iter().zip(last.records) {
+        records[i] = Some(r);
+    }
+    for e in early {
+        out.metrics.merge(e.outcome.metrics);
+        out.whole_batch_failed |= e.outcome.whole_batch_failed;
+        out.deleted.extend(e.outcome.deleted);
+        for (i, r) in e.indices.into_iter().zip(e.outcome.records) {
+            records[i] = Some(r);
+        }
+    }
+    out.records = records.into_iter().flatten().collect();
+    out
 }
 
 /// An error text as logged: cut to 256 characters and, unless payloads may be logged, with

@@ -36,6 +36,9 @@ pub struct Record {
     pub(super) done_marker: Option<std::time::Duration>,
     /// Who parked the job and why, when the ledger says it is parked.
     pub(super) park_note: Option<String>,
+    /// Its ledger item carries a completion marker that no longer counts: lived out, or of a
+    /// job type without a marker now. A count written for it removes the marker.
+    pub(super) clears_marker: bool,
 }
 
 impl Record {
@@ -117,6 +120,7 @@ impl Processor {
             had_ledger_item: false,
             done_marker,
             park_note: None,
+            clears_marker: false,
         }
     }
 
@@ -154,7 +158,15 @@ impl Processor {
                 }
                 continue;
             };
-            let facts = m.get(&r.ledger_key()).cloned();
+            let mut facts = m.get(&r.ledger_key()).cloned();
+            if let Some(f) = facts.as_mut() {
+                // A marker of a job type taken out of the markers says nothing any more: its
+                // job runs, and its retries too.
+                if r.done_marker.is_none() {
+                    f.lived_out_marker |= f.done_at_ms.take().is_some();
+                }
+                r.clears_marker = f.lived_out_marker;
+            }
             if !redelivery {
                 // A first delivery reads only the completion marker: its attempts start at 0
                 // as without one.
@@ -276,6 +288,15 @@ impl Processor {
                  TRIAGE_QUEUE_URL to the queue it is mapped to"
             );
         }
+    }
+
+    /// When the queue's retention period for a record's message ends (epoch ms): SQS deletes
+    /// it then. `None` when unknown, or when the timestamp cannot be right (see
+    /// [`facts`](Self::facts)).
+    pub(super) fn retention_ends_ms(&self, record: &Record) -> Option<u64> {
+        let (sent, r) = record.inc.sent_at_ms.zip(self.retention)?;
+        let end = sent.saturating_add(r.as_millis() as u64);
+        (end > record.received_at_ms).then_some(end)
     }
 
     /// What SQS says about a record's delivery.

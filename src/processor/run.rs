@@ -49,7 +49,30 @@ pub(super) struct Run {
     pub(super) reported: bool,
 }
 
+/// The records whose handlers have ended, with their positions in the batch, waiting to be
+/// finished: at the next heartbeat tick, or after the run step.
+#[derive(Debug, Default)]
+pub(super) struct Finished(std::sync::Mutex<Vec<(usize, Ran)>>);
+
+impl Finished {
+    fn push(&self, i: usize, ran: Ran) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push((i, ran));
+    }
+
+    /// Takes every record waiting, in batch order.
+    pub(super) fn take(&self) -> Vec<(usize, Ran)> {
+        let mut all = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        all.sort_by_key(|(i, _)| *i);
+        all
+    }
+}
+
 impl Ran {
+    /// The job type and the handler's run, for the batch's breaker report.
+    pub(super) fn breaker_run(&self) -> Option<(String, Run)> {
+        Some((self.record.job_type()?.to_owned(), self.run.clone()?))
+    }
+
     fn without_run(record: Record, decision: Decision) -> Self {
         Self {
             record,
@@ -61,31 +84,29 @@ impl Ran {
 
 impl Processor {
     /// Admits and runs every record by the deadline `hold` keeps (the heartbeat may move a
-    /// worker's); returns them in input order.
+    /// worker's); each record goes to `finished`, with its position, as soon as it ends.
     pub(super) async fn run(
         &self,
         records: Vec<Record>,
         states: &HashMap<String, BreakerState>,
         hold: &Hold,
-    ) -> Vec<Ran> {
+        finished: &Finished,
+    ) {
         let concurrency = self.concurrency;
-        let mut ran: Vec<(usize, Ran)> = if self.is_fifo() || records.iter().any(|r| r.inc.from_fifo) {
+        if self.is_fifo() || records.iter().any(|r| r.inc.from_fifo) {
             stream::iter(self.groups(records))
-                .map(|group| self.run_group(group, states, hold))
+                .map(|group| self.run_group(group, states, hold, finished))
                 .buffer_unordered(concurrency)
-                .flat_map(stream::iter)
-                .collect()
+                .for_each(|()| async {})
                 .await
         } else {
             stream::iter(records.into_iter().enumerate())
                 // Boxed: a record's future is large, and the stream moves it on its way.
                 .map(|(i, record)| Box::pin(async move { (i, self.run_one(record, states, hold).await) }))
                 .buffer_unordered(concurrency)
-                .collect()
+                .for_each(|(i, r)| async move { finished.push(i, r) })
                 .await
-        };
-        ran.sort_by_key(|(i, _)| *i);
-        ran.into_iter().map(|(_, r)| r).collect()
+        }
     }
 
     /// The records of one FIFO message group, in order: after one that does not finish, the
@@ -95,8 +116,8 @@ impl Processor {
         group: Vec<(usize, Record)>,
         states: &HashMap<String, BreakerState>,
         hold: &Hold,
-    ) -> Vec<(usize, Ran)> {
-        let mut out = Vec::with_capacity(group.len());
+        finished: &Finished,
+    ) {
         let mut blocked = false;
         for (i, record) in group {
             let r = if blocked {
@@ -110,9 +131,8 @@ impl Processor {
             // A dead-lettered record blocks its group too: its DLQ copy is sent after the
             // handlers, and a later record must not run before that copy exists.
             blocked |= !matches!(r.decision, Decision::Done { .. } | Decision::Duplicate { .. });
-            out.push((i, r));
+            finished.push(i, r);
         }
-        out
     }
 
     /// The records of a FIFO batch by message group, each record with its position.

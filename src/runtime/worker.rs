@@ -371,7 +371,7 @@ impl Worker {
             .records
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.settled)
+            .filter(|(i, r)| r.settled && !outcome.deleted.contains(i))
             .map(|(i, _)| (i, receipts[i].clone()))
             .collect();
         let deleted = sqs

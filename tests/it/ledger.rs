@@ -214,6 +214,7 @@ fn count<'a>(job_id: &'a str, message_id: &'a str, receive_count: u32, exists: b
         waiting: None,
         last_error: "e",
         exists,
+        clear_marker: false,
     }
 }
 

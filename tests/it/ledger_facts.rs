@@ -433,3 +433,114 @@ async fn a_park_whose_retry_is_due_does_not_release_a_message_that_may_be_runnin
     let item = ledger(&h).await.show(RECORDED, "d-1").await.unwrap().unwrap();
     assert!(item.parked_at_ms.is_some(), "{item:?}");
 }
+
+/// Runs every delivery of the harness's queue through `env` until none comes within `wait`.
+async fn run_until_quiet(h: &Harness, env: &sqs_triage::runtime::env::Environment, wait: Duration) {
+    loop {
+        let messages = h.receive(&h.queue_url, wait).await;
+        if messages.is_empty() {
+            return;
+        }
+        h.invoke_env(env, &messages, Duration::from_secs(60)).await;
+    }
+}
+
+/// A marker that has lived out is no marker, even after a count was written on its item: a
+/// producer's re-send of a completed job after the marker's lifetime runs, and its retry
+/// runs too instead of being deleted as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lived_out_marker_does_not_swallow_the_retry_of_a_resend() {
+    let ttl = Duration::from_secs(2);
+    let h = Harness::build(Options {
+        prefix: "marker-out",
+        register: Box::new(move |r, _| r.done_marker(RECORDED, ttl)),
+        ..Options::default()
+    })
+    .await;
+    h.send_jobs(&[("j1", json!({"outcome": "ok"}))]).await;
+    run_until_quiet(&h, &h.env, Duration::from_secs(2)).await;
+    assert_eq!(h.executions("j1"), vec![1]);
+    let marked = ledger(&h).await.show(RECORDED, "j1").await.unwrap().unwrap();
+    let done_at = marked.done_at_ms.expect("a marker");
+    // The marker lives out (DynamoDB Local deletes nothing by TTL: the item stays).
+    while sqs_triage::clock::now_ms() < done_at + ttl.as_millis() as u64 + 1_000 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    h.send_jobs(&[("j1", json!({"outcome": "transient", "fail_times": 1}))])
+        .await;
+    // The re-send fails once; its retry comes back after 1 s and must run.
+    run_until_quiet(&h, &h.env, Duration::from_secs(4)).await;
+    assert_eq!(
+        h.executions("j1"),
+        vec![1, 1, 2],
+        "the re-send ran, and so did its retry"
+    );
+    assert_eq!(h.depth(&h.queue_url).await, 0);
+    assert!(h.dlq_messages().await.is_empty());
+    let item = ledger(&h).await.show(RECORDED, "j1").await.unwrap().unwrap();
+    assert!(
+        item.done_at_ms.is_some_and(|at| at > done_at),
+        "the retry's success wrote a new marker: {item:?}"
+    );
+}
+
+/// A job type taken out of the completion markers: the markers its items still carry, alive,
+/// swallow nothing. A re-send runs, and its retry runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_type_taken_out_of_the_markers_has_its_retries_run() {
+    let h = Harness::build(Options {
+        prefix: "marker-off",
+        tweak: Box::new(|mut c| {
+            c.done_marker_types = vec![RECORDED.to_owned()];
+            c
+        }),
+        ..Options::default()
+    })
+    .await;
+    h.send_jobs(&[("k1", json!({"outcome": "ok"}))]).await;
+    run_until_quiet(&h, &h.env, Duration::from_secs(2)).await;
+    let marked = ledger(&h).await.show(RECORDED, "k1").await.unwrap().unwrap();
+    assert!(marked.done_at_ms.is_some(), "{marked:?}");
+
+    // The same resources, the type no longer in TRIAGE_DONE_MARKER_TYPES.
+    let without = Harness::build(Options {
+        prefix: "marker-off2",
+        ..Options::default()
+    })
+    .await;
+    let sdk = support::sdk_config().await;
+    let mut config = sqs_triage::config::Config::from_lookup(&|_| None).unwrap();
+    config.queue_url = Some(h.queue_url.clone());
+    config.dlq_url = Some(h.dlq_url.clone());
+    config.table = Some(h.table.clone());
+    let policy = support::pipeline::fast_policy(5);
+    let breaker = support::pipeline::quiet_breaker();
+    let log = without.log.clone();
+    let registry = sqs_triage::processor::registry::Registry::new(policy.clone(), breaker).handle_with(
+        RECORDED,
+        policy,
+        breaker,
+        move |p: sqs_triage::demo::chaos::ChaosPayload, ctx: sqs_triage::processor::registry::JobContext| {
+            log.lock().unwrap().push((ctx.job_id.clone(), ctx.attempt));
+            sqs_triage::demo::chaos::run(p, ctx)
+        },
+    );
+    let env = sqs_triage::runtime::env::build_with(
+        &config,
+        registry,
+        sqs_triage::effects::storage_retry::sqs_config(&sdk),
+        sqs_triage::effects::storage_retry::dynamodb_config(&sdk),
+    )
+    .await
+    .unwrap();
+    h.send_jobs(&[("k1", json!({"outcome": "transient", "fail_times": 1}))])
+        .await;
+    run_until_quiet(&h, &env, Duration::from_secs(4)).await;
+    assert_eq!(
+        without.executions("k1"),
+        vec![1, 2],
+        "the re-send ran, and so did its retry"
+    );
+    assert_eq!(h.depth(&h.queue_url).await, 0);
+    assert!(h.dlq_messages().await.is_empty());
+}

@@ -49,6 +49,7 @@ mod ledger_facts;
 mod library_env;
 mod pipeline;
 mod promises;
+mod retention;
 mod sqs_chars;
 mod stack;
 mod startup;
