@@ -187,7 +187,7 @@ async fn setup_via(
     });
     let policy = fast_policy(5);
     let breaker = BreakerConfig::builder()
-        .threshold(100_000)
+        .min_executions(100_000)
         .open_for(Duration::from_secs(5))
         .build()
         .unwrap();
