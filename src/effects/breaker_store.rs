@@ -28,15 +28,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::{AttributeValue, BatchStatementRequest, ReturnValue};
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::{AttributeValue, BatchStatementRequest, ReturnValue};
 use rand::Rng;
 use tokio::time::Instant;
 
 use super::ledger::Written;
 use super::storage_retry::{FailureKind, StorageError, StorageRetry};
-use super::table::{breaker_key, breaker_pk, get_consistent, BREAKER_SK, PK, SK, TTL_ATTRIBUTE};
-use crate::core::breaker::{gate, Acquire, Aggregate, BreakerConfig, BreakerState, Increment, Lease, Phase};
+use super::table::{BREAKER_SK, PK, SK, TTL_ATTRIBUTE, breaker_key, breaker_pk, get_consistent};
+use crate::core::breaker::{Acquire, Aggregate, BreakerConfig, BreakerState, Increment, Lease, Phase, gate};
 use crate::core::decision::Gate;
 
 /// How long a breaker item lives after its last write. A vanished item is a fresh closed
