@@ -347,7 +347,7 @@ fn queue_facts(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Option<QueueFa
     }))
 }
 
-/// The boolean variables, each read by [`boolean`].
+/// The boolean variables, each read the same way ([`BOOLEAN_SPELLINGS`]).
 pub const BOOLEAN_VARS: [&str; 2] = ["TRIAGE_LOG_PAYLOADS", "TRIAGE_EMF"];
 
 /// What a boolean variable accepts, as its error says.
