@@ -24,7 +24,7 @@
 //! If DynamoDB stays unavailable after the storage retries, `observe` and `admit` answer
 //! closed (fail open, logged): jobs keep running and their attempt limits still bound them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -157,18 +157,46 @@ pub struct BreakerStore {
 
 /// One job type's executions that an environment has not reported yet (see
 /// [`BreakerStore::with_unreported`]).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Unreported {
-    /// Executions not yet reported, failures included, counted since `since_ms`.
-    executions: u32,
-    /// Those counted in the half window before `since_ms`.
-    older: u32,
+    /// Executions not yet reported, failures included, per second they were counted in
+    /// (epoch ms of the second's start, oldest first). A window counts only the seconds that
+    /// began at or after its start.
+    seconds: VecDeque<(u64, u32)>,
     /// The closed generation they ran in.
     generation: u64,
-    /// When the current half window of them began (epoch ms).
-    since_ms: u64,
     /// The window (generation, start) this environment last reported into.
     reported_into: Option<(u64, u64)>,
+}
+
+impl Unreported {
+    /// Takes the executions kept since `start_ms` and drops the rest: those before a window
+    /// ran outside it and never count in it.
+    fn take_since(&mut self, start_ms: u64) -> u32 {
+        let kept = self
+            .seconds
+            .iter()
+            .filter(|(second, _)| *second >= start_ms)
+            .fold(0u32, |sum, (_, n)| sum.saturating_add(*n));
+        self.seconds.clear();
+        kept
+    }
+
+    /// Keeps `n` executions counted at `now_ms`, dropping those older than a window.
+    fn keep(&mut self, n: u32, now_ms: u64, window_ms: u64) {
+        let second = now_ms - now_ms % 1_000;
+        while self
+            .seconds
+            .front()
+            .is_some_and(|(s, _)| now_ms.saturating_sub(*s) >= window_ms)
+        {
+            self.seconds.pop_front();
+        }
+        match self.seconds.back_mut() {
+            Some((s, count)) if *s == second => *count = count.saturating_add(n),
+            _ => self.seconds.push_back((second, n)),
+        }
+    }
 }
 
 impl BreakerStore {
@@ -422,8 +450,9 @@ impl BreakerStore {
     /// this environment's last known state shows a counting window it has not reported into
     /// yet: then they go, once per window. So a healthy environment writes at most once per
     /// window and job type, and only while some environment reports failures; a healthy fleet
-    /// writes nothing. Executions older than a window, or from another generation, are
-    /// dropped: they say nothing about the window that counts now.
+    /// writes nothing. Executions from before the window a report goes into, or from another
+    /// generation, are dropped: they say nothing about the window that counts now. So a window
+    /// started by this report's own failure holds only this invocation's executions.
     pub fn with_unreported(&self, job_type: &str, agg: &Aggregate, now_ms: u64) -> Aggregate {
         let ordinary = agg.executions.max(agg.transient_failures);
         if ordinary == 0 {
@@ -445,18 +474,10 @@ impl BreakerStore {
             Some(u) => u,
             None => all.entry(job_type.to_owned()).or_default(),
         };
-        // Two half windows: what is kept spans about a window (at most one and a half), and
-        // a half window's executions are dropped at once, not the whole window's.
-        let age = now_ms.saturating_sub(u.since_ms);
-        if u.generation != agg.generation || age >= window {
-            (u.older, u.executions) = (0, 0);
-            u.since_ms = now_ms;
-        } else if age >= window / 2 {
-            u.older = std::mem::take(&mut u.executions);
-            u.since_ms = now_ms;
+        if u.generation != agg.generation {
+            u.seconds.clear();
+            u.generation = agg.generation;
         }
-        u.generation = agg.generation;
-        u.executions = u.executions.saturating_add(ordinary);
         let into = match counting {
             _ if agg.transient_failures > 0 => Some(counting.unwrap_or((agg.generation, now_ms))),
             Some(w) if u.reported_into != Some(w) => Some(w),
@@ -464,10 +485,14 @@ impl BreakerStore {
         };
         let mut out = agg.clone();
         out.executions = 0;
-        if into.is_some() {
-            let current = std::mem::take(&mut u.executions);
-            out.executions = current.saturating_add(std::mem::take(&mut u.older));
-            u.reported_into = into;
+        match into {
+            // This invocation's own executions count in the window it reports into; of those
+            // kept back, only the ones counted after the window began.
+            Some(w) => {
+                out.executions = ordinary.saturating_add(u.take_since(w.1));
+                u.reported_into = into;
+            }
+            None => u.keep(ordinary, now_ms, window),
         }
         out
     }
@@ -899,7 +924,6 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "open defect: executions kept back before a window count in it, so an outage opens the breaker late (70 failures, not 10)"]
     fn executions_kept_from_before_a_window_do_not_count_in_it() {
         let store = unreachable_store();
         let config = BreakerConfig::default();
@@ -949,9 +973,9 @@ mod tests {
         // Healthy, no window: kept back.
         assert_eq!(executions(&batch(0, 8), t0), 0);
         assert_eq!(executions(&batch(0, 8), t0 + 1_000), 0);
-        // A failure takes them all with it.
+        // A failure starts a window: the executions kept from before it do not count in it.
         let r = store.with_unreported("jt", &batch(1, 4), t0 + 2_000);
-        assert_eq!((r.transient_failures, r.executions), (1, 20));
+        assert_eq!((r.transient_failures, r.executions), (1, 4));
         // Another environment's window, seen: the healthy executions go once.
         let counting = BreakerState {
             failures: 3,
@@ -963,7 +987,7 @@ mod tests {
         store.remember("jt", &counting);
         assert_eq!(executions(&batch(0, 5), t0 + 11_000), 5);
         assert_eq!(executions(&batch(0, 5), t0 + 12_000), 0);
-        // Half windows (30 s) roll: the 5 of 12 s are in the older one at 43 s.
+        // Kept back after the window began, they ride with the next failure in it.
         assert_eq!(executions(&batch(1, 1), t0 + 43_000), 6);
         // Executions older than a window are dropped.
         assert_eq!(executions(&batch(0, 7), t0 + 44_000), 0);
