@@ -75,8 +75,17 @@ pub struct Count<'a> {
     /// costs one more write, never a wrong count.
     pub exists: bool,
     /// The delivery saw a completion marker that no longer counts (lived out, or its job
-    /// type has no marker any more): the count removes it, so it never counts again.
-    pub clear_marker: bool,
+    /// type has no marker any more): the count removes it, so it never counts again. Only
+    /// that marker: a fresh one written since the read stays.
+    pub clear_marker: Option<SeenMarker>,
+}
+
+/// A completion marker as a read saw it, so that a later write removes that marker and not a
+/// fresh one another delivery wrote since. Markers differ in their `done_until`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeenMarker {
+    /// Its `done_until` (epoch ms); none for a marker written before that attribute existed.
+    pub done_until_ms: Option<u64>,
 }
 
 /// Which request a statement of [`AttemptLedger::write_batch`] serves.
@@ -201,7 +210,9 @@ pub struct LedgerFacts {
     pub done_at_ms: Option<u64>,
     /// The item carries a completion marker that has lived out: a count written for this
     /// delivery removes it.
-    pub lived_out_marker: bool,
+    pub lived_out_marker: Option<SeenMarker>,
+    /// The item's completion marker, living or not.
+    pub marker: Option<SeenMarker>,
     /// When an operator parked the job (epoch ms).
     pub parked_at_ms: Option<u64>,
     /// Who parked it and why, for the failure record.
@@ -299,10 +310,18 @@ impl LedgerItem {
         LedgerFacts {
             stored: self.stored(),
             done_at_ms: self.done_at_ms.filter(|_| alive),
-            lived_out_marker: self.done_at_ms.is_some() && !alive,
+            lived_out_marker: self.seen_marker().filter(|_| !alive),
+            marker: self.seen_marker(),
             parked_at_ms: self.parked_at_ms,
             park_note: self.parked_at_ms.and(note),
         }
+    }
+
+    /// The item's completion marker, if it has one.
+    pub fn seen_marker(&self) -> Option<SeenMarker> {
+        self.done_at_ms.map(|_| SeenMarker {
+            done_until_ms: self.done_until_ms,
+        })
     }
 
     /// Whether the item's completion marker, if any, still counts at `now_ms`.
@@ -520,7 +539,7 @@ impl AttemptLedger {
             next_attempt_at_ms,
             None,
             last_error,
-            false,
+            None,
             deadline,
         )
         .await
@@ -539,7 +558,41 @@ impl AttemptLedger {
         next_attempt_at_ms: Option<u64>,
         waiting: Option<Waiting<'_>>,
         last_error: &str,
-        clear_marker: bool,
+        clear_marker: Option<SeenMarker>,
+        deadline: Option<Instant>,
+    ) -> Result<Counted, StorageError> {
+        let count = |clear| {
+            self.update_count(
+                job_type,
+                job_id,
+                delivery,
+                next_attempt_at_ms,
+                waiting,
+                last_error,
+                clear,
+                deadline,
+            )
+        };
+        match count(clear_marker).await? {
+            // Refused with a marker to clear: the delivery was counted, or the marker is no
+            // longer the one seen (a duplicate's success wrote a fresh one). Count it alone.
+            Counted::AlreadyCounted if clear_marker.is_some() => count(None).await,
+            counted => Ok(counted),
+        }
+    }
+
+    /// One conditional `UpdateItem` of [`count_waiting`](Self::count_waiting): refused when the
+    /// delivery was counted, or, with `clear_marker`, when the item's marker is not that one.
+    #[allow(clippy::too_many_arguments)]
+    async fn update_count(
+        &self,
+        job_type: &str,
+        job_id: &str,
+        delivery: Delivery<'_>,
+        next_attempt_at_ms: Option<u64>,
+        waiting: Option<Waiting<'_>>,
+        last_error: &str,
+        clear_marker: Option<SeenMarker>,
         deadline: Option<Instant>,
     ) -> Result<Counted, StorageError> {
         let waiting = waiting.filter(|_| next_attempt_at_ms.is_some());
@@ -563,8 +616,13 @@ impl AttemptLedger {
             (Some(_), None) => vec!["receipt_handle", "queue_url"],
             (Some(_), Some(_)) => Vec::new(),
         };
-        if clear_marker {
+        let mut condition = "(attribute_not_exists(pk) OR NOT contains(deliveries, :d))".to_owned();
+        if let Some(seen) = clear_marker {
             removed.extend(MARKER_ATTRIBUTES);
+            condition.push_str(match seen.done_until_ms {
+                Some(_) => " AND (attribute_not_exists(done_at) OR done_until = :seen)",
+                None => " AND (attribute_not_exists(done_at) OR attribute_not_exists(done_until))",
+            });
         }
         if !removed.is_empty() {
             expr.push_str(&format!(" REMOVE {}", removed.join(", ")));
@@ -578,7 +636,7 @@ impl AttemptLedger {
                     .table_name(&self.table)
                     .set_key(Some(ledger_key(job_type, job_id)))
                     .update_expression(&expr)
-                    .condition_expression("attribute_not_exists(pk) OR NOT contains(deliveries, :d)")
+                    .condition_expression(&condition)
                     .expression_attribute_values(":one", num(1))
                     .expression_attribute_values(":dset", AttributeValue::Ss(vec![delivery.clone()]))
                     .expression_attribute_values(":d", AttributeValue::S(delivery.clone()))
@@ -594,6 +652,9 @@ impl AttemptLedger {
                     .return_values(ReturnValue::UpdatedNew);
                 if let Some(at) = next_attempt_at_ms {
                     req = req.expression_attribute_values(":next", num(at));
+                }
+                if let Some(until) = clear_marker.and_then(|m| m.done_until_ms) {
+                    req = req.expression_attribute_values(":seen", num(until));
                 }
                 if let Some(w) = waiting {
                     req = req
@@ -792,7 +853,7 @@ impl AttemptLedger {
                 (Some(_), None) => vec!["receipt_handle", "queue_url"],
                 (Some(_), Some(_)) => Vec::new(),
             };
-            if c.clear_marker {
+            if c.clear_marker.is_some() {
                 removed.extend(MARKER_ATTRIBUTES);
             }
             for name in removed {
@@ -804,6 +865,16 @@ impl AttemptLedger {
             params.push(AttributeValue::S(ledger_pk(c.job_id)));
             params.push(AttributeValue::S(ledger_sk(c.job_type)));
             params.push(AttributeValue::S(delivery));
+            // Only the marker seen: a fresh one refuses the statement, and the single-item
+            // write counts the delivery without clearing it.
+            match c.clear_marker.map(|m| m.done_until_ms) {
+                Some(Some(until)) => {
+                    sql.push_str(" AND (\"done_at\" IS MISSING OR \"done_until\" = ?)");
+                    params.push(num(until));
+                }
+                Some(None) => sql.push_str(" AND (\"done_at\" IS MISSING OR \"done_until\" IS MISSING)"),
+                None => {}
+            }
             b.statement(sql).set_parameters(Some(params))
         } else {
             let mut sql = format!(

@@ -38,7 +38,7 @@ pub struct Record {
     pub(super) park_note: Option<String>,
     /// Its ledger item carries a completion marker that no longer counts: lived out, or of a
     /// job type without a marker now. A count written for it removes the marker.
-    pub(super) clears_marker: bool,
+    pub(super) clears_marker: Option<crate::effects::ledger::SeenMarker>,
 }
 
 impl Record {
@@ -120,7 +120,7 @@ impl Processor {
             had_ledger_item: false,
             done_marker,
             park_note: None,
-            clears_marker: false,
+            clears_marker: None,
         }
     }
 
@@ -162,8 +162,8 @@ impl Processor {
             if let Some(f) = facts.as_mut() {
                 // A marker of a job type taken out of the markers says nothing any more: its
                 // job runs, and its retries too.
-                if r.done_marker.is_none() {
-                    f.lived_out_marker |= f.done_at_ms.take().is_some();
+                if r.done_marker.is_none() && f.done_at_ms.take().is_some() {
+                    f.lived_out_marker = f.marker;
                 }
                 r.clears_marker = f.lived_out_marker;
             }

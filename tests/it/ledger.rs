@@ -3,6 +3,7 @@
 use crate::support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqs_triage::effects::ledger::{AttemptLedger, Batched, Count, Counted, Delivery, Waiting};
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb_config};
@@ -214,7 +215,7 @@ fn count<'a>(job_id: &'a str, message_id: &'a str, receive_count: u32, exists: b
         waiting: None,
         last_error: "e",
         exists,
-        clear_marker: false,
+        clear_marker: None,
     }
 }
 
@@ -423,5 +424,79 @@ async fn a_role_without_partiql_still_counts_and_deletes_through_the_single_item
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     forgotten.unwrap();
     proxy.clear_faults();
+    delete_table(&client, &table).await.unwrap();
+}
+
+/// A count that clears a lived-out completion marker clears that marker only: a fresh one that
+/// a concurrent duplicate wrote after the read stays, on the single-item and the batched write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_clears_the_marker_it_saw_not_a_fresh_one_written_since() {
+    let client = dynamodb_client(&support::sdk_config().await);
+    let (ledger, table) = ledger_on(client.clone()).await;
+    let key = |id: &str| ("t".to_owned(), id.to_owned());
+    for id in ["single", "batched"] {
+        // A marker with no lifetime has lived out as soon as it is written.
+        ledger
+            .finish(
+                Vec::<(String, String)>::new(),
+                vec![(key(id), Duration::ZERO)],
+                None,
+            )
+            .await
+            .unwrap();
+        let seen = ledger.show("t", id).await.unwrap().unwrap();
+        let facts = seen.facts(sqs_triage::clock::now_ms());
+        assert!(
+            facts.lived_out_marker.is_some() && facts.done_at_ms.is_none(),
+            "{facts:?}"
+        );
+        // A duplicate of the job succeeds meanwhile: a fresh marker.
+        ledger
+            .finish(
+                Vec::<(String, String)>::new(),
+                vec![(key(id), Duration::from_secs(3600))],
+                None,
+            )
+            .await
+            .unwrap();
+        let fresh = ledger.show("t", id).await.unwrap().unwrap();
+        assert!(fresh.marker_lives(sqs_triage::clock::now_ms()));
+        // The delivery that read the lived-out marker is counted, and asks to clear it.
+        let delivery = Delivery {
+            message_id: "m",
+            receive_count: 2,
+        };
+        if id == "single" {
+            let counted = ledger
+                .count_waiting(
+                    "t",
+                    id,
+                    delivery,
+                    Some(1),
+                    None,
+                    "e",
+                    facts.lived_out_marker,
+                    None,
+                )
+                .await
+                .unwrap();
+            assert_eq!(counted, Counted::New(1));
+        } else {
+            let c = Count {
+                delivery,
+                next_attempt_at_ms: Some(1),
+                clear_marker: facts.lived_out_marker,
+                ..count(id, "m", 2, true)
+            };
+            write_all(&ledger, &[c], &[]).await;
+        }
+        let after = ledger.show("t", id).await.unwrap().unwrap();
+        assert_eq!(after.attempts, 1, "{after:?}");
+        assert_eq!(
+            (after.done_at_ms, after.done_until_ms),
+            (fresh.done_at_ms, fresh.done_until_ms),
+            "{id}: the fresh marker was cleared: {after:?}"
+        );
+    }
     delete_table(&client, &table).await.unwrap();
 }
