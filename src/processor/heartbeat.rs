@@ -198,12 +198,18 @@ impl Processor {
             }
             let ended = early.map(Finished::take).unwrap_or_default();
             let patience = Instant::now() + every.saturating_mul(TICKS_AHEAD);
-            let (ended, deadline) = self.release_held(&mut held, ended, hold.deadline());
+            let (ended, released, deadline) = self.release_held(&mut held, ended, hold.deadline());
             let (_, finished) = tokio::join!(
                 self.tick(&mut held, every, hold),
                 // Boxed: the execute step's future inside the heartbeat's is too deep a type.
                 Box::pin(self.settle_early(ended, deadline.at_most(patience))),
             );
+            // A settled record whose delete failed is deleted again at the batch's end: its
+            // message stays hidden until then, or it would run again meanwhile.
+            if let Some(e) = &finished {
+                let undeleted = e.undeleted();
+                held.extend(released.into_iter().filter(|h| undeleted.contains(&h.index)));
+            }
             settled.extend(finished);
             ticks += 1;
             next = Instant::now() + every;
@@ -214,15 +220,16 @@ impl Processor {
     /// every one in a worker's batch (the processor deletes the settled ones); in a Lambda
     /// invocation, those whose visibility their decision sets (a retry, a deferral, a
     /// release). A settled Lambda record stays held until the event source mapping deletes it
-    /// after the response. Returns the records and the deadline their effects must meet.
+    /// after the response. Returns the records, the messages taken out, and the deadline their
+    /// effects must meet.
     fn release_held(
         &self,
         held: &mut Vec<Held>,
         ended: Vec<(usize, Ran)>,
         deadline: Deadline,
-    ) -> (Vec<(usize, Ran)>, Deadline) {
+    ) -> (Vec<(usize, Ran)>, Vec<Held>, Deadline) {
         if ended.is_empty() {
-            return (ended, deadline);
+            return (ended, Vec::new(), deadline);
         }
         let deletes = deadline.visible_until().is_some();
         let released: std::collections::HashSet<usize> = ended
@@ -236,12 +243,15 @@ impl Processor {
             .filter(|h| released.contains(&h.index))
             .filter_map(|h| h.until)
             .min();
-        held.retain(|h| !released.contains(&h.index));
+        let (out, kept): (Vec<Held>, Vec<Held>) = std::mem::take(held)
+            .into_iter()
+            .partition(|h| released.contains(&h.index));
+        *held = kept;
         let deadline = match until {
             Some(u) if deletes => deadline.with_visible_until(u),
             _ => deadline,
         };
-        (ended, deadline)
+        (ended, out, deadline)
     }
 
     /// One tick: extends every held message, in batches of ten; moves a worker's deadline to

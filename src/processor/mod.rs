@@ -268,6 +268,18 @@ pub(super) struct Early {
     runs: Vec<(String, run::Run)>,
 }
 
+impl Early {
+    /// Positions of the records settled but not deleted: their deletes failed.
+    pub(super) fn undeleted(&self) -> std::collections::HashSet<usize> {
+        self.indices
+            .iter()
+            .zip(&self.outcome.records)
+            .filter(|(i, r)| r.settled && !self.outcome.deleted.contains(i))
+            .map(|(i, _)| *i)
+            .collect()
+    }
+}
+
 /// The instant of an epoch-ms time on the monotonic clock (now, for a time past).
 pub(crate) fn instant_at(epoch_ms: u64) -> Instant {
     Instant::now() + Duration::from_millis(epoch_ms.saturating_sub(now_ms()))

@@ -439,3 +439,72 @@ async fn a_throttled_tick_lands_its_extension_by_the_deadline_slack() {
         "visible again after the deadline's slack (cap {cap}): {late:?}"
     );
 }
+
+/// The worker: a record settled at a tick whose early delete fails is still held, its message
+/// extended, until the batch's end deletes it. Not extended, it would be visible again while
+/// the long handler beside it runs, and run a second time.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workers_record_whose_early_delete_failed_stays_hidden_until_the_batch_deletes_it() {
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    let (wire, runs) = (Wire::default(), Runs::default());
+    let (h, env) = setup_via("ret-undeleted", &wire, &runs, Some(proxy.url())).await;
+    let worker = Worker::new(
+        env,
+        WorkerOptions {
+            wait: Duration::from_secs(1),
+            ..WorkerOptions::default()
+        },
+    )
+    .with_batches(2);
+    // Past the visibility timeout (10 s), inside the retention (20 s).
+    let long = json!({"type": JOB, "id": "long", "payload": {"outcome": "ok", "sleep_ms": 14_000}});
+    let short = json!({"type": JOB, "id": "short", "payload": {"outcome": "ok"}});
+    h.send_raw(&[(&long.to_string(), None), (&short.to_string(), None)])
+        .await;
+    // The first delete, the short job's at a tick, is refused for its one entry.
+    proxy.fail_next(
+        1,
+        Fault::Body {
+            status: 200,
+            body: r#"{"Successful":[],"Failed":[{"Id":"e0","SenderFault":true,"Code":"InvalidParameterValue","Message":"refused"}]}"#.into(),
+        },
+        Some(vec!["DeleteMessageBatch".into()]),
+    );
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let mut settled: HashMap<String, u32> = HashMap::new();
+    let run = worker.run(
+        async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        },
+        |outcome| {
+            for r in outcome.records.iter().filter(|r| r.settled) {
+                *settled.entry(r.job_id.clone()).or_default() += 1;
+            }
+            if settled.contains_key("long") {
+                let _ = stop_tx.send(true);
+            }
+        },
+    );
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the long job settled")
+        .unwrap();
+    assert_eq!(proxy.faults_injected(), 1, "the early delete was refused");
+    let short: Vec<u32> = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.0 == "short")
+        .map(|r| r.1)
+        .collect();
+    assert_eq!(short, vec![1], "the short job ran once");
+    // Both messages are gone: the batch's end deleted the short job's.
+    h.sqs
+        .set_queue_attributes()
+        .queue_url(&h.queue_url)
+        .attributes(QueueAttributeName::VisibilityTimeout, "0")
+        .send()
+        .await
+        .unwrap();
+    assert!(h.receive(&h.queue_url, Duration::from_secs(2)).await.is_empty());
+}
