@@ -365,8 +365,9 @@ fn breaker_rows(breakers: &[BreakerView]) -> Vec<Vec<String>> {
                     esc(&b.phase)
                 ),
                 format!(
-                    "<span data-breaker=\"{t}\" data-part=\"failures\">{}</span>",
-                    b.failures
+                    "<span data-breaker=\"{t}\" data-part=\"failures\">{}</span> of \
+                     <span data-breaker=\"{t}\" data-part=\"executions\">{}</span>",
+                    b.failures, b.executions
                 ),
                 format!(
                     "<span data-breaker=\"{t}\" data-part=\"open_until\">{}</span>",
@@ -446,7 +447,13 @@ Oldest DLQ failure instead: <strong id=\"oldest-dlq-failure\">{}</strong>.</p></
         } else {
             html::table(
                 "breakers",
-                &["job type", "phase", "failures in window", "open until", "force"],
+                &[
+                    "job type",
+                    "phase",
+                    "failed of ran in window",
+                    "open until",
+                    "force",
+                ],
                 &breaker_rows(&data.breakers),
             )
         },
@@ -744,6 +751,9 @@ fn report_page_with<R: Report>(title: &str, headline: &str, problem: Option<Stri
                 esc(&a.id),
                 esc(&a.actor)
             );
+            if let Some(w) = a.warning() {
+                let _ = write!(b, "<p class=\"error\" id=\"audit-warning\">{}</p>", esc(&w));
+            }
         }
         Some(a) => {
             let _ = write!(
@@ -1219,7 +1229,13 @@ Nothing changes until you confirm.</p><h2>Now</h2>{}",
         esc(&effect),
         html::table(
             "breakers",
-            &["job type", "phase", "failures in window", "open until", "force"],
+            &[
+                "job type",
+                "phase",
+                "failed of ran in window",
+                "open until",
+                "force"
+            ],
             &breaker_rows(&now.breakers)
         ),
     );
@@ -1277,9 +1293,19 @@ async fn audit_page(State(app): AppState, RawQuery(raw): RawQuery) -> Response {
                 .entries
                 .iter()
                 .map(|e| {
+                    // An actor STS named in another account than the resources' is marked,
+                    // with why on hover, as the CLI marks it.
+                    let actor = match &e.actor_unverified {
+                        Some(why) => format!(
+                            "{} <span class=\"unverified\" title=\"{}\">(unverified)</span>",
+                            esc(&e.actor),
+                            esc(why)
+                        ),
+                        None => esc(&e.actor),
+                    };
                     vec![
                         esc(&e.at),
-                        esc(&e.actor),
+                        actor,
                         esc(&e.action),
                         esc(&e.target),
                         e.count.map_or("-".into(), |c| c.to_string()),

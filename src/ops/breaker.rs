@@ -28,6 +28,9 @@ pub struct BreakerView {
     pub open_until_ms: Option<u64>,
     /// Transient failures in the current window.
     pub failures: u32,
+    /// Executions reported into the current window, failures included: the failure rate's
+    /// denominator.
+    pub executions: u32,
     /// Probe successes in this half-open period.
     pub probe_successes: u32,
     /// Probe leases held.
@@ -46,6 +49,7 @@ impl BreakerView {
             forced: s.forced,
             open_until_ms: (s.phase == Phase::Open && !s.forced).then_some(s.open_until_ms),
             failures: s.failures,
+            executions: s.executions,
             probe_successes: s.probe_successes,
             probes_in_flight: s.leases.len(),
             generation: s.generation,
@@ -83,7 +87,7 @@ impl Report for BreakerReport {
         if self.breakers.is_empty() {
             return format!("no breaker state in {} (every job type is closed)\n", self.table);
         }
-        let mut t = Table::new(["TYPE", "PHASE", "UNTIL", "FAILURES", "PROBES", "GENERATION"]);
+        let mut t = Table::new(["TYPE", "PHASE", "UNTIL", "FAILED/RAN", "PROBES", "GENERATION"]);
         for b in &self.breakers {
             let until = match (b.forced, b.open_until_ms) {
                 (true, _) => "forced (until closed)".to_owned(),
@@ -94,7 +98,7 @@ impl Report for BreakerReport {
                 b.job_type.clone(),
                 b.phase.clone(),
                 until,
-                b.failures.to_string(),
+                format!("{}/{}", b.failures, b.executions),
                 b.probes_in_flight.to_string(),
                 b.generation.to_string(),
             ]);

@@ -853,6 +853,10 @@ async fn an_actor_of_another_account_than_the_resources_is_recorded_unverified()
     assert_eq!(s(&item, "actor_unverified"), why);
     let listed = ok_json(&run(&stack, &support::sts_endpoint(), &["audit", "--json"]));
     assert_eq!(listed["entries"][0]["actor_unverified"], why.as_str(), "{listed}");
+    // The console's audit page marks it too.
+    let console = crate::console::start_on(&stack.queue_url, &stack.dlq_url, &stack.table, &[], &[]);
+    let page = crate::console::get(&console, "/audit").await.body;
+    assert!(page.contains("user/mallory <span class=\"unverified\""), "{page}");
 
     // moto's own STS names the queues' account: verified, nothing added.
     let o = run(

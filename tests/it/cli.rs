@@ -822,6 +822,36 @@ async fn breakers_are_read_and_forced_with_confirmation() {
     assert_one_line_error(&o, 3, "table no-such-table-cli does not exist");
 }
 
+/// `breaker status` shows a counting window's failure rate: its failures of its executions.
+#[tokio::test]
+async fn breaker_status_shows_the_windows_failures_of_its_executions() {
+    let stack = setup("cli-rate");
+    let sdk = support::sdk_config().await;
+    let store = sqs_triage::effects::breaker_store::BreakerStore::new(
+        sqs_triage::effects::storage_retry::dynamodb_client(&sdk),
+        &stack.table,
+        sqs_triage::effects::storage_retry::StorageRetry::default(),
+    );
+    let agg = sqs_triage::core::breaker::Aggregate {
+        transient_failures: 3,
+        executions: 10,
+        ..Default::default()
+    };
+    store
+        .report("billing.charge", &agg, sqs_triage::clock::now_ms(), None)
+        .await
+        .unwrap();
+    let v = ok_json(&run(Some(&stack), &["breaker", "status", "--json"]));
+    let b = &v["breakers"][0];
+    assert_eq!(
+        (&b["phase"], &b["failures"], &b["executions"]),
+        (&json!("closed"), &json!(3), &json!(10)),
+        "{v}"
+    );
+    let text = String::from_utf8_lossy(&run(Some(&stack), &["breaker", "status"]).stdout).into_owned();
+    assert!(text.contains("FAILED/RAN") && text.contains(" 3/10 "), "{text}");
+}
+
 #[tokio::test]
 async fn attempts_show_reads_the_ledger() {
     let stack = setup("cli-attempts");

@@ -21,7 +21,7 @@ use sqs_triage::ops::{Ctx, audit, breaker};
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
 
 /// A running `triage console`, stopped on drop.
-struct Console {
+pub(crate) struct Console {
     child: Child,
     /// `http://127.0.0.1:PORT`
     base: String,
@@ -40,7 +40,13 @@ fn start(stack: &SetupReport, extra: &[&str], env: &[(&str, &str)]) -> Console {
     start_on(&stack.queue_url, &stack.dlq_url, &stack.table, extra, env)
 }
 
-fn start_on(queue_url: &str, dlq_url: &str, table: &str, extra: &[&str], env: &[(&str, &str)]) -> Console {
+pub(crate) fn start_on(
+    queue_url: &str,
+    dlq_url: &str,
+    table: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Console {
     let mut cmd = Command::new(BIN);
     support::strict_env(&mut cmd);
     cmd.args(["console", "--port", "0"])
@@ -73,10 +79,10 @@ fn start_on(queue_url: &str, dlq_url: &str, table: &str, extra: &[&str], env: &[
     Console { child, base, printed }
 }
 
-struct Answer {
+pub(crate) struct Answer {
     status: u16,
     headers: hyper::HeaderMap,
-    body: String,
+    pub(crate) body: String,
 }
 
 async fn http(method: &str, url: &str, headers: &[(&str, &str)], body: Option<String>) -> Answer {
@@ -102,7 +108,7 @@ async fn http(method: &str, url: &str, headers: &[(&str, &str)], body: Option<St
     }
 }
 
-async fn get(c: &Console, path: &str) -> Answer {
+pub(crate) async fn get(c: &Console, path: &str) -> Answer {
     http("GET", &format!("{}{path}", c.base), &[], None).await
 }
 

@@ -35,6 +35,7 @@
         var part = el.getAttribute("data-part");
         if (part === "phase") el.textContent = b.phase;
         else if (part === "failures") el.textContent = String(b.failures);
+        else if (part === "executions") el.textContent = String(b.executions);
         else if (part === "open_until") el.textContent = openUntil(b);
       });
     });
