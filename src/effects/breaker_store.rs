@@ -421,6 +421,18 @@ impl BreakerStore {
         now_ms: u64,
         deadline: Option<Instant>,
     ) -> Result<Option<BreakerState>, StorageError> {
+        let written = self.write_report(job_type, agg, now_ms, deadline).await;
+        self.reported_into(job_type, agg, &written);
+        written
+    }
+
+    async fn write_report(
+        &self,
+        job_type: &str,
+        agg: &Aggregate,
+        now_ms: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Option<BreakerState>, StorageError> {
         if agg.is_empty() {
             return Ok(None);
         }
@@ -572,6 +584,41 @@ impl BreakerStore {
     /// it twice if the statement had landed after all: the breaker then opens early, never
     /// late.
     pub async fn settle(
+        &self,
+        job_type: &str,
+        folded: FoldedReport,
+        written: Written,
+        agg: &Aggregate,
+        now_ms: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Option<BreakerState>, StorageError> {
+        let done = self
+            .settle_written(job_type, folded, written, agg, now_ms, deadline)
+            .await;
+        self.reported_into(job_type, agg, &done);
+        done
+    }
+
+    /// The window a written report of executions went into is the one this environment has
+    /// reported into, whatever window it expected: another environment may have started the
+    /// window first. So its healthy executions go once per window, not once more.
+    fn reported_into(
+        &self,
+        job_type: &str,
+        agg: &Aggregate,
+        written: &Result<Option<BreakerState>, StorageError>,
+    ) {
+        let Ok(Some(s)) = written else { return };
+        if agg.executions == 0 || s.phase != Phase::Closed || s.failures == 0 {
+            return;
+        }
+        let mut all = self.unreported.lock().expect("unreported lock");
+        if let Some(u) = all.get_mut(job_type) {
+            u.reported_into = Some((s.generation, s.window_start_ms));
+        }
+    }
+
+    async fn settle_written(
         &self,
         job_type: &str,
         folded: FoldedReport,
@@ -1007,6 +1054,32 @@ mod tests {
             ..Aggregate::default()
         };
         assert_eq!(store.with_unreported("jt", &probe, t0 + 203_000), probe);
+    }
+
+    #[test]
+    fn a_report_into_a_window_another_environment_started_is_its_one_report_there() {
+        let store = unreachable_store();
+        let t0 = 1_800_000_000_000;
+        // This environment's failure reports as if it started a window at t0 + 1 s...
+        let agg = store.with_unreported("jt", &batch(1, 5), t0 + 1_000);
+        assert_eq!(agg.executions, 5);
+        // ...but another environment's began first, at t0: the write went into that one.
+        let theirs = BreakerState {
+            failures: 5,
+            executions: 17,
+            window_start_ms: t0,
+            version: 3,
+            ..BreakerState::default()
+        };
+        store.remember("jt", &theirs);
+        store.reported_into("jt", &agg, &Ok(Some(theirs.clone())));
+        // Its healthy executions wait for its next failure: no second write in this window.
+        let healthy = store.with_unreported("jt", &batch(0, 5), t0 + 2_000);
+        assert_eq!(healthy.executions, 0);
+        assert_eq!(
+            store.with_unreported("jt", &batch(1, 1), t0 + 3_000).executions,
+            6
+        );
     }
 
     #[test]
