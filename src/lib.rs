@@ -97,6 +97,7 @@ pub use crate::core::breaker::BreakerConfig;
 pub use crate::core::{Backoff, Decision, ErrorKind, FailureClass, JobError, RetryPolicy, Rules};
 pub use crate::effects::aws_errors::{from_aws_code, from_aws_error};
 pub use crate::processor::registry::{JobContext, Registry};
+pub use crate::runtime::http::HttpDispatch;
 pub use crate::runtime::worker::{RunOptions, Worker};
 pub use crate::runtime::{RuntimeError, lambda, worker};
 

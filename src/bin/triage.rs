@@ -62,10 +62,9 @@ enum Command {
     Park(ParkArgs),
     /// The audit trail: who replayed, purged, redrove or forced what, newest first.
     Audit(AuditArgs),
-    /// Run the long-polling worker with the built-in demo job type `triage.chaos` only (needs
-    /// --demo-handlers); TRIAGE_QUEUE_URL, TRIAGE_DLQ_URL, TRIAGE_TABLE from the environment;
-    /// until Ctrl-C or SIGTERM. Your own job types run in your own binary: see
-    /// examples/worker.rs.
+    /// Run the long-polling worker: each job POSTed to a handler over HTTP (--http URL
+    /// --types a,b), or the built-in demo job type (--demo-handlers); TRIAGE_QUEUE_URL,
+    /// TRIAGE_DLQ_URL, TRIAGE_TABLE from the environment; until Ctrl-C or SIGTERM.
     Worker(WorkerArgs),
     /// A local web console: the queues' depths, the DLQ grouped, each message in full, the
     /// breakers, and the same actions as the CLI behind a confirmation page (see docs/cli.md).
@@ -133,6 +132,23 @@ struct AuditArgs {
 
 #[derive(Debug, Args)]
 struct WorkerArgs {
+    /// POST each job's payload to this URL (plain http://), its type, id, attempt and
+    /// deadline in `x-triage-*` headers. 2xx is done; 4xx fatal except 408, 409, 425 and 429;
+    /// those, 5xx, connection errors and timeouts transient; `Retry-After` honoured.
+    #[arg(
+        long,
+        env = "TRIAGE_HTTP_URL",
+        value_name = "URL",
+        conflicts_with = "demo_handlers"
+    )]
+    http: Option<String>,
+    /// The job types sent to --http (comma-separated). Any other type is dead-lettered
+    /// `invalid`: each type served gets its own breaker and metrics.
+    #[arg(long, env = "TRIAGE_JOB_TYPES", value_name = "TYPES", value_delimiter = ',')]
+    types: Vec<String>,
+    /// How long to wait for an --http answer before the attempt fails transiently.
+    #[arg(long, env = "TRIAGE_HTTP_TIMEOUT", default_value = "60s", value_name = "DURATION", value_parser = ops::parse_duration)]
+    http_timeout: Duration,
     /// Serve the built-in demo job type `triage.chaos`, the only handler this binary has (any
     /// other job type is dead-lettered as `invalid`): for demos and smoke tests.
     #[arg(long)]
@@ -148,8 +164,8 @@ struct WorkerArgs {
     give_up_after: Duration,
 }
 
-/// Why `triage worker` needs --demo-handlers, and what to run instead.
-const WORKER_NEEDS_DEMO_HANDLERS: &str = "`triage worker` has a handler only for the built-in demo job type `triage.chaos`: on a real queue it would dead-letter every other job as `invalid` (no handler for job type). Pass --demo-handlers to run it for demos and smoke tests. To serve your own job types, build a worker binary with your own `Registry` and `sqs_triage::worker::run(registry)` (or `sqs_triage::Worker`): see examples/worker.rs";
+/// Why `triage worker` needs a handler, and which to give it.
+const WORKER_NEEDS_DEMO_HANDLERS: &str = "`triage worker` needs handlers: pass --http URL --types a,b to POST each job to a service (TRIAGE_HTTP_URL, TRIAGE_JOB_TYPES), or --demo-handlers for the built-in demo job type `triage.chaos`. Rust handlers run in your own binary: see examples/worker.rs";
 
 #[derive(Debug, Subcommand)]
 enum BreakerCommand {
@@ -684,14 +700,33 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             Ok(print(&r, json))
         }
         Command::Worker(a) => {
-            if !a.demo_handlers {
-                return Err(OpsError::usage(WORKER_NEEDS_DEMO_HANDLERS));
-            }
             let opts = sqs_triage::runtime::worker::RunOptions {
                 batches: usize::from(a.batches),
                 give_up_after: a.give_up_after,
             };
-            sqs_triage::demo::run_worker(opts).await.map_err(runtime_error)?;
+            match &a.http {
+                Some(url) => {
+                    let types: Vec<&str> = a
+                        .types
+                        .iter()
+                        .map(|t| t.trim())
+                        .filter(|t| !t.is_empty())
+                        .collect();
+                    if types.is_empty() {
+                        return Err(OpsError::usage(
+                            "--http needs the job types it serves: --types a,b (or TRIAGE_JOB_TYPES)",
+                        ));
+                    }
+                    let dispatch = sqs_triage::HttpDispatch::new(url, a.http_timeout)
+                        .map_err(|e| OpsError::usage(e.to_string()))?;
+                    let registry = dispatch.register(sqs_triage::Registry::default(), &types);
+                    sqs_triage::worker::run_with(registry, opts)
+                        .await
+                        .map_err(runtime_error)?;
+                }
+                None if a.demo_handlers => sqs_triage::demo::run_worker(opts).await.map_err(runtime_error)?,
+                None => return Err(OpsError::usage(WORKER_NEEDS_DEMO_HANDLERS)),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Console(a) => run_console(&cli, a).await,

@@ -286,6 +286,7 @@ mod tests {
 
     fn ctx(attempt: u32) -> JobContext {
         JobContext {
+            deadline_ms: None,
             job_id: "j".into(),
             job_type: CHAOS.into(),
             message_id: "m".into(),

@@ -188,6 +188,13 @@ impl Processor {
             message_id: record.inc.message_id.clone(),
             attempt,
             max_attempts: route.policy.max_attempts(),
+            deadline_ms: probe_cap
+                .map_or(deadline, |c| deadline.at_most(c))
+                .admission()
+                .map(|at| {
+                    let left = at.saturating_duration_since(Instant::now());
+                    now_ms().saturating_add(left.as_millis() as u64)
+                }),
         };
         tracing::debug!(message_id = %record.inc.message_id, job_id = %record.job_id, attempt, "handler started");
         // The handler takes the payload itself: nothing after it reads the record's (a DLQ

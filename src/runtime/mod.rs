@@ -1,6 +1,7 @@
 //! Runtimes: the Lambda adapter and the long-polling worker, both thin over the processor.
 
 pub mod env;
+pub mod http;
 pub mod lambda;
 pub mod worker;
 

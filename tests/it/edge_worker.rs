@@ -47,7 +47,7 @@ async fn set_visibility(queue_url: &str, secs: u64) {
         .unwrap();
 }
 
-async fn send(queue_url: &str, body: serde_json::Value) {
+pub(crate) async fn send(queue_url: &str, body: serde_json::Value) {
     support::sqs_client()
         .await
         .send_message()
@@ -91,7 +91,7 @@ fn ledger(sdk: &aws_config::SdkConfig, table: &str) -> AttemptLedger {
 
 /// Everything a `triage worker` process wrote to stderr, and a way to wait for a line.
 #[derive(Clone, Default)]
-struct Lines(Arc<(Mutex<Vec<String>>, Condvar)>);
+pub(crate) struct Lines(Arc<(Mutex<Vec<String>>, Condvar)>);
 
 impl Lines {
     fn follow(child: &mut Child) -> Lines {
@@ -120,13 +120,13 @@ impl Lines {
         !res.timed_out()
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         self.0.0.lock().unwrap().join("\n")
     }
 }
 
 /// A `triage worker` process killed if the test ends while it still runs.
-struct Proc(Child);
+pub(crate) struct Proc(pub(crate) Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -137,7 +137,7 @@ impl Drop for Proc {
     }
 }
 
-fn spawn_worker(created: &SetupReport, args: &[&str], env: &[(&str, &str)]) -> (Proc, Lines) {
+pub(crate) fn spawn_worker(created: &SetupReport, args: &[&str], env: &[(&str, &str)]) -> (Proc, Lines) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
     support::strict_env(&mut cmd);
     cmd.arg("worker")
@@ -160,7 +160,7 @@ fn spawn_worker(created: &SetupReport, args: &[&str], env: &[(&str, &str)]) -> (
 
 /// The exit status, or None if the process still runs after `bound` (an event with a
 /// generous bound: liveness, not timing).
-async fn exited_within(child: &mut Child, bound: Duration) -> Option<ExitStatus> {
+pub(crate) async fn exited_within(child: &mut Child, bound: Duration) -> Option<ExitStatus> {
     let start = Instant::now();
     loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -173,7 +173,7 @@ async fn exited_within(child: &mut Child, bound: Duration) -> Option<ExitStatus>
     }
 }
 
-fn sigterm(child: &Child) {
+pub(crate) fn sigterm(child: &Child) {
     let ok = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -637,8 +637,8 @@ async fn triage_worker_without_demo_handlers_refuses_to_start() {
     for needle in [
         "--demo-handlers",
         "triage.chaos",
-        "Worker",
-        "Registry",
+        "--http",
+        "--types",
         "examples/worker.rs",
     ] {
         assert!(text.contains(needle), "missing `{needle}` in:\n{text}");

@@ -40,6 +40,7 @@ mod fuzz;
 mod heartbeat;
 mod heartbeat_limits;
 mod hostile;
+mod http_dispatch;
 mod in_flight;
 mod incident;
 mod init;
