@@ -382,6 +382,24 @@ async fn retry_after_from_the_helper_sets_the_delay() {
     assert!(!again.contains_key("slow"), "the transient one waits its 10 minutes");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn records_run_side_by_side_in_a_runtime_with_a_worker_pool() {
+    let created = support::fresh_resources("layer-pool", false).await;
+    // awslambdaric starts three workers (the wrapper sets AWS_LAMBDA_MAX_CONCURRENCY).
+    let env = Env::start(&created, &[("TRIAGE_LAYER_WORKERS", "3")]).await;
+    let jobs: Vec<(String, Value)> = (0..3)
+        .map(|i| (format!("m{i}"), json!({"action": "meet", "count": 3})))
+        .collect();
+    let refs: Vec<(&str, Value)> = jobs.iter().map(|(i, p)| (i.as_str(), p.clone())).collect();
+    let got = send_and_receive(&created, &refs).await;
+    let messages: Vec<&Message> = got.values().collect();
+    let v = response(env.invoke(&event(&created, &messages), Duration::from_secs(30)).await, &env);
+    // Each record waits for the other two: all three succeed only when they ran at once.
+    assert!(v["batchItemFailures"].as_array().unwrap().is_empty(), "{v}\n{}", env.output());
+    let pids: BTreeSet<u64> = env.calls().iter().map(|c| c["pid"].as_u64().unwrap()).collect();
+    assert_eq!(pids.len(), 3, "three workers");
+}
+
 // ------------------------------------------------------------------ other events
 
 #[tokio::test(flavor = "multi_thread")]
@@ -455,7 +473,14 @@ async fn a_runtime_that_dies_mid_record_loses_no_record_and_counts_no_attempt_tw
     .await;
     let ids = message_ids(&got);
     let messages: Vec<&Message> = got.values().collect();
-    let out = env.invoke(&event(&created, &messages), Duration::from_secs(20)).await;
+    // A deadline ten minutes away: the batch is reported as soon as the runtime is seen gone,
+    // not when the deadline comes.
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        env.invoke(&event(&created, &messages), Duration::from_secs(600)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the batch waited for its deadline\n{}", env.output()));
     let v = response(out, &env);
     // The crashed record fails; the ones not started are released, unspent.
     assert_eq!(

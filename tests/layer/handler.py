@@ -65,6 +65,17 @@ def handler(event, context):
         if action == "partial":
             failures.append({"itemIdentifier": r["messageId"]})
             continue
+        if action == "meet":
+            # Succeeds only when `count` records run side by side: each waits for the others.
+            meet = os.path.join(os.path.dirname(LOG), "meet")
+            os.makedirs(meet, exist_ok=True)
+            open(os.path.join(meet, r["messageId"]), "w").close()
+            until = time.time() + 10
+            while len(os.listdir(meet)) < payload["count"]:
+                if time.time() > until:
+                    raise Transient("ran alone")
+                time.sleep(0.02)
+            continue
         if action == "hang":
             time.sleep(3600)
         if action == "crash":
