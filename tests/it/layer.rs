@@ -56,6 +56,18 @@ struct Env {
 
 impl Env {
     async fn start(created: &SetupReport, vars: &[(&str, &str)]) -> Env {
+        let env = Env::spawn(created, vars, "handler.handler").await;
+        assert!(
+            env.api.ready(Duration::from_secs(60)).await,
+            "the environment did not start: {:?}\n{}",
+            env.api.init_errors(),
+            env.output()
+        );
+        env
+    }
+
+    /// The environment's processes, started (the runtime with `handler`), not waited for.
+    async fn spawn(created: &SetupReport, vars: &[(&str, &str)], handler: &str) -> Env {
         let api = RuntimeApi::start().await;
         let dir = std::env::temp_dir().join(support::unique_name("layer"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -95,7 +107,7 @@ impl Env {
         let mut rt = Command::new("bash");
         rt.arg(repo().join("infra/layer/sqs-triage-wrapper"))
             .arg(python())
-            .args(["-m", "awslambdaric", "handler.handler"])
+            .args(["-m", "awslambdaric", handler])
             .current_dir(repo().join("tests/layer"))
             .env(
                 "PYTHONPATH",
@@ -117,19 +129,12 @@ impl Env {
             rt.env(k, v);
         }
         let runtime = rt.spawn().expect("the runtime starts");
-        let env = Env {
+        Env {
             api,
             extension,
             runtime,
             dir,
-        };
-        assert!(
-            env.api.ready(Duration::from_secs(60)).await,
-            "the environment did not start: {:?}\n{}",
-            env.api.init_errors(),
-            env.output()
-        );
-        env
+        }
     }
 
     async fn invoke(&self, event: &Value, time_left: Duration) -> Outcome {
@@ -428,6 +433,35 @@ async fn any_other_event_passes_through_byte_for_byte_both_ways() {
     };
     let e: Value = serde_json::from_str(&body).unwrap();
     assert_eq!((e["errorType"].as_str(), e["errorMessage"].as_str()), (Some("LookupError"), Some("asked to fail")));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_init_error_reaches_lambda_and_shutdown_ends_the_extension() {
+    let created = support::fresh_resources("layer-init", false).await;
+    let mut env = Env::spawn(&created, &[], "no_such_module.handler").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while env.api.init_errors().is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let errors = env.api.init_errors();
+    assert_eq!(errors.len(), 1, "{}", env.output());
+    let e: Value = serde_json::from_str(&errors[0]).unwrap();
+    assert_eq!(e["errorType"], "Runtime.ImportModuleError", "{e}");
+    // Lambda ends the environment: SHUTDOWN, and the extension exits cleanly.
+    env.api.shutdown();
+    assert_eq!(env.extension_exit(Duration::from_secs(20)).await, Some(0), "{}", env.output());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_configuration_that_cannot_work_fails_the_init_naming_the_variable() {
+    let created = support::fresh_resources("layer-config", false).await;
+    let mut env = Env::spawn(&created, &[("TRIAGE_JOB_TYPES", " ")], "handler.handler").await;
+    assert_eq!(env.extension_exit(Duration::from_secs(60)).await, Some(2), "{}", env.output());
+    let errors = env.api.init_errors();
+    assert_eq!(errors.len(), 1, "{}", env.output());
+    let e: Value = serde_json::from_str(&errors[0]).unwrap();
+    assert_eq!(e["errorType"], "Extension.ConfigInvalid");
+    assert!(e["errorMessage"].as_str().unwrap().contains("TRIAGE_JOB_TYPES"), "{e}");
 }
 
 // ------------------------------------------------------------------ hangs and crashes

@@ -144,7 +144,7 @@ impl RuntimeApi {
         self.shared.handed.lock().unwrap().clone()
     }
 
-    /// Errors the runtime reported while starting.
+    /// Errors the runtime (or an extension) reported while starting.
     pub fn init_errors(&self) -> Vec<String> {
         self.shared.init_errors.lock().unwrap().clone()
     }
@@ -252,7 +252,7 @@ async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<F
             });
             accepted()
         }
-        (Method::POST, ["2018-06-01", "runtime", "init", "error"]) => {
+        (Method::POST, ["2018-06-01", "runtime", "init", "error"] | ["2020-01-01", "extension", "init", "error"]) => {
             let body = req
                 .into_body()
                 .collect()

@@ -286,8 +286,61 @@ pub async fn run() -> Result<(), RuntimeError> {
     let identifier = register(&upstream).await?;
     let hub = Hub::new(upstream.clone());
     tokio::spawn(proxy::serve(listener, hub.clone()));
-    let events = tokio::spawn(events(upstream.clone(), identifier));
+    match start(&hub, workers).await {
+        Ok((layer, processor)) => {
+            let events = tokio::spawn(events(upstream.clone(), identifier));
+            // The runtime's first `next` ends its init: only then is Lambda's first
+            // invocation taken (an init error the runtime reports must come before it).
+            let work = async {
+                hub.wait_ready().await;
+                serve_invocations(&layer, &processor).await
+            };
+            tokio::select! {
+                r = work => r,
+                _ = events => Ok(()),
+            }
+        }
+        Err(e) => {
+            init_error(&upstream, &identifier, &e).await;
+            Err(e)
+        }
+    }
+}
 
+/// Reports a start-up failure to the Extensions API: Lambda fails the init with it.
+async fn init_error(upstream: &str, identifier: &str, e: &RuntimeError) {
+    let kind = if e.downcast_ref::<ConfigError>().is_some() {
+        "Extension.ConfigInvalid"
+    } else {
+        "Extension.StartupFailed"
+    };
+    let body = serde_json::json!({ "errorType": kind, "errorMessage": e.to_string() });
+    let Ok(id) = HeaderValue::from_str(identifier) else {
+        return;
+    };
+    let sent = http::call(
+        upstream,
+        Method::POST,
+        "/2020-01-01/extension/init/error",
+        &[
+            (HeaderName::from_static("lambda-extension-identifier"), id),
+            (
+                HeaderName::from_static("lambda-extension-function-error-type"),
+                HeaderValue::from_static(kind),
+            ),
+        ],
+        Bytes::from(body.to_string()),
+    )
+    .await;
+    if let Err(e) = sent {
+        tracing::error!(error = %e, "the init error could not be reported");
+    }
+}
+
+/// The configuration, the processor and the runtime's watch: everything before the first
+/// invocation.
+async fn start(hub: &Arc<Hub>, workers: usize) -> Result<(Arc<Layer>, Processor), RuntimeError> {
+    let lookup = |k: &str| std::env::var(k).ok();
     let mut config = Config::from_env()?;
     config.startup_deadline = Some(STARTUP_DEADLINE);
     install_panic_hook(config.log_payloads);
@@ -317,12 +370,7 @@ pub async fn run() -> Result<(), RuntimeError> {
     let processor = env.processor;
     let pid_file = lookup(PID_FILE_VAR).unwrap_or_else(|| DEFAULT_PID_FILE.to_owned());
     tokio::spawn(watch_runtime(pid_file, layer.clone(), processor.clone()));
-
-    hub.wait_ready().await;
-    tokio::select! {
-        r = serve_invocations(&layer, &processor) => r,
-        _ = events => Ok(()),
-    }
+    Ok((layer, processor))
 }
 
 /// Registers with the Extensions API for INVOKE and SHUTDOWN; returns the identifier.
@@ -489,7 +537,10 @@ async fn batch(
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     // The runtime must answer for a record before the processor stops waiting for it.
-    let record_deadline = deadline_ms.saturating_sub(REPORT_MARGIN.as_millis() as u64);
+    let record_deadline = match deadline_ms {
+        0 => 0,
+        d => d.saturating_sub(REPORT_MARGIN.as_millis() as u64),
+    };
     layer.set_batch(Some(Arc::new(Batch {
         real_id: real_id.to_owned(),
         headers: record_headers(headers, record_deadline),
