@@ -56,7 +56,10 @@ struct Env {
 
 impl Env {
     async fn start(created: &SetupReport, vars: &[(&str, &str)]) -> Env {
-        let env = Env::spawn(created, vars, "handler.handler").await;
+        Env::ready(Env::spawn(created, vars, "handler.handler", false).await).await
+    }
+
+    async fn ready(env: Env) -> Env {
         assert!(
             env.api.ready(Duration::from_secs(60)).await,
             "the environment did not start: {:?}\n{}",
@@ -67,12 +70,18 @@ impl Env {
     }
 
     /// The environment's processes, started (the runtime with `handler`), not waited for.
-    async fn spawn(created: &SetupReport, vars: &[(&str, &str)], handler: &str) -> Env {
+    /// With `stale_pid`, a pid file left by an earlier runtime (a process gone) is there first.
+    async fn spawn(created: &SetupReport, vars: &[(&str, &str)], handler: &str, stale_pid: bool) -> Env {
         let api = RuntimeApi::start().await;
         let dir = std::env::temp_dir().join(support::unique_name("layer"));
         std::fs::create_dir_all(&dir).unwrap();
         let port = free_port().to_string();
         let pid_file = dir.join("runtime.pid");
+        if stale_pid {
+            let mut gone = Command::new("true").spawn().unwrap();
+            gone.wait().unwrap();
+            std::fs::write(&pid_file, gone.id().to_string()).unwrap();
+        }
         let mut ext = Command::new(env!("CARGO_BIN_EXE_sqs-triage-extension"));
         support::strict_env(&mut ext);
         ext.env("AWS_LAMBDA_RUNTIME_API", api.address())
@@ -104,6 +113,17 @@ impl Env {
         tokio::time::timeout(Duration::from_secs(60), registered)
             .await
             .unwrap_or_else(|_| panic!("the extension did not register: {}", read(&dir.join("extension.log"))));
+        if stale_pid {
+            // The runtime starts late, after the extension watches: it must not take the
+            // earlier runtime's pid for its own runtime's.
+            let started = async {
+                while !read(&dir.join("extension.log")).contains("waiting for the runtime") {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            };
+            tokio::time::timeout(Duration::from_secs(60), started).await.unwrap();
+        }
         let mut rt = Command::new("bash");
         rt.arg(repo().join("infra/layer/sqs-triage-wrapper"))
             .arg(python())
@@ -366,6 +386,17 @@ async fn each_record_runs_as_its_own_invocation_and_its_outcome_is_triaged() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_pid_file_left_by_an_earlier_runtime_is_not_read_as_a_dead_runtime() {
+    let created = support::fresh_resources("layer-stale", false).await;
+    let env = Env::ready(Env::spawn(&created, &[], "handler.handler", true).await).await;
+    let got = send_and_receive(&created, &[("a", json!({"action": "slow", "seconds": 0.5})), ("b", json!({"action": "ok"}))]).await;
+    let messages: Vec<&Message> = got.values().collect();
+    let v = response(env.invoke(&event(&created, &messages), Duration::from_secs(20)).await, &env);
+    assert!(v["batchItemFailures"].as_array().unwrap().is_empty(), "{v}\n{}", env.output());
+    assert_eq!(env.calls().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn retry_after_from_the_helper_sets_the_delay() {
     let created = support::fresh_resources("layer-retry-after", false).await;
     // A base delay of 10 minutes: only the handler's RetryAfter(2) brings the record back soon.
@@ -438,7 +469,7 @@ async fn any_other_event_passes_through_byte_for_byte_both_ways() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_init_error_reaches_lambda_and_shutdown_ends_the_extension() {
     let created = support::fresh_resources("layer-init", false).await;
-    let mut env = Env::spawn(&created, &[], "no_such_module.handler").await;
+    let mut env = Env::spawn(&created, &[], "no_such_module.handler", false).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while env.api.init_errors().is_empty() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -455,7 +486,7 @@ async fn an_init_error_reaches_lambda_and_shutdown_ends_the_extension() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_configuration_that_cannot_work_fails_the_init_naming_the_variable() {
     let created = support::fresh_resources("layer-config", false).await;
-    let mut env = Env::spawn(&created, &[("TRIAGE_JOB_TYPES", " ")], "handler.handler").await;
+    let mut env = Env::spawn(&created, &[("TRIAGE_JOB_TYPES", " ")], "handler.handler", false).await;
     assert_eq!(env.extension_exit(Duration::from_secs(60)).await, Some(2), "{}", env.output());
     let errors = env.api.init_errors();
     assert_eq!(errors.len(), 1, "{}", env.output());

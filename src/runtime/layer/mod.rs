@@ -279,6 +279,10 @@ pub async fn run() -> Result<(), RuntimeError> {
     let lookup = |k: &str| std::env::var(k).ok();
     let port = port(&lookup)?;
     let workers = workers(&lookup)?;
+    // A pid file left by an earlier runtime of this environment would read as a runtime
+    // already gone: only the wrapper that starts after this registration writes the new one.
+    let pid_file = lookup(PID_FILE_VAR).unwrap_or_else(|| DEFAULT_PID_FILE.to_owned());
+    let _ = std::fs::remove_file(&pid_file);
     // Bound first: the runtime starts once the extension has registered.
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
@@ -286,8 +290,9 @@ pub async fn run() -> Result<(), RuntimeError> {
     let identifier = register(&upstream).await?;
     let hub = Hub::new(upstream.clone());
     tokio::spawn(proxy::serve(listener, hub.clone()));
-    match start(&hub, workers).await {
+    match start(&hub, workers, pid_file).await {
         Ok((layer, processor)) => {
+            tracing::info!(port, workers, "started; waiting for the runtime");
             let events = tokio::spawn(events(upstream.clone(), identifier));
             // The runtime's first `next` ends its init: only then is Lambda's first
             // invocation taken (an init error the runtime reports must come before it).
@@ -339,8 +344,11 @@ async fn init_error(upstream: &str, identifier: &str, e: &RuntimeError) {
 
 /// The configuration, the processor and the runtime's watch: everything before the first
 /// invocation.
-async fn start(hub: &Arc<Hub>, workers: usize) -> Result<(Arc<Layer>, Processor), RuntimeError> {
-    let lookup = |k: &str| std::env::var(k).ok();
+async fn start(
+    hub: &Arc<Hub>,
+    workers: usize,
+    pid_file: String,
+) -> Result<(Arc<Layer>, Processor), RuntimeError> {
     let mut config = Config::from_env()?;
     config.startup_deadline = Some(STARTUP_DEADLINE);
     install_panic_hook(config.log_payloads);
@@ -368,7 +376,6 @@ async fn start(hub: &Arc<Hub>, workers: usize) -> Result<(Arc<Layer>, Processor)
     }
     let env = build(&config, registry, &sdk_config().await).await?;
     let processor = env.processor;
-    let pid_file = lookup(PID_FILE_VAR).unwrap_or_else(|| DEFAULT_PID_FILE.to_owned());
     tokio::spawn(watch_runtime(pid_file, layer.clone(), processor.clone()));
     Ok((layer, processor))
 }
