@@ -218,14 +218,22 @@ fn job(id: &str, payload: Value) -> String {
 /// mapping would (hidden for 120 s: only the extension's visibility change brings one back
 /// sooner), by job id.
 async fn send_and_receive(created: &SetupReport, jobs: &[(&str, Value)]) -> BTreeMap<String, Message> {
+    let groups: Vec<(&str, Value, &str)> = jobs.iter().map(|(i, p)| (*i, p.clone(), "")).collect();
+    send_and_receive_in(created, &groups).await
+}
+
+/// [`send_and_receive`] with a message group per job (FIFO; `""` for a standard queue).
+async fn send_and_receive_in(created: &SetupReport, jobs: &[(&str, Value, &str)]) -> BTreeMap<String, Message> {
     let sqs = support::sqs_client().await;
-    for (id, payload) in jobs {
-        sqs.send_message()
+    for (id, payload, group) in jobs {
+        let mut send = sqs
+            .send_message()
             .queue_url(&created.queue_url)
-            .message_body(job(id, payload.clone()))
-            .send()
-            .await
-            .unwrap();
+            .message_body(job(id, payload.clone()));
+        if !group.is_empty() {
+            send = send.message_group_id(*group).message_deduplication_id(*id);
+        }
+        send.send().await.unwrap();
     }
     let mut got = BTreeMap::new();
     for _ in 0..20 {
@@ -434,6 +442,37 @@ async fn records_run_side_by_side_in_a_runtime_with_a_worker_pool() {
     assert!(v["batchItemFailures"].as_array().unwrap().is_empty(), "{v}\n{}", env.output());
     let pids: BTreeSet<u64> = env.calls().iter().map(|c| c["pid"].as_u64().unwrap()).collect();
     assert_eq!(pids.len(), 3, "three workers");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fifo_group_runs_in_order_and_stops_at_its_first_failure() {
+    let created = support::fresh_resources("layer-fifo", true).await;
+    // A worker pool: records of one group still go one after the other.
+    let env = Env::start(&created, &[("TRIAGE_LAYER_WORKERS", "3")]).await;
+    let got = send_and_receive_in(
+        &created,
+        &[
+            ("a", json!({"action": "ok"}), "g1"),
+            ("b", json!({"action": "transient"}), "g1"),
+            ("c", json!({"action": "ok"}), "g1"),
+            ("d", json!({"action": "ok"}), "g2"),
+        ],
+    )
+    .await;
+    let ids = message_ids(&got);
+    // Job ids sort in the order they were sent, so the event keeps the group's order.
+    let messages: Vec<&Message> = got.values().collect();
+    let v = response(env.invoke(&event(&created, &messages), Duration::from_secs(20)).await, &env);
+    // c waits behind b: reported failed without running; g2 is not held up.
+    assert_eq!(failed(&v, &ids), BTreeSet::from(["b".to_owned(), "c".to_owned()]), "{}", env.output());
+    let calls = env.calls();
+    let g1: Vec<&str> = calls
+        .iter()
+        .map(|c| c["job_id"].as_str().unwrap())
+        .filter(|j| *j != "d")
+        .collect();
+    assert_eq!(g1, ["a", "b"]);
+    assert_eq!(calls_of(&calls, "d").len(), 1);
 }
 
 // ------------------------------------------------------------------ other events
