@@ -475,6 +475,35 @@ async fn a_fifo_group_runs_in_order_and_stops_at_its_first_failure() {
     assert_eq!(calls_of(&calls, "d").len(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn failures_in_two_environments_open_one_shared_breaker() {
+    let created = support::fresh_resources("layer-breaker", false).await;
+    let breaker = [
+        ("TRIAGE_BREAKER_MIN_EXECUTIONS", "2"),
+        ("TRIAGE_BREAKER_FAILURE_RATE", "100"),
+        ("TRIAGE_BREAKER_OPEN_S", "300"),
+        ("TRIAGE_BREAKER_CACHE_MS", "0"),
+        // Failed records stay away while the test runs.
+        ("TRIAGE_BASE_DELAY_MS", "600000"),
+    ];
+    let one = Env::start(&created, &breaker).await;
+    let two = Env::start(&created, &breaker).await;
+    // One transient failure in each environment: neither alone reaches the minimum.
+    for (env, id) in [(&one, "f1"), (&two, "f2")] {
+        let got = send_and_receive(&created, &[(id, json!({"action": "transient"}))]).await;
+        let messages: Vec<&Message> = got.values().collect();
+        let v = response(env.invoke(&event(&created, &messages), Duration::from_secs(20)).await, env);
+        assert_eq!(v["batchItemFailures"].as_array().unwrap().len(), 1);
+    }
+    // Together they opened the breaker: the next record is held back in the first
+    // environment without reaching its handler.
+    let got = send_and_receive(&created, &[("next", json!({"action": "ok"}))]).await;
+    let messages: Vec<&Message> = got.values().collect();
+    let v = response(one.invoke(&event(&created, &messages), Duration::from_secs(20)).await, &one);
+    assert_eq!(v["batchItemFailures"].as_array().unwrap().len(), 1, "{v}\n{}", one.output());
+    assert!(calls_of(&one.calls(), "next").is_empty(), "the open breaker kept it from the handler");
+}
+
 // ------------------------------------------------------------------ other events
 
 #[tokio::test(flavor = "multi_thread")]
