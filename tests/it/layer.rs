@@ -112,7 +112,12 @@ impl Env {
         };
         tokio::time::timeout(Duration::from_secs(60), registered)
             .await
-            .unwrap_or_else(|_| panic!("the extension did not register: {}", read(&dir.join("extension.log"))));
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the extension did not register: {}",
+                    read(&dir.join("extension.log"))
+                )
+            });
         if stale_pid {
             // The runtime starts late, after the extension watches: it must not take the
             // earlier runtime's pid for its own runtime's.
@@ -122,7 +127,9 @@ impl Env {
                 }
                 tokio::time::sleep(Duration::from_millis(300)).await;
             };
-            tokio::time::timeout(Duration::from_secs(60), started).await.unwrap();
+            tokio::time::timeout(Duration::from_secs(60), started)
+                .await
+                .unwrap();
         }
         let mut rt = Command::new("bash");
         rt.arg(repo().join("infra/layer/sqs-triage-wrapper"))
@@ -223,7 +230,10 @@ async fn send_and_receive(created: &SetupReport, jobs: &[(&str, Value)]) -> BTre
 }
 
 /// [`send_and_receive`] with a message group per job (FIFO; `""` for a standard queue).
-async fn send_and_receive_in(created: &SetupReport, jobs: &[(&str, Value, &str)]) -> BTreeMap<String, Message> {
+async fn send_and_receive_in(
+    created: &SetupReport,
+    jobs: &[(&str, Value, &str)],
+) -> BTreeMap<String, Message> {
     let sqs = support::sqs_client().await;
     for (id, payload, group) in jobs {
         let mut send = sqs
@@ -289,7 +299,9 @@ async fn dlq(created: &SetupReport) -> BTreeMap<String, (FailureClass, String)> 
         .into_iter()
         .map(|m| {
             let attrs = m.message_attributes.clone().unwrap_or_default();
-            let r = failure_record(&attrs).expect("a failure record").expect("readable");
+            let r = failure_record(&attrs)
+                .expect("a failure record")
+                .expect("readable");
             (job_id(&m), (r.class, r.error))
         })
         .collect()
@@ -348,7 +360,11 @@ async fn each_record_runs_as_its_own_invocation_and_its_outcome_is_triaged() {
         BTreeSet::from(["fatal".to_owned(), "value".to_owned()])
     );
     assert_eq!(copies["value"].0, FailureClass::Fatal);
-    assert!(copies["value"].1.contains("ValueError: the order has no lines"), "{:?}", copies["value"]);
+    assert!(
+        copies["value"].1.contains("ValueError: the order has no lines"),
+        "{:?}",
+        copies["value"]
+    );
     assert_eq!(copies["fatal"].0, FailureClass::Fatal);
 
     // Each record was an invocation of its own: one record, a request id of its own (not the
@@ -362,10 +378,19 @@ async fn each_record_runs_as_its_own_invocation_and_its_outcome_is_triaged() {
     assert!(!request_ids.contains(real_id.as_str()));
     for c in &calls {
         assert_eq!(c["records"], 1);
-        assert_eq!(c["arn"], "arn:aws:lambda:us-east-1:000000000000:function:triage-local");
-        assert_eq!(c["trace_id"], "Root=1-00000000-000000000000000000000000;Sampled=0");
+        assert_eq!(
+            c["arn"],
+            "arn:aws:lambda:us-east-1:000000000000:function:triage-local"
+        );
+        assert_eq!(
+            c["trace_id"],
+            "Root=1-00000000-000000000000000000000000;Sampled=0"
+        );
         assert_eq!(c["client_context"], json!({"tenant": "t1"}));
-        assert_eq!((c["attempt"].as_u64(), c["max_attempts"].as_u64()), (Some(1), Some(5)));
+        assert_eq!(
+            (c["attempt"].as_u64(), c["max_attempts"].as_u64()),
+            (Some(1), Some(5))
+        );
         assert_eq!(c["job_type"], JOB_TYPE);
         let left = c["remaining_ms"].as_u64().unwrap();
         assert!(left <= time_left.as_millis() as u64 - 1_500, "{c}");
@@ -374,7 +399,10 @@ async fn each_record_runs_as_its_own_invocation_and_its_outcome_is_triaged() {
     // The transient ones come back after their 1 s backoff (long before the 120 s the receive
     // hid them for), and the next attempt is counted as the second.
     let again = back(&created, &["flaky", "partial"], Duration::from_secs(30)).await;
-    assert!(again.contains_key("flaky") && again.contains_key("partial"), "{again:?}");
+    assert!(
+        again.contains_key("flaky") && again.contains_key("partial"),
+        "{again:?}"
+    );
     for m in again.values() {
         assert_eq!(
             m.attributes().unwrap()[&aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount],
@@ -397,10 +425,25 @@ async fn each_record_runs_as_its_own_invocation_and_its_outcome_is_triaged() {
 async fn a_pid_file_left_by_an_earlier_runtime_is_not_read_as_a_dead_runtime() {
     let created = support::fresh_resources("layer-stale", false).await;
     let env = Env::ready(Env::spawn(&created, &[], "handler.handler", true).await).await;
-    let got = send_and_receive(&created, &[("a", json!({"action": "slow", "seconds": 0.5})), ("b", json!({"action": "ok"}))]).await;
+    let got = send_and_receive(
+        &created,
+        &[
+            ("a", json!({"action": "slow", "seconds": 0.5})),
+            ("b", json!({"action": "ok"})),
+        ],
+    )
+    .await;
     let messages: Vec<&Message> = got.values().collect();
-    let v = response(env.invoke(&event(&created, &messages), Duration::from_secs(20)).await, &env);
-    assert!(v["batchItemFailures"].as_array().unwrap().is_empty(), "{v}\n{}", env.output());
+    let v = response(
+        env.invoke(&event(&created, &messages), Duration::from_secs(20))
+            .await,
+        &env,
+    );
+    assert!(
+        v["batchItemFailures"].as_array().unwrap().is_empty(),
+        "{v}\n{}",
+        env.output()
+    );
     assert_eq!(env.calls().len(), 2);
 }
 
@@ -419,11 +462,21 @@ async fn retry_after_from_the_helper_sets_the_delay() {
     .await;
     let ids = message_ids(&got);
     let messages: Vec<&Message> = got.values().collect();
-    let v = response(env.invoke(&event(&created, &messages), Duration::from_secs(20)).await, &env);
+    let v = response(
+        env.invoke(&event(&created, &messages), Duration::from_secs(20))
+            .await,
+        &env,
+    );
     assert_eq!(failed(&v, &ids).len(), 2);
     let again = back(&created, &["later"], Duration::from_secs(30)).await;
-    assert!(again.contains_key("later"), "the RetryAfter record came back: {again:?}");
-    assert!(!again.contains_key("slow"), "the transient one waits its 10 minutes");
+    assert!(
+        again.contains_key("later"),
+        "the RetryAfter record came back: {again:?}"
+    );
+    assert!(
+        !again.contains_key("slow"),
+        "the transient one waits its 10 minutes"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -437,9 +490,17 @@ async fn records_run_side_by_side_in_a_runtime_with_a_worker_pool() {
     let refs: Vec<(&str, Value)> = jobs.iter().map(|(i, p)| (i.as_str(), p.clone())).collect();
     let got = send_and_receive(&created, &refs).await;
     let messages: Vec<&Message> = got.values().collect();
-    let v = response(env.invoke(&event(&created, &messages), Duration::from_secs(30)).await, &env);
+    let v = response(
+        env.invoke(&event(&created, &messages), Duration::from_secs(30))
+            .await,
+        &env,
+    );
     // Each record waits for the other two: all three succeed only when they ran at once.
-    assert!(v["batchItemFailures"].as_array().unwrap().is_empty(), "{v}\n{}", env.output());
+    assert!(
+        v["batchItemFailures"].as_array().unwrap().is_empty(),
+        "{v}\n{}",
+        env.output()
+    );
     let pids: BTreeSet<u64> = env.calls().iter().map(|c| c["pid"].as_u64().unwrap()).collect();
     assert_eq!(pids.len(), 3, "three workers");
 }
@@ -462,9 +523,18 @@ async fn a_fifo_group_runs_in_order_and_stops_at_its_first_failure() {
     let ids = message_ids(&got);
     // Job ids sort in the order they were sent, so the event keeps the group's order.
     let messages: Vec<&Message> = got.values().collect();
-    let v = response(env.invoke(&event(&created, &messages), Duration::from_secs(20)).await, &env);
+    let v = response(
+        env.invoke(&event(&created, &messages), Duration::from_secs(20))
+            .await,
+        &env,
+    );
     // c waits behind b: reported failed without running; g2 is not held up.
-    assert_eq!(failed(&v, &ids), BTreeSet::from(["b".to_owned(), "c".to_owned()]), "{}", env.output());
+    assert_eq!(
+        failed(&v, &ids),
+        BTreeSet::from(["b".to_owned(), "c".to_owned()]),
+        "{}",
+        env.output()
+    );
     let calls = env.calls();
     let g1: Vec<&str> = calls
         .iter()
@@ -492,16 +562,32 @@ async fn failures_in_two_environments_open_one_shared_breaker() {
     for (env, id) in [(&one, "f1"), (&two, "f2")] {
         let got = send_and_receive(&created, &[(id, json!({"action": "transient"}))]).await;
         let messages: Vec<&Message> = got.values().collect();
-        let v = response(env.invoke(&event(&created, &messages), Duration::from_secs(20)).await, env);
+        let v = response(
+            env.invoke(&event(&created, &messages), Duration::from_secs(20))
+                .await,
+            env,
+        );
         assert_eq!(v["batchItemFailures"].as_array().unwrap().len(), 1);
     }
     // Together they opened the breaker: the next record is held back in the first
     // environment without reaching its handler.
     let got = send_and_receive(&created, &[("next", json!({"action": "ok"}))]).await;
     let messages: Vec<&Message> = got.values().collect();
-    let v = response(one.invoke(&event(&created, &messages), Duration::from_secs(20)).await, &one);
-    assert_eq!(v["batchItemFailures"].as_array().unwrap().len(), 1, "{v}\n{}", one.output());
-    assert!(calls_of(&one.calls(), "next").is_empty(), "the open breaker kept it from the handler");
+    let v = response(
+        one.invoke(&event(&created, &messages), Duration::from_secs(20))
+            .await,
+        &one,
+    );
+    assert_eq!(
+        v["batchItemFailures"].as_array().unwrap().len(),
+        1,
+        "{v}\n{}",
+        one.output()
+    );
+    assert!(
+        calls_of(&one.calls(), "next").is_empty(),
+        "the open breaker kept it from the handler"
+    );
 }
 
 // ------------------------------------------------------------------ other events
@@ -531,7 +617,10 @@ async fn any_other_event_passes_through_byte_for_byte_both_ways() {
         panic!("{out:?}")
     };
     let e: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!((e["errorType"].as_str(), e["errorMessage"].as_str()), (Some("LookupError"), Some("asked to fail")));
+    assert_eq!(
+        (e["errorType"].as_str(), e["errorMessage"].as_str()),
+        (Some("LookupError"), Some("asked to fail"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -548,19 +637,32 @@ async fn an_init_error_reaches_lambda_and_shutdown_ends_the_extension() {
     assert_eq!(e["errorType"], "Runtime.ImportModuleError", "{e}");
     // Lambda ends the environment: SHUTDOWN, and the extension exits cleanly.
     env.api.shutdown();
-    assert_eq!(env.extension_exit(Duration::from_secs(20)).await, Some(0), "{}", env.output());
+    assert_eq!(
+        env.extension_exit(Duration::from_secs(20)).await,
+        Some(0),
+        "{}",
+        env.output()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_configuration_that_cannot_work_fails_the_init_naming_the_variable() {
     let created = support::fresh_resources("layer-config", false).await;
     let mut env = Env::spawn(&created, &[("TRIAGE_JOB_TYPES", " ")], "handler.handler", false).await;
-    assert_eq!(env.extension_exit(Duration::from_secs(60)).await, Some(2), "{}", env.output());
+    assert_eq!(
+        env.extension_exit(Duration::from_secs(60)).await,
+        Some(2),
+        "{}",
+        env.output()
+    );
     let errors = env.api.init_errors();
     assert_eq!(errors.len(), 1, "{}", env.output());
     let e: Value = serde_json::from_str(&errors[0]).unwrap();
     assert_eq!(e["errorType"], "Extension.ConfigInvalid");
-    assert!(e["errorMessage"].as_str().unwrap().contains("TRIAGE_JOB_TYPES"), "{e}");
+    assert!(
+        e["errorMessage"].as_str().unwrap().contains("TRIAGE_JOB_TYPES"),
+        "{e}"
+    );
 }
 
 // ------------------------------------------------------------------ hangs and crashes
@@ -581,9 +683,16 @@ async fn a_hung_handler_is_reported_before_the_deadline_and_the_environment_repl
     let ids = message_ids(&got);
     // One worker: records run in order, the hung one last.
     let messages: Vec<&Message> = got.values().collect();
-    let out = env.invoke(&event(&created, &messages), Duration::from_secs(6)).await;
+    let out = env
+        .invoke(&event(&created, &messages), Duration::from_secs(6))
+        .await;
     let v = response(out, &env);
-    assert_eq!(failed(&v, &ids), BTreeSet::from(["c".to_owned()]), "{}", env.output());
+    assert_eq!(
+        failed(&v, &ids),
+        BTreeSet::from(["c".to_owned()]),
+        "{}",
+        env.output()
+    );
     // The runtime still holds the hung handler: the extension ends so Lambda replaces the
     // environment, and the handler with it.
     let code = env.extension_exit(Duration::from_secs(10)).await;
@@ -622,7 +731,11 @@ async fn a_runtime_that_dies_mid_record_loses_no_record_and_counts_no_attempt_tw
         "{}",
         env.output()
     );
-    let ran: Vec<String> = env.calls().iter().map(|c| c["job_id"].as_str().unwrap().to_owned()).collect();
+    let ran: Vec<String> = env
+        .calls()
+        .iter()
+        .map(|c| c["job_id"].as_str().unwrap().to_owned())
+        .collect();
     assert_eq!(ran, ["a", "b"]);
     assert!(env.extension_exit(Duration::from_secs(10)).await.is_some());
     drop(env);
@@ -634,9 +747,18 @@ async fn a_runtime_that_dies_mid_record_loses_no_record_and_counts_no_attempt_tw
     assert_eq!(again.len(), 3, "{again:?}");
     let ids = message_ids(&again);
     let messages: Vec<&Message> = again.values().collect();
-    let v = response(env.invoke(&event(&created, &messages), Duration::from_secs(20)).await, &env);
+    let v = response(
+        env.invoke(&event(&created, &messages), Duration::from_secs(20))
+            .await,
+        &env,
+    );
     // Only c fails: transient on its first attempt.
-    assert_eq!(failed(&v, &ids), BTreeSet::from(["c".to_owned()]), "{}", env.output());
+    assert_eq!(
+        failed(&v, &ids),
+        BTreeSet::from(["c".to_owned()]),
+        "{}",
+        env.output()
+    );
     let calls = env.calls();
     let attempt = |j: &str| calls_of(&calls, j)[0]["attempt"].as_u64().unwrap();
     assert_eq!((attempt("b"), attempt("c"), attempt("d")), (2, 1, 1));

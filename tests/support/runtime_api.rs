@@ -129,9 +129,10 @@ impl RuntimeApi {
 
     /// Sends `SHUTDOWN` to the registered extensions.
     pub fn shutdown(&self) {
-        let _ = self.shared.ext_tx.send(
-            r#"{"eventType":"SHUTDOWN","shutdownReason":"spindown","deadlineMs":0}"#.to_owned(),
-        );
+        let _ = self
+            .shared
+            .ext_tx
+            .send(r#"{"eventType":"SHUTDOWN","shutdownReason":"spindown","deadlineMs":0}"#.to_owned());
     }
 
     /// Sends `value` as `Lambda-Runtime-Client-Context` with every invocation from now on.
@@ -252,7 +253,10 @@ async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<F
             });
             accepted()
         }
-        (Method::POST, ["2018-06-01", "runtime", "init", "error"] | ["2020-01-01", "extension", "init", "error"]) => {
+        (
+            Method::POST,
+            ["2018-06-01", "runtime", "init", "error"] | ["2020-01-01", "extension", "init", "error"],
+        ) => {
             let body = req
                 .into_body()
                 .collect()

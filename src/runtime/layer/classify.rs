@@ -125,9 +125,7 @@ impl Classifier {
             },
             t if Self::listed(&self.transient, t) => JobError::transient(text),
             t if Self::listed(&self.fatal, t) => JobError::fatal(text),
-            _ => {
-                JobError::inferred(crate::core::error::ErrorKind::Transient, text)
-            }
+            _ => JobError::inferred(crate::core::error::ErrorKind::Transient, text),
         };
         e.with_code(error_type)
     }
@@ -192,7 +190,12 @@ mod tests {
             let body = format!(r#"{{"errorType":"{t}","errorMessage":"bad"}}"#);
             assert_eq!(kind(&c, &body), ErrorKind::Fatal, "{t}");
         }
-        for t in ["ConnectionError", "TimeoutError", "java.io.IOException", "Runtime.ExitError"] {
+        for t in [
+            "ConnectionError",
+            "TimeoutError",
+            "java.io.IOException",
+            "Runtime.ExitError",
+        ] {
             let body = format!(r#"{{"errorType":"{t}","errorMessage":"later"}}"#);
             assert_eq!(kind(&c, &body), ErrorKind::Transient, "{t}");
         }
@@ -202,10 +205,7 @@ mod tests {
         let e = c.error(br#"{"errorType":"KeyError","errorMessage":"'id'"}"#, None);
         assert_eq!((e.code(), e.message()), (Some("KeyError"), "KeyError: 'id'"));
         // The header names the type when the body does not.
-        assert_eq!(
-            c.error(b"{}", Some("ValueError")).kind(),
-            ErrorKind::Fatal
-        );
+        assert_eq!(c.error(b"{}", Some("ValueError")).kind(), ErrorKind::Fatal);
     }
 
     #[test]
@@ -223,7 +223,10 @@ mod tests {
     #[test]
     fn retry_after_reads_its_seconds_and_a_bad_one_is_transient() {
         let c = Classifier::new(&[], &[]);
-        let e = c.error(br#"{"errorType":"RetryAfter","errorMessage":"after 30s: throttled"}"#, None);
+        let e = c.error(
+            br#"{"errorType":"RetryAfter","errorMessage":"after 30s: throttled"}"#,
+            None,
+        );
         assert_eq!(e.kind(), ErrorKind::RetryAfter(Duration::from_secs(30)));
         let e = c.error(br#"{"errorType":"RetryAfter","errorMessage":"after 0.5s"}"#, None);
         assert_eq!(e.kind(), ErrorKind::RetryAfter(Duration::from_millis(500)));
@@ -240,7 +243,10 @@ mod tests {
         let c = Classifier::new(&[], &[]);
         assert!(c.response(b"null", "m1").is_ok());
         assert!(c.response(br#"{"batchItemFailures":[]}"#, "m1").is_ok());
-        assert!(c.response(br#"{"batchItemFailures":[{"itemIdentifier":"m2"}]}"#, "m1").is_ok());
+        assert!(
+            c.response(br#"{"batchItemFailures":[{"itemIdentifier":"m2"}]}"#, "m1")
+                .is_ok()
+        );
         let e = c
             .response(br#"{"batchItemFailures":[{"itemIdentifier":"m1"}]}"#, "m1")
             .unwrap_err();

@@ -44,10 +44,7 @@ pub(crate) async fn call(
     let req = req
         .body(Full::new(body))
         .map_err(|e| format!("request to {path}: {e}"))?;
-    let res = send
-        .send_request(req)
-        .await
-        .map_err(|e| format!("{path}: {e}"))?;
+    let res = send.send_request(req).await.map_err(|e| format!("{path}: {e}"))?;
     let status = res.status();
     let headers = res.headers().clone();
     let body = res

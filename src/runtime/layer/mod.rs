@@ -628,7 +628,9 @@ mod tests {
 
     #[test]
     fn only_events_whose_every_record_is_from_sqs_are_batches() {
-        assert!(is_sqs(br#"{"Records":[{"eventSource":"aws:sqs","messageId":"a"}]}"#));
+        assert!(is_sqs(
+            br#"{"Records":[{"eventSource":"aws:sqs","messageId":"a"}]}"#
+        ));
         assert!(!is_sqs(br#"{"Records":[]}"#));
         assert!(!is_sqs(br#"{"Records":[{"eventSource":"aws:s3"}]}"#));
         assert!(!is_sqs(

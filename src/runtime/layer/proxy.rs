@@ -148,11 +148,7 @@ impl Hub {
     /// The runtime's answer for `id`. A late answer for an invocation whose record was
     /// already reported is accepted and dropped, so the runtime carries on.
     fn answer(&self, id: &str, reply: Reply) -> Response<Full<Bytes>> {
-        let waiter = self
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
+        let waiter = self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
         match waiter {
             Some(w) => {
                 let _ = w.send(reply);
