@@ -70,6 +70,15 @@ pub struct Config {
     /// ([`Registry::eventbridge_type`](crate::processor::registry::Registry::eventbridge_type))
     /// win for the detail-types they name.
     pub eventbridge_types: EventBridgeTypes,
+    /// `TRIAGE_JOB_TYPES`: the job types the Lambda layer's extension runs in the function's
+    /// own runtime (comma-separated; default none). Only the layer reads it.
+    pub job_types: Vec<String>,
+    /// `TRIAGE_FATAL_ERRORS`: error types (`errorType` of a runtime's error body) the layer
+    /// classifies fatal, on top of its per-language defaults (comma-separated).
+    pub fatal_errors: Vec<String>,
+    /// `TRIAGE_TRANSIENT_ERRORS`: error types the layer classifies transient, even those on
+    /// its fatal defaults; they win over `TRIAGE_FATAL_ERRORS` (comma-separated).
+    pub transient_errors: Vec<String>,
 }
 
 /// What the runtimes need to know of the source queue, as its stack configured it: with these
@@ -369,18 +378,22 @@ fn boolean(lookup: &dyn Fn(&str) -> Option<String>, var: &'static str) -> Result
 /// `TRIAGE_DONE_MARKER_TYPES`: job types separated by commas, blanks around each ignored; an
 /// empty entry (`a,,b`) or one longer than a job type may be (256 characters) is refused.
 fn done_marker_types(raw: Option<&str>) -> Result<Vec<String>, ConfigError> {
-    const VAR: &str = "TRIAGE_DONE_MARKER_TYPES";
+    names(
+        "TRIAGE_DONE_MARKER_TYPES",
+        raw,
+        "job types separated by commas (each 1 to 256 characters), e.g. billing.charge,email.send",
+    )
+}
+
+/// A list of names separated by commas, read as [`done_marker_types`] reads job types.
+fn names(var: &'static str, raw: Option<&str>, expected: &str) -> Result<Vec<String>, ConfigError> {
     let Some(raw) = raw else {
         return Ok(Vec::new());
     };
     let mut out: Vec<String> = Vec::new();
     for t in raw.split(',').map(str::trim) {
         if t.is_empty() || t.chars().count() > 256 {
-            return Err(invalid(
-                VAR,
-                raw,
-                "job types separated by commas (each 1 to 256 characters), e.g. billing.charge,email.send",
-            ));
+            return Err(invalid(var, raw, expected));
         }
         if !out.iter().any(|o| o == t) {
             out.push(t.to_owned());
@@ -487,6 +500,21 @@ impl Config {
             done_marker_ttl,
             heartbeat: Some(Duration::from_secs(v.heartbeat_s.read(lookup)?)).filter(|d| !d.is_zero()),
             eventbridge_types,
+            job_types: names(
+                "TRIAGE_JOB_TYPES",
+                text("TRIAGE_JOB_TYPES").as_deref(),
+                "job types separated by commas (each 1 to 256 characters), e.g. billing.charge,email.send",
+            )?,
+            fatal_errors: names(
+                "TRIAGE_FATAL_ERRORS",
+                text("TRIAGE_FATAL_ERRORS").as_deref(),
+                "error types separated by commas (each 1 to 256 characters), e.g. ValueError,InvalidOrder",
+            )?,
+            transient_errors: names(
+                "TRIAGE_TRANSIENT_ERRORS",
+                text("TRIAGE_TRANSIENT_ERRORS").as_deref(),
+                "error types separated by commas (each 1 to 256 characters), e.g. KeyError,ConnectionError",
+            )?,
         })
     }
 
@@ -743,6 +771,9 @@ mod tests {
                         | "TRIAGE_EMF"
                         | "TRIAGE_DONE_MARKER_TYPES"
                         | "TRIAGE_EVENTBRIDGE_TYPES"
+                        | "TRIAGE_JOB_TYPES"
+                        | "TRIAGE_FATAL_ERRORS"
+                        | "TRIAGE_TRANSIENT_ERRORS"
                         // Numeric, but no policy: no default and no template parameter (the
                         // stacks set it from the DLQ they make), so not in `limits()`.
                         | "TRIAGE_DLQ_MAX_BYTES"

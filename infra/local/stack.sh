@@ -34,6 +34,8 @@ PY_REQUIREMENTS=(
   "aws-sam-translator==1.115.0"
   "cargo-lambda==1.9.2"
   "aws-lambda-powertools==3.37.0"
+  # The layer tests run a Python handler through the runtime interface client Lambda uses.
+  "awslambdaric==4.2.2"
 )
 DDB_NPM_VERSION="11.1.0"
 

@@ -3,6 +3,7 @@
 pub mod env;
 pub mod http;
 pub mod lambda;
+pub mod layer;
 pub mod worker;
 
 /// An error that stops a runtime, already worded for the operator.

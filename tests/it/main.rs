@@ -45,6 +45,7 @@ mod in_flight;
 mod incident;
 mod init;
 mod lambda_events;
+mod layer;
 mod ledger;
 mod ledger_facts;
 mod library_env;

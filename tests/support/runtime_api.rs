@@ -10,6 +10,11 @@
 //!
 //! One `RuntimeApi` serves one process: a restarted environment gets a new one, so an event
 //! can never be handed to a long poll left open by a killed process.
+//!
+//! It also serves the Extensions API on the same address, as Lambda does
+//! (`POST /2020-01-01/extension/register`, `GET /2020-01-01/extension/event/next`): an
+//! extension registered for them gets an `INVOKE` event as each invocation starts and a
+//! `SHUTDOWN` event from [`RuntimeApi::shutdown`].
 
 #![allow(dead_code)]
 
@@ -53,6 +58,15 @@ struct Shared {
     ids: AtomicU64,
     /// Becomes true at the runtime's first poll for an event.
     polled: watch::Sender<bool>,
+    /// Extensions registered, by name.
+    extensions: Mutex<Vec<String>>,
+    /// Events for the registered extensions (one extension per environment here).
+    ext_tx: mpsc::UnboundedSender<String>,
+    ext_rx: AsyncMutex<mpsc::UnboundedReceiver<String>>,
+    /// `Lambda-Runtime-Client-Context` sent with each invocation, when set.
+    client_context: Mutex<Option<String>>,
+    /// Request ids handed out, in order.
+    handed: Mutex<Vec<String>>,
 }
 
 /// A Runtime API server for one execution environment.
@@ -71,12 +85,18 @@ impl RuntimeApi {
             .expect("bind runtime API");
         let address = listener.local_addr().expect("local addr").to_string();
         let (tx, rx) = mpsc::unbounded_channel();
+        let (ext_tx, ext_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             queue: AsyncMutex::new(rx),
             running: Mutex::new(HashMap::new()),
             init_errors: Mutex::new(Vec::new()),
             ids: AtomicU64::new(0),
             polled: watch::channel(false).0,
+            extensions: Mutex::new(Vec::new()),
+            ext_tx,
+            ext_rx: AsyncMutex::new(ext_rx),
+            client_context: Mutex::new(None),
+            handed: Mutex::new(Vec::new()),
         });
         let server = tokio::spawn(serve(listener, shared.clone()));
         RuntimeApi {
@@ -102,7 +122,30 @@ impl RuntimeApi {
         )
     }
 
-    /// Errors the runtime reported while starting.
+    /// The names of the extensions registered so far.
+    pub fn extensions(&self) -> Vec<String> {
+        self.shared.extensions.lock().unwrap().clone()
+    }
+
+    /// Sends `SHUTDOWN` to the registered extensions.
+    pub fn shutdown(&self) {
+        let _ = self
+            .shared
+            .ext_tx
+            .send(r#"{"eventType":"SHUTDOWN","shutdownReason":"spindown","deadlineMs":0}"#.to_owned());
+    }
+
+    /// Sends `value` as `Lambda-Runtime-Client-Context` with every invocation from now on.
+    pub fn set_client_context(&self, value: &str) {
+        *self.shared.client_context.lock().unwrap() = Some(value.to_owned());
+    }
+
+    /// The request ids handed to the runtime so far, in order.
+    pub fn request_ids(&self) -> Vec<String> {
+        self.shared.handed.lock().unwrap().clone()
+    }
+
+    /// Errors the runtime (or an extension) reported while starting.
     pub fn init_errors(&self) -> Vec<String> {
         self.shared.init_errors.lock().unwrap().clone()
     }
@@ -210,7 +253,10 @@ async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<F
             });
             accepted()
         }
-        (Method::POST, ["2018-06-01", "runtime", "init", "error"]) => {
+        (
+            Method::POST,
+            ["2018-06-01", "runtime", "init", "error"] | ["2020-01-01", "extension", "init", "error"],
+        ) => {
             let body = req
                 .into_body()
                 .collect()
@@ -220,6 +266,42 @@ async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<F
             let text = String::from_utf8_lossy(&body).into_owned();
             shared.init_errors.lock().unwrap().push(text);
             accepted()
+        }
+        (Method::POST, ["2020-01-01", "extension", "register"]) => {
+            let name = req
+                .headers()
+                .get("lambda-extension-name")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            if name.is_empty() {
+                return Ok(reply(StatusCode::BAD_REQUEST, "no Lambda-Extension-Name"));
+            }
+            let mut names = shared.extensions.lock().unwrap();
+            names.push(name);
+            let mut r = reply(
+                StatusCode::OK,
+                r#"{"functionName":"triage-local","functionVersion":"$LATEST","handler":"handler.handler"}"#,
+            );
+            let id = format!("ext-{}", names.len());
+            r.headers_mut()
+                .insert("lambda-extension-identifier", id.parse().expect("header value"));
+            r
+        }
+        (Method::GET, ["2020-01-01", "extension", "event", "next"]) => {
+            let known = req
+                .headers()
+                .get("lambda-extension-identifier")
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|id| id.starts_with("ext-"));
+            if !known {
+                return Ok(reply(StatusCode::FORBIDDEN, "unknown extension identifier"));
+            }
+            let mut rx = shared.ext_rx.lock().await;
+            match rx.recv().await {
+                Some(event) => reply(StatusCode::OK, &event),
+                None => reply(StatusCode::SERVICE_UNAVAILABLE, "stopped"),
+            }
         }
         _ => reply(StatusCode::NOT_FOUND, "not a Runtime API path"),
     })
@@ -239,6 +321,13 @@ async fn next(shared: &Shared) -> Response<Full<Bytes>> {
         let id = format!("req-{:06}", shared.ids.fetch_add(1, Ordering::Relaxed));
         let deadline = epoch_ms() + inv.time_left.as_millis() as u64;
         shared.running.lock().unwrap().insert(id.clone(), inv.reply);
+        shared.handed.lock().unwrap().push(id.clone());
+        if !shared.extensions.lock().unwrap().is_empty() {
+            let _ = shared.ext_tx.send(format!(
+                r#"{{"eventType":"INVOKE","deadlineMs":{deadline},"requestId":"{id}","invokedFunctionArn":"arn:aws:lambda:us-east-1:000000000000:function:triage-local"}}"#
+            ));
+        }
+        let client_context = shared.client_context.lock().unwrap().clone();
         let mut r = reply(StatusCode::OK, &inv.event);
         let headers = r.headers_mut();
         let mut set = |k: &'static str, v: String| {
@@ -255,6 +344,9 @@ async fn next(shared: &Shared) -> Response<Full<Bytes>> {
             "lambda-runtime-trace-id",
             "Root=1-00000000-000000000000000000000000;Sampled=0".into(),
         );
+        if let Some(cc) = client_context {
+            set("lambda-runtime-client-context", cc);
+        }
         return r;
     }
 }

@@ -1,0 +1,255 @@
+//! What a runtime's answer for one record means: its error body (`errorType`,
+//! `errorMessage`) classified fatal, transient or retry-after, and a response that is a partial
+//! batch response naming the record read as a transient failure. Pure: no I/O.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::core::JobError;
+
+/// Error types fatal by default: the exceptions that say the code or the payload is wrong in
+/// each managed runtime's language, so another try cannot help.
+pub const FATAL_DEFAULTS: &[&str] = &[
+    // Python
+    "ValueError",
+    "TypeError",
+    "KeyError",
+    "AttributeError",
+    "IndexError",
+    "JSONDecodeError",
+    "UnicodeDecodeError",
+    "NotImplementedError",
+    // Node.js (TypeError as above)
+    "SyntaxError",
+    "RangeError",
+    "ReferenceError",
+    // Java, Jackson's parse and mapping errors
+    "IllegalArgumentException",
+    "NullPointerException",
+    "ClassCastException",
+    "NumberFormatException",
+    "JsonParseException",
+    "JsonMappingException",
+    "MismatchedInputException",
+    "InvalidFormatException",
+    "UnrecognizedPropertyException",
+    // .NET
+    "ArgumentException",
+    "ArgumentNullException",
+    "NullReferenceException",
+    "InvalidOperationException",
+    "InvalidCastException",
+    "FormatException",
+    "NotImplementedException",
+    "NotSupportedException",
+    "JsonException",
+];
+
+/// The helpers' error types (`infra/layer/python/sqs_triage`, `infra/layer/nodejs`): the
+/// handler said what the failure means, so no rule changes it.
+pub const FATAL: &str = "Fatal";
+/// See [`FATAL`].
+pub const TRANSIENT: &str = "Transient";
+/// See [`FATAL`]; its message starts `after <seconds>s`.
+pub const RETRY_AFTER: &str = "RetryAfter";
+
+/// The longest delay a `RetryAfter` may ask: SQS's longest visibility timeout (the policy caps
+/// it further).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(43_200);
+
+/// How error types are classified: the defaults, `TRIAGE_FATAL_ERRORS` on top, and
+/// `TRIAGE_TRANSIENT_ERRORS` winning over both.
+#[derive(Debug, Clone, Default)]
+pub struct Classifier {
+    fatal: HashSet<String>,
+    transient: HashSet<String>,
+}
+
+/// A runtime's error body, as the managed runtimes write it.
+#[derive(Debug, Deserialize, Default)]
+struct ErrorBody {
+    #[serde(rename = "errorType", default)]
+    error_type: Option<String>,
+    #[serde(rename = "errorMessage", default)]
+    error_message: Option<serde_json::Value>,
+}
+
+impl Classifier {
+    /// The defaults with the configured lists.
+    pub fn new(fatal: &[String], transient: &[String]) -> Self {
+        let mut f: HashSet<String> = FATAL_DEFAULTS.iter().map(|s| (*s).to_owned()).collect();
+        f.extend(fatal.iter().cloned());
+        Self {
+            fatal: f,
+            transient: transient.iter().cloned().collect(),
+        }
+    }
+
+    /// Whether `error_type` is listed in `set`: by its full name or by its last dotted
+    /// segment (`java.lang.NullPointerException` matches `NullPointerException`).
+    fn listed(set: &HashSet<String>, error_type: &str) -> bool {
+        set.contains(error_type)
+            || error_type
+                .rsplit_once(['.', ':', '$'])
+                .is_some_and(|(_, last)| set.contains(last))
+    }
+
+    /// The record's failure from the runtime's `/error` body (and its
+    /// `Lambda-Runtime-Function-Error-Type` header when the body names no type). The error
+    /// type becomes the error's code: the failure record in the DLQ shows it.
+    pub fn error(&self, body: &[u8], header_type: Option<&str>) -> JobError {
+        let parsed: ErrorBody = serde_json::from_slice(body).unwrap_or_default();
+        let error_type = parsed
+            .error_type
+            .filter(|t| !t.is_empty())
+            .or_else(|| header_type.map(str::to_owned))
+            .unwrap_or_else(|| "Unknown".to_owned());
+        let message = match parsed.error_message {
+            Some(serde_json::Value::String(s)) => s,
+            Some(v) => v.to_string(),
+            None => String::new(),
+        };
+        let text = if message.is_empty() {
+            error_type.clone()
+        } else {
+            format!("{error_type}: {message}")
+        };
+        let e = match error_type.as_str() {
+            FATAL => JobError::fatal(text),
+            TRANSIENT => JobError::transient(text),
+            RETRY_AFTER => match retry_after(&message) {
+                Some(delay) => JobError::retry_after(delay, text),
+                None => JobError::transient(text),
+            },
+            t if Self::listed(&self.transient, t) => JobError::transient(text),
+            t if Self::listed(&self.fatal, t) => JobError::fatal(text),
+            _ => JobError::inferred(crate::core::error::ErrorKind::Transient, text),
+        };
+        e.with_code(error_type)
+    }
+
+    /// The record's outcome from the runtime's `/response` body: a success, unless the body is
+    /// a partial batch response naming `message_id` (the handler reported its one record
+    /// failed), a transient failure.
+    pub fn response(&self, body: &[u8], message_id: &str) -> Result<(), JobError> {
+        #[derive(Deserialize)]
+        struct Item {
+            #[serde(rename = "itemIdentifier")]
+            id: Option<String>,
+        }
+        #[derive(Deserialize)]
+        struct Partial {
+            #[serde(rename = "batchItemFailures")]
+            failures: Vec<Item>,
+        }
+        match serde_json::from_slice::<Partial>(body) {
+            Ok(p) if p.failures.iter().any(|i| i.id.as_deref() == Some(message_id)) => Err(
+                JobError::transient("the handler reported the record in batchItemFailures")
+                    .with_code("BatchItemFailure"),
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The delay of a `RetryAfter` helper's message: `after <seconds>s…`, seconds a number of at
+/// least 0 (a fraction rounds up to the next millisecond), at most [`MAX_RETRY_AFTER`].
+fn retry_after(message: &str) -> Option<Duration> {
+    let rest = message.trim_start().strip_prefix("after ")?;
+    let end = rest.find('s')?;
+    let secs: f64 = rest[..end].trim().parse().ok()?;
+    if !secs.is_finite() || secs < 0.0 {
+        return None;
+    }
+    Some(Duration::from_secs_f64(secs.min(MAX_RETRY_AFTER.as_secs_f64())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::error::ErrorKind;
+
+    fn kind(c: &Classifier, body: &str) -> ErrorKind {
+        c.error(body.as_bytes(), None).kind()
+    }
+
+    #[test]
+    fn each_languages_bug_errors_are_fatal_and_the_rest_transient() {
+        let c = Classifier::new(&[], &[]);
+        for t in [
+            "ValueError",
+            "JSONDecodeError",
+            "ReferenceError",
+            "java.lang.NullPointerException",
+            "com.fasterxml.jackson.core.JsonParseException",
+            "System.ArgumentNullException",
+            "System.Text.Json.JsonException",
+        ] {
+            let body = format!(r#"{{"errorType":"{t}","errorMessage":"bad"}}"#);
+            assert_eq!(kind(&c, &body), ErrorKind::Fatal, "{t}");
+        }
+        for t in [
+            "ConnectionError",
+            "TimeoutError",
+            "java.io.IOException",
+            "Runtime.ExitError",
+        ] {
+            let body = format!(r#"{{"errorType":"{t}","errorMessage":"later"}}"#);
+            assert_eq!(kind(&c, &body), ErrorKind::Transient, "{t}");
+        }
+        // Unreadable bodies are transient, never a panic.
+        assert_eq!(kind(&c, "not json"), ErrorKind::Transient);
+        assert_eq!(kind(&c, r#"{"errorType":7}"#), ErrorKind::Transient);
+        let e = c.error(br#"{"errorType":"KeyError","errorMessage":"'id'"}"#, None);
+        assert_eq!((e.code(), e.message()), (Some("KeyError"), "KeyError: 'id'"));
+        // The header names the type when the body does not.
+        assert_eq!(c.error(b"{}", Some("ValueError")).kind(), ErrorKind::Fatal);
+    }
+
+    #[test]
+    fn configured_lists_extend_the_defaults_and_transient_wins() {
+        let c = Classifier::new(&["InvalidOrder".into()], &["KeyError".into()]);
+        assert_eq!(kind(&c, r#"{"errorType":"InvalidOrder"}"#), ErrorKind::Fatal);
+        assert_eq!(kind(&c, r#"{"errorType":"KeyError"}"#), ErrorKind::Transient);
+        assert_eq!(kind(&c, r#"{"errorType":"ValueError"}"#), ErrorKind::Fatal);
+        // The helpers' types are the handler's own word: no list changes them.
+        let c = Classifier::new(&["Transient".into()], &["Fatal".into()]);
+        assert_eq!(kind(&c, r#"{"errorType":"Fatal"}"#), ErrorKind::Fatal);
+        assert_eq!(kind(&c, r#"{"errorType":"Transient"}"#), ErrorKind::Transient);
+    }
+
+    #[test]
+    fn retry_after_reads_its_seconds_and_a_bad_one_is_transient() {
+        let c = Classifier::new(&[], &[]);
+        let e = c.error(
+            br#"{"errorType":"RetryAfter","errorMessage":"after 30s: throttled"}"#,
+            None,
+        );
+        assert_eq!(e.kind(), ErrorKind::RetryAfter(Duration::from_secs(30)));
+        let e = c.error(br#"{"errorType":"RetryAfter","errorMessage":"after 0.5s"}"#, None);
+        assert_eq!(e.kind(), ErrorKind::RetryAfter(Duration::from_millis(500)));
+        let e = c.error(br#"{"errorType":"RetryAfter","errorMessage":"after 1e9s"}"#, None);
+        assert_eq!(e.kind(), ErrorKind::RetryAfter(MAX_RETRY_AFTER));
+        for m in ["soon", "after -1s", "after NaNs", "after s"] {
+            let body = format!(r#"{{"errorType":"RetryAfter","errorMessage":"{m}"}}"#);
+            assert_eq!(kind(&c, &body), ErrorKind::Transient, "{m}");
+        }
+    }
+
+    #[test]
+    fn a_partial_batch_response_naming_the_record_is_a_transient_failure() {
+        let c = Classifier::new(&[], &[]);
+        assert!(c.response(b"null", "m1").is_ok());
+        assert!(c.response(br#"{"batchItemFailures":[]}"#, "m1").is_ok());
+        assert!(
+            c.response(br#"{"batchItemFailures":[{"itemIdentifier":"m2"}]}"#, "m1")
+                .is_ok()
+        );
+        let e = c
+            .response(br#"{"batchItemFailures":[{"itemIdentifier":"m1"}]}"#, "m1")
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Transient);
+    }
+}
