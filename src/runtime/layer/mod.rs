@@ -653,6 +653,7 @@ mod tests {
             message_id: "m1".into(),
             attempt: 2,
             max_attempts: 5,
+            deadline_ms: None,
         };
         let e: Value = serde_json::from_slice(&record_event(&raw, &ctx).unwrap()).unwrap();
         let r = &e["Records"][0];
