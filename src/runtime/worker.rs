@@ -218,8 +218,7 @@ impl Worker {
         self
     }
 
-    /// Sets the visibility heartbeat of this worker's batches (see
-    /// [`Processor::with_heartbeat`](crate::processor::Processor::with_heartbeat); `None`: off).
+    /// Sets the visibility heartbeat of this worker's batches (`None`: off; docs/handlers.md).
     /// With it, a handler runs past the receive's visibility timeout while every extension
     /// succeeds, up to SQS's 12-hour limit; without it, a handler still running near the end of
     /// the visibility timeout is stopped (a transient failure).

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
+/// The library package: the repository's root, the `triage` package's parent.
+const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 /// A fresh folder under the system's temp folder, removed on drop.
 struct TempDir(PathBuf);

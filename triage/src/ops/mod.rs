@@ -24,10 +24,10 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 
-use crate::effects::breaker_store::BreakerStore;
-use crate::effects::ledger::AttemptLedger;
-use crate::effects::sqs::Sqs;
-use crate::effects::storage_retry::{
+use sqs_triage::effects::breaker_store::BreakerStore;
+use sqs_triage::effects::ledger::AttemptLedger;
+use sqs_triage::effects::sqs::Sqs;
+use sqs_triage::effects::storage_retry::{
     StorageError, StorageRetry, StorageRetryConfig, dynamodb_client, sqs_client,
 };
 
