@@ -109,6 +109,22 @@ fn init_writes_the_crate_and_reports_its_files() {
     );
 }
 
+/// Without `--path`, the crate depends on the library package this `triage` was built from:
+/// the repository's root, not the operator tool's own package.
+#[test]
+fn without_a_path_the_crate_depends_on_the_library_package() {
+    let tmp = TempDir::new("init-default");
+    let dir = tmp.0.join("jobs");
+    let out = init(&["jobs", "--dir", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "init failed: {}", text(&out.stderr));
+    let cargo = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+    let library = std::fs::canonicalize(REPO).unwrap();
+    assert!(
+        cargo.contains(&format!("sqs-triage = {{ path = \"{}\" }}", library.display())),
+        "{cargo}"
+    );
+}
+
 #[test]
 fn bad_names_are_refused_with_nothing_written() {
     let tmp = TempDir::new("init-names");
