@@ -107,7 +107,7 @@ pub const RECORD_MAX_ATTEMPTS: u32 = 10;
 
 impl Recorder {
     /// A recorder writing to `table` with `client` (build it with
-    /// [`dynamodb_client`](sqs_triage::effects::storage_retry::dynamodb_client), so the recorder's
+    /// [`dynamodb_client`], so the recorder's
     /// retries are the only ones).
     pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
         let retry = StorageRetry::new(StorageRetryConfig {

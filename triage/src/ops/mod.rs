@@ -248,7 +248,7 @@ impl Ctx {
     }
 
     /// The storage retry policy of operator calls: the product's policy with fewer tries
-    /// ([`OPERATOR_MAX_ATTEMPTS`]), because an operator is waiting. Clones share one budget.
+    /// (`OPERATOR_MAX_ATTEMPTS`), because an operator is waiting. Clones share one budget.
     pub fn storage_retry(&self) -> StorageRetry {
         self.retry.clone()
     }
