@@ -59,7 +59,7 @@
 //!
 //! [`worker::run`] serves the same registry from any host, with the same variables, until
 //! SIGINT/SIGTERM; [`worker::run_with`] takes [`RunOptions`], and [`Worker`] lets you drive
-//! the polling yourself.
+//! the polling yourself ([`Worker::from_config`] builds one).
 //!
 //! # Layers
 //!

@@ -678,7 +678,7 @@ async fn serve(
     let worker = Worker::from_config(config, registry, sdk)
         .await?
         .with_batches(opts.batches)
-    .with_give_up_after(opts.give_up_after);
+        .with_give_up_after(opts.give_up_after);
     let visibility = worker.visibility_timeout().await?;
     tracing::info!(
         queue = %worker.env.queue_url,
