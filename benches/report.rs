@@ -43,7 +43,8 @@ fn main() -> ExitCode {
     } else {
         given.clone()
     };
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // The repository's root (docs/, bench/, .local/): the parent of this package, triage/.
+    let manifest = support::repo_root();
     let lambda_bin = Path::new(env!("CARGO_BIN_EXE_triage-lambda"));
     let mut opts = match report::Options::full(manifest, lambda_bin).parse(&args) {
         Ok(o) => o,

@@ -2,7 +2,7 @@
 # Offline checks of the deployment templates (no AWS credentials, no network but the package
 # registries for the first install). Idempotent: installs its tools when they are missing.
 #
-#   0. src/config.rs's limits as JSON (`cargo run --example config_limits`): the one source of
+#   0. src/config.rs's limits as JSON (`cargo run -p triage --example config_limits`): the one source of
 #      both templates' policy parameter ranges (infra/ranges.py generates them)
 #   1. cfn-lint on infra/template.yaml (SAM)
 #   2. aws-sam-translator: SAM -> plain CloudFormation JSON
@@ -77,8 +77,8 @@ fi
 mkdir -p "$OUT"
 
 # ---------------------------------------------------------------- the configuration's limits
-step "config limits (cargo run --example config_limits)"
-cargo run --quiet --example config_limits > "$OUT/config-limits.json"
+step "config limits (cargo run -p triage --example config_limits)"
+cargo run --quiet -p triage --example config_limits > "$OUT/config-limits.json"
 echo "config limits: $(grep -c '"var"' "$OUT/config-limits.json") variables"
 
 # ---------------------------------------------------------------- SAM
@@ -134,7 +134,7 @@ step "triage init: the generated crate's SAM template and CDK app"
 STARTER="$OUT/starter"
 STARTER_NAME=starter-check
 rm -rf "$STARTER" "$OUT/starter-cdk.out"
-cargo run --quiet --bin triage -- init "$STARTER_NAME" --dir "$STARTER" --path "$ROOT" > /dev/null
+cargo run --quiet -p triage --bin triage -- init "$STARTER_NAME" --dir "$STARTER" --path "$ROOT" > /dev/null
 "$VENV/bin/cfn-lint" "$STARTER/template.yaml"
 echo "cfn-lint (starter): no findings"
 "$VENV/bin/python" infra/check_templates.py translate "$STARTER/template.yaml" "$OUT/starter-sam.json"

@@ -10,11 +10,11 @@
         template: one line per fact, then `N passed, M failed`; exit status 1 on any failure.
         Some facts read the crate too: the role's actions against the SDK calls derived from
         triage-lambda's source (lambda_calls.py), and the receive rule's factor in
-        src/ops/setup.rs, the CDK stack and docs/deploy.md against SAM's Rules.
+        triage/src/ops/setup.rs, the CDK stack and docs/deploy.md against SAM's Rules.
 
     check_templates.py sam-rules SAM_TEMPLATE
         Rewrites the template's generated `Rules:` section (maxReceiveCount >= F x MaxAttempts,
-        F from src/ops/setup.rs) for the values its MaxAttempts and MaxReceiveCount accept.
+        F from triage/src/ops/setup.rs) for the values its MaxAttempts and MaxReceiveCount accept.
 
     check_templates.py lambda-calls
         Prints the SDK calls triage-lambda can make, as IAM actions, with where each is called.
@@ -33,6 +33,7 @@ import json
 import os
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # lambda_calls.py
@@ -64,7 +65,7 @@ QUEUES_OF_SQS_ACTION = {
 }
 # DynamoDB calls in this file go to TRIAGE_CHAOS_RECORD_TABLE (a test side table), not to the
 # state table; the stacks do not set that variable, so they grant nothing for them.
-CHAOS_RECORDER = "src/demo/chaos.rs"
+CHAOS_RECORDER = "triage/src/demo/chaos.rs"
 CHAOS_RECORD_ENV = "TRIAGE_CHAOS_RECORD_TABLE"
 
 
@@ -162,11 +163,25 @@ LAMBDA_LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL"]
 _EMITTED: "Emitted | None" = None
 
 
-def emitted() -> "Emitted":
-    global _EMITTED
-    if _EMITTED is None:
-        _EMITTED = Emitted(ROOT)
-    return _EMITTED
+
+def builds_binary(crate: Path, binary: str) -> bool:
+    """Whether `cargo lambda build --bin BINARY` run in `crate` builds it: a binary of the
+    package there or of a default member of its workspace (the repository's root package is
+    the library; the `triage` package beside it holds triage-lambda)."""
+    dirs = [crate]
+    if (crate / "Cargo.toml").is_file():
+        workspace = tomllib.loads((crate / "Cargo.toml").read_text()).get("workspace", {})
+        dirs += [crate / m for m in workspace.get("default-members", []) if m != "."]
+    for d in dirs:
+        if not (d / "Cargo.toml").is_file():
+            continue
+        toml = tomllib.loads((d / "Cargo.toml").read_text())
+        bins = [b.get("name") for b in toml.get("bin", [])]
+        if (d / "src/main.rs").is_file():  # the package's own binary, named after it
+            bins.append(toml.get("package", {}).get("name"))
+        if binary in bins:
+            return True
+    return False
 
 
 def is_fifo(queue_props: dict) -> bool:
@@ -218,7 +233,7 @@ def dashboard_metrics(body: dict) -> tuple[list[dict], list[str]]:
 # --------------------------------------------------------------------------- the receive rule
 
 ROOT = Path(__file__).resolve().parent.parent
-RUST_RULE = "src/ops/setup.rs"
+RUST_RULE = "triage/src/ops/setup.rs"
 CDK_RULE = "infra/cdk/lib/sqs-triage.ts"
 DOC_RULE = "docs/deploy.md"
 SQS_MAX_RECEIVE_COUNT = 1000
@@ -1178,9 +1193,8 @@ def sam_only_facts(sam_path: Path, sam_raw: dict, sam_cfn: dict, report: Report,
         if crate_dir is None or name is None:
             return False, f"CodeUri {uri} / Binary {binary}: a literal, or a Ref to CrateDir / BinaryName with a default"
         crate = (sam_path.parent / crate_dir).resolve()
-        cargo = (crate / "Cargo.toml").read_text() if (crate / "Cargo.toml").exists() else ""
         return (fn.get("Metadata", {}).get("BuildMethod") == "rust-cargolambda"
-                and re.search(r'name\s*=\s*"' + re.escape(name) + '"', cargo) is not None,
+                and builds_binary(crate, name),
                 f"CodeUri {uri} -> {crate}, binary {name}, Metadata {fn.get('Metadata')}")
 
     report.check(f"[{tag}] built by cargo-lambda (rust-cargolambda, the crate at CodeUri = CrateDir has the binary "
@@ -1296,7 +1310,7 @@ def cdk_only_facts(cdk_out: Path, cdk_cfn: dict, report: Report, binary: str = "
         if not asset.is_absolute():
             asset = cdk_out / asset
         if (asset / "Cargo.toml").exists():  # synthesized without bundling: the crate itself
-            return re.search(r'name\s*=\s*"' + re.escape(binary) + '"', (asset / "Cargo.toml").read_text()) is not None, str(asset)
+            return builds_binary(asset, binary), str(asset)
         return (asset / "bootstrap").exists(), f"{asset} (bundled)"
 
     report.check(f"[{tag}] function code is the {binary} binary of the crate (cargo-lambda-cdk)", code)
@@ -1877,7 +1891,7 @@ def main() -> int:
     ck.add_argument("--other-settings", help="infra/parity-settings.json")
     ck.add_argument("--cdk-fifo-out", help="the CDK app synthesized with -c queueType=fifo")
     ck.add_argument("--limits", required=True,
-                    help="src/config.rs's limits as JSON (`cargo run --example config_limits`)")
+                    help="src/config.rs's limits as JSON (`cargo run -p triage --example config_limits`)")
     st = sub.add_parser("starter", help="check the crate `triage init` wrote (its SAM template and CDK app)")
     st.add_argument("--dir", required=True, help="the generated crate")
     st.add_argument("--name", required=True, help="the NAME it was generated with")
@@ -1919,7 +1933,7 @@ def main() -> int:
     report.fact("[sam] translated template has no Serverless resources left",
                 not any(r["Type"].startswith("AWS::Serverless::") for r in sam_cfn["Resources"].values()))
     derived = Derived(ROOT)
-    report.fact("[source] SDK calls triage-lambda can make, from src/bin/triage-lambda.rs down: " + derived.summary(),
+    report.fact("[source] SDK calls triage-lambda can make, from triage/src/bin/triage-lambda.rs down: " + derived.summary(),
                 bool(derived.calls) and not derived.problems, "; ".join(derived.problems))
     limits = json.loads(Path(args.limits).read_text())
     generated_facts(limits, report)

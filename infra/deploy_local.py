@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"
 TABLE_RS = ROOT / "src/effects/table.rs"
-SETUP_RS = ROOT / "src/ops/setup.rs"
+SETUP_RS = ROOT / "triage/src/ops/setup.rs"
 
 # The stacks' defaults (infra/template.yaml's parameters, infra/cdk/cdk.json's context).
 EXPECT = {
@@ -93,7 +93,7 @@ class Report:
 
 def code_names() -> dict:
     """The state table's key and TTL attribute names the code uses (src/effects/table.rs), and
-    the receive rule's factor (src/ops/setup.rs)."""
+    the receive rule's factor (triage/src/ops/setup.rs)."""
     text = TABLE_RS.read_text()
 
     def const(name: str) -> str:

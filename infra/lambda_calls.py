@@ -2,9 +2,10 @@
 
     python3 infra/lambda_calls.py [REPO_ROOT]     prints them, with where each one is called
 
-How: starting from `src/bin/triage-lambda.rs`, the modules it uses (`use` paths and inline
-`crate::` / `super::` / `sqs_triage::` paths, private `mod x;` declarations, and public ones
-whose `x::` is used)
+How: starting from `triage/src/bin/triage-lambda.rs`, the modules it uses (`use` paths and
+inline `crate::` / `super::` / `sqs_triage::` / `triage::` paths, private `mod x;` declarations,
+and public ones whose `x::` is used), in the library (`src/`) and the operator tool
+(`triage/src/`),
 are collected, file by file. In those files every `fn` is cut out (test modules and
 `#[cfg(test)]` items removed, comments and strings blanked); a function reaches every function
 of the same name that it calls or names (`name(`, `.name(`, `Path::name`), which over-approximates
@@ -26,8 +27,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENTRY = "src/bin/triage-lambda.rs"
-CRATE = "sqs_triage"
+ENTRY = "triage/src/bin/triage-lambda.rs"
+# Each crate's name and source folder: the library, and the operator tool that holds the binary.
+CRATES = {"sqs_triage": "src", "triage": "triage/src"}
 
 # Every operation of aws-sdk-sqs 1.x and aws-sdk-dynamodb 1.x (their `src/operation/` folders).
 SQS_OPS = """add_permission cancel_message_move_task change_message_visibility
@@ -160,8 +162,17 @@ def drop_test_items(text: str) -> str:
 
 # --------------------------------------------------------------------------- modules
 
+def crate_src(root: Path, path: Path) -> Path:
+    """The source folder of the crate `path` belongs to."""
+    for src in sorted(CRATES.values(), key=len, reverse=True):
+        if (root / src) in path.parents:
+            return root / src
+    raise ValueError(f"{path} is in no crate's source folder")
+
+
 def module_file(root: Path, parts: list[str]) -> Path | None:
-    base = root / "src" / Path(*parts) if parts else root / "src" / "lib.rs"
+    """`root` here is a crate's source folder."""
+    base = root / Path(*parts) if parts else root / "lib.rs"
     if not parts:
         return base
     for cand in (base.with_suffix(".rs"), base / "mod.rs"):
@@ -170,8 +181,8 @@ def module_file(root: Path, parts: list[str]) -> Path | None:
     return None
 
 
-def module_parts_of(root: Path, path: Path) -> list[str]:
-    rel = path.relative_to(root / "src").with_suffix("")
+def module_parts_of(src: Path, path: Path) -> list[str]:
+    rel = path.relative_to(src).with_suffix("")
     parts = list(rel.parts)
     if parts and parts[-1] == "mod":
         parts = parts[:-1]
@@ -182,20 +193,22 @@ def module_parts_of(root: Path, path: Path) -> list[str]:
 
 def referenced_modules(root: Path, path: Path, text: str) -> set[Path]:
     """The module files a file names: its `use` trees, inline paths and used `mod x;`."""
-    here = [] if path.parts[-2] == "bin" else module_parts_of(root, path)
+    src = crate_src(root, path)
+    here = [] if path.parts[-2] == "bin" else module_parts_of(src, path)
     # The parent module, from which `super::` starts (a mod.rs file is its own folder's module).
     parent = here[:-1] if here else []
     found: set[Path] = set()
 
-    def resolve(parts: list[str]) -> None:
+    def resolve(at: tuple[Path, list[str]]) -> None:
         # Longest prefix that is a module file; the rest are items in it.
+        crate, parts = at
         for k in range(len(parts), -1, -1):
-            f = module_file(root, parts[:k])
+            f = module_file(crate, parts[:k])
             if f is not None:
                 found.add(f)
                 return
 
-    def expand(prefix: list[str], tree: str) -> None:
+    def expand(prefix: tuple[Path, list[str]], tree: str) -> None:
         tree = tree.strip()
         if tree.startswith("{") and tree.endswith("}"):
             depth, cur, items = 0, "", []
@@ -220,33 +233,36 @@ def referenced_modules(root: Path, path: Path, text: str) -> set[Path]:
             resolve(prefix)
             return
         if rest is None:
-            resolve(prefix + [head])
+            resolve((prefix[0], prefix[1] + [head]))
         else:
-            expand(prefix + [head], rest)
+            expand((prefix[0], prefix[1] + [head]), rest)
 
-    def start(head: str) -> list[str] | None:
-        if head in ("crate", CRATE):
-            return []
+    def start(head: str) -> tuple[Path, list[str]]:
+        if head in CRATES:
+            return root / CRATES[head], []
         if head == "super":
-            return parent
+            return src, parent
         if head == "self":
-            return here
-        return None
+            return src, here
+        return src, []  # crate
 
+    heads = "|".join(["crate", "super", "self", *CRATES])
     for m in re.finditer(r"\buse\s+([^;]+);", text):
         tree = m.group(1)
-        h = re.match(r"\s*(crate|super|self|%s)\s*::\s*(.*)$" % CRATE, tree, re.S)
+        h = re.match(r"\s*(%s)\s*::\s*(.*)$" % heads, tree, re.S)
         if h:
             expand(start(h.group(1)), h.group(2))
-    for m in re.finditer(r"\b(crate|super|%s)((?:\s*::\s*[A-Za-z_][A-Za-z0-9_]*)+)" % CRATE, text):
+    inline = "|".join(["crate", "super", *CRATES])
+    for m in re.finditer(r"\b(%s)((?:\s*::\s*[A-Za-z_][A-Za-z0-9_]*)+)" % inline, text):
         parts = [p.strip() for p in m.group(2).split("::") if p.strip()]
-        resolve(start(m.group(1)) + parts)
+        crate, prefix = start(m.group(1))
+        resolve((crate, prefix + parts))
     for m in re.finditer(r"(?m)^[ \t]*(pub\b(?:\([^)]*\))?\s*)?mod\s+([a-z_][a-z0-9_]*)\s*;", text):
         name = m.group(2)
         # A private `mod x;` is part of its parent (it may hold an `impl` of the parent's
         # types, called as methods, never named by path); a public one counts when used.
         if m.group(1) is None or re.search(r"\b%s\s*::" % name, text):
-            resolve(here + [name])
+            resolve((src, here + [name]))
     if here or path.parts[-2] != "bin":
         found.add(path)
     # Every module's parents hold its `use super::` targets and `pub use` re-exports.

@@ -12,7 +12,7 @@
 
 The one source is src/config.rs: `sqs_triage::config::limits()` lists every numeric TRIAGE_*
 variable with its default and accepted range, from the same table the parser reads with, and
-`cargo run --quiet --example config_limits` prints it as JSON (with the receive rule's factor
+`cargo run --quiet -p triage --example config_limits` prints it as JSON (with the receive rule's factor
 and SQS's largest maxReceiveCount). Without --limits this script runs that example itself.
 
 (The Python of infra/check.sh's tools: reading the SAM template needs aws-sam-translator.)
@@ -95,7 +95,7 @@ def read_limits(path: str | None) -> dict:
     if path:
         text = Path(path).read_text()
     else:
-        out = subprocess.run(["cargo", "run", "--quiet", "--example", "config_limits"], cwd=ROOT,
+        out = subprocess.run(["cargo", "run", "--quiet", "-p", "triage", "--example", "config_limits"], cwd=ROOT,
                              check=True, capture_output=True, text=True)
         text = out.stdout
     data = json.loads(text)
@@ -299,7 +299,7 @@ def generate_cdk_block(deployed: list[str], ranges: dict[str, Range], limits: di
     factor, most = limits["receives_per_attempt"], limits["max_receive_count_limit"]
     lines = [
         CDK_BEGIN,
-        "// from src/config.rs's limits (`cargo run --example config_limits`); `bash infra/check.sh`",
+        "// from src/config.rs's limits (`cargo run -p triage --example config_limits`); `bash infra/check.sh`",
         "// fails when this block differs from what the generator makes. Do not edit by hand.",
         "",
         "/** The policy variables passed to triage-lambda, with the configuration's defaults. */",
@@ -323,7 +323,7 @@ def generate_cdk_block(deployed: list[str], ranges: dict[str, Range], limits: di
         "/**",
         " * The receive rule (docs/deploy.md): maxReceiveCount >= RECEIVES_PER_ATTEMPT x TRIAGE_MAX_ATTEMPTS,",
         " * since deferrals (breaker open, early arrivals) count as receives. `triage setup` and the SAM",
-        " * template's Rules apply the same factor (src/ops/setup.rs).",
+        " * template's Rules apply the same factor (triage/src/ops/setup.rs).",
         " */",
         f"export const RECEIVES_PER_ATTEMPT = {factor};",
         "",
@@ -380,7 +380,7 @@ def main() -> int:
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true")
     mode.add_argument("--check", action="store_true")
-    ap.add_argument("--limits", help="the JSON of `cargo run --example config_limits` (default: run it)")
+    ap.add_argument("--limits", help="the JSON of `cargo run -p triage --example config_limits` (default: run it)")
     args = ap.parse_args()
 
     limits = read_limits(args.limits)

@@ -34,14 +34,14 @@ pub struct Config {
     pub table: Option<String>,
     /// `TRIAGE_DLQ_MAX_BYTES`: the DLQ's `MaximumMessageSize` (1024 to 1048576, SQS's range), as
     /// the stack that made the DLQ configured it. Unset: the runtime reads the DLQ's own limit
-    /// at its first DLQ send and keeps it (see [`DlqLimit`](crate::effects::dlq::DlqLimit)).
+    /// at its first DLQ send and keeps it.
     pub dlq_max_bytes: Option<usize>,
     /// `TRIAGE_QUEUE_RETENTION_S`, `TRIAGE_QUEUE_VISIBILITY_S` and `TRIAGE_QUEUE_MAX_RECEIVE`:
     /// the source queue's attributes as the stack that made it configured them, all three or
     /// none. Set, start-up does not read the source queue (see [`QueueFacts`]).
     pub source_queue: Option<QueueFacts>,
     /// How long start-up's reads may take in all, from no variable: the Lambda adapter sets
-    /// it ([`STARTUP_DEADLINE`](crate::runtime::env::STARTUP_DEADLINE)) so a stalled service
+    /// it (8 s) so a stalled service
     /// cannot run the init into Lambda's limit; `None` (the worker's) retries each read as
     /// the storage retry policy allows.
     pub startup_deadline: Option<std::time::Duration>,
@@ -62,8 +62,7 @@ pub struct Config {
     /// `TRIAGE_DONE_MARKER_TTL_S`: how long a completion marker lives (default 1 day).
     pub done_marker_ttl: Duration,
     /// `TRIAGE_HEARTBEAT_S`: seconds between the visibility heartbeat's ticks while a batch
-    /// runs (0 to 3600, default 5); `None` (`0`): no heartbeat. See
-    /// [`Processor::with_heartbeat`](crate::processor::Processor::with_heartbeat).
+    /// runs (0 to 3600, default 5); `None` (`0`): no heartbeat. See docs/handlers.md.
     pub heartbeat: Option<Duration>,
     /// `TRIAGE_EVENTBRIDGE_TYPES`: job types of EventBridge events by `detail-type`
     /// (`Detail Type=job.type;…` or a JSON object; default none). Mappings given in code

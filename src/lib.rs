@@ -59,47 +59,65 @@
 //!
 //! [`worker::run`] serves the same registry from any host, with the same variables, until
 //! SIGINT/SIGTERM; [`worker::run_with`] takes [`RunOptions`], and [`Worker`] lets you drive
-//! the polling yourself.
+//! the polling yourself ([`Worker::from_config`] builds one).
 //!
 //! # Layers
 //!
 //! For contributors, ground floor first; each imports only the ones below it. Only the items
-//! above are the library's interface; the modules below are public for the shipped binaries
-//! (`triage`, `triage-lambda`) and the integration tests, hidden from these pages, and may
-//! change in any release.
+//! above are the library's interface. The modules below are private; the non-default
+//! `internals` feature makes them public for the `triage` operator tool, the tests and the
+//! benchmarks. They are not covered by semver.
 //! 1. `core`: pure rules (envelope, classification, backoff, policy, breaker, decision);
 //! 2. `effects`: SQS and DynamoDB calls, through one storage retry policy;
 //! 3. `processor`: one batch in: read → admit and run → plan (pure) → execute → the batch
 //!    response;
-//! 4. `runtime` and `ops`: the Lambda adapter, the long-polling worker, operator actions.
+//! 4. `runtime`: the Lambda adapter and the long-polling worker.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-#[doc(hidden)]
-pub mod clock;
+/// Declares the building blocks: public with the `internals` feature, private without.
+macro_rules! internal {
+    ($($name:ident),*) => {$(
+        #[cfg(feature = "internals")]
+        pub mod $name;
+        #[cfg(not(feature = "internals"))]
+        mod $name;
+    )*};
+}
+
+internal!(clock, core, effects, processor, runtime);
 pub mod config;
-#[doc(hidden)]
-pub mod console;
-#[doc(hidden)]
-pub mod core;
-#[doc(hidden)]
-pub mod demo;
-#[doc(hidden)]
-pub mod effects;
-#[doc(hidden)]
-pub mod ops;
-#[doc(hidden)]
-pub mod processor;
-#[doc(hidden)]
-pub mod runtime;
 
 pub use crate::core::breaker::BreakerConfig;
 pub use crate::core::{Backoff, Decision, ErrorKind, FailureClass, JobError, RetryPolicy, Rules};
 pub use crate::effects::aws_errors::{from_aws_code, from_aws_error};
 pub use crate::processor::registry::{JobContext, Registry};
+pub use crate::runtime::RuntimeError;
 pub use crate::runtime::http::HttpDispatch;
 pub use crate::runtime::worker::{RunOptions, Worker};
-pub use crate::runtime::{RuntimeError, lambda, worker};
+
+pub mod lambda {
+    //! The Lambda adapter: an SQS event in, a partial batch response out. [`run`] is the whole
+    //! of a function's `main`.
+    pub use crate::runtime::lambda::{run, run_with};
+}
+
+pub mod layer {
+    //! The Lambda layer's extension, for handlers in any language (`docs/layer.md`): it serves
+    //! the Runtime API to the function's runtime and hands it one record at a time. [`run`] is
+    //! the whole of the `sqs-triage-extension` binary.
+    pub use crate::runtime::layer::run;
+}
+
+pub mod worker {
+    //! The long-polling worker: the same pipeline as the Lambda adapter, for local development
+    //! and hosts outside Lambda. [`run`] serves a registry until SIGINT/SIGTERM; [`Worker`]
+    //! lets you drive the polling yourself.
+    pub use crate::runtime::worker::{
+        DEFAULT_GIVE_UP_AFTER, DELETE_MARGIN, MIN_VISIBILITY, RECEIVE_LATENCY, RunOptions, Worker,
+        WorkerError, WorkerErrorKind, WorkerOptions, run, run_with,
+    };
+}
 
 /// The README's code blocks, compiled and checked as doctests (its library example is
 /// `examples/lambda_function.rs`; see the test below that keeps the two the same).

@@ -17,12 +17,12 @@ use serde_json::{Value, json};
 use sqs_triage::config::Config;
 use sqs_triage::core::breaker::BreakerConfig;
 use sqs_triage::core::{Decision, FailureClass, RetryPolicy};
-use sqs_triage::demo::chaos::{self, CHAOS};
-use sqs_triage::ops::Ctx;
 use sqs_triage::processor::Incoming;
 use sqs_triage::processor::registry::Registry;
 use sqs_triage::runtime::env::{build, sdk_config};
 use tokio::time::Instant;
+use triage::demo::chaos::{self, CHAOS};
+use triage::ops::Ctx;
 
 use super::{Options, Section};
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sqs_triage::clock::now_ms;
-use sqs_triage::demo::chaos::CHAOS;
+use triage::demo::chaos::CHAOS;
 
 use super::{Options, Section, median};
 
@@ -273,7 +273,7 @@ fn once(
     cargo_lambda: &Path,
     port: u16,
     event: &PathBuf,
-    created: &sqs_triage::ops::setup::SetupReport,
+    created: &triage::ops::setup::SetupReport,
     // The floor with the one read a cold `triage-lambda`'s first event makes.
     with_read: bool,
 ) -> Result<(f64, f64), String> {

@@ -11,4 +11,4 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sqs-triage/target}"
 bash infra/local/stack.sh start
 eval "$(bash infra/local/stack.sh env)"
 export RUST_LOG="${RUST_LOG:-error}"
-cargo run --quiet --bin triage -- demo "$@"
+cargo run --quiet -p triage --bin triage -- demo "$@"

@@ -27,21 +27,25 @@ eval "$(bash infra/local/stack.sh env)"
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets --quiet -- -D warnings
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+# The library as a function builds it (no `internals` feature): its own lints, dead code included.
+cargo clippy -p sqs-triage --all-targets --quiet -- -D warnings
 
 step "cargo test (unit, property and integration tests on the local stack)"
 # Benchmarks are not timed in CI: clippy builds them, tests/it/bench_smoke.rs runs the report on a
 # tiny input. The integration tests are one binary, tests/it (a module per area); the chaos run is
-# its own, tests/chaos.
+# its own, tests/chaos. Both are targets of the `triage` package (they run its binaries).
 # The chaos run writes its accounting table here; it is printed after the tests, pass or fail.
 export CHAOS_TABLE="${CHAOS_TABLE:-$CARGO_TARGET_DIR/chaos-table.md}"
 rm -f "$CHAOS_TABLE"
 status=0
-cargo test --lib --bins --tests --examples --no-fail-fast || status=$?
+cargo test --workspace --lib --bins --tests --examples --no-fail-fast || status=$?
 # The crate page's and the README's examples are doctests; the docs must have no broken link.
-cargo test --doc --no-fail-fast || status=$?
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --quiet || status=$?
+# The library's page is built as a function sees it: default features.
+cargo test --doc -p sqs-triage --no-fail-fast || status=$?
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p sqs-triage --lib --quiet || status=$?
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p triage --lib --quiet || status=$?
 # The markdown pages' relative links resolve, and their opening summaries stay short.
 python3 infra/local/docs_check.py || status=$?
 

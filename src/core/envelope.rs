@@ -35,7 +35,7 @@ use thiserror::Error;
 /// Message attribute that names the job type for bodies that are not envelopes.
 pub const JOB_TYPE_ATTRIBUTE: &str = "job-type";
 /// Message attribute that carries the job id for bodies that are not envelopes.
-pub(crate) const JOB_ID_ATTRIBUTE: &str = "job-id";
+pub const JOB_ID_ATTRIBUTE: &str = "job-id";
 /// SQS's maximum message size (1 MiB since August 2025).
 pub const SQS_MAX_MESSAGE_BYTES: usize = 1_048_576;
 /// Longest accepted job type; job types become metric dimensions and key parts.
@@ -89,6 +89,7 @@ impl Payload {
     }
 
     /// The payload as a JSON value.
+    #[cfg(any(test, feature = "internals"))]
     pub fn into_value(self) -> Value {
         match self {
             Self::Value(v) => v,
@@ -279,6 +280,7 @@ impl Default for EnvelopeLimits {
 /// Reads a job from a record body and its `job-type` / `job-id` attributes, unwrapping SNS
 /// notifications and EventBridge events (with no [`EventBridgeTypes`] mapping: see
 /// [`parse_with`]).
+#[cfg(any(test, feature = "internals"))]
 pub fn parse(
     body: &str,
     type_attribute: Option<&str>,

@@ -76,7 +76,7 @@ impl FailureRecord {
     /// cut (on a character boundary, marked with `…[truncated]` when the mark fits too) so the
     /// whole record is at most `max_bytes`. Returns `None` only when even an empty error text
     /// does not fit.
-    pub(crate) fn to_json_within(&self, max_bytes: usize) -> Option<String> {
+    pub fn to_json_within(&self, max_bytes: usize) -> Option<String> {
         let to_json = |r: &FailureRecord| serde_json::to_string(r).ok().map(sqs_text::json);
         let full = to_json(self)?;
         if full.len() <= max_bytes {

@@ -14,11 +14,14 @@ pub mod redrive;
 pub mod sqs_text;
 
 pub use backoff::Backoff;
-pub use decision::{
-    Decision, DeferReason, Gate, Inputs, Ledger, RecordFacts, Settled, StoredAttempts, Verdict, admit,
-    invalid, settle,
-};
+pub use decision::{Decision, Gate, Inputs, Ledger, RecordFacts, Verdict, admit, invalid, settle};
+// Shorter paths for the operator tool and the tests; the library names these by module.
+#[cfg(feature = "internals")]
+pub use decision::{DeferReason, Settled, StoredAttempts};
+#[cfg(feature = "internals")]
 pub use envelope::{EnvelopeError, EnvelopeLimits, EventBridgeTypes, Job, Wrapper};
 pub use error::{ErrorKind, JobError, Rules};
-pub use failure::{FailureClass, FailureRecord};
+pub use failure::FailureClass;
+#[cfg(feature = "internals")]
+pub use failure::FailureRecord;
 pub use policy::{PolicyError, RetryPolicy};

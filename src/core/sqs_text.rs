@@ -4,11 +4,13 @@
 //! every JSON text the product builds for SQS goes through [`json`].
 
 /// Whether SQS takes `c` in a message body or string attribute value.
+#[cfg(any(test, feature = "internals"))]
 pub fn takes(c: char) -> bool {
     matches!(c as u32, 0x9 | 0xA | 0xD | 0x20..=0xD7FF | 0xE000..=0xFFFD | 0x10000..=0x10FFFF)
 }
 
 /// The first character of `s` SQS refuses, if any.
+#[cfg(any(test, feature = "internals"))]
 pub fn refused(s: &str) -> Option<char> {
     s.chars().find(|c| !takes(*c))
 }

@@ -101,6 +101,7 @@ pub(crate) fn code_class(code: &str) -> Option<CodeClass> {
 }
 
 /// True when the code is a throttling code.
+#[cfg(any(test, feature = "internals"))]
 pub fn is_throttling_code(code: &str) -> bool {
     code_class(code) == Some(CodeClass::Throttling)
 }
@@ -137,7 +138,7 @@ pub fn from_aws_code(code: Option<&str>, message: impl fmt::Display) -> JobError
 ///     .table_name("t")
 ///     .send()
 ///     .await
-///     .map_err(|e| sqs_triage::effects::from_aws_error(&e))?;
+///     .map_err(|e| sqs_triage::from_aws_error(&e))?;
 /// # Ok(())
 /// # }
 /// ```

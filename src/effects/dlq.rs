@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 
+#[cfg(any(test, feature = "internals"))]
 use aws_sdk_sqs::primitives::Blob;
 use aws_sdk_sqs::types::MessageAttributeValue;
 use serde::{Deserialize, Serialize};
@@ -244,6 +245,7 @@ pub fn dlq_copy(
 }
 
 /// The failure record a DLQ message carries, if any.
+#[cfg(any(test, feature = "internals"))]
 pub fn failure_record(
     attrs: &HashMap<String, MessageAttributeValue>,
 ) -> Option<Result<FailureRecord, String>> {
@@ -253,6 +255,7 @@ pub fn failure_record(
 
 /// True when `attrs` are shaped as [`dlq_copy`] packs them: `triage-attributes` and
 /// `triage-failure`, nothing else.
+#[cfg(any(test, feature = "internals"))]
 pub(crate) fn is_packed(attrs: &HashMap<String, MessageAttributeValue>) -> bool {
     attrs.len() == 2 && attrs.contains_key(PACKED_ATTRIBUTE) && attrs.contains_key(FAILURE_ATTRIBUTE)
 }
@@ -261,6 +264,7 @@ pub(crate) fn is_packed(attrs: &HashMap<String, MessageAttributeValue>) -> bool 
 /// them, without the reserved ones. `triage-attributes` is unpacked only from a message shaped
 /// as [`dlq_copy`] packs it; anywhere else (a producer set it, and SQS's own redrive moved the
 /// message) it is dropped with `triage-failure` and the other attributes are kept.
+#[cfg(any(test, feature = "internals"))]
 pub fn original_attributes(
     attrs: &HashMap<String, MessageAttributeValue>,
 ) -> Result<HashMap<String, MessageAttributeValue>, DlqCopyError> {

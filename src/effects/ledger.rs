@@ -248,7 +248,7 @@ pub struct Waiting<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Parked {
     /// Parked now, or already parked (the item as it is after the write).
-    Parked(LedgerItem),
+    Now(LedgerItem),
     /// The job has a ledger but does not wait for a retry (no `next_attempt_at`), or is done.
     NotWaiting(LedgerItem),
     /// The job has no ledger item.
@@ -353,7 +353,7 @@ fn num(v: u64) -> AttributeValue {
 }
 
 /// Cuts `text` to at most `max` bytes at a character boundary.
-pub(crate) fn truncate(text: &str, max: usize) -> &str {
+pub fn truncate(text: &str, max: usize) -> &str {
     if text.len() <= max {
         return text;
     }
@@ -1158,7 +1158,7 @@ impl AttemptLedger {
         };
         match resp {
             Ok(out) => Ok(match out.attributes().and_then(LedgerItem::parse) {
-                Some(i) => Parked::Parked(fill(i)),
+                Some(i) => Parked::Now(fill(i)),
                 None => Parked::NoLedger,
             }),
             Err(e) if e.is_conditional_check_failed() => match self.show(job_type, job_id).await? {

@@ -11,4 +11,5 @@ pub mod sqs;
 pub mod storage_retry;
 pub mod table;
 
+#[cfg(feature = "internals")]
 pub use aws_errors::{from_aws_code, from_aws_error};

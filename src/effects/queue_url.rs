@@ -73,7 +73,7 @@ fn is_region(label: &str) -> bool {
 
 /// True when two queue URLs name one queue: the same text but for a trailing `/`, or the same
 /// queue by [`QueueUrl::same_queue`].
-pub(crate) fn urls_name_one_queue(a: &str, b: &str) -> bool {
+pub fn urls_name_one_queue(a: &str, b: &str) -> bool {
     let norm = |u: &str| u.trim().trim_end_matches('/').to_owned();
     norm(a) == norm(b)
         || url_parts(a)

@@ -25,7 +25,7 @@ use super::dlq::attribute_size;
 use super::storage_retry::{BatchStep, StorageError, StorageRetry};
 
 /// SQS's limit of entries per batch call.
-pub(crate) const BATCH_LIMIT: usize = 10;
+pub const BATCH_LIMIT: usize = 10;
 /// SQS's limit on a SendMessageBatch's payload: the bodies and message attributes (name, data
 /// type and value) of all its entries together, 1 MiB.
 pub const BATCH_BYTES: usize = 1_048_576;
@@ -78,7 +78,7 @@ pub struct Outgoing {
 impl Outgoing {
     /// Bytes this message counts toward a batch's [`BATCH_BYTES`]: its body and every
     /// attribute's name, data type and value.
-    pub(crate) fn payload_bytes(&self) -> usize {
+    pub fn payload_bytes(&self) -> usize {
         self.body.len()
             + self
                 .attributes
@@ -275,7 +275,8 @@ impl Sqs {
     }
 
     /// Changes the visibility of received messages: `(key, receipt handle, seconds)`.
-    pub(crate) async fn change_visibility(
+    #[cfg(any(test, feature = "internals"))]
+    pub async fn change_visibility(
         &self,
         queue_url: &str,
         entries: Vec<(usize, String, i32)>,

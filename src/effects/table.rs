@@ -19,25 +19,29 @@
 //! stored as the item's `job_id` and `job_type` attributes.
 
 use std::collections::HashMap;
+#[cfg(feature = "internals")]
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::AttributeValue;
+// Creating the table is the operator tool's (`triage setup`) and the tests'.
+#[cfg(feature = "internals")]
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-    TableStatus, TimeToLiveSpecification, TimeToLiveStatus,
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
+    TimeToLiveSpecification, TimeToLiveStatus,
 };
 use sha2::{Digest, Sha256};
 
 use super::storage_retry::{StorageError, StorageRetry};
 
 /// Partition key attribute.
-pub(crate) const PK: &str = "pk";
+pub const PK: &str = "pk";
 /// Sort key attribute.
-pub(crate) const SK: &str = "sk";
+pub const SK: &str = "sk";
 /// TTL attribute (epoch seconds) on every item.
-pub(crate) const TTL_ATTRIBUTE: &str = "expires_at";
+pub const TTL_ATTRIBUTE: &str = "expires_at";
 /// Sort key of a breaker item.
-pub(crate) const BREAKER_SK: &str = "state";
+pub const BREAKER_SK: &str = "state";
 /// DynamoDB's longest partition key value, in bytes.
 pub const PK_MAX_BYTES: usize = 2048;
 /// DynamoDB's longest sort key value, in bytes.
@@ -130,11 +134,13 @@ pub(crate) async fn get_consistent(
 /// Creates the table if it does not exist, waits until it is ACTIVE and enables TTL on
 /// `expires_at`. Idempotent: an existing table is verified (key schema, TTL attribute) and
 /// its TTL enabled if it is off; TTL enabled meanwhile by a concurrent caller is success.
+#[cfg(feature = "internals")]
 pub async fn create_table(client: &Client, name: &str) -> Result<(), TableError> {
     create_table_with(client, &StorageRetry::default(), name, Duration::from_secs(120)).await
 }
 
 /// Why [`create_table`] could not leave a usable table.
+#[cfg(feature = "internals")]
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
     /// A DynamoDB call failed after the storage retries.
@@ -150,7 +156,8 @@ pub enum TableError {
 }
 
 /// [`create_table`] with a given retry policy and the longest wait for ACTIVE.
-pub(crate) async fn create_table_with(
+#[cfg(feature = "internals")]
+pub async fn create_table_with(
     client: &Client,
     retry: &StorageRetry,
     name: &str,
@@ -302,6 +309,7 @@ pub(crate) async fn create_table_with(
 }
 
 /// Deletes the table (tests and teardown). A missing table is fine.
+#[cfg(feature = "internals")]
 pub async fn delete_table(client: &Client, name: &str) -> Result<(), StorageError> {
     match StorageRetry::default()
         .call("DeleteTable", None, || {

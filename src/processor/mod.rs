@@ -61,8 +61,11 @@ use crate::effects::ledger::AttemptLedger;
 use crate::effects::metrics::Metrics;
 use crate::effects::sqs::Sqs;
 use heartbeat::Hold;
-pub use heartbeat::{DEADLINE_SLACK, DEFAULT_HEARTBEAT, TICKS_AHEAD, extension};
+pub use heartbeat::{DEFAULT_HEARTBEAT, TICKS_AHEAD};
+#[cfg(feature = "internals")]
+pub use heartbeat::{DEADLINE_SLACK, extension};
 use lost::LostCounts;
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub use plan::{Effects, Plan, Step};
 #[doc(hidden)]

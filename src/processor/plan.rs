@@ -302,7 +302,8 @@ mod tests {
     use crate::core::envelope::EnvelopeLimits;
     use crate::core::error::ErrorKind;
     use crate::core::failure::{FAILURE_ATTRIBUTE, FailureClass};
-    use crate::core::{Decision, DeferReason, Ledger, StoredAttempts};
+    use crate::core::decision::{DeferReason, StoredAttempts};
+    use crate::core::{Decision, Ledger};
     use crate::effects::ledger::AttemptLedger;
     use crate::effects::sqs::Sqs;
     use crate::effects::storage_retry::StorageRetry;

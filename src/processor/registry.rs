@@ -94,8 +94,8 @@ pub struct Registry {
 impl Default for Registry {
     /// An empty registry whose defaults are the runtime's configuration: the `TRIAGE_*`
     /// policy and breaker variables, applied when the runtime starts
-    /// ([`lambda::run`](crate::runtime::lambda::run), [`worker::run`](crate::runtime::worker::run),
-    /// or [`build`](crate::runtime::env::build) with a [`Config`](crate::config::Config)).
+    /// ([`lambda::run`](crate::lambda::run), [`worker::run`](crate::worker::run), or the
+    /// runtimes' start-up with a [`Config`](crate::config::Config)).
     /// Until then (and for a processor built without a configuration) they are
     /// [`RetryPolicy::default`] and [`BreakerConfig::default`], the values of unset variables.
     fn default() -> Self {
@@ -137,7 +137,7 @@ impl Registry {
     /// without running the handler. Off by default: without it a success makes no write.
     /// Costs one ledger read per batch holding such a job type, first deliveries included.
     /// Wins over `TRIAGE_DONE_MARKER_TYPES` / `TRIAGE_DONE_MARKER_TTL_S` for this job type.
-    /// `ttl` is kept within 1 s and [`MAX_DONE_MARKER_TTL`] (15 days).
+    /// `ttl` is kept within 1 s and 15 days.
     pub fn done_marker(mut self, job_type: impl Into<String>, ttl: Duration) -> Self {
         self.done_markers.insert(job_type.into(), marker_ttl(ttl));
         self

@@ -553,7 +553,7 @@ fn max_receive_count(policy: &str) -> Option<u32> {
 /// directives), else `info`. Unlike that subscriber, text carries colour codes only when
 /// stderr is a terminal: CloudWatch, files and pipes show them as garbage. Lines go to
 /// stderr, keeping stdout for EMF metric lines.
-pub(crate) fn init_tracing() {
+pub fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let lambda_level = std::env::var("AWS_LAMBDA_LOG_LEVEL")
         .ok()

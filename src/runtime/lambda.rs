@@ -10,7 +10,9 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_config::SdkConfig;
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use aws_lambda_events::event::sqs::SqsBatchResponse;
+#[cfg(feature = "internals")]
+use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Context, LambdaEvent, service_fn};
 use serde::Deserialize;
 use serde_json::Value;
@@ -71,6 +73,7 @@ fn time_left(deadline: SystemTime, now: SystemTime) -> Duration {
 }
 
 /// Handles one typed event: see [`handle_json`], which it calls with the event as JSON.
+#[cfg(feature = "internals")]
 pub async fn handle(
     processor: &Processor,
     event: LambdaEvent<SqsEvent>,
@@ -213,6 +216,7 @@ pub async fn handle_raw(
 
 /// The records of an SQS event given as its JSON text, read as [`handle_raw`] reads them (a
 /// FIFO group's records are not held back here): for benchmarks and tools.
+#[cfg(any(test, feature = "internals"))]
 pub fn read_records(event: &str) -> Result<Vec<Result<Incoming, UnreadableRecord>>, RuntimeError> {
     let records = read_raw(event).ok_or(NOT_SQS)?;
     Ok(records.into_iter().map(RawRecord::read).collect())

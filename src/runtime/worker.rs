@@ -185,6 +185,23 @@ fn at_least_min(url: &str, v: Duration) -> Duration {
 }
 
 impl Worker {
+    /// A worker for `registry` with `config` (e.g. [`Config::from_env`]): builds the clients
+    /// from `sdk` and checks the queues and the table once, as [`run`] does at start-up. An
+    /// unusable configuration is an error before any receive. Logging and the panic hook are
+    /// the caller's.
+    pub async fn from_config(
+        config: &Config,
+        registry: Registry,
+        sdk: &aws_config::SdkConfig,
+    ) -> Result<Self, RuntimeError> {
+        let env = build(config, registry, sdk).await?;
+        let opts = WorkerOptions {
+            emf: config.emf,
+            ..WorkerOptions::default()
+        };
+        Ok(Self::new(env, opts))
+    }
+
     /// A worker polling `env`'s source queue, one batch in flight per [`run`](Self::run),
     /// giving up after [`DEFAULT_GIVE_UP_AFTER`] of permanent receive failures.
     pub fn new(env: Environment, opts: WorkerOptions) -> Self {
@@ -218,8 +235,7 @@ impl Worker {
         self
     }
 
-    /// Sets the visibility heartbeat of this worker's batches (see
-    /// [`Processor::with_heartbeat`](crate::processor::Processor::with_heartbeat); `None`: off).
+    /// Sets the visibility heartbeat of this worker's batches (`None`: off; docs/handlers.md).
     /// With it, a handler runs past the receive's visibility timeout while every extension
     /// succeeds, up to SQS's 12-hour limit; without it, a handler still running near the end of
     /// the visibility timeout is stopped (a transient failure).
@@ -659,16 +675,10 @@ async fn serve(
     sdk: &aws_config::SdkConfig,
     opts: RunOptions,
 ) -> Result<(), RuntimeError> {
-    let env = build(config, registry, sdk).await?;
-    let worker = Worker::new(
-        env,
-        WorkerOptions {
-            emf: config.emf,
-            ..WorkerOptions::default()
-        },
-    )
-    .with_batches(opts.batches)
-    .with_give_up_after(opts.give_up_after);
+    let worker = Worker::from_config(config, registry, sdk)
+        .await?
+        .with_batches(opts.batches)
+        .with_give_up_after(opts.give_up_after);
     let visibility = worker.visibility_timeout().await?;
     tracing::info!(
         queue = %worker.env.queue_url,

@@ -31,7 +31,8 @@ fi
   fi
 )
 
-cargo build --quiet --bin triage --example incident_worker
+# One build: the library once, with the features the `triage` binary enables.
+cargo build --quiet -p triage -p sqs-triage --bin triage --example incident_worker
 
 if [ -z "${AWS_ENDPOINT_URL_SQS:-}" ]; then
   eval "$(bash infra/local/stack.sh env)"

@@ -11,8 +11,8 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::SqsBatchResponse;
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
 use serde_json::Value;
-use sqs_triage::demo::chaos;
 use tokio::sync::watch;
+use triage::demo::chaos;
 
 use super::support::lambda_event::lambda_event_json;
 use super::support::runtime_api::{Outcome, RuntimeApi};

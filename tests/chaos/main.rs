@@ -41,16 +41,16 @@ use serde_json::{Value, json};
 use sqs_triage::config::Config;
 use sqs_triage::core::breaker::Phase;
 use sqs_triage::core::failure::FailureClass;
-use sqs_triage::demo::chaos::{self, Recorder};
 use sqs_triage::effects::breaker_store::BreakerStore;
 use sqs_triage::effects::dlq::failure_record;
 use sqs_triage::effects::storage_retry::StorageRetry;
-use sqs_triage::ops::Ctx;
 use sqs_triage::processor::registry::Registry;
 use sqs_triage::runtime::env::{Environment, build};
 use sqs_triage::runtime::worker::{Worker, WorkerOptions};
 use support::fault_proxy::{Fault, FaultPlan, FaultProxy, FaultRule};
 use tokio::sync::watch;
+use triage::demo::chaos::{self, Recorder};
+use triage::ops::Ctx;
 
 const MAX_ATTEMPTS: u32 = 5;
 /// Visibility timeout of the source queue: how soon a message comes back after a crash.

@@ -14,8 +14,8 @@ use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use serde_json::{Value, json};
 use sqs_triage::core::failure::{FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::dlq_copy;
-use sqs_triage::ops::Ctx;
-use sqs_triage::ops::audit::{self, AuditEntry};
+use triage::ops::Ctx;
+use triage::ops::audit::{self, AuditEntry};
 
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
 

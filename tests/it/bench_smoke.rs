@@ -11,7 +11,7 @@ use std::path::Path;
 #[test]
 fn the_report_runs_on_a_tiny_input_and_prints_every_table() {
     let opts = report::Options::full(
-        Path::new(env!("CARGO_MANIFEST_DIR")),
+        crate::support::repo_root(),
         Path::new(env!("CARGO_BIN_EXE_triage-lambda")),
     )
     .parse(&[

@@ -20,8 +20,8 @@ use sqs_triage::core::failure::{FAILURE_ATTRIBUTE, FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::{PACKED_ATTRIBUTE, dlq_copy};
 use sqs_triage::effects::storage_retry::sqs_config;
 use sqs_triage::effects::table::ledger_key;
-use sqs_triage::ops::output::Report;
-use sqs_triage::ops::{Ctx, dlq};
+use triage::ops::output::Report;
+use triage::ops::{Ctx, dlq};
 
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
 

@@ -15,8 +15,8 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 use sqs_triage::core::failure::{FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::dlq_copy;
-use sqs_triage::ops::setup::SetupReport;
-use sqs_triage::ops::{Ctx, audit, breaker};
+use triage::ops::setup::SetupReport;
+use triage::ops::{Ctx, audit, breaker};
 
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
 
@@ -1166,7 +1166,7 @@ async fn the_token_cookie_never_reaches_another_server_on_this_host() {
     )
     .await;
     assert_eq!(api.status, 200, "{}", api.body);
-    assert!(include_str!("../../src/console/assets/console.js").contains("location.pathname"));
+    assert!(include_str!("../../triage/src/console/assets/console.js").contains("location.pathname"));
     // The prefix with a slash leads to the overview.
     let slash = http(
         "GET",

@@ -26,8 +26,8 @@ use sqs_triage::core::failure::{FAILURE_ATTRIBUTE, FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::dlq_copy;
 use sqs_triage::effects::storage_retry::sqs_config;
 use sqs_triage::effects::table::ledger_key;
-use sqs_triage::ops::setup::SetupReport;
-use sqs_triage::ops::{Ctx, dlq};
+use triage::ops::setup::SetupReport;
+use triage::ops::{Ctx, dlq};
 
 fn group_of(m: &Message) -> Option<&str> {
     m.attributes()
@@ -1142,7 +1142,7 @@ async fn a_hold_lost_during_the_send_deletes_nothing_and_says_so() {
         0,
         "no delete with a stale handle"
     );
-    let problem = sqs_triage::ops::output::Report::problem(&report).expect("a problem line");
+    let problem = triage::ops::output::Report::problem(&report).expect("a problem line");
     assert!(
         problem.contains("may still be in the DLQ")
             && problem.contains(&dlq_id)
@@ -1196,7 +1196,7 @@ async fn an_editor_left_open_lets_the_message_go_after_the_longest_hold() {
     }
     drop(go);
     let e = task.await.unwrap().unwrap_err();
-    assert_eq!(e.kind, sqs_triage::ops::ErrorKind::Failed, "{e}");
+    assert_eq!(e.kind, triage::ops::ErrorKind::Failed, "{e}");
     assert!(e.message.contains("open longer than 2s"), "{e}");
     let kept = e
         .message

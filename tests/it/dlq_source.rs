@@ -19,7 +19,7 @@ use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use serde_json::{Value, json};
 use sqs_triage::core::failure::{FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::dlq_copy;
-use sqs_triage::ops::setup::SetupReport;
+use triage::ops::setup::SetupReport;
 
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
 

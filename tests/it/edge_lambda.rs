@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sqs_triage::core::failure::FailureClass;
 use sqs_triage::effects::dlq::failure_record;
-use sqs_triage::ops::setup::SetupReport;
+use triage::ops::setup::SetupReport;
 
 use support::runtime_api::{Outcome, RuntimeApi};
 
@@ -305,7 +305,7 @@ async fn on_a_fifo_queue_an_unreadable_record_holds_back_the_rest_of_its_group()
 #[tokio::test(flavor = "multi_thread")]
 async fn the_sqs_event_corpus_gets_a_batch_response_per_event() {
     let created = support::fresh_resources("edge-corpus", false).await;
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/sqs_event");
+    let dir = support::repo_root().join("tests/corpus/sqs_event");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -168,12 +168,12 @@ async fn a_deferral_on_the_last_receive_is_dead_lettered_with_a_record() {
         sqs_triage::effects::storage_retry::StorageRetry::default(),
     );
     store
-        .force_open(sqs_triage::demo::chaos::CHAOS, None, sqs_triage::clock::now_ms())
+        .force_open(triage::demo::chaos::CHAOS, None, sqs_triage::clock::now_ms())
         .await
         .unwrap();
     // Rebuild the processor so it reads the new redrive policy at start-up.
     let env = env_for(&h, fast_policy(5), &h.dlq_url).await;
-    let body = json!({"type": sqs_triage::demo::chaos::CHAOS, "id": "held", "payload": {}}).to_string();
+    let body = json!({"type": triage::demo::chaos::CHAOS, "id": "held", "payload": {}}).to_string();
     h.send_raw(&[(&body, None)]).await;
     let mut deliveries = 0;
     for _ in 0..20 {
@@ -259,7 +259,7 @@ async fn env_with(
     config.dlq_url = Some(dlq_url.to_owned());
     config.table = Some(h.table.clone());
     config.source_queue = facts;
-    let registry = sqs_triage::demo::chaos::register(
+    let registry = triage::demo::chaos::register(
         sqs_triage::processor::registry::Registry::new(policy.clone(), quiet_breaker()),
         policy.clone(),
         quiet_breaker(),
@@ -268,7 +268,7 @@ async fn env_with(
         support::pipeline::RECORDED,
         policy,
         quiet_breaker(),
-        |p: sqs_triage::demo::chaos::ChaosPayload, ctx| sqs_triage::demo::chaos::run(p, ctx),
+        |p: triage::demo::chaos::ChaosPayload, ctx| triage::demo::chaos::run(p, ctx),
     );
     sqs_triage::runtime::env::build(&config, registry, &sdk)
         .await
@@ -581,7 +581,7 @@ async fn a_receive_past_the_configured_limit_is_counted() {
     };
     let env = env_with(&h, fast_policy(5), &h.dlq_url, Some(facts)).await;
     let body = |id: &str| {
-        json!({"type": sqs_triage::demo::chaos::CHAOS, "id": id, "payload": {"outcome": "ok"}}).to_string()
+        json!({"type": triage::demo::chaos::CHAOS, "id": id, "payload": {"outcome": "ok"}}).to_string()
     };
     h.send_raw(&[(&body("past"), None)]).await;
     let past_limit =
@@ -648,7 +648,7 @@ async fn records_from_another_queue_than_the_configured_one_are_counted() {
     .await;
     let env = env_for(&h, fast_policy(5), &h.dlq_url).await;
     let body = |id: &str| {
-        json!({"type": sqs_triage::demo::chaos::CHAOS, "id": id, "payload": {"outcome": "ok"}}).to_string()
+        json!({"type": triage::demo::chaos::CHAOS, "id": id, "payload": {"outcome": "ok"}}).to_string()
     };
     h.send_raw(&[(&body("a"), None), (&body("b"), None)]).await;
     let messages = take(&h, 2).await;

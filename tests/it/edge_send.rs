@@ -487,11 +487,11 @@ fn the_unsent_file_keeps_its_permissions() {
     let existing = dir.join("jobs.ndjson");
     std::fs::write(&existing, "{}\n").unwrap();
     std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o600)).unwrap();
-    sqs_triage::ops::send::write_unsent(&existing, "{\"type\":\"t\"}\n").unwrap();
+    triage::ops::send::write_unsent(&existing, "{\"type\":\"t\"}\n").unwrap();
     let mode = std::fs::metadata(&existing).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     let fresh = dir.join("fresh.ndjson");
-    sqs_triage::ops::send::write_unsent(&fresh, "x\n").unwrap();
+    triage::ops::send::write_unsent(&fresh, "x\n").unwrap();
     let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     std::fs::remove_dir_all(&dir).unwrap();

@@ -16,10 +16,10 @@ use serde_json::json;
 use sqs_triage::core::failure::{FAILURE_ATTRIBUTE, FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::{PACKED_ATTRIBUTE, dlq_copy};
 use sqs_triage::effects::ledger::Delivery;
-use sqs_triage::ops::Ctx;
-use sqs_triage::ops::dlq::{self, Filter, ReplayOptions};
 use support::fault_proxy::{Fault, FaultProxy, FaultRule};
 use support::pipeline::{Harness, Options, RECORDED};
+use triage::ops::Ctx;
+use triage::ops::dlq::{self, Filter, ReplayOptions};
 
 /// SQS's cap on one batch call's payload.
 const CAP: usize = 1_048_576;

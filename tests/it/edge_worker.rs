@@ -21,14 +21,14 @@ use aws_smithy_types::config_bag::ConfigBag;
 use serde_json::json;
 use sqs_triage::config::Config;
 use sqs_triage::core::Decision;
-use sqs_triage::demo::chaos;
 use sqs_triage::effects::ledger::AttemptLedger;
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb_config, sqs_config};
-use sqs_triage::ops::setup::SetupReport;
 use sqs_triage::processor::registry::Registry;
 use sqs_triage::runtime::env::{build, build_with};
 use sqs_triage::runtime::worker::{Worker, WorkerOptions};
 use support::fault_proxy::{Fault, FaultProxy, FaultRule};
+use triage::demo::chaos;
+use triage::ops::setup::SetupReport;
 
 /// The flag `triage worker` needs to run the built-in demo job type.
 const DEMO: &str = "--demo-handlers";

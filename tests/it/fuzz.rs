@@ -7,7 +7,6 @@
 //! `tests/corpus/{envelope,sqs_event}` is replayed on every run; `PROPTEST_CASES` scales
 //! the random part (CI runs the default, a few seconds).
 
-use std::path::Path;
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsEvent;
@@ -158,9 +157,7 @@ fn envelope_bytes(bytes: &[u8], job_type: Option<String>) {
 }
 
 fn corpus(dir: &str) -> Vec<(String, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/corpus")
-        .join(dir);
+    let dir = crate::support::repo_root().join("tests/corpus").join(dir);
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())

@@ -21,7 +21,6 @@ use serde_json::{Value, json};
 use sqs_triage::config::Config;
 use sqs_triage::core::Backoff;
 use sqs_triage::core::policy::RetryPolicy;
-use sqs_triage::demo::chaos;
 use sqs_triage::effects::ledger::AttemptLedger;
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client};
 use sqs_triage::effects::storage_retry::{dynamodb_config, sqs_config};
@@ -30,6 +29,7 @@ use sqs_triage::runtime::env::build_with;
 use support::fault_proxy::{Fault, FaultProxy, FaultRule};
 use support::pipeline::{Harness, Options, failed_ids, quiet_breaker};
 use support::runtime_api::{Outcome, RuntimeApi};
+use triage::demo::chaos;
 
 /// The queue's visibility timeout in the long-handler tests.
 const VISIBILITY_S: u64 = 8;

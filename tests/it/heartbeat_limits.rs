@@ -280,7 +280,7 @@ async fn a_lambda_batch_is_not_extended_to_the_same_moment_tick_after_tick() {
     })
     .await;
     let job = |id: &str| {
-        json!({"type": sqs_triage::demo::chaos::CHAOS, "id": id, "payload": {"outcome": "ok", "sleep_ms": 7_000}})
+        json!({"type": triage::demo::chaos::CHAOS, "id": id, "payload": {"outcome": "ok", "sleep_ms": 7_000}})
             .to_string()
     };
     let (a, b) = (job("l1"), job("l2"));

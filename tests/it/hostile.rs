@@ -20,13 +20,13 @@ use sqs_triage::clock::now_ms;
 use sqs_triage::config::Config;
 use sqs_triage::core::JobError;
 use sqs_triage::core::failure::{FailureClass, FailureRecord};
-use sqs_triage::demo::chaos;
 use sqs_triage::effects::dlq::{MAX_ATTRIBUTES, attribute_size, failure_record, original_attributes};
-use sqs_triage::ops::Ctx;
 use sqs_triage::processor::registry::{JobContext, Registry};
 use sqs_triage::runtime::env::{Environment, build};
 use sqs_triage::runtime::lambda;
 use sqs_triage::runtime::worker::{Worker, WorkerOptions};
+use triage::demo::chaos;
+use triage::ops::Ctx;
 
 const SECRET: &str = "hunter2-SECRET-7f3a";
 /// A job type whose handler fails fatally with an error text as long as its payload says.

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use sqs_triage::effects::storage_retry::{FailureKind, StorageRetry, StorageRetryConfig, sqs_config};
-use sqs_triage::ops::Ctx;
-use sqs_triage::ops::dlq;
-use sqs_triage::ops::output::Report;
 use support::fault_proxy::{Fault, FaultProxy, FaultRule};
+use triage::ops::Ctx;
+use triage::ops::dlq;
+use triage::ops::output::Report;
 
 /// SQS's answer to a receive from a queue at its in-flight limit.
 fn over_limit() -> Fault {

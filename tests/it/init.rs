@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
+/// The library package: the repository's root, the `triage` package's parent.
+const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 /// A fresh folder under the system's temp folder, removed on drop.
 struct TempDir(PathBuf);
@@ -105,6 +106,22 @@ fn init_writes_the_crate_and_reports_its_files() {
     assert!(
         sam.contains("\n  BinaryName:\n") && sam.contains("    Default: thumbnails\n"),
         "BinaryName default"
+    );
+}
+
+/// Without `--path`, the crate depends on the library package this `triage` was built from:
+/// the repository's root, not the operator tool's own package.
+#[test]
+fn without_a_path_the_crate_depends_on_the_library_package() {
+    let tmp = TempDir::new("init-default");
+    let dir = tmp.0.join("jobs");
+    let out = init(&["jobs", "--dir", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "init failed: {}", text(&out.stderr));
+    let cargo = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+    let library = std::fs::canonicalize(REPO).unwrap();
+    assert!(
+        cargo.contains(&format!("sqs-triage = {{ path = \"{}\" }}", library.display())),
+        "{cargo}"
     );
 }
 

@@ -22,7 +22,7 @@ impl Drop for Watch {
 }
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    crate::support::repo_root().to_path_buf()
 }
 
 fn cargo_lambda() -> PathBuf {

@@ -16,8 +16,8 @@ use aws_sdk_sqs::types::Message;
 use serde_json::{Value, json};
 use sqs_triage::core::failure::FailureClass;
 use sqs_triage::effects::dlq::failure_record;
-use sqs_triage::ops::setup::SetupReport;
 use support::runtime_api::{Outcome, RuntimeApi};
+use triage::ops::setup::SetupReport;
 
 const JOB_TYPE: &str = "layer.job";
 

@@ -520,9 +520,9 @@ async fn a_type_taken_out_of_the_markers_has_its_retries_run() {
         RECORDED,
         policy,
         breaker,
-        move |p: sqs_triage::demo::chaos::ChaosPayload, ctx: sqs_triage::processor::registry::JobContext| {
+        move |p: triage::demo::chaos::ChaosPayload, ctx: sqs_triage::processor::registry::JobContext| {
             log.lock().unwrap().push((ctx.job_id.clone(), ctx.attempt));
-            sqs_triage::demo::chaos::run(p, ctx)
+            triage::demo::chaos::run(p, ctx)
         },
     );
     let env = sqs_triage::runtime::env::build_with(

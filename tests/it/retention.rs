@@ -31,13 +31,13 @@ use sqs_triage::config::{Config, QueueFacts};
 use sqs_triage::core::Decision;
 use sqs_triage::core::breaker::BreakerConfig;
 use sqs_triage::core::failure::FailureClass;
-use sqs_triage::demo::chaos::{self, ChaosPayload};
 use sqs_triage::effects::storage_retry::{dynamodb_config, sqs_config};
 use sqs_triage::processor::registry::{JobContext, Registry};
 use sqs_triage::runtime::env::{Environment, build_with};
 use sqs_triage::runtime::worker::{Worker, WorkerOptions};
 use support::fault_proxy::{Fault, FaultProxy};
 use support::pipeline::{Harness, Options, failed_ids, fast_policy};
+use triage::demo::chaos::{self, ChaosPayload};
 
 /// The retention the product is told the queue has, and that the test enforces.
 const RETENTION: Duration = Duration::from_secs(20);

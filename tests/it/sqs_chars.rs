@@ -14,9 +14,9 @@ use serde_json::json;
 use sqs_triage::core::JobError;
 use sqs_triage::core::failure::{FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::{dlq_copy, failure_record};
-use sqs_triage::ops::Ctx;
 use sqs_triage::processor::registry::JobContext;
 use support::pipeline::{Harness, Options};
+use triage::ops::Ctx;
 
 /// A character SQS takes in a message.
 fn sqs_takes(c: char) -> bool {
@@ -99,8 +99,8 @@ async fn a_job_triage_send_builds_holds_only_characters_sqs_takes() {
     let ctx = Ctx::from_config(&support::sdk_config().await).unwrap();
     // Escaped in the input, as JSON writes them; the payload's raw U+FFFF is valid JSON too.
     let line = "{\"type\":\"t.\\ufffe\",\"id\":\"s-\\uffff\",\"payload\":{\"k\":\"raw \u{ffff}\"}}\n";
-    let jobs = sqs_triage::ops::send::parse_jobs(line, false).unwrap();
-    let r = sqs_triage::ops::send::send_jobs(&ctx, &created.queue_url, &jobs, false)
+    let jobs = triage::ops::send::parse_jobs(line, false).unwrap();
+    let r = triage::ops::send::send_jobs(&ctx, &created.queue_url, &jobs, false)
         .await
         .unwrap();
     assert_eq!(r.accepted, 1, "{r:?}");
@@ -149,14 +149,11 @@ async fn a_body_dlq_edit_patches_holds_only_characters_sqs_takes() {
         .message_id
         .unwrap();
     let patch = r#"[{"op":"replace","path":"/payload/n","value":"two \ufffe"}]"#;
-    let opts = sqs_triage::ops::dlq::EditOptions {
+    let opts = triage::ops::dlq::EditOptions {
         table: Some(created.table.clone()),
-        ..sqs_triage::ops::dlq::EditOptions::new(
-            dlq_id,
-            sqs_triage::ops::dlq::EditSource::Patch(patch.into()),
-        )
+        ..triage::ops::dlq::EditOptions::new(dlq_id, triage::ops::dlq::EditSource::Patch(patch.into()))
     };
-    sqs_triage::ops::dlq::edit(&ctx, &created.dlq_url, &opts)
+    triage::ops::dlq::edit(&ctx, &created.dlq_url, &opts)
         .await
         .unwrap();
     let got = support::drain(&sqs, &created.queue_url, 1).await;

@@ -12,13 +12,13 @@ use aws_sdk_sqs::types::{Message, MessageAttributeValue, QueueAttributeName};
 use serde_json::{Value, json};
 use sqs_triage::config::Config;
 use sqs_triage::core::JobError;
-use sqs_triage::demo::chaos;
 use sqs_triage::effects::dlq::{attribute_size, failure_record};
 use sqs_triage::effects::storage_retry::{dynamodb_config, sqs_config};
 use sqs_triage::processor::registry::{JobContext, Registry};
 use sqs_triage::runtime::env::{Environment, STARTUP_DEADLINE, build_with};
 use sqs_triage::runtime::worker::{Worker, WorkerOptions};
 use support::fault_proxy::{Fault, FaultProxy, FaultRule};
+use triage::demo::chaos;
 
 /// A job type whose handler fails fatally with an error text as long as its payload says.
 const BIG_ERROR: &str = "startup.big-error";
@@ -709,10 +709,7 @@ async fn a_worker_start_up_waits_for_slow_credentials() {
 }
 
 /// `triage worker --demo-handlers` on `created`, stdout and stderr piped.
-fn worker_process(
-    created: &sqs_triage::ops::setup::SetupReport,
-    vars: &[(&str, &str)],
-) -> std::process::Child {
+fn worker_process(created: &triage::ops::setup::SetupReport, vars: &[(&str, &str)]) -> std::process::Child {
     use std::process::{Command, Stdio};
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
     cmd.args(["worker", "--demo-handlers"])

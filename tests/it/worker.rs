@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sqs_triage::effects::ledger::AttemptLedger;
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client};
-use sqs_triage::ops::Ctx;
+use triage::ops::Ctx;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_finishes_in_flight_records_and_releases_the_rest() {

@@ -35,6 +35,14 @@ fn required_env(name: &str) -> String {
     }
 }
 
+/// The repository's root, where the library package, events/, infra/ and docs/ are. These
+/// tests are targets of the `triage` package (triage/), its child folder.
+pub fn repo_root() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the triage package is a folder of the repository")
+}
+
 /// Set in a child process of a test to its parent's strict proxy, so the child (a test
 /// binary run again) uses that proxy rather than starting one in front of it.
 pub const STRICT_SQS_ENV: &str = "SQS_TRIAGE_TEST_STRICT_SQS";
@@ -214,7 +222,7 @@ pub fn rebuilding_lambda_binary() -> std::sync::RwLockWriteGuard<'static, ()> {
 }
 
 /// A fresh source queue, DLQ and state table on the local stack, named after `prefix`.
-pub async fn fresh_resources(prefix: &str, fifo: bool) -> sqs_triage::ops::setup::SetupReport {
+pub async fn fresh_resources(prefix: &str, fifo: bool) -> triage::ops::setup::SetupReport {
     try_fresh_resources(prefix, fifo).await.unwrap()
 }
 
@@ -223,22 +231,22 @@ pub async fn fresh_resources(prefix: &str, fifo: bool) -> sqs_triage::ops::setup
 pub async fn try_fresh_resources(
     prefix: &str,
     fifo: bool,
-) -> Result<sqs_triage::ops::setup::SetupReport, String> {
+) -> Result<triage::ops::setup::SetupReport, String> {
     for name in ["AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL_DYNAMODB"] {
         if std::env::var(name).map_or(true, |v| v.is_empty()) {
             return Err(format!("{NOT_RUNNING} ({name} is not set)"));
         }
     }
-    let ctx = sqs_triage::ops::Ctx::from_config(&sdk_config().await).map_err(|e| e.to_string())?;
+    let ctx = triage::ops::Ctx::from_config(&sdk_config().await).map_err(|e| e.to_string())?;
     let name = unique_name(prefix);
-    let opts = sqs_triage::ops::setup::SetupOptions {
+    let opts = triage::ops::setup::SetupOptions {
         queue: name.clone(),
         dlq: format!("{name}-dlq"),
         table: name,
         fifo,
         max_receive_count: 1000,
     };
-    sqs_triage::ops::setup::setup(&ctx, &opts)
+    triage::ops::setup::setup(&ctx, &opts)
         .await
         .map_err(|e| format!("setup: {e}"))
 }

@@ -15,12 +15,12 @@ use sqs_triage::config::Config;
 use sqs_triage::core::breaker::BreakerConfig;
 use sqs_triage::core::policy::RetryPolicy;
 use sqs_triage::core::{Backoff, JobError};
-use sqs_triage::demo::chaos::{self, ChaosPayload};
 use sqs_triage::effects::storage_retry::{dynamodb_config, sqs_config};
-use sqs_triage::ops::Ctx;
 use sqs_triage::processor::registry::{JobContext, Registry};
 use sqs_triage::runtime::env::{Environment, build_with};
 use sqs_triage::runtime::lambda;
+use triage::demo::chaos::{self, ChaosPayload};
+use triage::ops::Ctx;
 
 /// The job type whose executions the harness records.
 pub const RECORDED: &str = "test.recorded";

@@ -41,11 +41,13 @@ pub fn sqs_config(conf: &SdkConfig) -> aws_sdk_sqs::config::Builder {
 }
 
 /// A DynamoDB client with the SDK's retries disabled. Build it once per environment.
+#[cfg(feature = "internals")]
 pub fn dynamodb_client(conf: &SdkConfig) -> aws_sdk_dynamodb::Client {
     aws_sdk_dynamodb::Client::from_conf(dynamodb_config(conf).build())
 }
 
 /// An SQS client with the SDK's retries disabled. Build it once per environment.
+#[cfg(feature = "internals")]
 pub fn sqs_client(conf: &SdkConfig) -> aws_sdk_sqs::Client {
     aws_sdk_sqs::Client::from_conf(sqs_config(conf).build())
 }

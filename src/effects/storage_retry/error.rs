@@ -138,7 +138,7 @@ impl StorageError {
     }
 
     /// Names the table or queue in the message.
-    pub(crate) fn with_resource(mut self, resource: impl Into<String>) -> Self {
+    pub fn with_resource(mut self, resource: impl Into<String>) -> Self {
         self.resource = Some(resource.into());
         self
     }
@@ -164,7 +164,7 @@ impl StorageError {
     }
 
     /// True when the policy gave up on a retryable failure (the service may come back).
-    pub(crate) fn is_unavailable(&self) -> bool {
+    pub fn is_unavailable(&self) -> bool {
         self.kind != FailureKind::Permanent
     }
 

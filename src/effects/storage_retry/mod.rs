@@ -19,11 +19,13 @@ pub mod clients;
 pub mod error;
 pub mod policy;
 
-pub use clients::{
-    CONNECT_TIMEOUT, DYNAMODB_ATTEMPT_TIMEOUT, SQS_ATTEMPT_TIMEOUT, dynamodb_client, dynamodb_config,
-    sqs_client, sqs_config,
-};
-pub use error::{FailureKind, Stop, StorageError, classify, classify_code};
-pub use policy::{
-    BatchResult, BatchStep, InvalidRetryConfig, RetryBudget, RetryStats, StorageRetry, StorageRetryConfig,
-};
+pub use clients::{CONNECT_TIMEOUT, dynamodb_config, sqs_config};
+pub use error::{FailureKind, StorageError, classify};
+pub use policy::{BatchResult, BatchStep, StorageRetry};
+// Shorter paths for the operator tool and the tests; the library names these by module.
+#[cfg(feature = "internals")]
+pub use clients::{DYNAMODB_ATTEMPT_TIMEOUT, SQS_ATTEMPT_TIMEOUT, dynamodb_client, sqs_client};
+#[cfg(feature = "internals")]
+pub use error::{Stop, classify_code};
+#[cfg(feature = "internals")]
+pub use policy::{InvalidRetryConfig, RetryBudget, RetryStats, StorageRetryConfig};

@@ -45,7 +45,7 @@ impl RetryBudget {
     }
 
     /// Takes one retry; false when the bucket is empty.
-    pub(crate) fn withdraw(&self) -> bool {
+    pub fn withdraw(&self) -> bool {
         self.milli
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| m.checked_sub(1000))
             .is_ok()

@@ -79,8 +79,8 @@ pub fn max_attempts_from(flag: Option<u32>, env: Option<&str>) -> OpsResult<(u32
             ))
         }),
         None => {
-            let defaults =
-                crate::config::Config::from_lookup(&|_| None).map_err(|e| OpsError::usage(e.to_string()))?;
+            let defaults = sqs_triage::config::Config::from_lookup(&|_| None)
+                .map_err(|e| OpsError::usage(e.to_string()))?;
             Ok((defaults.policy.max_attempts(), AttemptsSource::Default))
         }
     }
@@ -373,7 +373,7 @@ pub async fn setup_with(ctx: &Ctx, opts: &SetupOptions, flags: &SetupFlags) -> O
 const SQS_DEFAULT_RETENTION: Duration = Duration::from_secs(345_600);
 
 /// Refuses (usage error) a redrive that the source queue's retention would outrun
-/// ([`crate::core::redrive`]): `max_receive_count` unsettled holds of the visibility timeout
+/// ([`sqs_triage::core::redrive`]): `max_receive_count` unsettled holds of the visibility timeout
 /// (or of the worker's default heartbeat's reach) within three quarters of `retention`, and,
 /// on a standard queue, a DLQ (kept [`DLQ_RETENTION`]) a day longer than its source.
 pub(crate) fn check_redrive(
@@ -383,8 +383,8 @@ pub(crate) fn check_redrive(
     retention: Duration,
     fifo: bool,
 ) -> OpsResult<()> {
-    use crate::core::redrive::{check_dlq_retention, check_holds, unsettled_hold};
-    use crate::processor::{DEFAULT_HEARTBEAT, TICKS_AHEAD};
+    use sqs_triage::core::redrive::{check_dlq_retention, check_holds, unsettled_hold};
+    use sqs_triage::processor::{DEFAULT_HEARTBEAT, TICKS_AHEAD};
     let hold = unsettled_hold(
         Duration::from_secs(visibility_timeout_s.into()),
         Some(DEFAULT_HEARTBEAT),
@@ -588,7 +588,7 @@ async fn allow_source(
 /// on another attribute (or being disabled), is refused. TTL enabled meanwhile by a
 /// concurrent setup ("already enabled") is success.
 pub async fn create_table(ctx: &Ctx, table: &str) -> OpsResult<()> {
-    use crate::effects::table::{TableError, create_table_with};
+    use sqs_triage::effects::table::{TableError, create_table_with};
     match create_table_with(&ctx.ddb, &ctx.storage_retry(), table, Duration::from_secs(120)).await {
         Ok(()) => Ok(()),
         Err(TableError::Misconfigured(why)) => Err(OpsError::usage(format!("{why}; pick another --table"))),

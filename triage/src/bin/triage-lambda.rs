@@ -6,8 +6,8 @@
 
 use std::process::ExitCode;
 
-use sqs_triage::demo::chaos;
 use sqs_triage::runtime::env::sdk_config;
+use triage::demo::chaos;
 
 #[tokio::main]
 async fn main() -> ExitCode {

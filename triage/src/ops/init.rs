@@ -2,7 +2,7 @@
 //! transient path and its unit tests, and the SAM template and CDK app that build and deploy
 //! that crate with the same resources as the reference stack.
 //!
-//! The files are templates under `src/ops/init/`; the SAM template is `infra/template.yaml`
+//! The files are templates under `triage/src/ops/init/`; the SAM template is `infra/template.yaml`
 //! with its `CrateDir` / `BinaryName` defaults pointing at the new crate, and the CDK app uses a
 //! copy of `infra/cdk/lib/sqs-triage.ts` (the `SqsTriage` construct). Nothing is overwritten:
 //! the target folder must be missing or empty, and every file is created with `create_new`.
@@ -25,12 +25,12 @@ const CDK_JSON: &str = include_str!("init/cdk/cdk.json.in");
 const CDK_APP: &str = include_str!("init/cdk/app.ts.in");
 const CDK_GITIGNORE: &str = include_str!("init/cdk/gitignore.in");
 /// The reference SAM template: the generated one differs in its build parameters' defaults.
-const SAM_TEMPLATE: &str = include_str!("../../infra/template.yaml");
+const SAM_TEMPLATE: &str = include_str!("../../../infra/template.yaml");
 /// The SqsTriage construct, copied into the generated CDK app.
-const CONSTRUCT: &str = include_str!("../../infra/cdk/lib/sqs-triage.ts");
+const CONSTRUCT: &str = include_str!("../../../infra/cdk/lib/sqs-triage.ts");
 /// The CDK app's packages: the generated app pins the same versions.
-const CDK_PACKAGE: &str = include_str!("../../infra/cdk/package.json");
-const CDK_TSCONFIG: &str = include_str!("../../infra/cdk/tsconfig.json");
+const CDK_PACKAGE: &str = include_str!("../../../infra/cdk/package.json");
+const CDK_TSCONFIG: &str = include_str!("../../../infra/cdk/tsconfig.json");
 
 /// The longest NAME: the function is `<NAME>-triage-lambda`, and Lambda names take 64 characters.
 pub const MAX_NAME_LEN: usize = 64 - "-triage-lambda".len();
@@ -203,7 +203,11 @@ pub fn sqs_triage_dir(given: Option<&Path>) -> OpsResult<PathBuf> {
     let (dir, from) = match given {
         Some(p) => (p.to_path_buf(), "--path"),
         None => (
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+            // The library is the workspace's root package: this package's parent folder.
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap_or(Path::new(".."))
+                .to_path_buf(),
             "the checkout this `triage` was built from",
         ),
     };

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match sqs_triage::runtime::layer::run().await {
+    match sqs_triage::layer::run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

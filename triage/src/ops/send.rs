@@ -1,5 +1,5 @@
 //! `triage send`: one job from flags, or many from NDJSON, in batches of up to ten entries and
-//! SQS's batch payload cap (split by [`crate::effects::sqs::batches`]).
+//! SQS's batch payload cap (split by [`sqs_triage::effects::sqs::batches`]).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -15,9 +15,9 @@ use tokio::time::Instant;
 
 use super::output::{Report, progress};
 use super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo};
-use crate::core::envelope::{self, EnvelopeLimits};
-use crate::effects::sqs::{BATCH_BYTES, BATCH_LIMIT, EntryResults, Outgoing, batches};
-use crate::effects::storage_retry::StorageError;
+use sqs_triage::core::envelope::{self, EnvelopeLimits};
+use sqs_triage::effects::sqs::{BATCH_BYTES, BATCH_LIMIT, EntryResults, Outgoing, batches};
+use sqs_triage::effects::storage_retry::StorageError;
 
 /// Batches in flight at once.
 const CONCURRENCY: usize = 8;
@@ -113,7 +113,7 @@ impl PartialEq for Payload {
 impl JobSpec {
     /// The envelope body a producer would send: `id`, `payload` and `type`, in that order, the
     /// payload's text as given but for U+FFFE and U+FFFF, escaped as SQS needs
-    /// ([`sqs_text::json`](crate::core::sqs_text::json)).
+    /// ([`sqs_text::json`](sqs_triage::core::sqs_text::json)).
     pub fn body(&self) -> String {
         let string = |s: &str| Value::from(s).to_string();
         let mut body = String::with_capacity(self.payload.text().len() + self.job_type.len() + 64);
@@ -128,7 +128,7 @@ impl JobSpec {
         body.push_str(",\"type\":");
         body.push_str(&string(&self.job_type));
         body.push('}');
-        crate::core::sqs_text::json(body)
+        sqs_triage::core::sqs_text::json(body)
     }
 
     /// Checks the job against the envelope rules and the target queue's kind.

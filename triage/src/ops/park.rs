@@ -17,9 +17,9 @@ use serde::Serialize;
 use super::audit::{self, AuditEntry, AuditStatus};
 use super::output::{Report, Table, age_ms};
 use super::{Ctx, ErrorKind, OpsError, OpsResult};
-use crate::clock::now_ms;
-use crate::core::decision::rfc3339_ms;
-use crate::effects::ledger::{LedgerItem, Parked};
+use sqs_triage::clock::now_ms;
+use sqs_triage::core::decision::rfc3339_ms;
+use sqs_triage::effects::ledger::{LedgerItem, Parked};
 
 /// What to park.
 #[derive(Debug, Clone, Default)]
@@ -150,7 +150,7 @@ pub async fn park(ctx: &Ctx, table: &str, opts: &ParkOptions) -> OpsResult<ParkR
         .await
         .map_err(|e| ctx.storage_error(e, table))?
     {
-        Parked::Parked(item) => item,
+        Parked::Now(item) => item,
         Parked::NoLedger => return Err(no_ledger(id, Some(&job_type))),
         Parked::NotWaiting(item) => return Err(not_waiting(id, &job_type, &item)),
     };

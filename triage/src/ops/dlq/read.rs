@@ -8,11 +8,13 @@ use std::time::Duration;
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 
 use super::super::{Ctx, OpsError, OpsResult};
-use crate::core::envelope::{self, EnvelopeLimits, EventBridgeTypes, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE};
-use crate::core::failure::FailureRecord;
-use crate::effects::aws_errors::OVER_LIMIT;
-use crate::effects::dlq::{failure_record, original_attributes};
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+use sqs_triage::core::envelope::{
+    self, EnvelopeLimits, EventBridgeTypes, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE,
+};
+use sqs_triage::core::failure::FailureRecord;
+use sqs_triage::effects::aws_errors::OVER_LIMIT;
+use sqs_triage::effects::dlq::{failure_record, original_attributes};
 
 /// Class shown for DLQ messages without a failure record: SQS moved them itself after
 /// `maxReceiveCount` receives (a consumer that crashed or timed out on them, a Lambda record
@@ -683,7 +685,7 @@ mod tests {
 
         // A failure record's source queue wins over SQS's attribute.
         let record = FailureRecord {
-            class: crate::core::failure::FailureClass::Fatal,
+            class: sqs_triage::core::failure::FailureClass::Fatal,
             error: "boom".into(),
             attempts: 1,
             job_type: Some("email.send".into()),
@@ -694,7 +696,10 @@ mod tests {
             failed_at: 2,
         };
         let json = record.to_json_within(usize::MAX).unwrap();
-        let both = sqs_moved(Some(arn), &[(crate::core::failure::FAILURE_ATTRIBUTE, &json)]);
+        let both = sqs_moved(
+            Some(arn),
+            &[(sqs_triage::core::failure::FAILURE_ATTRIBUTE, &json)],
+        );
         assert!(both.record.is_some(), "the record is read");
         assert_eq!(both.source_queue(), Some("http://sqs/123456789012/recorded"));
         assert_eq!(both.source_arn.as_deref(), Some(arn));

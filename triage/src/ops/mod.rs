@@ -24,10 +24,10 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 
-use crate::effects::breaker_store::BreakerStore;
-use crate::effects::ledger::AttemptLedger;
-use crate::effects::sqs::Sqs;
-use crate::effects::storage_retry::{
+use sqs_triage::effects::breaker_store::BreakerStore;
+use sqs_triage::effects::ledger::AttemptLedger;
+use sqs_triage::effects::sqs::Sqs;
+use sqs_triage::effects::storage_retry::{
     StorageError, StorageRetry, StorageRetryConfig, dynamodb_client, sqs_client,
 };
 
@@ -248,7 +248,7 @@ impl Ctx {
     }
 
     /// The storage retry policy of operator calls: the product's policy with fewer tries
-    /// ([`OPERATOR_MAX_ATTEMPTS`]), because an operator is waiting. Clones share one budget.
+    /// (`OPERATOR_MAX_ATTEMPTS`), because an operator is waiting. Clones share one budget.
     pub fn storage_retry(&self) -> StorageRetry {
         self.retry.clone()
     }

@@ -17,12 +17,12 @@ use serde::Serialize;
 
 use super::html::{self, esc, hidden, q};
 use super::{App, error_page, refuse, same_secret};
-use crate::clock::{now_ms, rfc3339_seconds};
 use crate::ops::breaker::{self, BreakerView, Force};
 use crate::ops::dlq::read::{ReadEnd, read_to_end};
 use crate::ops::dlq::{self, DlqMessage, Filter, ShowReport};
 use crate::ops::output::Report;
 use crate::ops::{OpsError, OpsResult, audit, park, parse_duration};
+use sqs_triage::clock::{now_ms, rfc3339_seconds};
 
 type AppState = State<Arc<App>>;
 

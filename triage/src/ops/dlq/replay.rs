@@ -15,11 +15,11 @@ use super::super::output::{Report, Table, progress};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, queue_arn, resolve_queue};
 use super::list::{Group, group};
 use super::read::{DlqMessage, Filter, ReadEnd, Sweep, approximate_count, delete, release, scan_limit_note};
-use crate::clock::now_ms;
-use crate::core::envelope::SQS_MAX_MESSAGE_BYTES;
-use crate::effects::dlq::{group_for, original_attributes};
-use crate::effects::queue_url::urls_name_one_queue;
-use crate::effects::sqs::{Outgoing, Sqs, batches};
+use sqs_triage::clock::now_ms;
+use sqs_triage::core::envelope::SQS_MAX_MESSAGE_BYTES;
+use sqs_triage::effects::dlq::{group_for, original_attributes};
+use sqs_triage::effects::queue_url::urls_name_one_queue;
+use sqs_triage::effects::sqs::{Outgoing, Sqs, batches};
 
 /// How `dlq replay` runs.
 #[derive(Debug, Clone, Default)]

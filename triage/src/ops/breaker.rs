@@ -1,5 +1,5 @@
 //! `triage breaker` and `triage attempts`: read and force breaker state, show a job's
-//! attempt ledger. Forcing goes through [`BreakerStore`](crate::effects::breaker_store::BreakerStore),
+//! attempt ledger. Forcing goes through [`BreakerStore`](sqs_triage::effects::breaker_store::BreakerStore),
 //! so it is a conditional write like any other, and every force is audited (one item in the
 //! state table, see [`super::audit`]) when the context audits.
 
@@ -11,9 +11,9 @@ use serde::Serialize;
 use super::audit::{self, AuditEntry, AuditStatus};
 use super::output::{Report, Table, age_ms};
 use super::{Ctx, OpsError, OpsResult};
-use crate::clock::now_ms;
-use crate::core::breaker::{BreakerState, Phase};
-use crate::effects::table::{BREAKER_SK, PK, SK};
+use sqs_triage::clock::now_ms;
+use sqs_triage::core::breaker::{BreakerState, Phase};
+use sqs_triage::effects::table::{BREAKER_SK, PK, SK};
 
 /// One breaker as shown.
 #[derive(Debug, Clone, Serialize)]

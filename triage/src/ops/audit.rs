@@ -22,8 +22,8 @@ use serde_json::{Map, Value, json};
 
 use super::output::{Report, Table};
 use super::{Ctx, OpsError, OpsResult};
-use crate::clock::now_ms;
-use crate::effects::table::{PK, SK, TTL_ATTRIBUTE};
+use sqs_triage::clock::now_ms;
+use sqs_triage::effects::table::{PK, SK, TTL_ATTRIBUTE};
 
 /// How long an audit item is kept when `TRIAGE_AUDIT_RETENTION` is not set: 400 days, so a
 /// yearly review still finds the whole year.
@@ -219,7 +219,7 @@ fn capped(v: &Value) -> String {
     loop {
         let out = serde_json::json!({
             "truncated_from_bytes": text.len(),
-            "prefix": crate::effects::ledger::truncate(&text, room),
+            "prefix": sqs_triage::effects::ledger::truncate(&text, room),
         })
         .to_string();
         if out.len() <= MAX_JSON_BYTES || room == 0 {
@@ -499,7 +499,7 @@ async fn sts_identity(ctx: &Ctx) -> Actor {
 /// An STS client with the SDK's retries disabled (the storage retry policy is the only one)
 /// and connect and per-call timeouts set.
 pub(crate) fn sts_client(conf: &aws_config::SdkConfig) -> aws_sdk_sts::Client {
-    use crate::effects::storage_retry::{CONNECT_TIMEOUT, DYNAMODB_ATTEMPT_TIMEOUT};
+    use sqs_triage::effects::storage_retry::{CONNECT_TIMEOUT, DYNAMODB_ATTEMPT_TIMEOUT};
     let timeouts = aws_config::timeout::TimeoutConfig::builder()
         .connect_timeout(CONNECT_TIMEOUT)
         .operation_attempt_timeout(DYNAMODB_ATTEMPT_TIMEOUT)
@@ -586,7 +586,7 @@ impl AuditRecord {
         Some(Self {
             id: format!("{day}/{sk}"),
             at_ms,
-            at: crate::clock::rfc3339_millis(at_ms),
+            at: sqs_triage::clock::rfc3339_millis(at_ms),
             actor: s("actor").unwrap_or_else(|| UNKNOWN_ACTOR.into()),
             actor_error: s("actor_error"),
             actor_unverified: s("actor_unverified"),
@@ -623,7 +623,7 @@ impl Report for AuditReport {
             return format!(
                 "no audit items in {} since {}\n",
                 self.table,
-                crate::clock::rfc3339_seconds(self.since_ms)
+                sqs_triage::clock::rfc3339_seconds(self.since_ms)
             );
         }
         let mut t = Table::new(["AT", "ACTOR", "ACTION", "TARGET", "COUNT", "FILTER"]).max_width(80);
@@ -633,7 +633,7 @@ impl Report for AuditReport {
                 None => e.actor.clone(),
             };
             t.row([
-                crate::clock::rfc3339_seconds(e.at_ms),
+                sqs_triage::clock::rfc3339_seconds(e.at_ms),
                 actor,
                 e.action.clone(),
                 e.target.clone(),

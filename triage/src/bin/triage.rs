@@ -1,5 +1,5 @@
 //! `triage`: the operator CLI and local worker. Parses arguments and wires them to
-//! `sqs_triage::ops` and `sqs_triage::runtime`; every rule lives in the library.
+//! `triage::ops` and `sqs_triage::runtime`; every rule lives in the library.
 #![forbid(unsafe_code)]
 
 use std::io::{IsTerminal, Read, Write};
@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use sqs_triage::ops::breaker::{self, Force};
-use sqs_triage::ops::output::{Report, render};
-use sqs_triage::ops::{self, Ctx, OpsError, OpsResult, audit, dlq, send, setup};
+use triage::ops::breaker::{self, Force};
+use triage::ops::output::{Report, render};
+use triage::ops::{self, Ctx, OpsError, OpsResult, audit, dlq, send, setup};
 
 /// Operate sqs-triage: create queues, send jobs, inspect and replay the DLQ, run a worker.
 ///
@@ -724,7 +724,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                         .await
                         .map_err(runtime_error)?;
                 }
-                None if a.demo_handlers => sqs_triage::demo::run_worker(opts).await.map_err(runtime_error)?,
+                None if a.demo_handlers => triage::demo::run_worker(opts).await.map_err(runtime_error)?,
                 None => return Err(OpsError::usage(WORKER_NEEDS_DEMO_HANDLERS)),
             }
             Ok(ExitCode::SUCCESS)
@@ -739,8 +739,8 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
             Ok(print(&report, json))
         }
         Command::Demo { jobs } => {
-            let opts = sqs_triage::demo::workload::DemoOptions { jobs_per_kind: *jobs };
-            sqs_triage::demo::workload::main_from_env(opts)
+            let opts = triage::demo::workload::DemoOptions { jobs_per_kind: *jobs };
+            triage::demo::workload::main_from_env(opts)
                 .await
                 .map_err(runtime_error)?;
             Ok(ExitCode::SUCCESS)
@@ -847,7 +847,7 @@ async fn run_dlq(
 /// `triage console`: checks the queues and the table, binds, prints the URL, serves until
 /// Ctrl-C or SIGTERM.
 async fn run_console(cli: &Cli, a: &ConsoleArgs) -> OpsResult<ExitCode> {
-    use sqs_triage::console;
+    use triage::console;
     let queue = require(&cli.queue_url, "TRIAGE_QUEUE_URL", "--queue-url")?;
     let dlq_arg = require(&cli.dlq_url, "TRIAGE_DLQ_URL", "--dlq-url")?;
     let (table, retention) = audit_table(cli)?;

@@ -4,7 +4,7 @@
 //! invisible while it reads (that is how it sees the next ones) and makes them visible again
 //! before it returns. Replay sends first and deletes after: a crash in between leaves a
 //! duplicate, never a loss. Every batched SQS action (release, delete, send) goes through
-//! [`crate::effects::sqs::Sqs`], which holds the batch caps and the rule that only entries
+//! [`sqs_triage::effects::sqs::Sqs`], which holds the batch caps and the rule that only entries
 //! listed as successful count.
 //!
 //! One module per verb: `read` (a message as read, the filter, the sweep), `list` (list

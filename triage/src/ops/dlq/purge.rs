@@ -12,7 +12,7 @@ use super::super::output::Report;
 use super::super::{Ctx, OpsError, OpsResult};
 use super::list::{Group, group};
 use super::read::{DlqMessage, Filter, ReadEnd, Sweep, delete, incomplete_problem, release, scan_limit_note};
-use crate::clock::now_ms;
+use sqs_triage::clock::now_ms;
 
 /// What `dlq purge` is about to delete, for the confirmation prompt.
 #[derive(Debug, Clone, Serialize)]

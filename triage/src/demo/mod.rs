@@ -1,16 +1,16 @@
 //! Demo and test equipment, not part of the library a handler author uses: the built-in
 //! `triage.chaos` job type ([`chaos`]), the `triage demo` workload ([`workload`]) and the
 //! worker that serves `triage.chaos` alone ([`run_worker`]). The generic runtimes
-//! ([`crate::runtime`]) know nothing of them; the shipped binaries opt in (`triage-lambda`
+//! ([`sqs_triage::runtime`]) know nothing of them; the shipped binaries opt in (`triage-lambda`
 //! registers [`chaos::registry`], `triage worker --demo-handlers` calls [`run_worker`],
 //! `triage demo` calls [`workload::main_from_env`]).
 
 pub mod chaos;
 pub mod workload;
 
-use crate::runtime::RuntimeError;
-use crate::runtime::env::sdk_config;
-use crate::runtime::worker::{RunOptions, run_with};
+use sqs_triage::runtime::RuntimeError;
+use sqs_triage::runtime::env::sdk_config;
+use sqs_triage::runtime::worker::{RunOptions, run_with};
 
 /// Runs the long-polling worker with the built-in demo job type `triage.chaos` only
 /// (`triage worker --demo-handlers`), with the `TRIAGE_*` variables' policies, recording

@@ -7,7 +7,7 @@ use super::super::audit::{self, AuditEntry, AuditStatus};
 use super::super::output::{Report, Table};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult, queue_arn, resolve_queue};
 use super::read::approximate_count;
-use crate::effects::storage_retry::{StorageError, StorageRetry, StorageRetryConfig};
+use sqs_triage::effects::storage_retry::{StorageError, StorageRetry, StorageRetryConfig};
 
 /// A server-side move task (StartMessageMoveTask).
 #[derive(Debug, Clone, Serialize)]

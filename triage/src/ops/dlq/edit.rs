@@ -26,8 +26,8 @@ use super::super::output::{Report, Table};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, queue_arn};
 use super::read::{DlqMessage, Filter, Sweep, release};
 use super::replay::{Sources, check_table, check_to, max_message_bytes, replay_copy, reset_ledgers};
-use crate::clock::now_ms;
-use crate::core::failure::FailureRecord;
+use sqs_triage::clock::now_ms;
+use sqs_triage::core::failure::FailureRecord;
 
 /// Where the edited body comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -359,7 +359,7 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
         }
         // An operator's text is sent as written, so one SQS would refuse is refused here,
         // before the ledger is reset.
-        if let Some(c) = crate::core::sqs_text::refused(&body) {
+        if let Some(c) = sqs_triage::core::sqs_text::refused(&body) {
             return Err(OpsError::usage(format!(
                 "the edited body holds U+{:04X}, a character SQS refuses in a message (in a JSON \
                  string write it as \\u{:04x}): nothing was sent",
@@ -886,7 +886,7 @@ fn apply_patch(body: &str, patch: &json_patch::Patch) -> OpsResult<Patched> {
         )));
     }
     let body = serde_json::to_string(&doc)
-        .map(crate::core::sqs_text::json)
+        .map(sqs_triage::core::sqs_text::json)
         .map_err(|e| OpsError::new(ErrorKind::Failed, format!("cannot write the patched body: {e}")))?;
     Ok(Patched { body, changed: true })
 }

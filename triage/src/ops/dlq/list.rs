@@ -9,9 +9,9 @@ use serde::Serialize;
 use super::super::output::{self, Report, Table};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult};
 use super::read::{DlqMessage, Filter, ReadEnd, incomplete_problem, read_to_end, scan_limit_note};
-use crate::clock::now_ms;
-use crate::core::failure::FailureRecord;
-use crate::effects::dlq::original_attributes;
+use sqs_triage::clock::now_ms;
+use sqs_triage::core::failure::FailureRecord;
+use sqs_triage::effects::dlq::original_attributes;
 
 /// One error text and how many messages of a group carry it.
 #[derive(Debug, Clone, Serialize)]

@@ -5,7 +5,7 @@
 #![forbid(unsafe_code)]
 
 use sqs_triage::config::limits;
-use sqs_triage::ops::setup::{MAX_RECEIVE_COUNT_LIMIT, RECEIVES_PER_ATTEMPT};
+use triage::ops::setup::{MAX_RECEIVE_COUNT_LIMIT, RECEIVES_PER_ATTEMPT};
 
 fn main() {
     let out = serde_json::json!({

@@ -8,18 +8,18 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::config::Config;
-use crate::core::backoff::Backoff;
-use crate::core::breaker::BreakerConfig;
-use crate::core::policy::RetryPolicy;
-use crate::core::{Decision, FailureClass};
-use crate::effects::sqs::Outgoing;
 use crate::ops::Ctx;
 use crate::ops::setup::{SetupOptions, setup};
-use crate::processor::registry::Registry;
-use crate::runtime::RuntimeError;
-use crate::runtime::env::{build, init_tracing, install_panic_hook, sdk_config};
-use crate::runtime::worker::{Worker, WorkerOptions};
+use sqs_triage::config::Config;
+use sqs_triage::core::backoff::Backoff;
+use sqs_triage::core::breaker::BreakerConfig;
+use sqs_triage::core::policy::RetryPolicy;
+use sqs_triage::core::{Decision, FailureClass};
+use sqs_triage::effects::sqs::Outgoing;
+use sqs_triage::processor::registry::Registry;
+use sqs_triage::runtime::RuntimeError;
+use sqs_triage::runtime::env::{build, init_tracing, install_panic_hook, sdk_config};
+use sqs_triage::runtime::worker::{Worker, WorkerOptions};
 
 /// Options of `triage demo`.
 #[derive(Debug, Clone)]
@@ -78,7 +78,7 @@ pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
     let panics = quiet_deliberate_panics(config.log_payloads);
     let sdk = sdk_config().await;
     let ctx = Ctx::from_config(&sdk)?;
-    let stamp = crate::clock::now_ms() % 1_000_000_000;
+    let stamp = sqs_triage::clock::now_ms() % 1_000_000_000;
     let created = setup(
         &ctx,
         &SetupOptions {

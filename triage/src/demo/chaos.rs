@@ -30,11 +30,11 @@ use aws_config::SdkConfig;
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde::Deserialize;
 
-use crate::core::JobError;
-use crate::core::breaker::BreakerConfig;
-use crate::core::policy::RetryPolicy;
-use crate::effects::storage_retry::{StorageRetry, StorageRetryConfig, dynamodb_client};
-use crate::processor::registry::{JobContext, Registry};
+use sqs_triage::core::JobError;
+use sqs_triage::core::breaker::BreakerConfig;
+use sqs_triage::core::policy::RetryPolicy;
+use sqs_triage::effects::storage_retry::{StorageRetry, StorageRetryConfig, dynamodb_client};
+use sqs_triage::processor::registry::{JobContext, Registry};
 
 /// The chaos job type's name.
 pub const CHAOS: &str = "triage.chaos";
@@ -107,7 +107,7 @@ pub const RECORD_MAX_ATTEMPTS: u32 = 10;
 
 impl Recorder {
     /// A recorder writing to `table` with `client` (build it with
-    /// [`dynamodb_client`](crate::effects::storage_retry::dynamodb_client), so the recorder's
+    /// [`dynamodb_client`], so the recorder's
     /// retries are the only ones).
     pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
         let retry = StorageRetry::new(StorageRetryConfig {
@@ -136,7 +136,7 @@ impl Recorder {
         format!(
             "{}-{}-{}",
             std::process::id(),
-            crate::clock::now_ms(),
+            sqs_triage::clock::now_ms(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         )
     }
@@ -187,7 +187,7 @@ pub(crate) async fn run_recorded(
         tokio::time::sleep(Duration::from_millis(ms.min(900_000))).await;
     }
     // The dependency's state is read when the work is done, after any `sleep_ms`.
-    let down = p.down_at(crate::clock::now_ms());
+    let down = p.down_at(sqs_triage::clock::now_ms());
     let succeeds =
         down.is_none() && (p.outcome == ChaosOutcome::Ok || p.fail_times.is_some_and(|n| ctx.attempt > n));
     if let Some(r) = recorder {
@@ -282,7 +282,7 @@ pub fn register_recording(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::ErrorKind;
+    use sqs_triage::core::ErrorKind;
 
     fn ctx(attempt: u32) -> JobContext {
         JobContext {
@@ -301,7 +301,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_down_window_fails_transiently_and_outside_it_the_outcome_applies() {
-        let now = crate::clock::now_ms();
+        let now = sqs_triage::clock::now_ms();
         let inside = payload(serde_json::json!({
             "outcome": "ok",
             "down_windows_ms": [[now - 60_000, now - 30_000], [now - 1_000, now + 60_000]],
