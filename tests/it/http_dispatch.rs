@@ -28,7 +28,7 @@ impl Drop for Server {
 }
 
 fn server() -> Server {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/http/handler.py");
+    let script = support::repo_root().join("tests/http/handler.py");
     let mut child = Command::new("python3")
         .arg(script)
         .stdout(Stdio::piped())

@@ -22,7 +22,7 @@ use triage::ops::setup::SetupReport;
 const JOB_TYPE: &str = "layer.job";
 
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    support::repo_root().to_path_buf()
 }
 
 fn python() -> PathBuf {
