@@ -392,7 +392,7 @@ pub fn run(opts: &Options) -> Section {
         "N environments (tasks in one process, each with its own breaker cache and stores; \
          their DynamoDB clients share one connection pool) against DynamoDB Local, one job \
          type, {BATCH} records per invocation, handlers taking {HANDLER_MS} ms, the default \
-         breaker (5 transient failures in 60 s open it for 30 s; reads cached 5 s). Steady \
+         breaker (50% of at least 10 executions in 60 s failing opens it for 30 s; reads cached 5 s). Steady \
          state for {} s (every job succeeds; rates from its second half, after every cache \
          was filled), then an outage (every execution fails transiently) until every environment has \
          seen the breaker open, plus 2 s, at most {} s. Calls are stamped on the wire per \

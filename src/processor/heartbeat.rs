@@ -148,6 +148,10 @@ pub(super) struct Held {
     /// (it chose the visibility timeout); a Lambda record's receive is not known, until the
     /// first extension SQS accepted. After that, the last accepted extension's end.
     until: Option<Instant>,
+    /// Settled at a tick, its delete failed: extended until the batch's end deletes it, but
+    /// the batch's deadline does not follow it (its extension may fail for good: it may be
+    /// deleted after all).
+    settled: bool,
 }
 
 impl Processor {
@@ -163,6 +167,7 @@ impl Processor {
                 gone: self.retention_ends_ms(r).map(instant_at),
                 facts: self.facts(r),
                 until: deadline.visible_until(),
+                settled: false,
             })
             .collect()
     }
@@ -208,7 +213,12 @@ impl Processor {
             // message stays hidden until then, or it would run again meanwhile.
             if let Some(e) = &finished {
                 let undeleted = e.undeleted();
-                held.extend(released.into_iter().filter(|h| undeleted.contains(&h.index)));
+                held.extend(
+                    released
+                        .into_iter()
+                        .filter(|h| undeleted.contains(&h.index))
+                        .map(|h| Held { settled: true, ..h }),
+                );
             }
             settled.extend(finished);
             ticks += 1;
@@ -316,7 +326,7 @@ impl Processor {
             debug!(extended = asked, "heartbeat: visibility extended");
         }
         // A worker's deadline follows the message hidden the shortest time.
-        let until: Option<Vec<Instant>> = held.iter().map(|h| h.until).collect();
+        let until: Option<Vec<Instant>> = held.iter().filter(|h| !h.settled).map(|h| h.until).collect();
         if let Some(until) = until.and_then(|u| u.into_iter().min()) {
             hold.held_until(until);
         }

@@ -40,8 +40,8 @@ pub struct JobContext {
     pub attempt: u32,
     /// The policy's attempt limit.
     pub max_attempts: u32,
-    /// When the handler is stopped (epoch ms), as known at its start; none without a
-    /// deadline. A worker's moves later while the heartbeat holds the message.
+    /// When the handler is stopped (epoch ms); none without a fixed deadline (a worker's moves
+    /// later while the heartbeat holds the message).
     pub deadline_ms: Option<u64>,
 }
 

@@ -188,9 +188,11 @@ impl Processor {
             message_id: record.inc.message_id.clone(),
             attempt,
             max_attempts: route.policy.max_attempts(),
+            // A deadline the heartbeat moves is none: the handler is not stopped by it.
             deadline_ms: probe_cap
                 .map_or(deadline, |c| deadline.at_most(c))
                 .admission()
+                .filter(|_| probe_cap.is_some() || !self.deadline_moves(deadline))
                 .map(|at| {
                     let left = at.saturating_duration_since(Instant::now());
                     now_ms().saturating_add(left.as_millis() as u64)

@@ -125,8 +125,13 @@ impl HttpDispatch {
             .header(headers::ATTEMPT, ctx.attempt)
             .header(headers::MAX_ATTEMPTS, ctx.max_attempts)
             .header(headers::MESSAGE_ID, header_text(&ctx.message_id));
-        let deadline = crate::clock::now_ms().saturating_add(self.timeout.as_millis() as u64);
-        let deadline = ctx.deadline_ms.map_or(deadline, |d| d.min(deadline));
+        // A fixed deadline (Lambda's, a probe's lease) may end the wait sooner; a worker's,
+        // which the heartbeat moves, does not.
+        let timeout = ctx.deadline_ms.map_or(self.timeout, |d| {
+            let left = d.saturating_sub(crate::clock::now_ms());
+            self.timeout.min(Duration::from_millis(left))
+        });
+        let deadline = crate::clock::now_ms().saturating_add(timeout.as_millis() as u64);
         req = req.header(headers::DEADLINE_MS, deadline);
         let req = req
             .body(Full::new(Bytes::from(payload.get().to_owned())))
@@ -134,26 +139,22 @@ impl HttpDispatch {
         let answer = async {
             let resp = self.client.request(req).await?;
             let status = resp.status().as_u16();
+            // A success is done when its status arrives: its body is never waited for, so a
+            // slow or broken body cannot turn it into a timeout and a second run.
+            if (200..300).contains(&status) {
+                return Ok((status, None, Vec::new()));
+            }
             let retry_after = resp
                 .headers()
                 .get(hyper::header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            // An error answer's body explains it; a success's is not read past its end.
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
+            let body = start_of(resp.into_body()).await;
             Ok::<_, hyper_util::client::legacy::Error>((status, retry_after, body))
         };
-        match tokio::time::timeout(self.timeout, answer).await {
-            Err(_) => Err(JobError::transient(format!(
-                "no answer from {} within {:?}",
-                self.url, self.timeout
-            ))
-            .with_code("http.timeout")),
+        match tokio::time::timeout(timeout, answer).await {
+            Err(_) => Err(JobError::transient(format!("no answer from {} within {timeout:?}", self.url))
+                .with_code("http.timeout")),
             Ok(Err(e)) => {
                 Err(JobError::transient(format!("{} unreachable: {e}", self.url)).with_code("http.connect"))
             }
@@ -164,23 +165,42 @@ impl HttpDispatch {
     }
 }
 
-/// A header value from text that may hold what a header cannot (control characters, non-ASCII):
-/// those bytes become `?`.
-fn header_text(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii() && (c == '\t' || !c.is_ascii_control()) {
-                c
-            } else {
-                '?'
+/// The first [`BODY_KEPT`] bytes of an error answer's body; the rest is never read, so a
+/// huge error page costs no memory. A body that breaks off keeps what came.
+async fn start_of(mut body: hyper::body::Incoming) -> Vec<u8> {
+    let mut kept = Vec::new();
+    while kept.len() < BODY_KEPT {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    kept.extend_from_slice(&data[..data.len().min(BODY_KEPT - kept.len())]);
+                }
             }
-        })
-        .collect()
+            _ => break,
+        }
+    }
+    kept
 }
 
-/// An HTTP answer as a job's outcome. 2xx done; 408 (timeout), 409 (conflict), 425 (too early),
-/// 429 (too many requests) and 5xx transient, with `Retry-After` as the delay when it parses;
-/// any other status fatal: the request itself is wrong, and sending it again will not help.
+/// A header value from any text: printable ASCII stays, every other byte of its UTF-8 (and
+/// `%` itself) is percent-encoded, so distinct ids stay distinct. Any URL decoder reads it.
+fn header_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// An HTTP answer as a job's outcome. 2xx done; 4xx fatal (the request itself is wrong, and
+/// sending it again will not help) except 408 (timeout), 409 (conflict), 425 (too early) and
+/// 429 (too many requests); those, 5xx and any other status transient (a redirect is not
+/// followed: a wrong URL must not empty the queue into the DLQ). A `Retry-After` above zero
+/// sets a transient failure's delay; zero or a date past leaves it to the backoff's jitter.
 pub fn classify(
     status: u16,
     retry_after: Option<&str>,
@@ -197,11 +217,14 @@ pub fn classify(
     } else {
         format!("HTTP {status}: {text}")
     };
-    let transient = matches!(status, 408 | 409 | 425 | 429) || (500..600).contains(&status);
-    let err = match (transient, retry_after.and_then(|v| retry_after_delay(v, now))) {
-        (true, Some(delay)) => JobError::retry_after(delay, message),
-        (true, None) => JobError::transient(message),
-        (false, _) => JobError::fatal(message),
+    let fatal = (400..500).contains(&status) && !matches!(status, 408 | 409 | 425 | 429);
+    let delay = retry_after
+        .and_then(|v| retry_after_delay(v, now))
+        .filter(|d| !d.is_zero());
+    let err = match (fatal, delay) {
+        (true, _) => JobError::fatal(message),
+        (false, Some(delay)) => JobError::retry_after(delay, message),
+        (false, None) => JobError::transient(message),
     };
     Err(err.with_code(format!("http.{status}")))
 }
@@ -237,10 +260,10 @@ mod tests {
         for s in [200, 201, 204, 299] {
             assert_eq!(kind(s, None), None, "{s}");
         }
-        for s in [400, 401, 403, 404, 410, 422, 499, 301, 100] {
+        for s in [400, 401, 403, 404, 410, 422, 499] {
             assert_eq!(kind(s, None), Some(ErrorKind::Fatal), "{s}");
         }
-        for s in [408, 409, 425, 429, 500, 502, 503, 504, 599] {
+        for s in [408, 409, 425, 429, 500, 502, 503, 504, 599, 301, 307, 308, 100, 600] {
             assert_eq!(kind(s, None), Some(ErrorKind::Transient), "{s}");
         }
     }
@@ -258,9 +281,10 @@ mod tests {
         );
         assert_eq!(
             kind(503, Some("Sun, 09 Sep 2001 01:40:00 GMT")),
-            Some(ErrorKind::RetryAfter(Duration::ZERO)),
-            "a date past"
+            Some(ErrorKind::Transient),
+            "a date past: the backoff"
         );
+        assert_eq!(kind(429, Some("0")), Some(ErrorKind::Transient), "zero: the backoff");
         assert_eq!(
             kind(503, Some("soon")),
             Some(ErrorKind::Transient),
@@ -305,7 +329,10 @@ mod tests {
     }
 
     #[test]
-    fn header_values_keep_only_what_a_header_can_carry() {
-        assert_eq!(header_text("a\nb\u{e9}c\td"), "a?b?c\td");
+    fn header_values_keep_distinct_ids_distinct() {
+        assert_eq!(header_text("a\nb\u{e9}c d%"), "a%0Ab%C3%A9c d%25");
+        assert_ne!(header_text("order-\u{e9}"), header_text("order-\u{fc}"));
+        assert_ne!(header_text("a%0A"), header_text("a\n"));
+        assert_eq!(header_text("plain-id_42"), "plain-id_42");
     }
 }

@@ -5,6 +5,7 @@
     transient     503 on the first attempt, then 200
     retry_after   429 with `Retry-After: <seconds>` on the first attempt, then 200
     hang          no answer for 30 s on the first attempt, then 200
+    slow_body     200 at once, then a body that never ends (4 bytes of the 100 announced)
 
 Prints its port on the first line of stdout. `GET /log` returns every job request received.
 """
@@ -55,6 +56,13 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(503, b"dependency down")
         elif outcome == "retry_after" and first:
             self.answer(429, b"slow down", [("Retry-After", str(payload.get("seconds", 2)))])
+        elif outcome == "slow_body":
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"done")
+            self.wfile.flush()
+            time.sleep(30)
         elif outcome == "hang" and first:
             time.sleep(30)
             self.answer(200)
