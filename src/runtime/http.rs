@@ -8,7 +8,7 @@
 //! handlers. A forged type creates no state.
 //!
 //! ```no_run
-//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn f() -> Result<(), sqs_triage::RuntimeError> {
 //! use sqs_triage::HttpDispatch;
 //! let dispatch = HttpDispatch::new("http://127.0.0.1:8080/jobs", std::time::Duration::from_secs(60))?;
 //! let registry = dispatch.register(sqs_triage::Registry::default(), &["email.send"]);
