@@ -19,6 +19,8 @@
 #      `cdk synth` (no bundling, cdk-nag) of its CDK app with infra/cdk's node_modules, then the
 #      same facts on both, SAM and CDK compared, and both built from the crate's own binary;
 #      then `cargo test` of the crate, with this checkout's Cargo.lock and target folder
+#   5b. `triage init --runtime python` and `--runtime node`: the same on each project's template and
+#      CDK app (infra/template-python.yaml's facts), then `python3 -m unittest` / `node --test` in it
 #   6. when the local stack is up (infra/local/test.sh starts it first; CI always has it):
 #      infra/deploy_local.py deploys the SAM translator's output and the `cdk synth` output into
 #      moto's CloudFormation and checks the created queues, table, function, mapping, log group
@@ -183,6 +185,32 @@ STARTED=$SECONDS
 grep -q 'test result: ok. 5 passed; 0 failed' "$OUT/starter-test.log" \
   || { echo "the generated crate's 4 tests did not all pass" >&2; exit 1; }
 echo "generated crate: cargo test in $((SECONDS - STARTED)) s"
+
+step "triage init --runtime python and node: each project's SAM template, CDK app and tests"
+for RT in python node; do
+  PROJECT="$OUT/starter-$RT"
+  rm -rf "$PROJECT" "$OUT/starter-$RT-cdk.out"
+  cargo run --quiet -p triage --bin triage -- init "starter-$RT" --runtime "$RT" --dir "$PROJECT" --path "$ROOT" > /dev/null
+  "$VENV/bin/cfn-lint" "$PROJECT/template.yaml"
+  echo "cfn-lint (starter $RT): no findings"
+  "$VENV/bin/python" infra/check_templates.py translate "$PROJECT/template.yaml" "$OUT/starter-$RT-sam.json"
+  ln -s "$CDK_DIR/node_modules" "$PROJECT/cdk/node_modules"
+  (cd "$PROJECT/cdk" && npx --no-install tsc --noEmit -p tsconfig.json)
+  echo "tsc (starter $RT): no errors"
+  (cd "$PROJECT/cdk" && npx --no-install cdk synth --quiet --no-notices --no-version-reporting \
+    -c stackName=sqs-triage -c layerZip="$LAYER_STANDIN" --output "$OUT/starter-$RT-cdk.out")
+  "$VENV/bin/python" infra/check_templates.py starter --runtime "$RT" --dir "$PROJECT" --name "starter-$RT" \
+    --sam-cfn "$OUT/starter-$RT-sam.json" --cdk-out "$OUT/starter-$RT-cdk.out" --limits "$OUT/config-limits.json"
+done
+# The projects' own tests, as their READMEs run them: no packages to install.
+(cd "$OUT/starter-python" && python3 -m unittest 2>&1) | tee "$OUT/starter-python-test.log" | tail -1
+grep -qx 'OK' "$OUT/starter-python-test.log" && grep -q '^Ran 4 tests' "$OUT/starter-python-test.log" \
+  || { cat "$OUT/starter-python-test.log"; echo "the Python project's 4 tests did not all pass" >&2; exit 1; }
+(cd "$OUT/starter-node" && node --test 2>&1) > "$OUT/starter-node-test.log" \
+  || { cat "$OUT/starter-node-test.log"; echo "the Node.js project's tests failed" >&2; exit 1; }
+grep -qx '# pass 4' "$OUT/starter-node-test.log" && grep -qx '# fail 0' "$OUT/starter-node-test.log" \
+  || { cat "$OUT/starter-node-test.log"; echo "the Node.js project's 4 tests did not all pass" >&2; exit 1; }
+echo "generated projects: python3 -m unittest and node --test, 4 tests each, passed"
 
 # ---------------------------------------------------------------- deployed into the local stack
 step "deploy into the local stack's CloudFormation (moto) and check the created resources"

@@ -785,7 +785,8 @@ class Facts:
                  factor: int | None = None, limits: dict | None = None, fifo: bool | None = None,
                  runtime: str = "rust"):
         self.tag = tag
-        # "rust": triage-lambda itself; "python": a Python handler through the sqs-triage layer.
+        # "rust": triage-lambda itself; a Lambda runtime (python3.13, nodejs22.x): a handler in that
+        # runtime through the sqs-triage layer.
         self.runtime = runtime
         # The variant this template must be: FIFO queues (True), standard ones (False), either (None).
         self.fifo = fifo
@@ -952,9 +953,9 @@ class Facts:
         t, fnp = self.t, self.fnp
         layers = t.of_type("AWS::Lambda::LayerVersion")
         lp = t.props(layers[0]) if len(layers) == 1 else {}
-        self.c("function runs python3.13 on arm64 (handler handler.handler) with the stack's one layer, its "
+        self.c(f"function runs {self.runtime} on arm64 (handler handler.handler) with the stack's one layer, its "
                "architecture and runtime the function's", lambda: (
-            fnp.get("Runtime") == "python3.13" and fnp.get("Architectures") == ["arm64"]
+            fnp.get("Runtime") == self.runtime and fnp.get("Architectures") == ["arm64"]
             and fnp.get("Handler") == "handler.handler"
             and len(layers) == 1 and fnp.get("Layers") == [t.ref(layers[0])]
             and lp.get("CompatibleArchitectures") == fnp.get("Architectures")
@@ -1894,6 +1895,8 @@ def starter_facts(args, report: Report) -> None:
     the same resources as each other; both build the crate's own binary."""
     crate = Path(args.dir)
     starter_path = crate / "template.yaml"
+    if args.runtime != "rust":
+        return layered_starter_facts(args, report)
     ref_lines = (ROOT / "infra/template.yaml").read_text().splitlines()
     lines = starter_path.read_text().splitlines()
     changed = [(a, b) for a, b in zip(ref_lines, lines) if a != b]
@@ -2051,6 +2054,53 @@ def python_template_facts(report: Report) -> None:
                 "(`python3 infra/check_templates.py python-template --write`)", not diff, "\n".join(diff[:20]))
 
 
+# What `triage init --runtime R` writes for a handler through the layer: its runtime, handler file.
+LAYERED_STARTERS = {"python": ("python3.13", "handler.py"), "node": ("nodejs22.x", "handler.mjs")}
+
+
+def layered_starter_facts(args, report: Report) -> None:
+    """The project `triage init --runtime python|node` wrote: its SAM template is
+    infra/template-python.yaml with its handler folder, job type, layer zip and description (and
+    the runtime, for Node.js); both stacks hold the Python variant's facts and match each other."""
+    runtime, handler_file = LAYERED_STARTERS[args.runtime]
+    tag = f"starter {args.runtime}"
+    crate = Path(args.dir)
+    starter_path = crate / "template.yaml"
+    ref_lines = [ln for ln in (ROOT / "infra/template-python.yaml").read_text().splitlines()][2:]
+    lines = starter_path.read_text().splitlines()
+    changed = [(a, b) for a, b in zip(ref_lines, lines) if a != b]
+    want = [("    Default: ../examples/layer/python", "    Default: src"),
+            ("    Default: example.echo", f"    Default: {args.name}"),
+            ("      ContentUri: ../.local/layer/sqs-triage-layer-arm64.zip", "      ContentUri: layer/sqs-triage-layer-arm64.zip"),
+            ("      Description: sqs-triage reference function (Python, through the sqs-triage layer)",
+             f"      Description: {args.name} (sqs-triage)")]
+    if runtime != "python3.13":
+        want += [("  sqs-triage: a Python function through the sqs-triage layer behind an SQS queue (partial batch",
+                  "  sqs-triage: a Node.js function through the sqs-triage layer behind an SQS queue (partial batch"),
+                 ("      CompatibleRuntimes: [python3.13]", f"      CompatibleRuntimes: [{runtime}]"),
+                 ("      Runtime: python3.13", f"      Runtime: {runtime}")]
+    report.fact(f"[{tag}] template.yaml is infra/template-python.yaml but for the handler folder (src), job type "
+                f"({args.name}), layer zip (layer/), description" + ("" if runtime == "python3.13" else " and runtime"),
+                len(ref_lines) == len(lines) and sorted(changed) == sorted(want),
+                f"{len(ref_lines)} / {len(lines)} lines, changed {changed[:8]}")
+    raw = load_yaml_template(starter_path)
+    sam_cfn = json.loads(Path(args.sam_cfn).read_text())
+    cdk_out = Path(args.cdk_out)
+    cdk_cfn = json.loads(find_cdk_template(cdk_out).read_text())
+    derived, limits, factor = Derived(ROOT), json.loads(Path(args.limits).read_text()), rust_factor(ROOT)
+    Facts(f"{tag} sam", Template(copy.deepcopy(sam_cfn)), report, derived, factor, limits, fifo=False, runtime=runtime).run()
+    layer_sam_facts(starter_path, raw, report, f"{tag} sam", "layer/sqs-triage-layer-arm64.zip", handler_file)
+    Facts(f"{tag} cdk", Template(copy.deepcopy(cdk_cfn)), report, derived, factor, limits, fifo=False, runtime=runtime).run()
+    cdk_only_facts(cdk_out, cdk_cfn, report, tag=f"{tag} cdk", code=False)
+    cdk_layer_facts(cdk_out, cdk_cfn, report, f"{tag} cdk", handler_file)
+    for t in (Template(copy.deepcopy(sam_cfn)), Template(copy.deepcopy(cdk_cfn))):
+        env = t.props(t.of_type("AWS::Lambda::Function")[0]).get("Environment", {}).get("Variables", {})
+        report.fact(f"[{tag}] TRIAGE_JOB_TYPES is the project's job type ({args.name})",
+                    env.get("TRIAGE_JOB_TYPES") == args.name, str(env.get("TRIAGE_JOB_TYPES")))
+    parity_facts(Template(copy.deepcopy(sam_cfn)), Template(copy.deepcopy(cdk_cfn)), report, f"{tag} sam=cdk",
+                 PARITY_ALLOWED_LAYER)
+
+
 def find_cdk_template(cdk_out: Path) -> Path:
     manifest = json.loads((cdk_out / "manifest.json").read_text())
     for art in manifest["artifacts"].values():
@@ -2092,6 +2142,8 @@ def main() -> int:
     st.add_argument("--sam-cfn", required=True, help="its template.yaml, translated")
     st.add_argument("--cdk-out", required=True, help="its CDK app, synthesized with -c stackName=" + STACK)
     st.add_argument("--limits", required=True)
+    st.add_argument("--runtime", default="rust", choices=["rust", *LAYERED_STARTERS],
+                    help="the --runtime it was generated with")
     args = ap.parse_args()
 
     if args.cmd == "starter":
@@ -2163,10 +2215,10 @@ def main() -> int:
         py_out = Path(args.cdk_python_out)
         py_cdk = json.loads(find_cdk_template(py_out).read_text())
         Facts("sam python", Template(copy.deepcopy(py_sam)), report, derived, factor, limits, fifo=False,
-              runtime="python").run()
+              runtime="python3.13").run()
         layer_sam_facts(Path(args.sam_python), py_raw, report, "sam python", "../.local/layer/sqs-triage-layer-arm64.zip")
         Facts("cdk python", Template(copy.deepcopy(py_cdk)), report, derived, factor, limits, fifo=False,
-              runtime="python").run()
+              runtime="python3.13").run()
         cdk_only_facts(py_out, py_cdk, report, tag="cdk python", code=False)
         cdk_layer_facts(py_out, py_cdk, report, "cdk python")
         parity_facts(Template(copy.deepcopy(py_sam)), Template(copy.deepcopy(py_cdk)), report, "sam=cdk python",
