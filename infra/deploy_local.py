@@ -64,6 +64,7 @@ NOT_KEPT = [
     "(the TTL attribute is read back from the stack's template through the CloudFormation API)",
     "SQS RedriveAllowPolicy (GetQueueAttributes does not return it)",
     "Lambda Architectures, LoggingConfig and Code (the function is created from a placeholder zip)",
+    "Lambda Layers (the layer is created, not attached: the attachment is checked statically)",
     "the CDK bootstrap version check (parameter BootstrapVersion and rule CheckBootstrapVersion: dropped "
     "from the deployed copy)",
 ]
@@ -155,7 +156,8 @@ def for_moto(template: dict, bucket: str, key: str, rename: tuple[str, str] | No
         # The CDK app writes its stackName context into the names (literal 'sqs-triage-jobs'...):
         # the copy takes the stack's own unique name.
         old, new = rename
-        t = walk_strings(t, lambda s: re.sub(rf"(?<![\w-]){re.escape(old)}(?=-)", new, s))
+        # Not the layer's wrapper path (/opt/sqs-triage-wrapper), which no stack name is part of.
+        t = walk_strings(t, lambda s: re.sub(rf"(?<![\w-]){re.escape(old)}(?=-)(?!-wrapper)", new, s))
         notes.append(f"names {old}-* renamed {new}-*")
     for rid, r in t.get("Resources", {}).items():
         if r.get("Type") == "AWS::Lambda::Function":
@@ -290,6 +292,14 @@ class Deployment:
                     problems.append(f"{what} {name} left behind")
                 except Exception:
                     pass
+        # moto's CloudFormation does not delete a stack's layer versions: removed here.
+        try:
+            for v in a.lam.list_layers().get("Layers", []):
+                if self.stack in v["LayerName"]:
+                    a.lam.delete_layer_version(LayerName=v["LayerName"],
+                                               VersionNumber=v["LatestMatchingVersion"]["Version"])
+        except Exception as e:
+            problems.append(f"layer: {e}")
         try:
             for o in a.s3.list_objects_v2(Bucket=self.bucket).get("Contents", []):
                 a.s3.delete_object(Bucket=self.bucket, Key=o["Key"])
@@ -410,16 +420,17 @@ class Deployment:
                    fn.get("Runtime") == "provided.al2023" and fn.get("Handler") == "bootstrap",
                    f"{fn.get('Runtime')} {fn.get('Handler')}")
         else:
-            layer_id = self.of_type("AWS::Lambda::LayerVersion")[0]
-            versions = a.lam.list_layer_versions(LayerName=self.physical(layer_id).split(":layer:")[-1].split(":")[0])
-            arns = [v["LayerVersionArn"] for v in versions.get("LayerVersions", [])]
-            r.fact(f"{tag} function runtime python3.13, handler handler.handler, the stack's layer attached, "
-                   "AWS_LAMBDA_EXEC_WRAPPER the layer's wrapper",
+            # moto's CloudFormation creates the layer (named after the stack) but neither gives it a
+            # physical id nor attaches it to the function: the attachment is checked statically.
+            made_layers = [v for v in a.lam.list_layers().get("Layers", []) if self.stack in v["LayerName"]]
+            r.fact(f"{tag} function runtime python3.13, handler handler.handler, AWS_LAMBDA_EXEC_WRAPPER the layer's "
+                   "wrapper, TRIAGE_JOB_TYPES set; the stack's one layer created, for python3.13",
                    fn.get("Runtime") == "python3.13" and fn.get("Handler") == "handler.handler"
-                   and [layer["Arn"] for layer in fn.get("Layers", [])] == arns[:1] and len(arns) == 1
-                   and env.get("AWS_LAMBDA_EXEC_WRAPPER") == "/opt/sqs-triage-wrapper" and bool(env.get("TRIAGE_JOB_TYPES")),
-                   f"{fn.get('Runtime')} {fn.get('Handler')} layers {fn.get('Layers')} (the stack's: {arns}) "
-                   f"{ {k: env.get(k) for k in ('AWS_LAMBDA_EXEC_WRAPPER', 'TRIAGE_JOB_TYPES')} }")
+                   and env.get("AWS_LAMBDA_EXEC_WRAPPER") == "/opt/sqs-triage-wrapper" and bool(env.get("TRIAGE_JOB_TYPES"))
+                   and len(made_layers) == 1
+                   and made_layers[0]["LatestMatchingVersion"].get("CompatibleRuntimes") == ["python3.13"],
+                   f"{fn.get('Runtime')} {fn.get('Handler')} "
+                   f"{ {k: env.get(k) for k in ('AWS_LAMBDA_EXEC_WRAPPER', 'TRIAGE_JOB_TYPES')} } layers {made_layers}")
 
         # -- the mapping (Lambda API)
         window_ok = ("MaximumBatchingWindowInSeconds" not in esm if self.fifo
