@@ -9,6 +9,8 @@
 #   3. tsc --noEmit, the CDK stack's tests (infra/cdk/test), then `cdk synth` of infra/cdk
 #      without compiling the crate, with cdk-nag (AwsSolutions); an unacknowledged cdk-nag error
 #      fails the synth; again with other settings, and for the FIFO variant
+#   3b. the Python variant: cfn-lint and the translator on infra/template-python.yaml, `cdk synth
+#      -c runtime=python` with a stand-in layer zip (the layer build is too slow here)
 #   4. infra/check_templates.py: the generated ranges are up to date; the facts that matter, on
 #      both templates; SAM and CDK compared resource by resource, setting by setting; the
 #      envelope schema and the sample events in events/
@@ -17,6 +19,8 @@
 #      `cdk synth` (no bundling, cdk-nag) of its CDK app with infra/cdk's node_modules, then the
 #      same facts on both, SAM and CDK compared, and both built from the crate's own binary;
 #      then `cargo test` of the crate, with this checkout's Cargo.lock and target folder
+#   5b. `triage init --runtime python` and `--runtime node`: the same on each project's template and
+#      CDK app (infra/template-python.yaml's facts), then `python3 -m unittest` / `node --test` in it
 #   6. when the local stack is up (infra/local/test.sh starts it first; CI always has it):
 #      infra/deploy_local.py deploys the SAM translator's output and the `cdk synth` output into
 #      moto's CloudFormation and checks the created queues, table, function, mapping, log group
@@ -89,6 +93,19 @@ echo "cfn-lint: no findings"
 step "SAM translator"
 "$VENV/bin/python" infra/check_templates.py translate infra/template.yaml "$OUT/sam-template.json"
 
+step "the Python variant (infra/template-python.yaml): cfn-lint, SAM translator"
+"$VENV/bin/cfn-lint" infra/template-python.yaml
+echo "cfn-lint (python): no findings"
+"$VENV/bin/python" infra/check_templates.py translate infra/template-python.yaml "$OUT/sam-python.json"
+# The layer build is too slow for this check: a stand-in zip with the wrapper at its root.
+LAYER_STANDIN="$OUT/layer-standin/sqs-triage-layer-arm64.zip"
+mkdir -p "$(dirname "$LAYER_STANDIN")"
+python3 - "$LAYER_STANDIN" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    z.writestr("sqs-triage-wrapper", "#!/bin/sh\necho stand-in for the layer build of infra/layer/build.sh\n")
+PY
+
 # ---------------------------------------------------------------- CDK
 step "tsc --noEmit (infra/cdk)"
 (cd "$CDK_DIR" && npx --no-install tsc --noEmit -p tsconfig.json)
@@ -116,6 +133,12 @@ rm -rf "$OUT/cdk-fifo.out"
   -c skipBundling=true -c queueType=fifo --output "$OUT/cdk-fifo.out")
 echo "cdk synth: ok (FIFO)"
 
+step "cdk synth (no bundling), the Python variant (-c runtime=python, the stand-in layer zip)"
+rm -rf "$OUT/cdk-python.out"
+(cd "$CDK_DIR" && npx --no-install cdk synth --quiet --no-notices --no-version-reporting \
+  -c skipBundling=true -c runtime=python -c layerZip="$LAYER_STANDIN" --output "$OUT/cdk-python.out")
+echo "cdk synth: ok (Python)"
+
 # ---------------------------------------------------------------- facts
 step "facts"
 "$VENV/bin/python" infra/check_templates.py check \
@@ -125,6 +148,9 @@ step "facts"
   --cdk-other-out "$OUT/cdk-other.out" \
   --other-settings infra/parity-settings.json \
   --cdk-fifo-out "$OUT/cdk-fifo.out" \
+  --sam-python infra/template-python.yaml \
+  --sam-python-cfn "$OUT/sam-python.json" \
+  --cdk-python-out "$OUT/cdk-python.out" \
   --events events \
   --schema schema/envelope.schema.json \
   --limits "$OUT/config-limits.json"
@@ -160,6 +186,32 @@ grep -q 'test result: ok. 5 passed; 0 failed' "$OUT/starter-test.log" \
   || { echo "the generated crate's 4 tests did not all pass" >&2; exit 1; }
 echo "generated crate: cargo test in $((SECONDS - STARTED)) s"
 
+step "triage init --runtime python and node: each project's SAM template, CDK app and tests"
+for RT in python node; do
+  PROJECT="$OUT/starter-$RT"
+  rm -rf "$PROJECT" "$OUT/starter-$RT-cdk.out"
+  cargo run --quiet -p triage --bin triage -- init "starter-$RT" --runtime "$RT" --dir "$PROJECT" --path "$ROOT" > /dev/null
+  "$VENV/bin/cfn-lint" "$PROJECT/template.yaml"
+  echo "cfn-lint (starter $RT): no findings"
+  "$VENV/bin/python" infra/check_templates.py translate "$PROJECT/template.yaml" "$OUT/starter-$RT-sam.json"
+  ln -s "$CDK_DIR/node_modules" "$PROJECT/cdk/node_modules"
+  (cd "$PROJECT/cdk" && npx --no-install tsc --noEmit -p tsconfig.json)
+  echo "tsc (starter $RT): no errors"
+  (cd "$PROJECT/cdk" && npx --no-install cdk synth --quiet --no-notices --no-version-reporting \
+    -c stackName=sqs-triage -c layerZip="$LAYER_STANDIN" --output "$OUT/starter-$RT-cdk.out")
+  "$VENV/bin/python" infra/check_templates.py starter --runtime "$RT" --dir "$PROJECT" --name "starter-$RT" \
+    --sam-cfn "$OUT/starter-$RT-sam.json" --cdk-out "$OUT/starter-$RT-cdk.out" --limits "$OUT/config-limits.json"
+done
+# The projects' own tests, as their READMEs run them: no packages to install.
+(cd "$OUT/starter-python" && python3 -m unittest 2>&1) | tee "$OUT/starter-python-test.log" | tail -1
+grep -qx 'OK' "$OUT/starter-python-test.log" && grep -q '^Ran 4 tests' "$OUT/starter-python-test.log" \
+  || { cat "$OUT/starter-python-test.log"; echo "the Python project's 4 tests did not all pass" >&2; exit 1; }
+(cd "$OUT/starter-node" && node --test 2>&1) > "$OUT/starter-node-test.log" \
+  || { cat "$OUT/starter-node-test.log"; echo "the Node.js project's tests failed" >&2; exit 1; }
+grep -qx '# pass 4' "$OUT/starter-node-test.log" && grep -qx '# fail 0' "$OUT/starter-node-test.log" \
+  || { cat "$OUT/starter-node-test.log"; echo "the Node.js project's 4 tests did not all pass" >&2; exit 1; }
+echo "generated projects: python3 -m unittest and node --test, 4 tests each, passed"
+
 # ---------------------------------------------------------------- deployed into the local stack
 step "deploy into the local stack's CloudFormation (moto) and check the created resources"
 STACK_PY="${TRIAGE_VENV:-$ROOT/.local/venv}/bin/python"
@@ -168,7 +220,9 @@ if [ -x "$STACK_PY" ] && "$STACK_PY" infra/deploy_local.py --probe --endpoint "$
   "$STACK_PY" infra/deploy_local.py --endpoint "$MOTO_ENDPOINT" \
     --sam-cfn "$OUT/sam-template.json" \
     --cdk-out "$OUT/cdk.out" \
-    --cdk-fifo-out "$OUT/cdk-fifo.out"
+    --cdk-fifo-out "$OUT/cdk-fifo.out" \
+    --sam-python-cfn "$OUT/sam-python.json" \
+    --cdk-python-out "$OUT/cdk-python.out"
 else
   echo "skipped: the local stack is not up (bash infra/local/stack.sh start, or run infra/local/test.sh)"
 fi

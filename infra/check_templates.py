@@ -52,6 +52,8 @@ POLICY_VARS = [
 # What the role must allow that triage-lambda's own code does not call: the SQS event source
 # mapping polls, deletes and reads the source queue with the function's role, and Lambda
 # writes the function's logs with it.
+# The layer's exec wrapper (infra/layer/sqs-triage-wrapper at the layer's root, /opt).
+LAYER_WRAPPER = "/opt/sqs-triage-wrapper"
 MAPPING_ACTIONS = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"}
 LOG_ACTIONS = {"logs:CreateLogStream", "logs:PutLogEvents"}
 # Which queue each SQS action of the function's code goes to (the source queue's URL is
@@ -162,6 +164,12 @@ MAX_MESSAGE_SIZE = 1048576  # SQS's largest message, 1 MiB
 LAMBDA_LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL"]
 _EMITTED: "Emitted | None" = None
 
+
+def emitted() -> "Emitted":
+    global _EMITTED
+    if _EMITTED is None:
+        _EMITTED = Emitted(ROOT)
+    return _EMITTED
 
 
 def builds_binary(crate: Path, binary: str) -> bool:
@@ -572,6 +580,11 @@ def translate(sam_path: Path, out_path: Path) -> None:
             # A local folder, or the CrateDir parameter: `sam build` resolves both to a folder.
             if (isinstance(uri, str) and not uri.startswith("s3://")) or (isinstance(uri, dict) and "Ref" in uri):
                 res["Properties"]["CodeUri"] = "s3://offline-check-bucket/triage-lambda.zip"
+        if res.get("Type") == "AWS::Serverless::LayerVersion":
+            uri = res.get("Properties", {}).get("ContentUri")
+            # The layer build's zip (infra/layer/build.sh): `sam package` uploads it.
+            if isinstance(uri, str) and not uri.startswith("s3://"):
+                res["Properties"]["ContentUri"] = "s3://offline-check-bucket/sqs-triage-layer.zip"
 
     class NoManagedPolicies:  # offline: the template names no managed policy to look up
         def load(self):
@@ -769,8 +782,12 @@ class Facts:
     """The shared facts, asserted on one evaluated template."""
 
     def __init__(self, tag: str, tpl: Template, report: Report, derived: "Derived | None" = None,
-                 factor: int | None = None, limits: dict | None = None, fifo: bool | None = None):
+                 factor: int | None = None, limits: dict | None = None, fifo: bool | None = None,
+                 runtime: str = "rust"):
         self.tag = tag
+        # "rust": triage-lambda itself; a Lambda runtime (python3.13, nodejs22.x): a handler in that
+        # runtime through the sqs-triage layer.
+        self.runtime = runtime
         # The variant this template must be: FIFO queues (True), standard ones (False), either (None).
         self.fifo = fifo
         self.limits = limits or {"variables": []}
@@ -808,11 +825,15 @@ class Facts:
         dlq_arn = t.getatt(self.dlq, "Arn")
         table_arn = t.getatt(self.table, "Arn")
 
-        self.c("function runs provided.al2023 on arm64 with handler bootstrap", lambda: (
-            self.fnp.get("Runtime") == "provided.al2023"
-            and self.fnp.get("Architectures") == ["arm64"]
-            and self.fnp.get("Handler") == "bootstrap",
-            f"{self.fnp.get('Runtime')} {self.fnp.get('Architectures')} {self.fnp.get('Handler')}"))
+        if self.runtime == "rust":
+            self.c("function runs provided.al2023 on arm64 with handler bootstrap", lambda: (
+                self.fnp.get("Runtime") == "provided.al2023"
+                and self.fnp.get("Architectures") == ["arm64"]
+                and self.fnp.get("Handler") == "bootstrap"
+                and not self.fnp.get("Layers"),
+                f"{self.fnp.get('Runtime')} {self.fnp.get('Architectures')} {self.fnp.get('Handler')}"))
+        else:
+            self.layer_facts()
 
         esm = t.props(self.esm)
         self.c("event source mapping reads the source queue into the function", lambda: (
@@ -927,6 +948,28 @@ class Facts:
             and outs.get("DlqUrl") == t.ref(self.dlq)
             and outs.get("TableName") == t.ref(self.table),
             json.dumps(outs)))
+
+    def layer_facts(self) -> None:
+        t, fnp = self.t, self.fnp
+        layers = t.of_type("AWS::Lambda::LayerVersion")
+        lp = t.props(layers[0]) if len(layers) == 1 else {}
+        self.c(f"function runs {self.runtime} on arm64 (handler handler.handler) with the stack's one layer, its "
+               "architecture and runtime the function's", lambda: (
+            fnp.get("Runtime") == self.runtime and fnp.get("Architectures") == ["arm64"]
+            and fnp.get("Handler") == "handler.handler"
+            and len(layers) == 1 and fnp.get("Layers") == [t.ref(layers[0])]
+            and lp.get("CompatibleArchitectures") == fnp.get("Architectures")
+            and lp.get("CompatibleRuntimes") == [fnp.get("Runtime")],
+            f"{fnp.get('Runtime')} {fnp.get('Architectures')} {fnp.get('Handler')} layers {fnp.get('Layers')} "
+            f"of {layers}: {json.dumps({k: lp.get(k) for k in ('CompatibleArchitectures', 'CompatibleRuntimes')})}"))
+        self.c(f"function runs through the layer's wrapper (AWS_LAMBDA_EXEC_WRAPPER={LAYER_WRAPPER}) and names its "
+               "job types (TRIAGE_JOB_TYPES)", lambda: (
+            self.env.get("AWS_LAMBDA_EXEC_WRAPPER") == LAYER_WRAPPER
+            and bool(re.fullmatch(r"[^,\s]+(,[^,\s]+)*", str(self.env.get("TRIAGE_JOB_TYPES", "")))),
+            json.dumps({k: self.env.get(k) for k in ("AWS_LAMBDA_EXEC_WRAPPER", "TRIAGE_JOB_TYPES")})))
+        self.c("the layer is deleted with its stack (no retained layer versions)", lambda: (
+            self.t.resources[layers[0]].get("DeletionPolicy", "Delete") == "Delete", json.dumps(
+                {k: self.t.resources[layers[0]].get(k) for k in ("DeletionPolicy", "UpdateReplacePolicy")})))
 
     def fifo_facts(self, srcp: dict, dlqp: dict) -> None:
         t = self.t
@@ -1292,7 +1335,8 @@ def sam_only_facts_thresholds(sam_raw: dict, sam_cfn: dict, report: Report) -> N
     report.check("[sam] each alarm's threshold is its parameter (" + ", ".join(thresholds) + ")", threshold_params)
 
 
-def cdk_only_facts(cdk_out: Path, cdk_cfn: dict, report: Report, binary: str = "triage-lambda", tag: str = "cdk") -> None:
+def cdk_only_facts(cdk_out: Path, cdk_cfn: dict, report: Report, binary: str = "triage-lambda", tag: str = "cdk",
+                   code: bool = True) -> None:
     def nag():
         path = cdk_out / "validation-report.json"
         if not path.exists():
@@ -1304,7 +1348,7 @@ def cdk_only_facts(cdk_out: Path, cdk_cfn: dict, report: Report, binary: str = "
 
     report.check(f"[{tag}] cdk-nag AwsSolutions: no unacknowledged errors", nag)
 
-    def code():
+    def code_fact():
         fn = next(r for r in cdk_cfn["Resources"].values() if r["Type"] == "AWS::Lambda::Function")
         asset = Path(fn["Metadata"]["aws:asset:path"])
         if not asset.is_absolute():
@@ -1313,7 +1357,8 @@ def cdk_only_facts(cdk_out: Path, cdk_cfn: dict, report: Report, binary: str = "
             return builds_binary(asset, binary), str(asset)
         return (asset / "bootstrap").exists(), f"{asset} (bundled)"
 
-    report.check(f"[{tag}] function code is the {binary} binary of the crate (cargo-lambda-cdk)", code)
+    if code:
+        report.check(f"[{tag}] function code is the {binary} binary of the crate (cargo-lambda-cdk)", code_fact)
 
 
 RECORD_KEYS = {"messageId", "receiptHandle", "body", "attributes", "messageAttributes", "md5OfBody",
@@ -1440,6 +1485,8 @@ class Roles:
             self.claim(f"alarm {p.get('Namespace')}/{p.get('MetricName')}", "alarm", a)
         for d in t.of_type("AWS::CloudWatch::Dashboard"):
             self.claim("dashboard", "dashboard", d)
+        for layer in t.of_type("AWS::Lambda::LayerVersion"):
+            self.claim("layer", "layer", layer)
         # Queue policies: one per queue or one for both, compared per queue.
         self.policies = t.of_type("AWS::SQS::QueuePolicy")
         self.unclaimed -= set(self.policies)
@@ -1525,8 +1572,18 @@ def differences(a, b, path: str = "") -> list[tuple[str, object, object]]:
     return [] if same else [(path, a, b)]
 
 
-def parity_facts(sam: Template, cdk: Template, report: Report, tag: str = "sam=cdk") -> None:
+# The Python variant's: the layer's content, as the function's code.
+PARITY_ALLOWED_LAYER = {
+    **PARITY_ALLOWED,
+    ("layer", "Content"): "where the layer's zip comes from: SAM's is what `sam package` uploads of ContentUri "
+                          "(offline: a placeholder), CDK's an asset of the zip (checked: both are the layer build's zip)",
+}
+
+
+def parity_facts(sam: Template, cdk: Template, report: Report, tag: str = "sam=cdk",
+                 allowed_diffs: dict | None = None) -> None:
     """SAM and CDK make the same resources with the same settings, resource by resource."""
+    allowed_diffs = PARITY_ALLOWED if allowed_diffs is None else allowed_diffs
     rs, rc = Roles("sam", sam), Roles("cdk", cdk)
     report.fact(f"[{tag}] every resource of either template has a counterpart role (queues, queue policies, table, "
                 "log group, role, function, mapping, alarms, dashboard)", not rs.unclaimed and not rc.unclaimed,
@@ -1541,7 +1598,7 @@ def parity_facts(sam: Template, cdk: Template, report: Report, tag: str = "sam=c
         bad, allowed = [], []
         for path, x, y in differences(a[key][1], b[key][1]):
             setting = re.sub(r"\[\d+\]", "", path.removeprefix("Properties."))
-            rule = next(((k, a) for k, a in PARITY_ALLOWED if k == kind and (setting == a or setting.startswith(a + "."))), None)
+            rule = next(((k, a) for k, a in allowed_diffs if k == kind and (setting == a or setting.startswith(a + "."))), None)
             if rule:
                 used.add(rule)
                 allowed.append(rule[1])
@@ -1550,7 +1607,7 @@ def parity_facts(sam: Template, cdk: Template, report: Report, tag: str = "sam=c
         note = f" (allowed: {', '.join(sorted(set(allowed)))})" if allowed else ""
         report.fact(f"[{tag}] {key}: same settings{note}", not bad, "; ".join(bad))
     report.fact(f"[{tag}] every allowed difference still occurs (no stale allow-list entry)",
-                used == set(PARITY_ALLOWED), f"unused: {sorted(set(PARITY_ALLOWED) - used)}")
+                used == set(allowed_diffs), f"unused: {sorted(set(allowed_diffs) - used)}")
 
 
 # --------------------------------------------------------------------------- broken copies
@@ -1838,6 +1895,8 @@ def starter_facts(args, report: Report) -> None:
     the same resources as each other; both build the crate's own binary."""
     crate = Path(args.dir)
     starter_path = crate / "template.yaml"
+    if args.runtime != "rust":
+        return layered_starter_facts(args, report)
     ref_lines = (ROOT / "infra/template.yaml").read_text().splitlines()
     lines = starter_path.read_text().splitlines()
     changed = [(a, b) for a, b in zip(ref_lines, lines) if a != b]
@@ -1862,6 +1921,186 @@ def starter_facts(args, report: Report) -> None:
     parity_facts(Template(copy.deepcopy(sam_cfn)), Template(copy.deepcopy(cdk_cfn)), report, "starter sam=cdk")
 
 
+# --------------------------------------------------------------------------- the Python variant
+
+PYTHON_TEMPLATE_HEADER = """# Generated from infra/template.yaml by `python3 infra/check_templates.py python-template --write`;
+# `bash infra/check.sh` fails when it differs. Edit infra/template.yaml (or the generator) instead.
+"""
+
+PYTHON_DESCRIPTION = """Description: >-
+  sqs-triage: a Python function through the sqs-triage layer behind an SQS queue (partial batch
+  responses), its DLQ, the DynamoDB state table (attempt ledger and circuit breakers), alarms and
+  a dashboard: infra/template.yaml's resources, the layer added. `cdk synth -c runtime=python`
+  builds the same resources with the same settings.
+"""
+
+PYTHON_BUILD_PARAMS = """  HandlerDir:
+    Type: String
+    Description: >-
+      The folder of the handler's code (sam build's CodeUri), relative to this template. `sam
+      build` reads it (default or --parameter-overrides); CloudFormation never sees it.
+    Default: ../examples/layer/python
+  JobTypes:
+    Type: String
+    Description: TRIAGE_JOB_TYPES, the job types the handler takes, comma-separated (any other goes to the DLQ as invalid).
+    Default: example.echo
+    AllowedPattern: "^[^,\\\\s]+(,[^,\\\\s]+)*$"
+    ConstraintDescription: job types separated by commas, without spaces
+"""
+
+PYTHON_FUNCTION = """  # The extension, the exec wrapper and the helpers: `bash infra/layer/build.sh` writes the zip
+  # (sam build cannot take the path from a parameter). The function's architecture and runtime only.
+  TriageLayer:
+    Type: AWS::Serverless::LayerVersion
+    Properties:
+      LayerName: !Sub "${AWS::StackName}-sqs-triage"
+      Description: "sqs-triage: the extension, the exec wrapper and the Python and Node.js helpers (infra/layer/build.sh)"
+      ContentUri: ../.local/layer/sqs-triage-layer-arm64.zip
+      CompatibleArchitectures: [arm64]
+      CompatibleRuntimes: [python3.13]
+      RetentionPolicy: Delete
+
+  # The layer's extension splits each batch into one invocation per record and settles the
+  # batch as triage-lambda does: the same variables, role, mapping, alarms and dashboard.
+  TriageLambda:
+    Type: AWS::Serverless::Function
+    Properties:
+      FunctionName: !Sub "${AWS::StackName}-triage-lambda"
+      Description: sqs-triage reference function (Python, through the sqs-triage layer)
+      CodeUri: !Ref HandlerDir
+      Handler: handler.handler
+      Runtime: python3.13
+      Architectures: [arm64]
+      Layers: [!Ref TriageLayer]
+"""
+
+
+def python_template(text: str) -> str:
+    """infra/template.yaml with a Python function through the layer instead of triage-lambda."""
+    lines = text.splitlines(keepends=True)
+
+    def index(prefix: str, start: int = 0) -> int:
+        for i in range(start, len(lines)):
+            if lines[i].startswith(prefix):
+                return i
+        raise SystemExit(f"infra/template.yaml: no line starting {prefix!r} (the python-template generator needs it)")
+
+    d0, p0 = index("Description: >-"), index("Parameters:")
+    c0, c1 = index("  CrateDir:"), index("  FunctionTimeout:")
+    f0 = index("  TriageLambda:")
+    f1 = index("      MemorySize: !Ref FunctionMemory", f0)
+    e0 = index("          RUST_LOG: info", f1)
+    env = ["          AWS_LAMBDA_EXEC_WRAPPER: /opt/sqs-triage-wrapper\n",
+           "          TRIAGE_JOB_TYPES: !Ref JobTypes\n"]
+    out = (lines[:d0] + [PYTHON_DESCRIPTION, "\n"] + lines[p0:c0] + [PYTHON_BUILD_PARAMS] + lines[c1:f0]
+           + [PYTHON_FUNCTION] + lines[f1:e0 + 1] + env + lines[e0 + 1:])
+    return PYTHON_TEMPLATE_HEADER + "".join(out)
+
+
+def layer_sam_facts(sam_path: Path, sam_raw: dict, report: Report, tag: str, layer_zip: str,
+                    handler_file: str = "handler.py") -> None:
+    """What `sam build` and `sam package` read: the handler's folder (HandlerDir's default) holds
+    its handler, and the layer's ContentUri is the zip the layer build writes."""
+    fn = next(r for r in sam_raw["Resources"].values() if r["Type"] == "AWS::Serverless::Function")
+    layer = next(r for r in sam_raw["Resources"].values() if r["Type"] == "AWS::Serverless::LayerVersion")
+
+    def code():
+        uri = fn["Properties"]["CodeUri"]
+        folder = sam_raw["Parameters"]["HandlerDir"]["Default"] if uri == {"Ref": "HandlerDir"} else None
+        if folder is None:
+            return False, f"CodeUri {uri}: a Ref to HandlerDir"
+        module, func = fn["Properties"]["Handler"].rsplit(".", 1)
+        path = (sam_path.parent / folder / handler_file).resolve()
+        text = path.read_text() if path.exists() else ""
+        defines = re.search(rf"^(def {func}\(|export (async )?function {func}\()", text, re.M)
+        return (path.stem == module and bool(defines) and "Metadata" not in fn,
+                f"CodeUri {uri} -> {path} (exists {path.exists()}), Handler {fn['Properties']['Handler']}")
+
+    report.check(f"[{tag}] function code: HandlerDir's default holds {handler_file} defining the handler (sam build's "
+                 "default build for the runtime)", code)
+    report.check(f"[{tag}] layer content is the layer build's zip ({layer_zip}, relative to the template)", lambda: (
+        layer["Properties"].get("ContentUri") == layer_zip, str(layer["Properties"].get("ContentUri"))))
+
+
+def cdk_layer_facts(cdk_out: Path, cdk_cfn: dict, report: Report, tag: str, handler_file: str = "handler.py") -> None:
+    def asset_of(rtype):
+        r = next(r for r in cdk_cfn["Resources"].values() if r["Type"] == rtype)
+        asset = Path(r["Metadata"]["aws:asset:path"])
+        return asset if asset.is_absolute() else cdk_out / asset
+
+    def code():
+        asset = asset_of("AWS::Lambda::Function")
+        return (asset / handler_file).exists(), str(asset)
+
+    def layer():
+        import zipfile
+
+        asset = asset_of("AWS::Lambda::LayerVersion")
+        # The asset of a .zip is the zip itself (staged as is); the check's is a stand-in.
+        ok = asset.is_file() and zipfile.is_zipfile(asset) and "sqs-triage-wrapper" in zipfile.ZipFile(asset).namelist()
+        return ok, str(asset)
+
+    report.check(f"[{tag}] function code is the handler's folder ({handler_file})", code)
+    report.check(f"[{tag}] layer content is a zip with the wrapper at its root (the layer build's, or the check's "
+                 "stand-in)", layer)
+
+
+def python_template_facts(report: Report) -> None:
+    want = python_template((ROOT / "infra/template.yaml").read_text())
+    path = ROOT / "infra/template-python.yaml"
+    have = path.read_text() if path.exists() else ""
+    diff = list(difflib.unified_diff(have.splitlines(), want.splitlines(), "infra/template-python.yaml", "generated", lineterm="", n=0))
+    report.fact("[sam python] infra/template-python.yaml is infra/template.yaml with the Python function through the layer "
+                "(`python3 infra/check_templates.py python-template --write`)", not diff, "\n".join(diff[:20]))
+
+
+# What `triage init --runtime R` writes for a handler through the layer: its runtime, handler file.
+LAYERED_STARTERS = {"python": ("python3.13", "handler.py"), "node": ("nodejs22.x", "handler.mjs")}
+
+
+def layered_starter_facts(args, report: Report) -> None:
+    """The project `triage init --runtime python|node` wrote: its SAM template is
+    infra/template-python.yaml with its handler folder, job type, layer zip and description (and
+    the runtime, for Node.js); both stacks hold the Python variant's facts and match each other."""
+    runtime, handler_file = LAYERED_STARTERS[args.runtime]
+    tag = f"starter {args.runtime}"
+    crate = Path(args.dir)
+    starter_path = crate / "template.yaml"
+    ref_lines = [ln for ln in (ROOT / "infra/template-python.yaml").read_text().splitlines()][2:]
+    lines = starter_path.read_text().splitlines()
+    changed = [(a, b) for a, b in zip(ref_lines, lines) if a != b]
+    want = [("    Default: ../examples/layer/python", "    Default: src"),
+            ("    Default: example.echo", f"    Default: {args.name}"),
+            ("      ContentUri: ../.local/layer/sqs-triage-layer-arm64.zip", "      ContentUri: layer/sqs-triage-layer-arm64.zip"),
+            ("      Description: sqs-triage reference function (Python, through the sqs-triage layer)",
+             f"      Description: {args.name} (sqs-triage)")]
+    if runtime != "python3.13":
+        want += [("  sqs-triage: a Python function through the sqs-triage layer behind an SQS queue (partial batch",
+                  "  sqs-triage: a Node.js function through the sqs-triage layer behind an SQS queue (partial batch"),
+                 ("      CompatibleRuntimes: [python3.13]", f"      CompatibleRuntimes: [{runtime}]"),
+                 ("      Runtime: python3.13", f"      Runtime: {runtime}")]
+    report.fact(f"[{tag}] template.yaml is infra/template-python.yaml but for the handler folder (src), job type "
+                f"({args.name}), layer zip (layer/), description" + ("" if runtime == "python3.13" else " and runtime"),
+                len(ref_lines) == len(lines) and sorted(changed) == sorted(want),
+                f"{len(ref_lines)} / {len(lines)} lines, changed {changed[:8]}")
+    raw = load_yaml_template(starter_path)
+    sam_cfn = json.loads(Path(args.sam_cfn).read_text())
+    cdk_out = Path(args.cdk_out)
+    cdk_cfn = json.loads(find_cdk_template(cdk_out).read_text())
+    derived, limits, factor = Derived(ROOT), json.loads(Path(args.limits).read_text()), rust_factor(ROOT)
+    Facts(f"{tag} sam", Template(copy.deepcopy(sam_cfn)), report, derived, factor, limits, fifo=False, runtime=runtime).run()
+    layer_sam_facts(starter_path, raw, report, f"{tag} sam", "layer/sqs-triage-layer-arm64.zip", handler_file)
+    Facts(f"{tag} cdk", Template(copy.deepcopy(cdk_cfn)), report, derived, factor, limits, fifo=False, runtime=runtime).run()
+    cdk_only_facts(cdk_out, cdk_cfn, report, tag=f"{tag} cdk", code=False)
+    cdk_layer_facts(cdk_out, cdk_cfn, report, f"{tag} cdk", handler_file)
+    for t in (Template(copy.deepcopy(sam_cfn)), Template(copy.deepcopy(cdk_cfn))):
+        env = t.props(t.of_type("AWS::Lambda::Function")[0]).get("Environment", {}).get("Variables", {})
+        report.fact(f"[{tag}] TRIAGE_JOB_TYPES is the project's job type ({args.name})",
+                    env.get("TRIAGE_JOB_TYPES") == args.name, str(env.get("TRIAGE_JOB_TYPES")))
+    parity_facts(Template(copy.deepcopy(sam_cfn)), Template(copy.deepcopy(cdk_cfn)), report, f"{tag} sam=cdk",
+                 PARITY_ALLOWED_LAYER)
+
+
 def find_cdk_template(cdk_out: Path) -> Path:
     manifest = json.loads((cdk_out / "manifest.json").read_text())
     for art in manifest["artifacts"].values():
@@ -1879,6 +2118,8 @@ def main() -> int:
     sr = sub.add_parser("sam-rules", help="rewrite the SAM template's generated Rules section")
     sr.add_argument("sam")
     sub.add_parser("lambda-calls", help="print the SDK calls derived from triage-lambda's source")
+    pt = sub.add_parser("python-template", help="print infra/template-python.yaml as generated from infra/template.yaml")
+    pt.add_argument("--write", action="store_true", help="write it instead")
     pc = sub.add_parser("cdk-context", help="print `-c key=value` arguments for the CDK app, one a line")
     pc.add_argument("settings")
     ck = sub.add_parser("check")
@@ -1890,6 +2131,9 @@ def main() -> int:
     ck.add_argument("--cdk-other-out", help="the CDK app synthesized with the values of --other-settings")
     ck.add_argument("--other-settings", help="infra/parity-settings.json")
     ck.add_argument("--cdk-fifo-out", help="the CDK app synthesized with -c queueType=fifo")
+    ck.add_argument("--sam-python", help="infra/template-python.yaml")
+    ck.add_argument("--sam-python-cfn", help="infra/template-python.yaml, translated")
+    ck.add_argument("--cdk-python-out", help="the CDK app synthesized with -c runtime=python")
     ck.add_argument("--limits", required=True,
                     help="src/config.rs's limits as JSON (`cargo run -p triage --example config_limits`)")
     st = sub.add_parser("starter", help="check the crate `triage init` wrote (its SAM template and CDK app)")
@@ -1898,6 +2142,8 @@ def main() -> int:
     st.add_argument("--sam-cfn", required=True, help="its template.yaml, translated")
     st.add_argument("--cdk-out", required=True, help="its CDK app, synthesized with -c stackName=" + STACK)
     st.add_argument("--limits", required=True)
+    st.add_argument("--runtime", default="rust", choices=["rust", *LAYERED_STARTERS],
+                    help="the --runtime it was generated with")
     args = ap.parse_args()
 
     if args.cmd == "starter":
@@ -1907,6 +2153,13 @@ def main() -> int:
         return 1 if report.failed else 0
     if args.cmd == "translate":
         translate(Path(args.sam), Path(args.out))
+        return 0
+    if args.cmd == "python-template":
+        text = python_template((ROOT / "infra/template.yaml").read_text())
+        if args.write:
+            (ROOT / "infra/template-python.yaml").write_text(text)
+        else:
+            sys.stdout.write(text)
         return 0
     if args.cmd == "sam-rules":
         write_sam_rules(Path(args.sam), rust_factor(ROOT))
@@ -1955,6 +2208,21 @@ def main() -> int:
         other_settings_facts(sam_raw, sam_cfn, Path(args.cdk_other_out), Path(args.other_settings), report)
     if args.events and args.schema:
         events_facts(Path(args.events), Path(args.schema), report)
+    if args.sam_python and args.sam_python_cfn and args.cdk_python_out:
+        python_template_facts(report)
+        py_raw = load_yaml_template(Path(args.sam_python))
+        py_sam = json.loads(Path(args.sam_python_cfn).read_text())
+        py_out = Path(args.cdk_python_out)
+        py_cdk = json.loads(find_cdk_template(py_out).read_text())
+        Facts("sam python", Template(copy.deepcopy(py_sam)), report, derived, factor, limits, fifo=False,
+              runtime="python3.13").run()
+        layer_sam_facts(Path(args.sam_python), py_raw, report, "sam python", "../.local/layer/sqs-triage-layer-arm64.zip")
+        Facts("cdk python", Template(copy.deepcopy(py_cdk)), report, derived, factor, limits, fifo=False,
+              runtime="python3.13").run()
+        cdk_only_facts(py_out, py_cdk, report, tag="cdk python", code=False)
+        cdk_layer_facts(py_out, py_cdk, report, "cdk python")
+        parity_facts(Template(copy.deepcopy(py_sam)), Template(copy.deepcopy(py_cdk)), report, "sam=cdk python",
+                     PARITY_ALLOWED_LAYER)
     mutant_facts(sam_cfn, cdk_cfn, derived, factor, limits, report)
     if cdk_fifo_cfn is not None:
         fifo_mutant_facts(sam_cfn, cdk_fifo_cfn, derived, factor, limits, report)

@@ -7,6 +7,8 @@ resources it created through the SQS, DynamoDB, Lambda, Logs and CloudWatch APIs
 Deploys, each under a stack name of its own (deleted afterwards, pass or fail):
   - the SAM translator's output with its defaults (standard queues), and with QueueType=fifo;
   - the `cdk synth` output (standard), and the FIFO variant's (`-c queueType=fifo`) when given;
+  - the Python variant's (infra/template-python.yaml translated, `cdk synth -c runtime=python`)
+    when given: the layer created and attached, the wrapper variable set;
   - broken copies, each of which must fail a check (a source queue whose maxReceiveCount is
     below the receive rule, SAM and CDK; FIFO queues with content-based deduplication on).
 
@@ -62,6 +64,7 @@ NOT_KEPT = [
     "(the TTL attribute is read back from the stack's template through the CloudFormation API)",
     "SQS RedriveAllowPolicy (GetQueueAttributes does not return it)",
     "Lambda Architectures, LoggingConfig and Code (the function is created from a placeholder zip)",
+    "Lambda Layers (the layer is created, not attached: the attachment is checked statically)",
     "the CDK bootstrap version check (parameter BootstrapVersion and rule CheckBootstrapVersion: dropped "
     "from the deployed copy)",
 ]
@@ -153,11 +156,15 @@ def for_moto(template: dict, bucket: str, key: str, rename: tuple[str, str] | No
         # The CDK app writes its stackName context into the names (literal 'sqs-triage-jobs'...):
         # the copy takes the stack's own unique name.
         old, new = rename
-        t = walk_strings(t, lambda s: re.sub(rf"(?<![\w-]){re.escape(old)}(?=-)", new, s))
+        # Not the layer's wrapper path (/opt/sqs-triage-wrapper), which no stack name is part of.
+        t = walk_strings(t, lambda s: re.sub(rf"(?<![\w-]){re.escape(old)}(?=-)(?!-wrapper)", new, s))
         notes.append(f"names {old}-* renamed {new}-*")
     for rid, r in t.get("Resources", {}).items():
         if r.get("Type") == "AWS::Lambda::Function":
             r["Properties"]["Code"] = {"S3Bucket": bucket, "S3Key": key}
+        if r.get("Type") == "AWS::Lambda::LayerVersion":
+            r["Properties"]["Content"] = {"S3Bucket": bucket, "S3Key": key}
+            notes.append("layer content: the placeholder zip")
     notes.append("function code: a placeholder zip in a bucket of the run's own")
     params = t.get("Parameters", {})
     # CloudFormation passes parameters as strings; moto turns a Number into an int, and then
@@ -198,7 +205,8 @@ def for_moto(template: dict, bucket: str, key: str, rename: tuple[str, str] | No
 
 class Deployment:
     def __init__(self, aws: Aws, label: str, template: dict, params: dict, fifo: bool, rename: str | None,
-                 expect: dict):
+                 expect: dict, runtime: str = "rust"):
+        self.runtime = runtime
         self.aws = aws
         self.label = label
         self.template = template
@@ -284,6 +292,14 @@ class Deployment:
                     problems.append(f"{what} {name} left behind")
                 except Exception:
                     pass
+        # moto's CloudFormation does not delete a stack's layer versions: removed here.
+        try:
+            for v in a.lam.list_layers().get("Layers", []):
+                if self.stack in v["LayerName"]:
+                    a.lam.delete_layer_version(LayerName=v["LayerName"],
+                                               VersionNumber=v["LatestMatchingVersion"]["Version"])
+        except Exception as e:
+            problems.append(f"layer: {e}")
         try:
             for o in a.s3.list_objects_v2(Bucket=self.bucket).get("Contents", []):
                 a.s3.delete_object(Bucket=self.bucket, Key=o["Key"])
@@ -399,9 +415,22 @@ class Deployment:
                and env.get("TRIAGE_DLQ_URL", "").endswith("/" + dlq_name)
                and env.get("TRIAGE_TABLE") == table["TableName"],
                json.dumps({k: env.get(k) for k in ("TRIAGE_QUEUE_URL", "TRIAGE_DLQ_URL", "TRIAGE_TABLE")}))
-        r.fact(f"{tag} function runtime provided.al2023, handler bootstrap",
-               fn.get("Runtime") == "provided.al2023" and fn.get("Handler") == "bootstrap",
-               f"{fn.get('Runtime')} {fn.get('Handler')}")
+        if self.runtime == "rust":
+            r.fact(f"{tag} function runtime provided.al2023, handler bootstrap",
+                   fn.get("Runtime") == "provided.al2023" and fn.get("Handler") == "bootstrap",
+                   f"{fn.get('Runtime')} {fn.get('Handler')}")
+        else:
+            # moto's CloudFormation creates the layer (named after the stack) but neither gives it a
+            # physical id nor attaches it to the function: the attachment is checked statically.
+            made_layers = [v for v in a.lam.list_layers().get("Layers", []) if self.stack in v["LayerName"]]
+            r.fact(f"{tag} function runtime python3.13, handler handler.handler, AWS_LAMBDA_EXEC_WRAPPER the layer's "
+                   "wrapper, TRIAGE_JOB_TYPES set; the stack's one layer created, for python3.13",
+                   fn.get("Runtime") == "python3.13" and fn.get("Handler") == "handler.handler"
+                   and env.get("AWS_LAMBDA_EXEC_WRAPPER") == "/opt/sqs-triage-wrapper" and bool(env.get("TRIAGE_JOB_TYPES"))
+                   and len(made_layers) == 1
+                   and made_layers[0]["LatestMatchingVersion"].get("CompatibleRuntimes") == ["python3.13"],
+                   f"{fn.get('Runtime')} {fn.get('Handler')} "
+                   f"{ {k: env.get(k) for k in ('AWS_LAMBDA_EXEC_WRAPPER', 'TRIAGE_JOB_TYPES')} } layers {made_layers}")
 
         # -- the mapping (Lambda API)
         window_ok = ("MaximumBatchingWindowInSeconds" not in esm if self.fifo
@@ -466,6 +495,8 @@ def main() -> int:
     ap.add_argument("--sam-cfn", help="the SAM translator's output (infra/check_templates.py translate)")
     ap.add_argument("--cdk-out", help="`cdk synth` output folder (standard queues)")
     ap.add_argument("--cdk-fifo-out", help="`cdk synth -c queueType=fifo` output folder")
+    ap.add_argument("--sam-python-cfn", help="infra/template-python.yaml, translated")
+    ap.add_argument("--cdk-python-out", help="`cdk synth -c runtime=python` output folder")
     ap.add_argument("--cdk-stack-name", default="sqs-triage", help="the stackName context the CDK app was synthesized with")
     ap.add_argument("--endpoint", default=os.environ.get("TRIAGE_MOTO_ENDPOINT", "http://127.0.0.1:45660"))
     ap.add_argument("--probe", action="store_true", help="exit 0 when moto's CloudFormation answers, 3 when not")
@@ -493,20 +524,25 @@ def main() -> int:
     cdk = json.loads(find_cdk_template(Path(args.cdk_out)).read_text())
     has_fifo = "QueueType" in sam.get("Parameters", {})
 
-    plan = [("sam", sam, {}, False, None)]
+    plan = [("sam", sam, {}, False, None, "rust")]
     if has_fifo:
-        plan.append(("sam fifo", sam, {"QueueType": "fifo"}, True, None))
-    plan.append(("cdk", cdk, {}, False, args.cdk_stack_name))
+        plan.append(("sam fifo", sam, {"QueueType": "fifo"}, True, None, "rust"))
+    plan.append(("cdk", cdk, {}, False, args.cdk_stack_name, "rust"))
     if args.cdk_fifo_out:
         plan.append(("cdk fifo", json.loads(find_cdk_template(Path(args.cdk_fifo_out)).read_text()), {}, True,
-                     args.cdk_stack_name))
+                     args.cdk_stack_name, "rust"))
+    if args.sam_python_cfn:
+        plan.append(("sam python", json.loads(Path(args.sam_python_cfn).read_text()), {}, False, None, "python"))
+    if args.cdk_python_out:
+        plan.append(("cdk python", json.loads(find_cdk_template(Path(args.cdk_python_out)).read_text()), {}, False,
+                     args.cdk_stack_name, "python"))
 
     report = Report()
     print(f"moto {args.endpoint}: account {aws.sts.get_caller_identity()['Account']}; not created by moto's "
           f"CloudFormation: {', '.join(f'{k} ({v})' for k, v in UNSUPPORTED_TYPES.items())}; not kept: "
           + "; ".join(NOT_KEPT))
-    for label, template, params, fifo, rename in plan:
-        d = Deployment(aws, label, template, params, fifo, rename, EXPECT)
+    for label, template, params, fifo, rename, runtime in plan:
+        d = Deployment(aws, label, template, params, fifo, rename, EXPECT, runtime)
         try:
             d.run(report, names)
         finally:

@@ -109,6 +109,87 @@ fn init_writes_the_crate_and_reports_its_files() {
     );
 }
 
+/// `--runtime python` and `--runtime node`: a handler of that language, its tests, the layer's
+/// helpers for them, and both stacks with the layer; no crate.
+#[test]
+fn init_runtime_python_and_node_write_a_handler_its_tests_and_both_stacks() {
+    let tmp = TempDir::new("init-runtime");
+    for (runtime, handler, test, runtime_line) in [
+        (
+            "python",
+            "src/handler.py",
+            "tests/test_handler.py",
+            "      Runtime: python3.13\n",
+        ),
+        (
+            "node",
+            "src/handler.mjs",
+            "test/handler.test.mjs",
+            "      Runtime: nodejs22.x\n",
+        ),
+    ] {
+        let dir = tmp.0.join(runtime);
+        let out = init(&[
+            "thumbnails",
+            "--runtime",
+            runtime,
+            "--dir",
+            dir.to_str().unwrap(),
+            "--path",
+            REPO,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{runtime}: {}", text(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+        let mut files: Vec<String> = serde_json::from_value(report["files"].clone()).unwrap();
+        files.sort();
+        assert_eq!(
+            files,
+            listing(&dir),
+            "{runtime}: the report lists what was written"
+        );
+        for f in [handler, test, "template.yaml", "cdk/bin/app.ts", "README.md"] {
+            assert!(
+                files.iter().any(|x| x == f),
+                "{runtime}: {f} missing from {files:?}"
+            );
+        }
+        assert!(!dir.join("Cargo.toml").exists(), "{runtime}: a Cargo.toml");
+        let sam = std::fs::read_to_string(dir.join("template.yaml")).unwrap();
+        assert!(sam.contains(runtime_line), "{runtime}: {sam}");
+        assert!(
+            sam.contains("      Layers: [!Ref TriageLayer]\n"),
+            "{runtime}: no layer"
+        );
+        assert!(
+            sam.contains("    Default: thumbnails\n"),
+            "{runtime}: JobTypes default"
+        );
+    }
+}
+
+#[test]
+fn a_runtime_it_does_not_write_is_refused_naming_the_three() {
+    let tmp = TempDir::new("init-bad-runtime");
+    let dir = tmp.0.join("out");
+    let out = init(&[
+        "thumbnails",
+        "--runtime",
+        "go",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--path",
+        REPO,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--runtime \"go\"") && err.contains("rust, python, node"),
+        "{err}"
+    );
+    assert!(!dir.exists(), "{} was created", dir.display());
+}
+
 /// Without `--path`, the crate depends on the library package this `triage` was built from:
 /// the repository's root, not the operator tool's own package.
 #[test]

@@ -2,7 +2,7 @@
 import { App, Validations } from 'aws-cdk-lib';
 import { ApplicationLogLevel } from 'aws-cdk-lib/aws-lambda';
 import { AwsSolutionsChecks } from 'cdk-nag';
-import { EventSourceScaling, QueueType, TRIAGE_POLICY_DEFAULTS, TriageStack } from '../lib/triage-stack';
+import { EventSourceScaling, QueueType, ReferenceRuntime, TRIAGE_POLICY_DEFAULTS, TriageStack } from '../lib/triage-stack';
 
 const app = new App();
 
@@ -56,6 +56,10 @@ new TriageStack(app, 'SqsTriage', {
   storageFailuresAlarmThreshold: num('storageFailuresAlarmThreshold', 1),
   breakerOpenedAlarmThreshold: num('breakerOpenedAlarmThreshold', 1),
   policy,
+  // `-c runtime=python`: the example Python handler through the layer (infra/template-python.yaml).
+  runtime: ctx('runtime', 'rust') as ReferenceRuntime,
+  layerZip: app.node.tryGetContext('layerZip'),
+  jobTypes: app.node.tryGetContext('jobTypes'),
 });
 
 // cdk-nag 3: AWS Solutions rules run as a policy validation plugin; an unacknowledged error fails synth.

@@ -301,12 +301,46 @@ export const SQS_TRIAGE_DEFAULTS: Readonly<SqsTriageSettings> = Object.freeze({
   policy: TRIAGE_POLICY_DEFAULTS,
 });
 
-/** What SqsTriage builds and from what: the crate, the names, and any setting to change. */
+/** The layer's exec wrapper (infra/layer/sqs-triage-wrapper): AWS_LAMBDA_EXEC_WRAPPER of a layer function. */
+export const LAYER_WRAPPER = '/opt/sqs-triage-wrapper';
+
+/** The layer's description (the SAM template's TriageLayer says the same). */
+export const LAYER_DESCRIPTION = 'sqs-triage: the extension, the exec wrapper and the Python and Node.js helpers (infra/layer/build.sh)';
+
+/**
+ * A handler in a managed runtime (Python, Node.js...), run through the sqs-triage layer. The
+ * layer's extension does what triage-lambda does, so the queues, table, role and alarms are the same.
+ */
+export interface LayerHandler {
+  /** The function's runtime, e.g. lambda.Runtime.PYTHON_3_13 or lambda.Runtime.NODEJS_22_X. */
+  readonly runtime: lambda.Runtime;
+  /** The handler, e.g. 'handler.handler'. */
+  readonly handler: string;
+  /** The handler's code, e.g. lambda.Code.fromAsset('src'). */
+  readonly code: lambda.Code;
+  /**
+   * The layer build's zip for the function's architecture: `bash infra/layer/build.sh` writes
+   * .local/layer/sqs-triage-layer-arm64.zip and -x86_64.zip.
+   */
+  readonly layerZip: string;
+  /** TRIAGE_JOB_TYPES: the job types the handler takes, comma-separated. */
+  readonly jobTypes: string;
+  /** The function's and the layer's architecture. Default ARM_64, as the Rust function. */
+  readonly architecture?: lambda.Architecture;
+}
+
+/** What SqsTriage builds and from what: the function's code, the names, and any setting to change. */
 export interface SqsTriageProps extends Partial<SqsTriageSettings> {
-  /** Path of the Cargo.toml of the crate that holds the function's binary. */
-  readonly manifestPath: string;
-  /** The binary (a `[[bin]]` of that crate, or its package name) that serves the queue. */
-  readonly binaryName: string;
+  /** Rust: path of the Cargo.toml of the crate that holds the function's binary. */
+  readonly manifestPath?: string;
+  /** Rust: the binary (a `[[bin]]` of that crate, or its package name) that serves the queue. */
+  readonly binaryName?: string;
+  /**
+   * Another runtime: the handler, run through the sqs-triage layer (the construct adds the
+   * layer, the wrapper variable, TRIAGE_JOB_TYPES, the role and the mapping). Instead of
+   * manifestPath and binaryName.
+   */
+  readonly layerHandler?: LayerHandler;
   /**
    * Prefix of the names: queues `<prefix>-jobs` / `<prefix>-dlq`, function
    * `<prefix>-triage-lambda`, its log group, dashboard `<prefix>-triage`. Default: the stack's
@@ -337,8 +371,10 @@ export class SqsTriage extends Construct {
   readonly deadLetterQueue: sqs.Queue;
   /** The state table (attempt ledgers, breakers, audit trail). */
   readonly table: dynamodb.Table;
-  /** The function. */
-  readonly function: RustFunction;
+  /** The function: a RustFunction, or a lambda.Function run through the layer. */
+  readonly function: lambda.Function;
+  /** The sqs-triage layer (layerHandler only). */
+  readonly layer?: lambda.LayerVersion;
   /** The dashboard. */
   readonly dashboard: cloudwatch.CfnDashboard;
   /** Every alarm: DLQ depth, breaker openings, function errors, throttles, source age, in-flight messages, storage failures. */
@@ -365,11 +401,19 @@ export class SqsTriage extends Construct {
     }
     taken.add(prefix);
     PREFIXES.set(stack, taken);
-    if (typeof props.manifestPath !== 'string' || props.manifestPath === '') {
-      throw new Error('manifestPath must name the Cargo.toml of the crate that holds the binary');
-    }
-    if (typeof props.binaryName !== 'string' || props.binaryName === '') {
-      throw new Error('binaryName must name the binary that serves the queue');
+    const layered = props.layerHandler;
+    if (layered !== undefined) {
+      if (props.manifestPath !== undefined || props.binaryName !== undefined) {
+        throw new Error('give either layerHandler (another runtime) or manifestPath and binaryName (Rust), not both');
+      }
+      layerHandlerProblems(layered);
+    } else {
+      if (typeof props.manifestPath !== 'string' || props.manifestPath === '') {
+        throw new Error('manifestPath must name the Cargo.toml of the crate that holds the binary');
+      }
+      if (typeof props.binaryName !== 'string' || props.binaryName === '') {
+        throw new Error('binaryName must name the binary that serves the queue');
+      }
     }
 
     for (const [key, r] of Object.entries(STACK_SETTING_RANGES)) {
@@ -547,13 +591,20 @@ export class SqsTriage extends Construct {
       },
     });
 
-    const fn = new RustFunction(this, 'TriageLambda', {
-      manifestPath: props.manifestPath,
-      binaryName: props.binaryName,
-      runtime: 'provided.al2023',
-      architecture: lambda.Architecture.ARM_64,
+    const architecture = layered?.architecture ?? lambda.Architecture.ARM_64;
+    // The extension, the wrapper and the helpers; the function's runtime the only one it names.
+    const layer = layered && new lambda.LayerVersion(this, 'TriageLayer', {
+      layerVersionName: `${prefix}-sqs-triage`,
+      description: LAYER_DESCRIPTION,
+      code: lambda.Code.fromAsset(layered.layerZip),
+      compatibleArchitectures: [architecture],
+      compatibleRuntimes: [layered.runtime],
+      removalPolicy: RemovalPolicy.DESTROY,
+    });
+    const common = {
       functionName,
-      description: props.functionDescription ?? `sqs-triage function (${props.binaryName})`,
+      description: props.functionDescription
+        ?? `sqs-triage function (${layered ? `${layered.runtime.name}, through the sqs-triage layer` : props.binaryName})`,
       memorySize: props.functionMemoryMb,
       timeout: Duration.seconds(props.functionTimeoutSeconds),
       role,
@@ -577,7 +628,32 @@ export class SqsTriage extends Construct {
         TRIAGE_TABLE: table.tableName,
         ...props.policy,
       },
-    });
+    };
+    const fn: lambda.Function = layered && layer
+      ? new lambda.Function(this, 'TriageLambda', {
+        ...common,
+        runtime: layered.runtime,
+        handler: layered.handler,
+        code: layered.code,
+        architecture,
+        layers: [layer],
+        // The layer's extension serves the runtime each record alone (docs/layer.md).
+        environment: { ...common.environment, AWS_LAMBDA_EXEC_WRAPPER: LAYER_WRAPPER, TRIAGE_JOB_TYPES: layered.jobTypes },
+      })
+      : new RustFunction(this, 'TriageLambda', {
+        ...common,
+        manifestPath: props.manifestPath as string,
+        binaryName: props.binaryName as string,
+        runtime: 'provided.al2023',
+        architecture: lambda.Architecture.ARM_64,
+      });
+    if (layered) {
+      // The runtime is the handler's own (python3.13 for the reference stack): a team picks it.
+      Validations.of(fn).acknowledge({
+        id: 'AwsSolutions-L1',
+        reason: 'The runtime is the one layerHandler names, which the handler is written and tested for.',
+      });
+    }
     // The role must hold the SQS permissions before the mapping is created.
     fn.node.addDependency(role);
 
@@ -707,8 +783,27 @@ export class SqsTriage extends Construct {
     this.deadLetterQueue = dlq;
     this.table = table;
     this.function = fn;
+    this.layer = layer;
     this.dashboard = dashboard;
     this.alarms = [dlqAlarm, breakerAlarm, errorsAlarm, throttlesAlarm, ageAlarm, inFlightAlarm, storageAlarm];
+  }
+}
+
+/** The layer build's zip names its architecture: one for another architecture would not start. */
+function layerHandlerProblems(h: LayerHandler): void {
+  if (typeof h.handler !== 'string' || !/^[A-Za-z0-9_./-]+$/.test(h.handler)) {
+    throw new Error(`layerHandler.handler (${JSON.stringify(h.handler)}) must name the handler, e.g. 'handler.handler'`);
+  }
+  if (typeof h.layerZip !== 'string' || !h.layerZip.endsWith('.zip')) {
+    throw new Error(`layerHandler.layerZip (${JSON.stringify(h.layerZip)}) must be the layer build's zip (bash infra/layer/build.sh)`);
+  }
+  const arch = (h.architecture ?? lambda.Architecture.ARM_64).name;
+  const named = /sqs-triage-layer-(arm64|x86_64)\.zip$/.exec(h.layerZip)?.[1];
+  if (named !== undefined && named !== arch) {
+    throw new Error(`layerHandler.layerZip is the ${named} build, but the function runs on ${arch}: use sqs-triage-layer-${arch}.zip`);
+  }
+  if (typeof h.jobTypes !== 'string' || !/^[^,\s]+(,[^,\s]+)*$/.test(h.jobTypes.trim())) {
+    throw new Error(`layerHandler.jobTypes (${JSON.stringify(h.jobTypes)}) must list the handler's job types, comma-separated`);
   }
 }
 

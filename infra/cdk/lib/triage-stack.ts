@@ -1,5 +1,6 @@
 import * as path from 'node:path';
 import { CfnOutput, Stack, StackProps } from 'aws-cdk-lib';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
 import { Construct } from 'constructs';
 import { SqsTriage, SqsTriageSettings } from './sqs-triage';
 
@@ -9,7 +10,20 @@ export * from './sqs-triage';
 export interface TriageStackProps extends StackProps, SqsTriageSettings {
   /** Path of the Cargo.toml that holds the triage-lambda binary (default: this repository's). */
   readonly manifestPath?: string;
+  /**
+   * 'rust' (default): triage-lambda. 'python': the Python handler of examples/layer/python run
+   * through the sqs-triage layer (the SAM template infra/template-python.yaml makes the same).
+   */
+  readonly runtime?: ReferenceRuntime;
+  /** runtime 'python': the layer build's zip (default: .local/layer/sqs-triage-layer-arm64.zip). */
+  readonly layerZip?: string;
+  /** runtime 'python': TRIAGE_JOB_TYPES (default 'example.echo', the example handler's). */
+  readonly jobTypes?: string;
 }
+
+/** The reference stack's function: triage-lambda, or the example Python handler through the layer. */
+export const REFERENCE_RUNTIMES = ['rust', 'python'] as const;
+export type ReferenceRuntime = typeof REFERENCE_RUNTIMES[number];
 
 /**
  * The reference stack: one SqsTriage around `triage-lambda` (the built-in `triage.chaos` job
@@ -24,12 +38,30 @@ export class TriageStack extends Stack {
     super(scope, id, props);
     // The id 'Default' leaves the construct out of the logical IDs: they stay what they were
     // when the resources were the stack's own (a deployed stack updates in place).
-    const triage = new SqsTriage(this, 'Default', {
-      ...props,
-      manifestPath: props.manifestPath ?? path.join(__dirname, '..', '..', '..', 'Cargo.toml'),
-      binaryName: 'triage-lambda',
-      functionDescription: 'sqs-triage reference function (triage-lambda)',
-    });
+    const runtime = props.runtime ?? 'rust';
+    if (!(REFERENCE_RUNTIMES as readonly string[]).includes(runtime)) {
+      throw new Error(`runtime (${runtime}) must be one of ${REFERENCE_RUNTIMES.join(', ')}`);
+    }
+    const root = path.join(__dirname, '..', '..', '..');
+    const { manifestPath, layerZip, jobTypes, ...settings } = props;
+    const triage = runtime === 'python'
+      ? new SqsTriage(this, 'Default', {
+        ...settings,
+        layerHandler: {
+          runtime: lambda.Runtime.PYTHON_3_13,
+          handler: 'handler.handler',
+          code: lambda.Code.fromAsset(path.join(root, 'examples', 'layer', 'python')),
+          layerZip: layerZip ?? path.join(root, '.local', 'layer', 'sqs-triage-layer-arm64.zip'),
+          jobTypes: jobTypes ?? 'example.echo',
+        },
+        functionDescription: 'sqs-triage reference function (Python, through the sqs-triage layer)',
+      })
+      : new SqsTriage(this, 'Default', {
+        ...settings,
+        manifestPath: manifestPath ?? path.join(root, 'Cargo.toml'),
+        binaryName: 'triage-lambda',
+        functionDescription: 'sqs-triage reference function (triage-lambda)',
+      });
     this.triage = triage;
 
     new CfnOutput(this, 'QueueUrl', { value: triage.queue.queueUrl, description: 'URL of the source queue (send jobs here)' });

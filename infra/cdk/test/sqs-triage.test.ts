@@ -3,9 +3,13 @@ import { test } from 'node:test';
 import * as assert from 'node:assert/strict';
 import { App, Stack } from 'aws-cdk-lib';
 import { Template } from 'aws-cdk-lib/assertions';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as fs from 'node:fs';
+import * as os from 'node:os';
 import * as path from 'node:path';
-import { SQS_TRIAGE_DEFAULTS, SqsTriage, SqsTriageProps, TRIAGE_POLICY_DEFAULTS } from '../lib/sqs-triage';
+import {
+  LAYER_WRAPPER, LayerHandler, SQS_TRIAGE_DEFAULTS, SqsTriage, SqsTriageProps, TRIAGE_POLICY_DEFAULTS,
+} from '../lib/sqs-triage';
 
 const MANIFEST = path.join(__dirname, '..', '..', '..', 'Cargo.toml');
 
@@ -123,4 +127,62 @@ test('a redrive that retention outruns is refused: the retention rule', () => {
   oneStack({ functionTimeoutSeconds: 900 });
   // At most 13 days: the DLQ (14 days) keeps what SQS moves into it a day longer.
   assert.throws(() => oneStack({ sourceRetentionSeconds: 1_123_201 }), /sourceRetentionSeconds/);
+});
+
+/** A stand-in for the layer build's zip (an empty archive: synthesis only stages it). */
+function layerZip(arch = 'arm64'): string {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sqs-triage-layer-'));
+  const zip = path.join(dir, `sqs-triage-layer-${arch}.zip`);
+  fs.writeFileSync(zip, Buffer.from([0x50, 0x4b, 0x05, 0x06, ...new Array(18).fill(0)]));
+  return zip;
+}
+function layered(props: Partial<LayerHandler> = {}, more: Partial<SqsTriageProps> = {}): Stack {
+  const stack = new Stack(app(), `C${n++}`, { stackName: 'team' });
+  new SqsTriage(stack, 'Jobs', {
+    layerHandler: {
+      runtime: lambda.Runtime.PYTHON_3_13,
+      handler: 'handler.handler',
+      code: lambda.Code.fromAsset(path.join(__dirname, '..', '..', '..', 'examples', 'layer', 'python')),
+      layerZip: layerZip(),
+      jobTypes: 'orders.charge,orders.refund',
+      ...props,
+    },
+    ...more,
+  });
+  return stack;
+}
+
+test('a layer handler: the function gets the layer, the wrapper, its job types, the role and the mapping', () => {
+  const t = Template.fromStack(layered());
+  const layers = t.findResources('AWS::Lambda::LayerVersion');
+  assert.equal(Object.keys(layers).length, 1);
+  const [layerId, layer] = Object.entries(layers)[0];
+  assert.deepEqual(layer.Properties.CompatibleArchitectures, ['arm64']);
+  assert.deepEqual(layer.Properties.CompatibleRuntimes, ['python3.13']);
+  assert.equal(layer.Properties.LayerName, 'team-sqs-triage');
+  assert.equal(layer.DeletionPolicy, 'Delete');
+  const [fnId, fn] = Object.entries(t.findResources('AWS::Lambda::Function'))[0];
+  assert.equal(fn.Properties.Runtime, 'python3.13');
+  assert.equal(fn.Properties.Handler, 'handler.handler');
+  assert.deepEqual(fn.Properties.Layers, [{ Ref: layerId }]);
+  assert.equal(fn.Properties.Environment.Variables.AWS_LAMBDA_EXEC_WRAPPER, LAYER_WRAPPER);
+  assert.equal(fn.Properties.Environment.Variables.TRIAGE_JOB_TYPES, 'orders.charge,orders.refund');
+  assert.equal(fn.Properties.Environment.Variables.TRIAGE_MAX_ATTEMPTS, TRIAGE_POLICY_DEFAULTS.TRIAGE_MAX_ATTEMPTS);
+  const mapping = Object.values(t.findResources('AWS::Lambda::EventSourceMapping'))[0];
+  assert.deepEqual(mapping.Properties.FunctionName, { Ref: fnId });
+  assert.deepEqual(mapping.Properties.FunctionResponseTypes, ['ReportBatchItemFailures']);
+  const role = JSON.stringify(t.findResources('AWS::IAM::Role')[fn.Properties.Role['Fn::GetAtt'][0]]);
+  assert.ok(role.includes('sqs:ChangeMessageVisibility') && role.includes('dynamodb:PartiQLUpdate'), role);
+  // x86_64 takes the x86_64 build.
+  const x86 = Template.fromStack(layered({ architecture: lambda.Architecture.X86_64, layerZip: layerZip('x86_64') }));
+  assert.deepEqual(Object.values(x86.findResources('AWS::Lambda::LayerVersion'))[0].Properties.CompatibleArchitectures, ['x86_64']);
+  assert.deepEqual(Object.values(x86.findResources('AWS::Lambda::Function'))[0].Properties.Architectures, ['x86_64']);
+});
+
+test('a layer handler is refused with the other architecture\'s zip, no job types, or a crate as well', () => {
+  assert.throws(() => layered({ layerZip: layerZip('x86_64') }), /is the x86_64 build, but the function runs on arm64/);
+  assert.throws(() => layered({ jobTypes: '' }), /jobTypes/);
+  assert.throws(() => layered({ jobTypes: 'a, b' }), /jobTypes/);
+  assert.throws(() => layered({ layerZip: '/tmp/layer.tar' }), /layerZip/);
+  assert.throws(() => layered({}, { manifestPath: MANIFEST, binaryName: 'x' }), /either layerHandler .* or manifestPath/);
 });

@@ -92,6 +92,10 @@ struct InitArgs {
     /// from).
     #[arg(long, value_name = "PATH_TO_SQS_TRIAGE")]
     path: Option<PathBuf>,
+    /// The handler's language: rust (a crate), or python (a handler run through the
+    /// sqs-triage layer).
+    #[arg(long, default_value = "rust", value_name = "RUNTIME")]
+    runtime: String,
 }
 
 #[derive(Debug, Args)]
@@ -735,6 +739,7 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
                 name: a.name.clone(),
                 dir: a.dir.clone(),
                 sqs_triage: a.path.clone(),
+                runtime: a.runtime.parse()?,
             })?;
             Ok(print(&report, json))
         }

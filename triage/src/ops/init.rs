@@ -31,6 +31,54 @@ const CONSTRUCT: &str = include_str!("../../../infra/cdk/lib/sqs-triage.ts");
 /// The CDK app's packages: the generated app pins the same versions.
 const CDK_PACKAGE: &str = include_str!("../../../infra/cdk/package.json");
 const CDK_TSCONFIG: &str = include_str!("../../../infra/cdk/tsconfig.json");
+/// The Python variant's SAM template (infra/template.yaml with the function through the layer).
+const SAM_PYTHON_TEMPLATE: &str = include_str!("../../../infra/template-python.yaml");
+/// The layer's Python helpers, copied for the generated tests (the function gets the layer's).
+const PYTHON_HELPERS: &str = include_str!("../../../infra/layer/python/sqs_triage/__init__.py");
+const PY_HANDLER: &str = include_str!("init/python/handler.py.in");
+const PY_TEST: &str = include_str!("init/python/test_handler.py.in");
+const PY_README: &str = include_str!("init/python/README.md.in");
+const PY_GITIGNORE: &str = include_str!("init/python/gitignore.in");
+const PY_CDK_APP: &str = include_str!("init/python/cdk/app.ts.in");
+/// The layer's Node.js helpers, copied for the generated tests (the function gets the layer's).
+const NODE_HELPERS: &str = include_str!("../../../infra/layer/nodejs/node_modules/sqs-triage/index.js");
+const NODE_HANDLER: &str = include_str!("init/node/handler.mjs.in");
+const NODE_TEST: &str = include_str!("init/node/handler.test.mjs.in");
+const NODE_PACKAGE: &str = include_str!("init/node/package.json.in");
+const NODE_README: &str = include_str!("init/node/README.md.in");
+const NODE_GITIGNORE: &str = include_str!("init/node/gitignore.in");
+const NODE_CDK_APP: &str = include_str!("init/node/cdk/app.ts.in");
+
+/// The language of the generated handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Runtime {
+    /// A Rust crate around sqs-triage (the default).
+    #[default]
+    Rust,
+    /// A Python handler run through the sqs-triage layer.
+    Python,
+    /// A Node.js handler run through the sqs-triage layer.
+    Node,
+}
+
+/// The values `--runtime` takes.
+pub const RUNTIMES: &[&str] = &["rust", "python", "node"];
+
+impl std::str::FromStr for Runtime {
+    type Err = OpsError;
+
+    fn from_str(s: &str) -> Result<Self, OpsError> {
+        match s {
+            "rust" => Ok(Runtime::Rust),
+            "python" => Ok(Runtime::Python),
+            "node" => Ok(Runtime::Node),
+            other => Err(OpsError::usage(format!(
+                "--runtime {other:?} is not one `triage init` writes: use one of {}",
+                RUNTIMES.join(", ")
+            ))),
+        }
+    }
+}
 
 /// The longest NAME: the function is `<NAME>-triage-lambda`, and Lambda names take 64 characters.
 pub const MAX_NAME_LEN: usize = 64 - "-triage-lambda".len();
@@ -130,6 +178,8 @@ pub struct InitOptions {
     pub dir: Option<PathBuf>,
     /// The sqs-triage checkout to depend on by path.
     pub sqs_triage: Option<PathBuf>,
+    /// The handler's language.
+    pub runtime: Runtime,
 }
 
 /// What `triage init` wrote.
@@ -147,15 +197,25 @@ pub struct InitReport {
 
 impl Report for InitReport {
     fn human(&self) -> String {
-        let mut out = format!(
-            "created {} (job type `{}`, sqs-triage = {}):\n",
-            self.dir, self.name, self.dependency
-        );
+        let through = if self.files.iter().any(|f| f == "Cargo.toml") {
+            format!("sqs-triage = {}", self.dependency)
+        } else {
+            "through the sqs-triage layer".to_owned()
+        };
+        let mut out = format!("created {} (job type `{}`, {through}):\n", self.dir, self.name);
         for f in &self.files {
             out.push_str(&format!("  {f}\n"));
         }
+        let layer = "LAYER_ARCHS=arm64 LAYER_OUT=\"$PWD/layer\" bash <sqs-triage>/infra/layer/build.sh";
+        let test = if self.files.iter().any(|f| f.ends_with(".py")) {
+            format!("python3 -m unittest\n  {layer}")
+        } else if self.files.iter().any(|f| f.ends_with(".mjs")) {
+            format!("node --test\n  {layer}")
+        } else {
+            "cargo test".to_owned()
+        };
         out.push_str(&format!(
-            "\nnext:\n  cd {}\n  cargo test\n  sam build && sam deploy --guided      # or: cd cdk && npm install && npx cdk deploy\n",
+            "\nnext:\n  cd {}\n  {test}\n  sam build && sam deploy --guided      # or: cd cdk && npm install && npx cdk deploy\n",
             shell_word(&self.dir)
         ));
         out
@@ -230,6 +290,11 @@ pub fn sqs_triage_dir(given: Option<&Path>) -> OpsResult<PathBuf> {
 /// The generated crate's files: (path relative to its folder, contents). Pure: nothing is
 /// written, so every problem shows before the first file.
 pub fn files(name: &str, sqs_triage: &Path) -> OpsResult<Vec<(&'static str, String)>> {
+    files_for(name, sqs_triage, Runtime::Rust)
+}
+
+/// The generated project's files for `runtime`.
+pub fn files_for(name: &str, sqs_triage: &Path, runtime: Runtime) -> OpsResult<Vec<(&'static str, String)>> {
     check_name(name)?;
     let path = sqs_triage.to_str().ok_or_else(|| {
         OpsError::usage(format!(
@@ -238,7 +303,47 @@ pub fn files(name: &str, sqs_triage: &Path) -> OpsResult<Vec<(&'static str, Stri
         ))
     })?;
     let dependency = format!("{{ path = {} }}", toml_string(path));
-    let fill = |t: &str| t.replace("{{name}}", name).replace("{{sqs_triage}}", &dependency);
+    let fill = |t: &str| {
+        t.replace("{{name}}", name)
+            .replace("{{sqs_triage}}", &dependency)
+            .replace("{{sqs_triage_dir}}", &shell_word(path))
+    };
+    if runtime == Runtime::Python {
+        return Ok(vec![
+            ("src/handler.py", fill(PY_HANDLER)),
+            ("tests/__init__.py", String::new()),
+            ("tests/test_handler.py", fill(PY_TEST)),
+            ("tests/layer/sqs_triage/__init__.py", PYTHON_HELPERS.to_owned()),
+            ("README.md", fill(PY_README)),
+            (".gitignore", PY_GITIGNORE.to_owned()),
+            ("template.yaml", sam_python_template(name)?),
+            ("samconfig.toml", fill(SAMCONFIG)),
+            ("cdk/package.json", cdk_package(name)?),
+            ("cdk/cdk.json", fill(CDK_JSON)),
+            ("cdk/tsconfig.json", CDK_TSCONFIG.to_owned()),
+            ("cdk/bin/app.ts", fill(PY_CDK_APP)),
+            ("cdk/lib/sqs-triage.ts", CONSTRUCT.to_owned()),
+            ("cdk/.gitignore", CDK_GITIGNORE.to_owned()),
+        ]);
+    }
+    if runtime == Runtime::Node {
+        return Ok(vec![
+            ("src/handler.mjs", fill(NODE_HANDLER)),
+            ("src/package.json", fill(NODE_PACKAGE)),
+            ("test/handler.test.mjs", fill(NODE_TEST)),
+            ("node_modules/sqs-triage/index.js", NODE_HELPERS.to_owned()),
+            ("README.md", fill(NODE_README)),
+            (".gitignore", NODE_GITIGNORE.to_owned()),
+            ("template.yaml", sam_node_template(name)?),
+            ("samconfig.toml", fill(SAMCONFIG)),
+            ("cdk/package.json", cdk_package(name)?),
+            ("cdk/cdk.json", fill(CDK_JSON)),
+            ("cdk/tsconfig.json", CDK_TSCONFIG.to_owned()),
+            ("cdk/bin/app.ts", fill(NODE_CDK_APP)),
+            ("cdk/lib/sqs-triage.ts", CONSTRUCT.to_owned()),
+            ("cdk/.gitignore", CDK_GITIGNORE.to_owned()),
+        ]);
+    }
     Ok(vec![
         ("Cargo.toml", fill(CARGO_TOML)),
         ("src/main.rs", fill(MAIN_RS)),
@@ -280,6 +385,73 @@ pub fn sam_template(name: &str) -> OpsResult<String> {
         &format!("\n      Description: {name} (sqs-triage)\n"),
         1,
     ))
+}
+
+/// infra/template-python.yaml for the generated project: its handler folder (`src`), its job
+/// type, the layer zip in `layer/`, and the function's description naming it.
+pub fn sam_python_template(name: &str) -> OpsResult<String> {
+    let broken = |what: &str| {
+        OpsError::new(
+            crate::ops::ErrorKind::Failed,
+            format!("the embedded Python SAM template has no {what} to replace (please report it)"),
+        )
+    };
+    // The reference file's first two lines say how it is generated: not true of this copy.
+    let mut out: String = SAM_PYTHON_TEMPLATE
+        .split_inclusive('\n')
+        .skip_while(|l| l.starts_with('#'))
+        .collect();
+    for (param, from, to) in [
+        ("HandlerDir", "../examples/layer/python", "src"),
+        ("JobTypes", "example.echo", name),
+    ] {
+        out = replace_default(&out, param, from, to).ok_or_else(|| broken(&format!("parameter {param}")))?;
+    }
+    for (from, to) in [
+        (
+            "\n      ContentUri: ../.local/layer/sqs-triage-layer-arm64.zip\n".to_owned(),
+            "\n      ContentUri: layer/sqs-triage-layer-arm64.zip\n".to_owned(),
+        ),
+        (
+            "\n      Description: sqs-triage reference function (Python, through the sqs-triage layer)\n"
+                .to_owned(),
+            format!("\n      Description: {name} (sqs-triage)\n"),
+        ),
+    ] {
+        if out.matches(&from).count() != 1 {
+            return Err(broken(from.trim()));
+        }
+        out = out.replacen(&from, &to, 1);
+    }
+    Ok(out)
+}
+
+/// The Python project's SAM template with the function and the layer on nodejs22.x.
+pub fn sam_node_template(name: &str) -> OpsResult<String> {
+    let mut out = sam_python_template(name)?;
+    for (from, to) in [
+        ("\n      Runtime: python3.13\n", "\n      Runtime: nodejs22.x\n"),
+        (
+            "\n      CompatibleRuntimes: [python3.13]\n",
+            "\n      CompatibleRuntimes: [nodejs22.x]\n",
+        ),
+        (
+            "\n  sqs-triage: a Python function through",
+            "\n  sqs-triage: a Node.js function through",
+        ),
+    ] {
+        if out.matches(from).count() != 1 {
+            return Err(OpsError::new(
+                crate::ops::ErrorKind::Failed,
+                format!(
+                    "the embedded Python SAM template has no {:?} to replace (please report it)",
+                    from.trim()
+                ),
+            ));
+        }
+        out = out.replacen(from, to, 1);
+    }
+    Ok(out)
 }
 
 /// `text` with the line `    Default: from` of parameter `param` (in the block from `  param:`
@@ -335,7 +507,7 @@ fn cdk_package(name: &str) -> OpsResult<String> {
 pub fn init(options: &InitOptions) -> OpsResult<InitReport> {
     check_name(&options.name)?;
     let sqs_triage = sqs_triage_dir(options.sqs_triage.as_deref())?;
-    let files = files(&options.name, &sqs_triage)?;
+    let files = files_for(&options.name, &sqs_triage, options.runtime)?;
     let dir = options
         .dir
         .clone()
@@ -478,6 +650,100 @@ mod tests {
         assert_eq!(SAM_TEMPLATE.lines().count(), generated.lines().count());
         assert!(generated.contains("      CodeUri: !Ref CrateDir\n"));
         assert!(generated.contains("        Binary: !Ref BinaryName\n"));
+    }
+
+    #[test]
+    fn the_python_template_is_the_reference_one_with_the_project_s_handler_job_type_and_layer() {
+        let generated = sam_python_template("thumbnails").unwrap();
+        let reference: Vec<&str> = SAM_PYTHON_TEMPLATE.lines().skip(2).collect();
+        let changed: Vec<(&str, &str)> = reference
+            .iter()
+            .copied()
+            .zip(generated.lines())
+            .filter(|(a, b)| a != b)
+            .collect();
+        assert_eq!(
+            changed,
+            vec![
+                ("    Default: ../examples/layer/python", "    Default: src"),
+                ("    Default: example.echo", "    Default: thumbnails"),
+                (
+                    "      ContentUri: ../.local/layer/sqs-triage-layer-arm64.zip",
+                    "      ContentUri: layer/sqs-triage-layer-arm64.zip"
+                ),
+                (
+                    "      Description: sqs-triage reference function (Python, through the sqs-triage layer)",
+                    "      Description: thumbnails (sqs-triage)"
+                ),
+            ]
+        );
+        assert_eq!(reference.len(), generated.lines().count());
+        assert!(!generated.starts_with('#'), "{}", &generated[..80]);
+    }
+
+    #[test]
+    fn runtime_takes_rust_python_or_node_and_names_the_three_when_refused() {
+        assert_eq!("rust".parse::<Runtime>().unwrap(), Runtime::Rust);
+        assert_eq!("python".parse::<Runtime>().unwrap(), Runtime::Python);
+        assert_eq!("node".parse::<Runtime>().unwrap(), Runtime::Node);
+        assert_eq!(Runtime::default(), Runtime::Rust);
+        for bad in ["Python", "py", "", "go", "nodejs"] {
+            let e = bad.parse::<Runtime>().unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad}");
+            assert!(e.message.contains(&format!("--runtime {bad:?}")), "{e}");
+            assert!(e.message.contains("use one of rust, python, node"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_node_project_has_its_handler_tests_helpers_and_both_stacks_on_nodejs() {
+        let made = files_for("thumbnails", Path::new("/a/b"), Runtime::Node).unwrap();
+        let file = |name: &str| {
+            &made
+                .iter()
+                .find(|(p, _)| *p == name)
+                .unwrap_or_else(|| panic!("{name}"))
+                .1
+        };
+        for (path, text) in &made {
+            assert!(!text.contains("{{"), "{path} keeps a placeholder");
+        }
+        assert!(file("src/handler.mjs").contains("require('sqs-triage')"));
+        assert_eq!(file("node_modules/sqs-triage/index.js"), NODE_HELPERS);
+        assert!(file("cdk/bin/app.ts").contains("lambda.Runtime.NODEJS_22_X"));
+        // The Python project's template but for the runtime (function and layer) and the description.
+        let python = sam_python_template("thumbnails").unwrap();
+        let node = file("template.yaml");
+        let changed: Vec<(&str, &str)> = python.lines().zip(node.lines()).filter(|(a, b)| a != b).collect();
+        assert_eq!(changed.len(), 3, "{changed:?}");
+        assert!(
+            changed
+                .iter()
+                .all(|(_, b)| b.contains("nodejs22.x") || b.contains("Node.js")),
+            "{changed:?}"
+        );
+        serde_json::from_str::<serde_json::Value>(file("src/package.json")).unwrap();
+    }
+
+    #[test]
+    fn a_python_project_has_its_handler_tests_helpers_and_both_stacks() {
+        let made = files_for("thumbnails", Path::new("/a/b"), Runtime::Python).unwrap();
+        let file = |name: &str| {
+            &made
+                .iter()
+                .find(|(p, _)| *p == name)
+                .unwrap_or_else(|| panic!("{name}"))
+                .1
+        };
+        for (path, text) in &made {
+            assert!(!text.contains("{{"), "{path} keeps a placeholder");
+        }
+        assert!(file("src/handler.py").contains("from sqs_triage import Fatal, RetryAfter, Transient, job"));
+        assert!(file("tests/test_handler.py").contains("\"type\": \"thumbnails\""));
+        assert_eq!(file("tests/layer/sqs_triage/__init__.py"), PYTHON_HELPERS);
+        assert!(file("cdk/bin/app.ts").contains("jobTypes: 'thumbnails'"));
+        assert!(file("README.md").contains("bash /a/b/infra/layer/build.sh"));
+        assert!(!made.iter().any(|(p, _)| p.ends_with(".rs") || *p == "Cargo.toml"));
     }
 
     #[test]
