@@ -283,11 +283,14 @@ async fn counting_windows_take_one_write_per_report_and_open_once() {
     assert_eq!(opened, 1, "one report opens it");
     let s = first.read(jt).await.unwrap();
     assert_eq!((s.phase, s.generation), (Phase::Open, 1), "{s:?}");
-    let updates: u64 = racers
+    let updates: Vec<u64> = racers
         .iter()
         .map(|(c, _)| c.snapshot().get("DynamoDB.UpdateItem").copied().unwrap_or(0))
-        .sum();
-    assert!(updates >= 6, "every racer tried an increment ({updates})");
+        .collect();
+    assert!(
+        updates.iter().all(|&u| u >= 1),
+        "every racer tried an increment: {updates:?}"
+    );
     delete_table(&client, &table).await.unwrap();
 }
 

@@ -208,33 +208,7 @@ async fn a_hanging_handler_is_stopped_before_its_visibility_timeout_ends() {
 
     // A second consumer polls the queue the whole time (visibility 0: it takes nothing away).
     let done = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let done = done.clone();
-        let url = created.queue_url.clone();
-        tokio::spawn(async move {
-            let sqs = support::sqs_client().await;
-            // From the moment the worker holds the message.
-            while support::queue_depth(&sqs, &url).await.in_flight == 0 {
-                if done.load(Ordering::SeqCst) {
-                    return 0;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            let mut seen = 0;
-            while !done.load(Ordering::SeqCst) {
-                let got = sqs
-                    .receive_message()
-                    .queue_url(&url)
-                    .visibility_timeout(0)
-                    .wait_time_seconds(1)
-                    .send()
-                    .await
-                    .unwrap();
-                seen += got.messages.unwrap_or_default().len();
-            }
-            seen
-        })
-    };
+    let watcher = crate::heartbeat::second_consumer(&created.queue_url, done.clone());
 
     let bound = Duration::from_secs(VISIBILITY_S + 20);
     let polled = tokio::time::timeout(bound, worker.poll_once()).await;

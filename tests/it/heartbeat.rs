@@ -69,14 +69,16 @@ fn long_job(id: &str) -> Value {
 
 /// A second consumer: from the moment the queue has a message in flight until `done`, it
 /// polls the queue (visibility 0, so it takes nothing away) and counts what it receives.
-fn second_consumer(queue_url: &str, done: Arc<AtomicBool>) -> tokio::task::JoinHandle<usize> {
+/// Panics when no message was ever in flight before `done`: it then watched nothing.
+pub(crate) fn second_consumer(queue_url: &str, done: Arc<AtomicBool>) -> tokio::task::JoinHandle<usize> {
     let url = queue_url.to_owned();
     tokio::spawn(async move {
         let sqs = support::sqs_client().await;
         while support::queue_depth(&sqs, &url).await.in_flight == 0 {
-            if done.load(Ordering::SeqCst) {
-                return 0;
-            }
+            assert!(
+                !done.load(Ordering::SeqCst),
+                "the message was never in flight: the second consumer watched nothing"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let mut seen = 0;

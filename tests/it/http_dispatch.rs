@@ -162,6 +162,16 @@ async fn a_handler_behind_http_gets_every_outcome_of_the_decision_table() {
         "Retry-After not honoured: {} ms",
         gap("later1")
     );
+    // The handler that did not answer failed by the timeout: its retry came after the 2 s
+    // wait, and the worker said why.
+    assert!(gap("hang1") >= 2_000, "hang1 retried after {} ms", gap("hang1"));
+    assert!(
+        lines.text().lines().any(|l| l.contains("retry scheduled")
+            && l.contains("no answer from")
+            && l.contains("within 2s")),
+        "no timeout logged:\n{}",
+        lines.text()
+    );
 
     // The DLQ: the 4xx as fatal with the answer in its record, the stray type as invalid.
     let copies = support::read_all(&sqs, &created.dlq_url, 60, 1).await;

@@ -22,8 +22,10 @@ const CHILD: &str = "SQS_TRIAGE_TEST_LIBRARY_FUNCTION";
 const JOB_TYPE: &str = "lib.flaky";
 
 /// The function (or worker) a user builds: one job type whose dependency is always down,
-/// registered with the registry's defaults. Does nothing in the normal test run.
+/// registered with the registry's defaults. Not a test of its own: the tests below run it
+/// (`--ignored --exact`) in a child process.
 #[test]
+#[ignore = "the child process of this module's tests, which run it"]
 fn library_function_process() {
     let Ok(role) = std::env::var(CHILD) else {
         return;
@@ -58,6 +60,7 @@ impl Function {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         support::strict_env(&mut cmd);
         cmd.args([
+            "--ignored",
             "--exact",
             "library_env::library_function_process",
             "--nocapture",
@@ -226,6 +229,7 @@ async fn a_library_worker_dead_letters_on_the_attempt_limit_its_environment_sets
     let log = std::env::temp_dir().join(support::unique_name("library-worker"));
     let mut child = support::strict_env(&mut Command::new(std::env::current_exe().unwrap()))
         .args([
+            "--ignored",
             "--exact",
             "library_env::library_function_process",
             "--nocapture",
@@ -280,6 +284,7 @@ async fn an_invalid_variable_stops_a_library_function_at_start_up_with_its_name(
     let api = RuntimeApi::start().await;
     let out = support::strict_env(&mut Command::new(std::env::current_exe().unwrap()))
         .args([
+            "--ignored",
             "--exact",
             "library_env::library_function_process",
             "--nocapture",

@@ -472,6 +472,7 @@ async fn a_workers_record_whose_early_delete_failed_stays_hidden_until_the_batch
     );
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let mut settled: HashMap<String, u32> = HashMap::new();
+    let mut batch_of_long: Vec<String> = Vec::new();
     let run = worker.run(
         async move {
             let _ = stop_rx.wait_for(|s| *s).await;
@@ -479,6 +480,10 @@ async fn a_workers_record_whose_early_delete_failed_stays_hidden_until_the_batch
         |outcome| {
             for r in outcome.records.iter().filter(|r| r.settled) {
                 *settled.entry(r.job_id.clone()).or_default() += 1;
+            }
+            if outcome.records.iter().any(|r| r.job_id == "long") {
+                batch_of_long = outcome.records.iter().map(|r| r.job_id.clone()).collect();
+                batch_of_long.sort();
             }
             if settled.contains_key("long") {
                 let _ = stop_tx.send(true);
@@ -489,6 +494,13 @@ async fn a_workers_record_whose_early_delete_failed_stays_hidden_until_the_batch
         .await
         .expect("the long job settled")
         .unwrap();
+    // What this test is about: both jobs in one receive (SQS may split them; the test does
+    // not hold without it).
+    assert_eq!(
+        batch_of_long,
+        vec!["long".to_owned(), "short".to_owned()],
+        "one receive"
+    );
     assert_eq!(proxy.faults_injected(), 1, "the early delete was refused");
     let short: Vec<u32> = runs
         .lock()
