@@ -633,7 +633,17 @@ async fn a_message_arriving_during_a_long_poll_runs_on_a_short_visibility_queue(
     let created = support::fresh_resources("ew-midpoll", false).await;
     set_visibility(&created.queue_url, 5).await;
     let config = config(&created);
-    let env = build(&config, chaos_registry(&config), &sdk).await.unwrap();
+    // Through a proxy that counts the worker's calls: the test sends once the long poll is on
+    // its way.
+    let proxy = FaultProxy::start(&support::sqs_endpoint());
+    let env = build_with(
+        &config,
+        chaos_registry(&config),
+        sqs_config(&sdk).endpoint_url(proxy.url()),
+        dynamodb_config(&sdk),
+    )
+    .await
+    .unwrap();
     let worker = Worker::new(
         env,
         WorkerOptions {
@@ -645,8 +655,9 @@ async fn a_message_arriving_during_a_long_poll_runs_on_a_short_visibility_queue(
     // The worker reads the queue's visibility timeout before its first receive.
     worker.visibility_timeout().await.unwrap();
     let poll = tokio::spawn(async move { worker.poll_once().await });
-    // Sent while the poll is waiting (a receive is at most 20 s; this lands within it).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    while proxy.count("ReceiveMessage") == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     send(
         &created.queue_url,
         json!({"type": chaos::CHAOS, "id": "mid", "payload": {"outcome": "ok"}}),
