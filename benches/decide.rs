@@ -16,7 +16,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use sqs_triage::core::envelope::{self, EnvelopeLimits};
 use sqs_triage::core::{
-    Decision, Gate, Inputs, JobError, Ledger, RecordFacts, RetryPolicy, Verdict, admit, invalid, settle,
+    Decision, Gate, Inputs, JobError, Ledger, RecordFacts, RetryPolicy, Verdict, admit, conclude, invalid,
 };
 
 const RECORDS: usize = 10_000;
@@ -71,8 +71,8 @@ fn per_record(c: &mut Criterion) {
                     now_ms: 1_700_000_000_000,
                 };
                 let d = match admit(&inputs, &mut rng) {
-                    Verdict::Run { .. } => settle(&inputs, outcome, &mut rng).decision,
-                    Verdict::Settled(d) => d,
+                    Verdict::Run { .. } => conclude(&inputs, outcome, &mut rng).decision,
+                    Verdict::Decided(d) => d,
                 };
                 failures += usize::from(matches!(d, Decision::Retry { .. }));
             }

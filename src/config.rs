@@ -105,22 +105,22 @@ pub const QUEUE_FACTS: [(&str, u64, u64); 3] = [
 
 /// A number type a variable is read as: whole numbers (`u32`, `u64`, `usize`) or any number
 /// (`f64`).
-pub trait Value: FromStr + PartialOrd + Copy + std::fmt::Display {
+pub trait VarValue: FromStr + PartialOrd + Copy + std::fmt::Display {
     /// Whether only whole numbers are accepted (Rust's integer syntax: digits only, no fraction,
     /// no exponent).
     const WHOLE: bool;
 }
 
-impl Value for u32 {
+impl VarValue for u32 {
     const WHOLE: bool = true;
 }
-impl Value for u64 {
+impl VarValue for u64 {
     const WHOLE: bool = true;
 }
-impl Value for usize {
+impl VarValue for usize {
     const WHOLE: bool = true;
 }
-impl Value for f64 {
+impl VarValue for f64 {
     const WHOLE: bool = false;
 }
 
@@ -139,7 +139,7 @@ pub struct Var<T> {
     pub max: T,
 }
 
-impl<T: Value> Var<T> {
+impl<T: VarValue> Var<T> {
     fn read(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Result<T, ConfigError> {
         parse(lookup, self.name, self.default, self.min, self.max)
     }
@@ -299,7 +299,7 @@ pub fn limits() -> Vec<Limit> {
     ]
 }
 
-fn parse<T: Value>(
+fn parse<T: VarValue>(
     lookup: &dyn Fn(&str) -> Option<String>,
     var: &'static str,
     default: T,
@@ -401,6 +401,53 @@ fn names(var: &'static str, raw: Option<&str>, expected: &str) -> Result<Vec<Str
     Ok(out)
 }
 
+/// The retry policy of the `TRIAGE_MAX_ATTEMPTS` and backoff variables.
+fn policy_from(lookup: &dyn Fn(&str) -> Option<String>, v: &Vars) -> Result<RetryPolicy, ConfigError> {
+    let max_attempts = v.max_attempts.read(lookup)?;
+    let base = v.base_delay_ms.read(lookup)?;
+    let mult = v.backoff_multiplier.read(lookup)?;
+    let max = v.max_delay_ms.read(lookup)?;
+    let jitter = v.jitter_max_ms.read(lookup)?;
+    let backoff = Backoff::exponential(
+        Duration::from_millis(base),
+        mult,
+        Duration::from_millis(max),
+        Duration::from_millis(jitter),
+    );
+    RetryPolicy::builder()
+        .max_attempts(max_attempts)
+        .backoff(backoff)
+        .max_delay(Duration::from_millis(max))
+        .build()
+        .map_err(|e| invalid(v.max_delay_ms.name, max, e))
+}
+
+/// The breaker settings of the `TRIAGE_BREAKER_*` variables; an error names the variable.
+fn breaker_from(lookup: &dyn Fn(&str) -> Option<String>, v: &Vars) -> Result<BreakerConfig, ConfigError> {
+    BreakerConfig::builder()
+        .failure_rate(v.breaker_failure_rate.read(lookup)?)
+        .min_executions(v.breaker_min_executions.read(lookup)?)
+        .window(Duration::from_secs(v.breaker_window_s.read(lookup)?))
+        .open_for(Duration::from_secs(v.breaker_open_s.read(lookup)?))
+        .probes(v.breaker_probes.read(lookup)?)
+        .successes_to_close(v.breaker_successes.read(lookup)?)
+        .cache_ttl(Duration::from_millis(v.breaker_cache_ms.read(lookup)?))
+        .build()
+        .map_err(|e| {
+            use crate::core::breaker::BreakerConfigError as E;
+            let var = match e {
+                E::FailureRate(_) => v.breaker_failure_rate.name,
+                E::MinExecutions(_) => v.breaker_min_executions.name,
+                E::Window(_) => "TRIAGE_BREAKER_WINDOW_S",
+                E::OpenFor(_) | E::Lease(_) => "TRIAGE_BREAKER_OPEN_S",
+                E::Probes(_) => "TRIAGE_BREAKER_PROBES",
+                E::SuccessesToClose(_) => "TRIAGE_BREAKER_SUCCESSES",
+                E::CacheTtl(_) => "TRIAGE_BREAKER_CACHE_MS",
+            };
+            invalid(var, "", e)
+        })
+}
+
 impl Config {
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -411,23 +458,7 @@ impl Config {
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let text = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
         let v = vars();
-        let max_attempts = v.max_attempts.read(lookup)?;
-        let base = v.base_delay_ms.read(lookup)?;
-        let mult = v.backoff_multiplier.read(lookup)?;
-        let max = v.max_delay_ms.read(lookup)?;
-        let jitter = v.jitter_max_ms.read(lookup)?;
-        let backoff = Backoff::exponential(
-            Duration::from_millis(base),
-            mult,
-            Duration::from_millis(max),
-            Duration::from_millis(jitter),
-        );
-        let policy = RetryPolicy::builder()
-            .max_attempts(max_attempts)
-            .backoff(backoff)
-            .max_delay(Duration::from_millis(max))
-            .build()
-            .map_err(|e| invalid(v.max_delay_ms.name, max, e))?;
+        let policy = policy_from(lookup, &v)?;
         if let Some(old) = text(RETIRED_BREAKER_THRESHOLD) {
             return Err(invalid(
                 RETIRED_BREAKER_THRESHOLD,
@@ -437,28 +468,7 @@ impl Config {
                  (1 to 100000) instead",
             ));
         }
-        let breaker = BreakerConfig::builder()
-            .failure_rate(v.breaker_failure_rate.read(lookup)?)
-            .min_executions(v.breaker_min_executions.read(lookup)?)
-            .window(Duration::from_secs(v.breaker_window_s.read(lookup)?))
-            .open_for(Duration::from_secs(v.breaker_open_s.read(lookup)?))
-            .probes(v.breaker_probes.read(lookup)?)
-            .successes_to_close(v.breaker_successes.read(lookup)?)
-            .cache_ttl(Duration::from_millis(v.breaker_cache_ms.read(lookup)?))
-            .build()
-            .map_err(|e| {
-                use crate::core::breaker::BreakerConfigError as E;
-                let var = match e {
-                    E::FailureRate(_) => v.breaker_failure_rate.name,
-                    E::MinExecutions(_) => v.breaker_min_executions.name,
-                    E::Window(_) => "TRIAGE_BREAKER_WINDOW_S",
-                    E::OpenFor(_) | E::Lease(_) => "TRIAGE_BREAKER_OPEN_S",
-                    E::Probes(_) => "TRIAGE_BREAKER_PROBES",
-                    E::SuccessesToClose(_) => "TRIAGE_BREAKER_SUCCESSES",
-                    E::CacheTtl(_) => "TRIAGE_BREAKER_CACHE_MS",
-                };
-                invalid(var, "", e)
-            })?;
+        let breaker = breaker_from(lookup, &v)?;
         let [log_payloads, emf] = BOOLEAN_VARS.map(|var| boolean(lookup, var));
         let (log_payloads, emf) = (log_payloads?, emf?);
         let done_marker_types = done_marker_types(text("TRIAGE_DONE_MARKER_TYPES").as_deref())?;

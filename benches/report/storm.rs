@@ -8,7 +8,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sqs_triage::core::{
     Backoff, Decision, Gate, Inputs, JobError, Ledger, RecordFacts, RetryPolicy, StoredAttempts, Verdict,
-    admit, settle,
+    admit, conclude,
 };
 
 use super::{Options, Section, median};
@@ -146,7 +146,7 @@ fn walk(st: &Strategy, jobs: &[Job], seed: u64) -> Walk {
             w.executions += 1;
             let bug = matches!(job, Job::Bug);
             w.bug_executions += u64::from(bug);
-            match settle(&inputs, &outcome, &mut rng).decision {
+            match conclude(&inputs, &outcome, &mut rng).decision {
                 Decision::Retry {
                     attempts: a, delay, ..
                 } => {

@@ -27,6 +27,9 @@ eval "$(bash infra/local/stack.sh env)"
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "no function over 100 lines outside tests (tools/long_fns.py)"
+python3 tools/long_fns.py --max 100
+
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 # The library as a function builds it (no `internals` feature): its own lints, dead code included.

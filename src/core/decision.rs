@@ -2,7 +2,7 @@
 //!
 //! Every rule of the product is here. The processor asks twice per record: [`admit`] before
 //! the handler, whose [`Verdict`] either runs the record or settles it with its final
-//! [`Decision`], and, when it ran, [`settle`] after, which classifies the handler's error once
+//! [`Decision`], and, when it ran, [`conclude`] after, which classifies the handler's error once
 //! (by the job type's rules) and turns it into the final decision. A final decision is never
 //! "run": the two answers have two types. No I/O happens here: time and randomness come in as
 //! arguments.
@@ -144,7 +144,7 @@ pub enum Verdict {
         attempt: u32,
     },
     /// Not run: the record's final decision (it spends no attempt).
-    Settled(Decision),
+    Decided(Decision),
 }
 
 impl Verdict {
@@ -157,7 +157,7 @@ impl Verdict {
 /// The answer after the handler: the final decision, and the handler's error as the job
 /// type's rules classify it (`None` when it succeeded). The breaker counts by that kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settled {
+pub struct Conclusion {
     /// The final decision.
     pub decision: Decision,
     /// The classified error kind, when the handler failed.
@@ -319,14 +319,14 @@ pub fn admit(inputs: &Inputs<'_>, rng: &mut dyn RngCore) -> Verdict {
     // goes to the DLQ whatever else holds (its retry time, the breaker, the time left).
     match inputs.ledger {
         Ledger::Done { at_ms } => {
-            return Verdict::Settled(Decision::Duplicate { done_at_ms: at_ms });
+            return Verdict::Decided(Decision::Duplicate { done_at_ms: at_ms });
         }
-        Ledger::Parked { at_ms, .. } => return Verdict::Settled(parked(prior, at_ms)),
+        Ledger::Parked { at_ms, .. } => return Verdict::Decided(parked(prior, at_ms)),
         _ => {}
     }
     match before_run(inputs, prior, rng) {
         Ok(attempt) => Verdict::Run { attempt },
-        Err(d) => Verdict::Settled(finish(inputs, prior, d)),
+        Err(d) => Verdict::Decided(final_rules(inputs, prior, d)),
     }
 }
 
@@ -347,17 +347,17 @@ pub fn rfc3339_ms(at_ms: u64) -> String {
 
 /// Decides, after the handler ran, what happens to the record: classifies the handler's error
 /// by the job type's rules (once) and turns it into the final decision. Pure, like [`admit`].
-pub fn settle(inputs: &Inputs<'_>, outcome: &Result<(), JobError>, rng: &mut dyn RngCore) -> Settled {
+pub fn conclude(inputs: &Inputs<'_>, outcome: &Result<(), JobError>, rng: &mut dyn RngCore) -> Conclusion {
     let prior = attempts_before(inputs.record, inputs.ledger);
     let (decision, error) = after_run(inputs, prior, outcome, rng);
-    Settled {
-        decision: finish(inputs, prior, decision),
+    Conclusion {
+        decision: final_rules(inputs, prior, decision),
         error,
     }
 }
 
 /// The rules every final decision passes: the queue's retention, then the last receive.
-fn finish(inputs: &Inputs<'_>, prior: u32, decision: Decision) -> Decision {
+fn final_rules(inputs: &Inputs<'_>, prior: u32, decision: Decision) -> Decision {
     let decision = within_retention(inputs.record, prior, inputs.now_ms, decision);
     last_receive(inputs.record, prior, decision)
 }
@@ -613,8 +613,8 @@ mod ledger_fact_tests {
             3,
         );
         let v = admit(&i, &mut StdRng::seed_from_u64(1));
-        assert_eq!(v, Verdict::Settled(Decision::Duplicate { done_at_ms: NOW - 5 }));
-        let Verdict::Settled(d) = v else { unreachable!() };
+        assert_eq!(v, Verdict::Decided(Decision::Duplicate { done_at_ms: NOW - 5 }));
+        let Verdict::Decided(d) = v else { unreachable!() };
         assert!(d.spends_no_attempt());
         assert_eq!(d.name(), "duplicate");
     }
@@ -634,7 +634,7 @@ mod ledger_fact_tests {
         ] {
             let i = inputs(&policy, ledger, gate, 3);
             match admit(&i, &mut StdRng::seed_from_u64(1)) {
-                Verdict::Settled(Decision::DeadLetter {
+                Verdict::Decided(Decision::DeadLetter {
                     class,
                     attempts,
                     error,

@@ -14,10 +14,10 @@ pub mod redrive;
 pub mod sqs_text;
 
 pub use backoff::Backoff;
-pub use decision::{Decision, Gate, Inputs, Ledger, RecordFacts, Verdict, admit, invalid, settle};
+pub use decision::{Decision, Gate, Inputs, Ledger, RecordFacts, Verdict, admit, conclude, invalid};
 // Shorter paths for the operator tool and the tests; the library names these by module.
 #[cfg(feature = "internals")]
-pub use decision::{DeferReason, Settled, StoredAttempts};
+pub use decision::{DeferReason, Conclusion, StoredAttempts};
 #[cfg(feature = "internals")]
 pub use envelope::{EnvelopeError, EnvelopeLimits, EventBridgeTypes, Job, Wrapper};
 pub use error::{ErrorKind, JobError, Rules};

@@ -515,7 +515,7 @@ impl BreakerStore {
     /// item itself (closed, same generation and window, stored counts on which the increment
     /// cannot open it, [`Safe`](crate::core::breaker::Safe), and not this write's own token: a
     /// retried call whose first try landed is refused). `None`: send the report with [`report`](Self::report). Finish it with
-    /// [`settle`](Self::settle).
+    /// [`complete_folded`](Self::complete_folded).
     pub fn fold(&self, job_type: &str, agg: &Aggregate, now_ms: u64) -> Option<FoldedReport> {
         let config = self.config;
         let cached = self.cached(job_type)?;
@@ -583,7 +583,7 @@ impl BreakerStore {
     /// policy's end, the report is sent on its own ([`report`](Self::report)), which may count
     /// it twice if the statement had landed after all: the breaker then opens early, never
     /// late.
-    pub async fn settle(
+    pub async fn complete_folded(
         &self,
         job_type: &str,
         folded: FoldedReport,
@@ -593,7 +593,7 @@ impl BreakerStore {
         deadline: Option<Instant>,
     ) -> Result<Option<BreakerState>, StorageError> {
         let done = self
-            .settle_written(job_type, folded, written, agg, now_ms, deadline)
+            .complete_written(job_type, folded, written, agg, now_ms, deadline)
             .await;
         self.reported_into(job_type, agg, &done);
         done
@@ -618,7 +618,7 @@ impl BreakerStore {
         }
     }
 
-    async fn settle_written(
+    async fn complete_written(
         &self,
         job_type: &str,
         folded: FoldedReport,

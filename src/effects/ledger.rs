@@ -721,35 +721,7 @@ impl AttemptLedger {
         F: FnOnce(Vec<Written>) -> Fut,
         Fut: std::future::Future,
     {
-        let now = now_ms();
-        let exp = expires_at_s(now, self.ttl);
-        let mut keys: HashSet<(String, String)> = HashSet::with_capacity(counts.len() + forget.len());
-        let mut statements: Vec<(Target, BatchStatementRequest)> = Vec::new();
-        let mut again: Vec<usize> = Vec::new();
-        for (i, c) in counts.iter().enumerate() {
-            if keys.insert((ledger_pk(c.job_id), ledger_sk(c.job_type))) {
-                statements.push((Target::Count(i), self.count_statement(c, now, exp)));
-            } else {
-                again.push(i);
-            }
-        }
-        for (k, (t, id)) in forget.iter().enumerate() {
-            if keys.insert((ledger_pk(id), ledger_sk(t))) {
-                let delete = BatchStatementRequest::builder()
-                    .statement(format!(
-                        "DELETE FROM \"{}\" WHERE \"{PK}\" = ? AND \"{SK}\" = ?",
-                        self.table
-                    ))
-                    .parameters(AttributeValue::S(ledger_pk(id)))
-                    .parameters(AttributeValue::S(ledger_sk(t)))
-                    .build()
-                    .expect("statement is set");
-                statements.push((Target::Forget(k), delete));
-            }
-        }
-        for (k, statement) in extra.iter().enumerate() {
-            statements.push((Target::Extra(k), statement.clone()));
-        }
+        let (statements, mut again) = self.batch_statements(counts, forget, extra);
         let chunks = statements
             .chunks(BATCH_WRITE_MAX)
             .map(|c| self.execute_chunk(c.to_vec(), deadline));
@@ -812,6 +784,47 @@ impl AttemptLedger {
             extras: Vec::new(),
         };
         (batched, after)
+    }
+
+    /// The batched statements of a [`write_batch`](Self::write_batch): one per job (a count,
+    /// else a delete), then the extra ones. Returns them with the indexes of the counts
+    /// whose job already has a statement: those are rewritten on their own.
+    fn batch_statements(
+        &self,
+        counts: &[Count<'_>],
+        forget: &[JobKey],
+        extra: &[BatchStatementRequest],
+    ) -> (Vec<(Target, BatchStatementRequest)>, Vec<usize>) {
+        let now = now_ms();
+        let exp = expires_at_s(now, self.ttl);
+        let mut keys: HashSet<(String, String)> = HashSet::with_capacity(counts.len() + forget.len());
+        let mut statements: Vec<(Target, BatchStatementRequest)> = Vec::new();
+        let mut again: Vec<usize> = Vec::new();
+        for (i, c) in counts.iter().enumerate() {
+            if keys.insert((ledger_pk(c.job_id), ledger_sk(c.job_type))) {
+                statements.push((Target::Count(i), self.count_statement(c, now, exp)));
+            } else {
+                again.push(i);
+            }
+        }
+        for (k, (t, id)) in forget.iter().enumerate() {
+            if keys.insert((ledger_pk(id), ledger_sk(t))) {
+                let delete = BatchStatementRequest::builder()
+                    .statement(format!(
+                        "DELETE FROM \"{}\" WHERE \"{PK}\" = ? AND \"{SK}\" = ?",
+                        self.table
+                    ))
+                    .parameters(AttributeValue::S(ledger_pk(id)))
+                    .parameters(AttributeValue::S(ledger_sk(t)))
+                    .build()
+                    .expect("statement is set");
+                statements.push((Target::Forget(k), delete));
+            }
+        }
+        for (k, statement) in extra.iter().enumerate() {
+            statements.push((Target::Extra(k), statement.clone()));
+        }
+        (statements, again)
     }
 
     /// The statement that counts `c`: `INSERT` of a new item, or a conditional `UPDATE` of
@@ -993,7 +1006,7 @@ impl AttemptLedger {
         I: IntoIterator,
         I::Item: JobRef,
     {
-        self.finish(jobs, Vec::new(), deadline).await
+        self.forget_and_mark_done(jobs, Vec::new(), deadline).await
     }
 
     /// Finishes jobs in one batched write: deletes the ledgers of `forget` (as
@@ -1002,7 +1015,7 @@ impl AttemptLedger {
     /// calls, at most 25 requests each, chunks in parallel, unprocessed items sent again. The
     /// puts are unconditional: every writer of a marker writes the same fact (see
     /// `docs/state.md`). A job in both lists is marked, not deleted.
-    pub async fn finish<I>(
+    pub async fn forget_and_mark_done<I>(
         &self,
         forget: I,
         done: Vec<(JobKey, Duration)>,

@@ -163,6 +163,16 @@ pub async fn create_table_with(
     name: &str,
     wait: Duration,
 ) -> Result<(), TableError> {
+    request_table(client, retry, name).await?;
+    let description = active_table(client, retry, name, wait).await?;
+    check_key_schema(&description, name)?;
+    enable_ttl(client, retry, name).await
+}
+
+/// Asks for the table; one already there (or being created by a concurrent caller) is fine,
+/// and verified after.
+#[cfg(feature = "internals")]
+async fn request_table(client: &Client, retry: &StorageRetry, name: &str) -> Result<(), TableError> {
     let attr = |n: &str| {
         AttributeDefinition::builder()
             .attribute_name(n)
@@ -196,9 +206,19 @@ pub async fn create_table_with(
         Err(e) if e.code() == Some("ResourceInUseException") => {}
         Err(e) => return Err(e.with_resource(name).into()),
     }
+    Ok(())
+}
 
+/// The table's description once it is ACTIVE, waiting `wait` at most.
+#[cfg(feature = "internals")]
+async fn active_table(
+    client: &Client,
+    retry: &StorageRetry,
+    name: &str,
+    wait: Duration,
+) -> Result<aws_sdk_dynamodb::types::TableDescription, TableError> {
     let started = tokio::time::Instant::now();
-    let description = loop {
+    loop {
         let d = retry
             .call("DescribeTable", None, || {
                 client.describe_table().table_name(name).send()
@@ -206,7 +226,7 @@ pub async fn create_table_with(
             .await
             .map_err(|e| e.with_resource(name))?;
         if let Some(t) = d.table.filter(|t| t.table_status() == Some(&TableStatus::Active)) {
-            break t;
+            return Ok(t);
         }
         if started.elapsed() > wait {
             return Err(TableError::NotReady(format!(
@@ -215,7 +235,12 @@ pub async fn create_table_with(
             )));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    }
+}
+
+/// The table must have the product's keys: a string partition key `pk` and sort key `sk`.
+#[cfg(feature = "internals")]
+fn check_key_schema(description: &aws_sdk_dynamodb::types::TableDescription, name: &str) -> Result<(), TableError> {
     let keys: Vec<(String, String)> = description
         .key_schema()
         .iter()
@@ -244,7 +269,13 @@ pub async fn create_table_with(
             found.join(", ")
         )));
     }
+    Ok(())
+}
 
+/// Enables TTL on the product's attribute, unless it is (being) enabled already; TTL on
+/// another attribute, or being disabled, is an error.
+#[cfg(feature = "internals")]
+async fn enable_ttl(client: &Client, retry: &StorageRetry, name: &str) -> Result<(), TableError> {
     let ttl = || async {
         retry
             .call("DescribeTimeToLive", None, || {
@@ -260,23 +291,8 @@ pub async fn create_table_with(
                 )
             })
     };
-    // `Ok(true)`: TTL is (being) enabled on our attribute.
-    let judge = |status: Option<TimeToLiveStatus>, attribute: Option<String>| match status {
-        Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling) => match attribute.as_deref() {
-            Some(TTL_ATTRIBUTE) | None => Ok(true),
-            Some(other) => Err(TableError::Misconfigured(format!(
-                "table {name} has TTL on `{other}`, not `{TTL_ATTRIBUTE}`: its ledgers and breakers \
-                 would never expire (a table has one TTL attribute)"
-            ))),
-        },
-        Some(TimeToLiveStatus::Disabling) => Err(TableError::NotReady(format!(
-            "TTL of table {name} is being disabled; DynamoDB allows enabling it again only once \
-             that is done (up to an hour)"
-        ))),
-        _ => Ok(false),
-    };
     let (status, attribute) = ttl().await?;
-    if judge(status, attribute)? {
+    if ttl_enabled(name, status, attribute)? {
         return Ok(());
     }
     let spec = TimeToLiveSpecification::builder()
@@ -298,13 +314,32 @@ pub async fn create_table_with(
         // A concurrent caller enabled TTL since the describe: read what it is now.
         Err(e) if e.code() == Some("ValidationException") => {
             let (status, attribute) = ttl().await?;
-            if judge(status, attribute)? {
+            if ttl_enabled(name, status, attribute)? {
                 Ok(())
             } else {
                 Err(e.with_resource(name).into())
             }
         }
         Err(e) => Err(e.with_resource(name).into()),
+    }
+}
+
+/// `Ok(true)`: TTL is (being) enabled on our attribute.
+#[cfg(feature = "internals")]
+fn ttl_enabled(name: &str, status: Option<TimeToLiveStatus>, attribute: Option<String>) -> Result<bool, TableError> {
+    match status {
+        Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling) => match attribute.as_deref() {
+            Some(TTL_ATTRIBUTE) | None => Ok(true),
+            Some(other) => Err(TableError::Misconfigured(format!(
+                "table {name} has TTL on `{other}`, not `{TTL_ATTRIBUTE}`: its ledgers and breakers \
+                 would never expire (a table has one TTL attribute)"
+            ))),
+        },
+        Some(TimeToLiveStatus::Disabling) => Err(TableError::NotReady(format!(
+            "TTL of table {name} is being disabled; DynamoDB allows enabling it again only once \
+             that is done (up to an hour)"
+        ))),
+        _ => Ok(false),
     }
 }
 

@@ -2,7 +2,7 @@
 //! decide which records are settled and which executions must be counted because they stay),
 //! then visibility changes, counts, breaker reports and ledger deletes together, then this
 //! environment's memory of lost counts, then the per-record reports and their log lines.
-//! Everything ends by the settle margin before the deadline, so the batch response still goes
+//! Everything ends by the effects margin before the deadline, so the batch response still goes
 //! out in time.
 
 use tokio::time::Instant;
@@ -21,7 +21,7 @@ use aws_sdk_dynamodb::types::BatchStatementRequest;
 impl Processor {
     /// Step 4: performs `plan`.
     pub(super) async fn execute(&self, plan: Plan, deadline: Deadline) -> BatchOutcome {
-        let deadline = deadline.settle();
+        let deadline = deadline.effects_end();
         let Plan {
             mut steps,
             breaker_reports,
@@ -31,30 +31,9 @@ impl Processor {
 
         self.send_copies(&mut steps, deadline).await;
 
-        // A message that stays comes back before its retention ends, however late the call
-        // lands (retried after throttling, after the DLQ's answer).
-        let visibility: Vec<(usize, String, i32, Option<Instant>)> = steps
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                let by = self.facts(&s.record).expires_at_ms.map(super::instant_at);
-                s.effects
-                    .visibility
-                    .map(|v| (i, s.record.inc.receipt_handle.clone(), v, by))
-            })
-            .collect();
-        let done: Vec<((String, String), std::time::Duration)> = steps
-            .iter()
-            .filter(|s| s.effects.settled && s.effects.mark_done)
-            .filter_map(|s| s.record.done_marker.map(|ttl| (s.record.ledger_key(), ttl)))
-            .collect();
-        // A job given a completion marker keeps its item: the marker replaces it.
-        let forget: Vec<(String, String)> = steps
-            .iter()
-            .filter(|s| s.effects.forget)
-            .map(|s| s.record.ledger_key())
-            .filter(|k| !done.iter().any(|(d, _)| d == k))
-            .collect();
+        let visibility = self.visibility_changes(&steps);
+        let done = done_markers(&steps);
+        let forget = forgotten(&steps, &done);
         // A breaker report that only adds to a counting window rides in the ledger's batched
         // write; the others are written on their own, at the same time.
         // Each report carries this environment's executions not yet reported, when it is made
@@ -88,7 +67,7 @@ impl Processor {
                     .into_iter()
                     .zip(written)
                     .map(|((t, b, a, f), w)| async move {
-                        opened(t, b.settle(t, f, w, a, now_ms, deadline).await)
+                        opened(t, b.complete_folded(t, f, w, a, now_ms, deadline).await)
                     });
             futures::future::join_all(settled)
         });
@@ -97,16 +76,7 @@ impl Processor {
                 .change_visibility_by(&self.source_queue, visibility, deadline),
             ledger,
             reports,
-            async {
-                if done.is_empty() {
-                    return;
-                }
-                let marks = done.len();
-                let none: [(String, String); 0] = [];
-                if let Err(e) = self.ledger.finish(&none, done, deadline).await {
-                    warn!(error = %e, completed = marks, "completion markers not written: a duplicate of these jobs would run again; the ledger items left expire by TTL");
-                }
-            },
+            self.write_done_markers(done, deadline),
         );
         for t in direct_opened.into_iter().chain(folded_opened).flatten() {
             metrics.add(self.dimension(Some(t)), "BreakerOpened", 1);
@@ -117,6 +87,48 @@ impl Processor {
             metrics.add(self.dimension(s.record.job_type()), "ExpiringUnrecorded", 1);
         }
 
+        let (records, whole_batch_failed) = self.record_reports(steps);
+        BatchOutcome {
+            records,
+            metrics,
+            whole_batch_failed,
+            visible_until: None,
+            deleted: Vec::new(),
+        }
+    }
+
+    /// The visibility changes of the steps whose message stays: each comes back before its
+    /// retention ends, however late the call lands (retried after throttling, after the
+    /// DLQ's answer).
+    fn visibility_changes(&self, steps: &[Step]) -> Vec<(usize, String, i32, Option<Instant>)> {
+        steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let by = self.facts(&s.record).expires_at_ms.map(super::instant_at);
+                s.effects
+                    .visibility
+                    .map(|v| (i, s.record.inc.receipt_handle.clone(), v, by))
+            })
+            .collect()
+    }
+
+    /// Writes the completion markers `done`; one not written is logged (a duplicate of its
+    /// job would run again).
+    async fn write_done_markers(&self, done: Vec<((String, String), std::time::Duration)>, deadline: Option<Instant>) {
+        if done.is_empty() {
+            return;
+        }
+        let marks = done.len();
+        let none: [(String, String); 0] = [];
+        if let Err(e) = self.ledger.forget_and_mark_done(&none, done, deadline).await {
+            warn!(error = %e, completed = marks, "completion markers not written: a duplicate of these jobs would run again; the ledger items left expire by TTL");
+        }
+    }
+
+    /// Each step's report, with its final `settled` and its log line; and whether the whole
+    /// batch failed (a record without a message id not settled).
+    fn record_reports(&self, steps: Vec<Step>) -> (Vec<super::RecordReport>, bool) {
         let mut whole_batch_failed = false;
         let records = steps
             .into_iter()
@@ -141,13 +153,7 @@ impl Processor {
                 report
             })
             .collect();
-        BatchOutcome {
-            records,
-            metrics,
-            whole_batch_failed,
-            visible_until: None,
-            deleted: Vec::new(),
-        }
+        (records, whole_batch_failed)
     }
 
     /// Sends the DLQ copies and settles each dead-lettered step's effects by the answer: a
@@ -322,4 +328,25 @@ fn log_decision(d: &Decision, body: Option<&str>, log_payloads: bool) {
             "duplicate of a completed job (its completion marker): deleted without running"
         ),
     }
+}
+
+/// The completion markers to write: the settled steps whose job type marks done, with each
+/// marker's lifetime.
+fn done_markers(steps: &[Step]) -> Vec<((String, String), std::time::Duration)> {
+    steps
+        .iter()
+        .filter(|s| s.effects.settled && s.effects.mark_done)
+        .filter_map(|s| s.record.done_marker.map(|ttl| (s.record.ledger_key(), ttl)))
+        .collect()
+}
+
+/// The ledger items to delete. A job given a completion marker keeps its item: the marker
+/// replaces it.
+fn forgotten(steps: &[Step], done: &[((String, String), std::time::Duration)]) -> Vec<(String, String)> {
+    steps
+        .iter()
+        .filter(|s| s.effects.forget)
+        .map(|s| s.record.ledger_key())
+        .filter(|k| !done.iter().any(|(d, _)| d == k))
+        .collect()
 }

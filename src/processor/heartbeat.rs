@@ -6,7 +6,7 @@
 //! - **What is extended**: every message of the batch, from its read until its record is
 //!   finished — the records whose handlers run and, on a FIFO queue, the ones waiting behind
 //!   an earlier record of their group (held by this consumer as much as the running one). A
-//!   record whose handler ended is finished at the next tick ([`Processor::settle_early`]),
+//!   record whose handler ended is finished at the next tick ([`Processor::complete_ended`]),
 //!   so its retry or deferral lands before the queue's retention ends; a settled Lambda
 //!   record stays extended until the response.
 //! - **Never past the retention**: no extension keeps a message hidden past its
@@ -114,9 +114,9 @@ fn sets_visibility(d: &Decision) -> bool {
 /// The batch's deadline as the heartbeat moves it: a worker's deadline follows the
 /// visibility of the messages it holds; a Lambda invocation's stays put.
 #[derive(Debug)]
-pub(super) struct Hold(Mutex<Deadline>);
+pub(super) struct MovingDeadline(Mutex<Deadline>);
 
-impl Hold {
+impl MovingDeadline {
     pub(super) fn new(deadline: Deadline) -> Self {
         Self(Mutex::new(deadline))
     }
@@ -151,7 +151,7 @@ pub(super) struct Held {
     /// Settled at a tick, its delete failed: extended until the batch's end deletes it, but
     /// the batch's deadline does not follow it (its extension may fail for good: it may be
     /// deleted after all).
-    settled: bool,
+    delete_failed: bool,
 }
 
 impl Processor {
@@ -167,21 +167,21 @@ impl Processor {
                 gone: self.retention_ends_ms(r).map(instant_at),
                 facts: self.facts(r),
                 until: deadline.visible_until(),
-                settled: false,
+                delete_failed: false,
             })
             .collect()
     }
 
     /// Ticks every `every` until `done` is set (or dropped), or the processor drains. A tick
     /// is awaited to its end before `done` is looked at again. With `early`, each tick also
-    /// finishes the records that ended since the last one ([`Processor::settle_early`]) and
+    /// finishes the records that ended since the last one ([`Processor::complete_ended`]) and
     /// stops extending their messages. Returns the number of ticks and what the early
     /// finishes came to.
     pub(super) async fn beat(
         &self,
         mut held: Vec<Held>,
         every: Duration,
-        hold: &Hold,
+        hold: &MovingDeadline,
         mut done: watch::Receiver<bool>,
         early: Option<&Finished>,
     ) -> (u32, Vec<Early>) {
@@ -207,7 +207,7 @@ impl Processor {
             let (_, finished) = tokio::join!(
                 self.tick(&mut held, every, hold),
                 // Boxed: the execute step's future inside the heartbeat's is too deep a type.
-                Box::pin(self.settle_early(ended, deadline.at_most(patience))),
+                Box::pin(self.complete_ended(ended, deadline.at_most(patience))),
             );
             // A settled record whose delete failed is deleted again at the batch's end: its
             // message stays hidden until then, or it would run again meanwhile.
@@ -217,7 +217,7 @@ impl Processor {
                     released
                         .into_iter()
                         .filter(|h| undeleted.contains(&h.index))
-                        .map(|h| Held { settled: true, ..h }),
+                        .map(|h| Held { delete_failed: true, ..h }),
                 );
             }
             settled.extend(finished);
@@ -266,7 +266,7 @@ impl Processor {
 
     /// One tick: extends every held message, in batches of ten; moves a worker's deadline to
     /// what SQS accepted for all of them.
-    async fn tick(&self, held: &mut [Held], every: Duration, hold: &Hold) {
+    async fn tick(&self, held: &mut [Held], every: Duration, hold: &MovingDeadline) {
         let sent = Instant::now();
         let now = now_ms();
         let deadline = hold.deadline();
@@ -326,7 +326,7 @@ impl Processor {
             debug!(extended = asked, "heartbeat: visibility extended");
         }
         // A worker's deadline follows the message hidden the shortest time.
-        let until: Option<Vec<Instant>> = held.iter().filter(|h| !h.settled).map(|h| h.until).collect();
+        let until: Option<Vec<Instant>> = held.iter().filter(|h| !h.delete_failed).map(|h| h.until).collect();
         if let Some(until) = until.and_then(|u| u.into_iter().min()) {
             hold.held_until(until);
         }

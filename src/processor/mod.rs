@@ -60,7 +60,7 @@ use crate::effects::dlq::{DlqLimit, FALLBACK_MAX_MESSAGE_BYTES};
 use crate::effects::ledger::AttemptLedger;
 use crate::effects::metrics::Metrics;
 use crate::effects::sqs::Sqs;
-use heartbeat::Hold;
+use heartbeat::MovingDeadline;
 pub use heartbeat::{DEFAULT_HEARTBEAT, TICKS_AHEAD};
 #[cfg(feature = "internals")]
 pub use heartbeat::{DEADLINE_SLACK, extension};
@@ -81,7 +81,7 @@ pub(crate) const REPORT_MARGIN: Duration = Duration::from_millis(1_500);
 
 /// Time kept back from the invocation's deadline for writing the batch response after the
 /// last effect.
-pub(crate) const SETTLE_MARGIN: Duration = Duration::from_millis(250);
+pub(crate) const EFFECTS_MARGIN: Duration = Duration::from_millis(250);
 
 /// The batch's deadline and the deadlines derived from it, carried through a batch as one
 /// value: a Lambda invocation's deadline, fixed; or a worker's, `margin` before its messages'
@@ -162,10 +162,10 @@ impl Deadline {
         self.at.map(|d| d.checked_sub(REPORT_MARGIN).unwrap_or(d))
     }
 
-    /// The latest moment an effect after the handlers may end: the settle margin before the
+    /// The latest moment an effect after the handlers may end: the effects margin before the
     /// deadline, so the batch response still goes out in time.
-    pub fn settle(self) -> Option<Instant> {
-        self.at.map(|d| d.checked_sub(SETTLE_MARGIN).unwrap_or(d))
+    pub fn effects_end(self) -> Option<Instant> {
+        self.at.map(|d| d.checked_sub(EFFECTS_MARGIN).unwrap_or(d))
     }
 
     /// Time left before the deadline.
@@ -423,7 +423,7 @@ impl Processor {
             return plan;
         }
         self.dlq_limit
-            .learn(&self.sqs, &self.dlq_url, deadline.settle())
+            .learn(&self.sqs, &self.dlq_url, deadline.effects_end())
             .await;
         self.plan(again, now_ms)
     }
@@ -452,7 +452,7 @@ impl Processor {
     /// breaker report left to the batch's), and, in a worker's batch, the deletes of those
     /// settled. So a retry or deferral lands long before the queue's retention ends, however
     /// long a handler beside it runs.
-    pub(super) async fn settle_early(&self, ended: Vec<(usize, Ran)>, deadline: Deadline) -> Option<Early> {
+    pub(super) async fn complete_ended(&self, ended: Vec<(usize, Ran)>, deadline: Deadline) -> Option<Early> {
         if ended.is_empty() {
             return None;
         }
@@ -496,7 +496,7 @@ impl Processor {
 
     /// Steps 1 and 2 with the heartbeat beside them; also returns the deadline as the
     /// heartbeat left it. With `early`, the heartbeat finishes records whose handlers ended
-    /// at its ticks ([`settle_early`](Self::settle_early)); the others are returned with
+    /// at its ticks ([`complete_ended`](Self::complete_ended)); the others are returned with
     /// their positions, in order. The heartbeat has stopped, its last call answered, on
     /// return.
     async fn admit_and_run_held(
@@ -509,7 +509,7 @@ impl Processor {
         let mut records: Vec<Record> = records.into_iter().map(|r| self.read(r)).collect();
         self.count_past_receive_limit(&records, &mut metrics);
         self.count_other_source_queue(&records, &mut metrics);
-        let hold = Hold::new(deadline);
+        let hold = MovingDeadline::new(deadline);
         let finished = run::Finished::default();
         let (done, stopped) = tokio::sync::watch::channel(false);
         let held = self.heartbeat.map(|every| (every, self.held(&records, deadline)));

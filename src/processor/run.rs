@@ -12,7 +12,7 @@ use futures::stream;
 use tokio::time::Instant;
 use tracing::{Instrument, warn};
 
-use super::heartbeat::Hold;
+use super::heartbeat::MovingDeadline;
 use super::plan::tally;
 use super::read::{Record, no_handler};
 use super::registry::{JobContext, Route};
@@ -22,7 +22,7 @@ use crate::core::breaker::{Aggregate, BreakerState, Lease};
 use crate::core::decision::{attempts_before, held_back};
 use crate::core::envelope::Payload;
 use crate::core::error::ErrorKind;
-use crate::core::{Decision, Gate, Inputs, JobError, Verdict, admit, invalid, settle};
+use crate::core::{Decision, Gate, Inputs, JobError, Verdict, admit, conclude, invalid};
 use crate::effects::breaker_store::{Admission, BreakerStore};
 
 /// A record after step 2: its final decision and, when its handler ran, how that went.
@@ -89,7 +89,7 @@ impl Processor {
         &self,
         records: Vec<Record>,
         states: &HashMap<String, BreakerState>,
-        hold: &Hold,
+        hold: &MovingDeadline,
         finished: &Finished,
     ) {
         let concurrency = self.concurrency;
@@ -115,7 +115,7 @@ impl Processor {
         &self,
         group: Vec<(usize, Record)>,
         states: &HashMap<String, BreakerState>,
-        hold: &Hold,
+        hold: &MovingDeadline,
         finished: &Finished,
     ) {
         let mut blocked = false;
@@ -153,7 +153,7 @@ impl Processor {
     }
 
     /// One record through admission, its handler and the decision after it.
-    async fn run_one(&self, mut record: Record, states: &HashMap<String, BreakerState>, hold: &Hold) -> Ran {
+    async fn run_one(&self, mut record: Record, states: &HashMap<String, BreakerState>, hold: &MovingDeadline) -> Ran {
         let deadline = hold.deadline();
         let job = match &record.job {
             Ok(job) => job,
@@ -169,7 +169,7 @@ impl Processor {
         let (verdict, admission) = self.admit(&record, route, states, deadline).await;
         let attempt = match verdict {
             Verdict::Run { attempt } => attempt,
-            Verdict::Settled(decision) => return Ran::without_run(record, decision),
+            Verdict::Decided(decision) => return Ran::without_run(record, decision),
         };
         // A worker's probe never outlives its lease: its handler is stopped by the lease's end
         // and its outcome reported as soon as it ends, however far the heartbeat moves the
@@ -209,7 +209,7 @@ impl Processor {
         let started = Instant::now();
         let outcome = run_handler(route, payload, ctx, hold, probe_cap).await;
         let time = started.elapsed();
-        let settled = settle(
+        let settled = conclude(
             &self.inputs(&record, route, admission.gate, now_ms(), hold.deadline()),
             &outcome,
             &mut rand::rng(),
@@ -347,7 +347,7 @@ async fn run_handler(
     route: &Route,
     payload: Payload,
     ctx: JobContext,
-    hold: &Hold,
+    hold: &MovingDeadline,
     cap: Option<Instant>,
 ) -> Result<(), JobError> {
     let mut task = tokio::spawn(route.call(payload, ctx).instrument(tracing::Span::current()));

@@ -101,13 +101,7 @@ pub async fn build_with(
     sqs_conf: aws_sdk_sqs::config::Builder,
     ddb_conf: aws_sdk_dynamodb::config::Builder,
 ) -> Result<Environment, RuntimeError> {
-    let registry = registry
-        .configured(&config.policy, config.breaker)
-        .configured_done_markers(&config.done_marker_types, config.done_marker_ttl)
-        .with_configured_eventbridge_types(&config.eventbridge_types);
-    registry.eventbridge_types().check().map_err(|e| {
-        format!("EventBridge job types (Registry::eventbridge_type / TRIAGE_EVENTBRIDGE_TYPES): {e}")
-    })?;
+    let registry = configured_registry(config, registry)?;
     let queue_url = Config::require(&config.queue_url, "TRIAGE_QUEUE_URL")?.to_owned();
     let dlq_url = Config::require(&config.dlq_url, "TRIAGE_DLQ_URL")?.to_owned();
     let table = Config::require(&config.table, "TRIAGE_TABLE")?.to_owned();
@@ -131,229 +125,32 @@ pub async fn build_with(
             )
         })
         .collect();
-    // Start-up's reads retry on a budget of their own, so a throttled start-up leaves the
-    // batches' budget whole. In Lambda they end by one deadline inside the init's 10 s (a
-    // check still failing then is skipped or refused as for a service that does not answer),
-    // and each try is short, so a stalled request is tried again within it.
-    let deadline = config.startup_deadline.map(|d| Instant::now() + d);
-    let startup_retry = match deadline {
-        Some(_) => StorageRetry::default().with_attempt_timeout(STARTUP_ATTEMPT_TIMEOUT),
-        None => StorageRetry::default(),
+    let names = StartupNames {
+        queue_url: &queue_url,
+        dlq_url: &dlq_url,
+        table: &table,
     };
-    let attrs = |url: String, names: Vec<QueueAttributeName>| {
-        let c = sqs_client.clone();
-        let retry = startup_retry.clone();
-        async move {
-            retry
-                .call("GetQueueAttributes", deadline, || {
-                    c.get_queue_attributes()
-                        .queue_url(&url)
-                        .set_attribute_names(Some(names.clone()))
-                        .send()
-                })
-                .await
-                .map(|o| o.attributes.unwrap_or_default())
-        }
+    let reads = startup_reads(config, &names, &sqs_client, &ddb_client, &breakers).await;
+    let mut checks = StartupChecks {
+        warnings: eventbridge_warnings(&registry),
+        skipped: 0,
     };
-    // A queue is read only when what start-up needs of it is not configured (the stacks
-    // configure both); the reads go at once, so a cold start waits for the slowest alone.
-    let source_read = async {
-        match config.source_queue {
-            Some(facts) => Ok(SourceQueue::configured(facts)),
-            None => attrs(
-                queue_url.clone(),
-                vec![
-                    QueueAttributeName::MessageRetentionPeriod,
-                    QueueAttributeName::RedrivePolicy,
-                    QueueAttributeName::QueueArn,
-                    QueueAttributeName::VisibilityTimeout,
-                ],
-            )
-            .await
-            .map(|a| SourceQueue::read(&a)),
-        }
-    };
-    let dlq_read = async {
-        match config.dlq_max_bytes {
-            Some(_) => None,
-            None => Some(
-                attrs(
-                    dlq_url.clone(),
-                    vec![
-                        QueueAttributeName::MaximumMessageSize,
-                        QueueAttributeName::MessageRetentionPeriod,
-                        QueueAttributeName::QueueArn,
-                    ],
-                )
-                .await,
-            ),
-        }
-    };
-    // The table's check is the read of the breakers a first batch would make (the first 10 job
-    // types'): such a batch then reads none of them, within the breaker cache's lifetime.
-    // Without a job type to read, a probe.
-    let table_check = async {
-        match crate::effects::breaker_store::warm(&breakers, &startup_retry, deadline).await {
-            Ok(0) => probe_table(&ddb_client, &startup_retry, &table, deadline).await,
-            read => read.map(|_| ()),
-        }
-    };
-    let (source, dlq, table_check) = tokio::join!(source_read, dlq_read, table_check);
-    let mut warnings: Vec<String> = registry
-        .eventbridge_types()
-        .iter()
-        .filter(|(_, t)| registry.route(t).is_none())
-        .map(|(d, t)| {
-            format!(
-                "EventBridge events of detail-type `{d}` map to job type `{t}`, which has no handler: \
-                 they will be dead-lettered as invalid (check TRIAGE_EVENTBRIDGE_TYPES)"
-            )
-        })
-        .collect();
-    let mut skipped = 0u64;
-    let source = source.map_err(|e| queue_error(e, "TRIAGE_QUEUE_URL", "the source queue", &queue_url))?;
-    if let Some(retention) = source.retention {
-        registry.check_retention(retention).map_err(|e| {
-            let of = if config.source_queue.is_some() {
-                " (TRIAGE_QUEUE_RETENTION_S)"
-            } else {
-                ""
-            };
-            format!("retry policy rejected for {queue_url}{of}: {e}")
-        })?;
-    }
-    if let (Some(retention), Some(visibility), Some(max_receive)) =
-        (source.retention, source.visibility, source.receive_limit)
-    {
-        // A worker receives with at least its minimum visibility timeout.
-        let hold = redrive::unsettled_hold(
-            visibility.max(super::worker::MIN_VISIBILITY),
-            config.heartbeat,
-            TICKS_AHEAD,
-        );
-        redrive::check_holds(max_receive, hold, retention).map_err(|e| {
-            let (var, of) = match config.source_queue {
-                Some(_) => (
-                    "TRIAGE_QUEUE_MAX_RECEIVE",
-                    " (TRIAGE_QUEUE_RETENTION_S, TRIAGE_QUEUE_VISIBILITY_S, TRIAGE_QUEUE_MAX_RECEIVE)",
-                ),
-                None => ("TRIAGE_QUEUE_URL", ""),
-            };
-            StartupError {
-                var,
-                message: format!(
-                    "{var}: the source queue {queue_url}{of} cannot dead-letter what it keeps: {e}"
-                ),
-                misconfigured: true,
-            }
-        })?;
-    }
-    if let (Some(every), Some(v)) = (config.heartbeat, source.visibility) {
-        if every >= v {
-            let (of, or) = match config.source_queue {
-                Some(_) => (
-                    " (TRIAGE_QUEUE_VISIBILITY_S)",
-                    " (or check TRIAGE_QUEUE_VISIBILITY_S against the queue)",
-                ),
-                None => ("", ""),
-            };
-            warnings.push(format!(
-                "TRIAGE_HEARTBEAT_S ({} s) is not shorter than the source queue's visibility timeout{of} ({} s): \
-                 a message may be visible again before the heartbeat's first tick extends it; lower TRIAGE_HEARTBEAT_S{or}",
-                every.as_secs(),
-                v.as_secs()
-            ));
-        }
-    }
-    let source_arn = source.arn.as_deref();
-    let target = source.redrive_target.as_deref();
-    let mismatched_target = |target: &str, dlq: &str| {
-        format!(
-            "the source queue's RedrivePolicy sends to {target}, not to TRIAGE_DLQ_URL ({dlq}): \
-             jobs SQS moves after maxReceiveCount land there without a failure record, \
-             apart from the ones dead-lettered here; point both at one queue (`triage setup` does)"
-        )
-    };
-    let dlq_limit = match dlq {
-        // The size configured: the DLQ is not read. Its identity is checked against what the
-        // source queue's answer says, by the account and name in its URL.
-        None => {
-            if let Some(arn) = source_arn {
-                if url_names_arn(&dlq_url, arn) {
-                    return Err(source_as_dlq(&queue_url).into());
-                }
-            }
-            if let Some(target) = target.filter(|t| !url_names_arn(&dlq_url, t)) {
-                warnings.push(mismatched_target(target, &dlq_url));
-            }
-            DlqLimit::known(
-                config
-                    .dlq_max_bytes
-                    .unwrap_or(crate::effects::dlq::FALLBACK_MAX_MESSAGE_BYTES),
-            )
-        }
-        Some(Ok(a)) => {
-            if let Some(d) = a.get(&QueueAttributeName::QueueArn) {
-                // The source queue configured (not read): its URL against the DLQ's ARN.
-                if source_arn.map_or(url_names_arn(&queue_url, d), |s| s == d) {
-                    return Err(source_as_dlq(&queue_url).into());
-                }
-                if let Some(target) = target.filter(|t| t != d) {
-                    warnings.push(mismatched_target(target, d));
-                }
-            }
-            let dlq_retention = a
-                .get(&QueueAttributeName::MessageRetentionPeriod)
-                .and_then(|v| v.parse::<u64>().ok())
-                .map(Duration::from_secs);
-            if let (Some(source_retention), Some(dlq_retention)) = (source.retention, dlq_retention) {
-                let fifo = queue_url.trim_end_matches('/').ends_with(".fifo");
-                redrive::check_dlq_retention(source_retention, dlq_retention, fifo).map_err(|e| {
-                    StartupError {
-                        var: "TRIAGE_DLQ_URL",
-                        message: format!("TRIAGE_DLQ_URL: the DLQ {dlq_url} of {queue_url}: {e}"),
-                        misconfigured: true,
-                    }
-                })?;
-            }
-            match a
-                .get(&QueueAttributeName::MaximumMessageSize)
-                .and_then(|v| v.parse().ok())
-            {
-                Some(bytes) => DlqLimit::known(bytes),
-                None => DlqLimit::unknown(),
-            }
-        }
-        Some(Err(e)) if e.is_unavailable() => {
-            skipped += 1;
-            warnings.push(format!(
-                "cannot check the DLQ {dlq_url} (TRIAGE_DLQ_URL) at start-up ({e}): running without \
-                 the check; its message size limit is read at the first DLQ send"
-            ));
-            DlqLimit::unknown()
-        }
-        Some(Err(e)) => return Err(queue_error(e, "TRIAGE_DLQ_URL", "the DLQ", &dlq_url).into()),
-    };
-    match table_check {
-        Ok(()) => {}
-        Err(e) if e.is_unavailable() => {
-            skipped += 1;
-            warnings.push(format!(
-                "cannot check the table {table} (TRIAGE_TABLE) at start-up ({e}): running without the check"
-            ));
-        }
-        Err(e) => return Err(table_error(e, &table).into()),
-    }
+    let source = reads
+        .source
+        .map_err(|e| queue_error(e, "TRIAGE_QUEUE_URL", "the source queue", &queue_url))?;
+    checks.check_source_queue(config, &registry, &source, &queue_url)?;
+    let dlq_limit = checks.dlq_limit(config, reads.dlq, &source, &names)?;
+    checks.check_table(reads.table, &table)?;
     for t in registry.unrouted_done_markers() {
-        warnings.push(format!(
+        checks.warnings.push(format!(
             "TRIAGE_DONE_MARKER_TYPES names `{t}`, which has no handler here: no completion marker is written for it"
         ));
     }
-    for w in &warnings {
+    for w in &checks.warnings {
         tracing::warn!(startup_check = "degraded", "{w}");
     }
-    if skipped > 0 {
-        emit_startup_metric(skipped, config.emf);
+    if checks.skipped > 0 {
+        emit_startup_metric(checks.skipped, config.emf);
     }
 
     let ledger = AttemptLedger::new(ddb_client.clone(), &table, retry.clone());
@@ -381,9 +178,312 @@ pub async fn build_with(
         queue_url,
         calls,
         retry,
-        startup_warnings: warnings,
+        startup_warnings: checks.warnings,
         source_visibility: source.visibility,
     })
+}
+
+/// The registry with the configuration's policies, done markers and EventBridge types, its
+/// EventBridge mapping checked.
+fn configured_registry(config: &Config, registry: Registry) -> Result<Registry, RuntimeError> {
+    let registry = registry
+        .configured(&config.policy, config.breaker)
+        .configured_done_markers(&config.done_marker_types, config.done_marker_ttl)
+        .with_configured_eventbridge_types(&config.eventbridge_types);
+    registry.eventbridge_types().check().map_err(|e| {
+        format!("EventBridge job types (Registry::eventbridge_type / TRIAGE_EVENTBRIDGE_TYPES): {e}")
+    })?;
+    Ok(registry)
+}
+
+/// One warning per EventBridge detail-type mapped to a job type without a handler.
+fn eventbridge_warnings(registry: &Registry) -> Vec<String> {
+    registry
+        .eventbridge_types()
+        .iter()
+        .filter(|(_, t)| registry.route(t).is_none())
+        .map(|(d, t)| {
+            format!(
+                "EventBridge events of detail-type `{d}` map to job type `{t}`, which has no handler: \
+                 they will be dead-lettered as invalid (check TRIAGE_EVENTBRIDGE_TYPES)"
+            )
+        })
+        .collect()
+}
+
+/// The source queue, the DLQ and the table a start-up checks.
+struct StartupNames<'a> {
+    queue_url: &'a str,
+    dlq_url: &'a str,
+    table: &'a str,
+}
+
+/// What start-up read: the source queue, the DLQ's attributes (`None`: its size configured,
+/// not read) and the table's check.
+struct StartupReads {
+    source: Result<SourceQueue, StorageError>,
+    dlq: Option<Result<HashMap<QueueAttributeName, String>, StorageError>>,
+    table: Result<(), StorageError>,
+}
+
+/// Reads what start-up needs and is not configured, all at once, so a cold start waits for
+/// the slowest read alone.
+async fn startup_reads(
+    config: &Config,
+    names: &StartupNames<'_>,
+    sqs_client: &aws_sdk_sqs::Client,
+    ddb_client: &aws_sdk_dynamodb::Client,
+    breakers: &HashMap<String, BreakerStore>,
+) -> StartupReads {
+    // Start-up's reads retry on a budget of their own, so a throttled start-up leaves the
+    // batches' budget whole. In Lambda they end by one deadline inside the init's 10 s (a
+    // check still failing then is skipped or refused as for a service that does not answer),
+    // and each try is short, so a stalled request is tried again within it.
+    let deadline = config.startup_deadline.map(|d| Instant::now() + d);
+    let startup_retry = match deadline {
+        Some(_) => StorageRetry::default().with_attempt_timeout(STARTUP_ATTEMPT_TIMEOUT),
+        None => StorageRetry::default(),
+    };
+    let attrs = |url: String, names: Vec<QueueAttributeName>| {
+        let c = sqs_client.clone();
+        let retry = startup_retry.clone();
+        async move {
+            retry
+                .call("GetQueueAttributes", deadline, || {
+                    c.get_queue_attributes()
+                        .queue_url(&url)
+                        .set_attribute_names(Some(names.clone()))
+                        .send()
+                })
+                .await
+                .map(|o| o.attributes.unwrap_or_default())
+        }
+    };
+    // A queue is read only when what start-up needs of it is not configured (the stacks
+    // configure both).
+    let source_read = async {
+        match config.source_queue {
+            Some(facts) => Ok(SourceQueue::configured(facts)),
+            None => attrs(
+                names.queue_url.to_owned(),
+                vec![
+                    QueueAttributeName::MessageRetentionPeriod,
+                    QueueAttributeName::RedrivePolicy,
+                    QueueAttributeName::QueueArn,
+                    QueueAttributeName::VisibilityTimeout,
+                ],
+            )
+            .await
+            .map(|a| SourceQueue::read(&a)),
+        }
+    };
+    let dlq_read = async {
+        match config.dlq_max_bytes {
+            Some(_) => None,
+            None => Some(
+                attrs(
+                    names.dlq_url.to_owned(),
+                    vec![
+                        QueueAttributeName::MaximumMessageSize,
+                        QueueAttributeName::MessageRetentionPeriod,
+                        QueueAttributeName::QueueArn,
+                    ],
+                )
+                .await,
+            ),
+        }
+    };
+    // The table's check is the read of the breakers a first batch would make (the first 10 job
+    // types'): such a batch then reads none of them, within the breaker cache's lifetime.
+    // Without a job type to read, a probe.
+    let table_check = async {
+        match crate::effects::breaker_store::warm(breakers, &startup_retry, deadline).await {
+            Ok(0) => probe_table(ddb_client, &startup_retry, names.table, deadline).await,
+            read => read.map(|_| ()),
+        }
+    };
+    let (source, dlq, table) = tokio::join!(source_read, dlq_read, table_check);
+    StartupReads { source, dlq, table }
+}
+
+/// Start-up's findings so far: the warnings, and how many checks were skipped.
+struct StartupChecks {
+    warnings: Vec<String>,
+    skipped: u64,
+}
+
+impl StartupChecks {
+    /// Checks every policy against the source queue's retention, the holds against what the
+    /// queue keeps, and the heartbeat against its visibility timeout.
+    fn check_source_queue(
+        &mut self,
+        config: &Config,
+        registry: &Registry,
+        source: &SourceQueue,
+        queue_url: &str,
+    ) -> Result<(), RuntimeError> {
+        if let Some(retention) = source.retention {
+            registry.check_retention(retention).map_err(|e| {
+                let of = if config.source_queue.is_some() {
+                    " (TRIAGE_QUEUE_RETENTION_S)"
+                } else {
+                    ""
+                };
+                format!("retry policy rejected for {queue_url}{of}: {e}")
+            })?;
+        }
+        if let (Some(retention), Some(visibility), Some(max_receive)) =
+            (source.retention, source.visibility, source.receive_limit)
+        {
+            // A worker receives with at least its minimum visibility timeout.
+            let hold = redrive::unsettled_hold(
+                visibility.max(super::worker::MIN_VISIBILITY),
+                config.heartbeat,
+                TICKS_AHEAD,
+            );
+            redrive::check_holds(max_receive, hold, retention).map_err(|e| {
+                let (var, of) = match config.source_queue {
+                    Some(_) => (
+                        "TRIAGE_QUEUE_MAX_RECEIVE",
+                        " (TRIAGE_QUEUE_RETENTION_S, TRIAGE_QUEUE_VISIBILITY_S, TRIAGE_QUEUE_MAX_RECEIVE)",
+                    ),
+                    None => ("TRIAGE_QUEUE_URL", ""),
+                };
+                StartupError {
+                    var,
+                    message: format!(
+                        "{var}: the source queue {queue_url}{of} cannot dead-letter what it keeps: {e}"
+                    ),
+                    misconfigured: true,
+                }
+            })?;
+        }
+        if let (Some(every), Some(v)) = (config.heartbeat, source.visibility) {
+            if every >= v {
+                let (of, or) = match config.source_queue {
+                    Some(_) => (
+                        " (TRIAGE_QUEUE_VISIBILITY_S)",
+                        " (or check TRIAGE_QUEUE_VISIBILITY_S against the queue)",
+                    ),
+                    None => ("", ""),
+                };
+                self.warnings.push(format!(
+                    "TRIAGE_HEARTBEAT_S ({} s) is not shorter than the source queue's visibility timeout{of} ({} s): \
+                     a message may be visible again before the heartbeat's first tick extends it; lower TRIAGE_HEARTBEAT_S{or}",
+                    every.as_secs(),
+                    v.as_secs()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the DLQ against the source queue (not the same queue, the one its redrive
+    /// policy names, a retention long enough) and returns its size limit.
+    fn dlq_limit(
+        &mut self,
+        config: &Config,
+        dlq: Option<Result<HashMap<QueueAttributeName, String>, StorageError>>,
+        source: &SourceQueue,
+        names: &StartupNames<'_>,
+    ) -> Result<DlqLimit, RuntimeError> {
+        let (queue_url, dlq_url) = (names.queue_url, names.dlq_url);
+        let source_arn = source.arn.as_deref();
+        let target = source.redrive_target.as_deref();
+        let mismatched_target = |target: &str, dlq: &str| {
+            format!(
+                "the source queue's RedrivePolicy sends to {target}, not to TRIAGE_DLQ_URL ({dlq}): \
+                 jobs SQS moves after maxReceiveCount land there without a failure record, \
+                 apart from the ones dead-lettered here; point both at one queue (`triage setup` does)"
+            )
+        };
+        match dlq {
+            // The size configured: the DLQ is not read. Its identity is checked against what the
+            // source queue's answer says, by the account and name in its URL.
+            None => {
+                if let Some(arn) = source_arn {
+                    if url_names_arn(dlq_url, arn) {
+                        return Err(source_as_dlq(queue_url).into());
+                    }
+                }
+                if let Some(target) = target.filter(|t| !url_names_arn(dlq_url, t)) {
+                    self.warnings.push(mismatched_target(target, dlq_url));
+                }
+                Ok(DlqLimit::known(
+                    config
+                        .dlq_max_bytes
+                        .unwrap_or(crate::effects::dlq::FALLBACK_MAX_MESSAGE_BYTES),
+                ))
+            }
+            Some(Ok(a)) => {
+                if let Some(d) = a.get(&QueueAttributeName::QueueArn) {
+                    // The source queue configured (not read): its URL against the DLQ's ARN.
+                    if source_arn.map_or(url_names_arn(queue_url, d), |s| s == d) {
+                        return Err(source_as_dlq(queue_url).into());
+                    }
+                    if let Some(target) = target.filter(|t| t != d) {
+                        self.warnings.push(mismatched_target(target, d));
+                    }
+                }
+                check_dlq_keeps_source(&a, source, names)?;
+                Ok(
+                    match a
+                        .get(&QueueAttributeName::MaximumMessageSize)
+                        .and_then(|v| v.parse().ok())
+                    {
+                        Some(bytes) => DlqLimit::known(bytes),
+                        None => DlqLimit::unknown(),
+                    },
+                )
+            }
+            Some(Err(e)) if e.is_unavailable() => {
+                self.skipped += 1;
+                self.warnings.push(format!(
+                    "cannot check the DLQ {dlq_url} (TRIAGE_DLQ_URL) at start-up ({e}): running without \
+                     the check; its message size limit is read at the first DLQ send"
+                ));
+                Ok(DlqLimit::unknown())
+            }
+            Some(Err(e)) => Err(queue_error(e, "TRIAGE_DLQ_URL", "the DLQ", dlq_url).into()),
+        }
+    }
+
+    /// The table's check: skipped with a warning when the table could not be reached.
+    fn check_table(&mut self, table_check: Result<(), StorageError>, table: &str) -> Result<(), RuntimeError> {
+        match table_check {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_unavailable() => {
+                self.skipped += 1;
+                self.warnings.push(format!(
+                    "cannot check the table {table} (TRIAGE_TABLE) at start-up ({e}): running without the check"
+                ));
+                Ok(())
+            }
+            Err(e) => Err(table_error(e, table).into()),
+        }
+    }
+}
+
+/// The DLQ must keep a message at least as long as the source queue may have kept it.
+fn check_dlq_keeps_source(
+    dlq: &HashMap<QueueAttributeName, String>,
+    source: &SourceQueue,
+    names: &StartupNames<'_>,
+) -> Result<(), StartupError> {
+    let dlq_retention = dlq
+        .get(&QueueAttributeName::MessageRetentionPeriod)
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    if let (Some(source_retention), Some(dlq_retention)) = (source.retention, dlq_retention) {
+        let (queue_url, dlq_url) = (names.queue_url, names.dlq_url);
+        let fifo = queue_url.trim_end_matches('/').ends_with(".fifo");
+        redrive::check_dlq_retention(source_retention, dlq_retention, fifo).map_err(|e| StartupError {
+            var: "TRIAGE_DLQ_URL",
+            message: format!("TRIAGE_DLQ_URL: the DLQ {dlq_url} of {queue_url}: {e}"),
+            misconfigured: true,
+        })?;
+    }
+    Ok(())
 }
 
 /// What start-up knows of the source queue: configured ([`QueueFacts`]) or read.

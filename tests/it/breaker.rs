@@ -351,7 +351,11 @@ async fn a_folded_report_counts_once_and_one_that_would_reach_the_threshold_open
         .expect("a counting window below the threshold");
     let w = written(&f).await;
     assert!(matches!(w, Written::Done), "{w:?}");
-    let s = store.settle(jt, f, w, &one, T0 + 1, None).await.unwrap().unwrap();
+    let s = store
+        .complete_folded(jt, f, w, &one, T0 + 1, None)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((s.phase, s.failures), (Phase::Closed, 2));
     assert_eq!(
         proxy.counts(),
@@ -370,7 +374,11 @@ async fn a_folded_report_counts_once_and_one_that_would_reach_the_threshold_open
     let f = store.fold(jt, &one, T0 + 2).unwrap();
     let w = written(&f).await;
     assert!(matches!(w, Written::Refused), "{w:?}");
-    let s = store.settle(jt, f, w, &one, T0 + 2, None).await.unwrap().unwrap();
+    let s = store
+        .complete_folded(jt, f, w, &one, T0 + 2, None)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((s.phase, s.failures), (Phase::Closed, 3));
     assert_eq!(other.read(jt).await.unwrap().failures, 3, "counted once");
 
@@ -380,7 +388,11 @@ async fn a_folded_report_counts_once_and_one_that_would_reach_the_threshold_open
     let f = store.fold(jt, &one, T0 + 3).unwrap();
     let w = written(&f).await;
     assert!(matches!(w, Written::Failed(_)), "{w:?}");
-    let s = store.settle(jt, f, w, &one, T0 + 3, None).await.unwrap().unwrap();
+    let s = store
+        .complete_folded(jt, f, w, &one, T0 + 3, None)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((s.phase, s.failures), (Phase::Closed, 4));
     proxy.clear_faults();
 
@@ -392,7 +404,11 @@ async fn a_folded_report_counts_once_and_one_that_would_reach_the_threshold_open
     proxy.reset_counts();
     let w = written(&f).await;
     assert!(matches!(w, Written::Refused), "{w:?}");
-    let s = store.settle(jt, f, w, &one, T0 + 5, None).await.unwrap().unwrap();
+    let s = store
+        .complete_folded(jt, f, w, &one, T0 + 5, None)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(s.phase, Phase::Open, "{s:?}");
     assert_eq!(
         proxy.counts(),

@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use sqs_triage::core::decision::{RECEIVE_SLACK, visibility_limit};
 use sqs_triage::core::{
     Backoff, Decision, DeferReason, FailureClass, Gate, Inputs, JobError, Ledger, RecordFacts, RetryPolicy,
-    StoredAttempts, Verdict, admit, invalid, invalid as invalid_decision, settle,
+    StoredAttempts, Verdict, admit, conclude, invalid, invalid as invalid_decision,
 };
 
 const NOW: u64 = 1_700_000_000_000;
@@ -36,14 +36,14 @@ fn inputs(policy: &RetryPolicy) -> Inputs<'_> {
 /// The decision before the handler for a record that does not run.
 fn skipped(i: &Inputs<'_>, rng: &mut StdRng) -> Decision {
     match admit(i, rng) {
-        Verdict::Settled(d) => d,
+        Verdict::Decided(d) => d,
         run => panic!("expected no run, got {run:?}"),
     }
 }
 
 /// The final decision after the handler.
 fn after(i: &Inputs<'_>, outcome: &Result<(), JobError>, rng: &mut StdRng) -> Decision {
-    settle(i, outcome, rng).decision
+    conclude(i, outcome, rng).decision
 }
 
 fn rng() -> StdRng {
@@ -757,7 +757,7 @@ proptest! {
                     prop_assert_eq!(admit(&i, &mut StdRng::seed_from_u64(seed)), Verdict::Run { attempt });
                     return Ok(());
                 }
-                Verdict::Settled(d) => {
+                Verdict::Decided(d) => {
                     // Before the handler nothing is spent, whatever the decision.
                     let unspent = d.spends_no_attempt() || matches!(d, Decision::DeadLetter { .. });
                     prop_assert!(unspent);
@@ -767,7 +767,7 @@ proptest! {
                 }
             },
             Some(o) => {
-                let s = settle(&i, o, &mut StdRng::seed_from_u64(seed));
+                let s = conclude(&i, o, &mut StdRng::seed_from_u64(seed));
                 // The classified kind comes with the decision: none for a success.
                 prop_assert_eq!(s.error.is_none(), o.is_ok());
                 let unrun = matches!(s.decision, Decision::Defer { .. } | Decision::Release);
@@ -778,13 +778,13 @@ proptest! {
         // Deterministic for the same random draws.
         let again = match &outcome {
             None => match admit(&i, &mut StdRng::seed_from_u64(seed)) {
-                Verdict::Settled(d) => d,
+                Verdict::Decided(d) => d,
                 run => {
                     prop_assert!(false, "the same draws gave another verdict: {:?}", run);
                     return Ok(());
                 }
             },
-            Some(o) => settle(&i, o, &mut StdRng::seed_from_u64(seed)).decision,
+            Some(o) => conclude(&i, o, &mut StdRng::seed_from_u64(seed)).decision,
         };
         prop_assert_eq!(&d, &again);
         match &d {

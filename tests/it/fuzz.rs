@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use sqs_triage::core::envelope::{self, EnvelopeLimits};
 use sqs_triage::core::{
     Decision, FailureClass, Gate, Inputs, JobError, Ledger, RecordFacts, RetryPolicy, StoredAttempts,
-    Verdict, admit, invalid as invalid_decision, settle,
+    Verdict, admit, conclude, invalid as invalid_decision,
 };
 use sqs_triage::processor::Incoming;
 use sqs_triage::runtime::lambda::read_records;
@@ -68,9 +68,9 @@ fn decision_for(inc: &Incoming, ledger: Ledger, outcome: &Result<(), JobError>) 
     match admit(&inputs, &mut rng) {
         Verdict::Run { attempt } => {
             assert!(attempt >= 1 && attempt <= policy.max_attempts());
-            settle(&inputs, outcome, &mut rng).decision
+            conclude(&inputs, outcome, &mut rng).decision
         }
-        Verdict::Settled(d) => d,
+        Verdict::Decided(d) => d,
     }
 }
 

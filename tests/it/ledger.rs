@@ -437,7 +437,7 @@ async fn a_count_clears_the_marker_it_saw_not_a_fresh_one_written_since() {
     for id in ["single", "batched"] {
         // A marker with no lifetime has lived out as soon as it is written.
         ledger
-            .finish(
+            .forget_and_mark_done(
                 Vec::<(String, String)>::new(),
                 vec![(key(id), Duration::ZERO)],
                 None,
@@ -452,7 +452,7 @@ async fn a_count_clears_the_marker_it_saw_not_a_fresh_one_written_since() {
         );
         // A duplicate of the job succeeds meanwhile: a fresh marker.
         ledger
-            .finish(
+            .forget_and_mark_done(
                 Vec::<(String, String)>::new(),
                 vec![(key(id), Duration::from_secs(3600))],
                 None,

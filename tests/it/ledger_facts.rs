@@ -202,7 +202,7 @@ async fn park_refuses_what_it_cannot_park_in_one_clear_line() {
     );
 
     // A completed job (its completion marker).
-    l.finish(
+    l.forget_and_mark_done(
         Vec::<(String, String)>::new(),
         vec![(("t".into(), "done".into()), Duration::from_secs(60))],
         None,

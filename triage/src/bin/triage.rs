@@ -553,186 +553,24 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
     let json = cli.json;
     let progress = !cli.json && !cli.no_progress;
     match &cli.command {
-        Command::Setup(a) => {
-            let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
-            let env_attempts = std::env::var("TRIAGE_MAX_ATTEMPTS").ok();
-            let (attempts, from) = setup::max_attempts_from(a.max_attempts, env_attempts.as_deref())?;
-            let max_receive_count = a
-                .max_receive_count
-                .unwrap_or_else(|| setup::default_max_receive_count(attempts));
-            setup::check_max_receive_count(max_receive_count, attempts, from)?;
-            let ctx = Ctx::from_env().await?;
-            let report = setup::setup_with(
-                &ctx,
-                &setup::SetupOptions {
-                    queue: a.queue.clone(),
-                    dlq: a.dlq.clone(),
-                    table: table.to_owned(),
-                    fifo: a.fifo,
-                    max_receive_count,
-                },
-                &setup::SetupFlags {
-                    visibility_timeout: a.visibility_timeout,
-                    replace_deny_all: a.replace_deny_all,
-                },
-            )
-            .await?;
-            Ok(print(&report, json))
-        }
-        Command::Send(a) => {
-            let queue = require(&cli.queue_url, "TRIAGE_QUEUE_URL", "--queue-url")?;
-            let fifo = ops::is_fifo(queue);
-            let jobs = read_jobs(a, fifo)?;
-            let unsent = a.unsent.as_deref();
-            // Once the input is good, `--unsent` always says what is left to send.
-            let all_unsent = |e: OpsError| match unsent {
-                Some(path) => match send::write_unsent(path, &send::all_text(&jobs)) {
-                    Ok(()) => e,
-                    Err(w) => OpsError::new(e.kind, format!("{e}; {w}")),
-                },
-                None => e,
-            };
-            let ctx = Ctx::from_env()
-                .await
-                .and_then(|c| c.for_queue(queue, "TRIAGE_QUEUE_URL"))
-                .map_err(all_unsent)?;
-            let url = ops::resolve_queue(&ctx, queue, "TRIAGE_QUEUE_URL")
-                .await
-                .map_err(all_unsent)?;
-            let mut report = send::send_jobs(&ctx, &url, &jobs, progress)
-                .await
-                .map_err(all_unsent)?;
-            let mut write_error = None;
-            if let Some(path) = unsent {
-                match send::write_unsent(path, &send::unsent_text(&jobs, &report)) {
-                    Ok(()) => report.unsent_file = Some(path.display().to_string()),
-                    Err(e) => write_error = Some(e),
-                }
-            }
-            let code = print(&report, json);
-            match write_error {
-                Some(e) => {
-                    eprintln!("error: {e}");
-                    Ok(ExitCode::from(e.exit_code()))
-                }
-                None => Ok(code),
-            }
-        }
-        Command::Dlq(cmd) => {
-            let dlq_arg = require(&cli.dlq_url, "TRIAGE_DLQ_URL", "--dlq-url")?;
-            // DLQ messages are read as the consumers read them, EventBridge mapping included.
-            dlq::check_eventbridge_types()?;
-            match cmd {
-                DlqCommand::Purge { yes, .. } => can_confirm(*yes, "purge")?,
-                DlqCommand::Redrive(RedriveArgs {
-                    action: None, yes, ..
-                }) => can_confirm(*yes, "redrive")?,
-                _ => {}
-            }
-            let audited = match cmd {
-                DlqCommand::Replay { dry_run, .. } => !dry_run,
-                DlqCommand::Purge { .. } | DlqCommand::Edit { .. } => true,
-                DlqCommand::Redrive(a) => !matches!(a.action, Some(RedriveAction::Status)),
-                DlqCommand::List { .. } | DlqCommand::Show { .. } => false,
-            };
-            let trail = audited.then(|| audit_table(&cli)).transpose()?;
-            let mut ctx = Ctx::from_env().await?.for_queue(dlq_arg, "TRIAGE_DLQ_URL")?;
-            if let Some((table, retention)) = trail {
-                // Replay checks its table itself; purge and redrive use it only to audit.
-                if !matches!(cmd, DlqCommand::Replay { .. }) {
-                    audit::check_table(&ctx, table).await?;
-                }
-                ctx = ctx.audited(table, retention);
-                // Who is asking is known before the action, so the audit item follows it at once.
-                ctx.actor().await;
-            }
-            let dlq_url = ops::resolve_queue(&ctx, dlq_arg, "TRIAGE_DLQ_URL").await?;
-            run_dlq(&cli, cmd, &ctx, &dlq_url, json, progress).await
-        }
-        Command::Breaker(cmd) => {
-            let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
-            let (job_type, what, yes) = match cmd {
-                BreakerCommand::Status { job_type } => {
-                    let ctx = Ctx::from_env().await?;
-                    let r = breaker::status(&ctx, table, job_type.as_deref()).await?;
-                    return Ok(print(&r, json));
-                }
-                BreakerCommand::Open { job_type, for_, yes } => (job_type, Force::Open(*for_), *yes),
-                BreakerCommand::Close { job_type, yes } => (job_type, Force::Close, *yes),
-                BreakerCommand::Reset { job_type, yes } => (job_type, Force::Reset, *yes),
-            };
-            let (_, retention) = audit_table(&cli)?;
-            can_confirm(yes, "force a breaker")?;
-            let question = format!(
-                "force the breaker of {job_type} {} for every consumer? [y/N] ",
-                what.name()
-            );
-            if !confirmed(yes, &question) {
-                return Err(OpsError::usage("cancelled: the breaker was not changed"));
-            }
-            let ctx = Ctx::from_env().await?.audited(table, retention);
-            ctx.actor().await;
-            let r = breaker::force(&ctx, table, job_type, what).await?;
-            Ok(print(&r, json))
-        }
+        Command::Setup(a) => run_setup(&cli, a, json).await,
+        Command::Send(a) => run_send(&cli, a, json, progress).await,
+        Command::Dlq(cmd) => run_dlq(&cli, cmd, json, progress).await,
+        Command::Breaker(cmd) => run_breaker(&cli, cmd, json).await,
         Command::Attempts(AttemptsCommand::Show { job_id, job_type }) => {
             let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
             let ctx = Ctx::from_env().await?;
             let r = breaker::attempts(&ctx, table, job_type.as_deref(), job_id).await?;
             Ok(print(&r, json))
         }
-        Command::Park(a) => {
-            let (table, retention) = audit_table(&cli)?;
-            let ctx = Ctx::from_env().await?.audited(table, retention);
-            ctx.actor().await;
-            let by = ["USER", "USERNAME"]
-                .iter()
-                .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()));
-            let opts = ops::park::ParkOptions {
-                job_id: a.job_id.clone(),
-                job_type: a.job_type.clone(),
-                by,
-                reason: a.reason.clone(),
-            };
-            let r = ops::park::park(&ctx, table, &opts).await?;
-            Ok(print(&r, json))
-        }
+        Command::Park(a) => run_park(&cli, a, json).await,
         Command::Audit(a) => {
             let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
             let ctx = Ctx::from_env().await?;
             let r = audit::list(&ctx, table, a.since, a.action.as_deref(), a.limit).await?;
             Ok(print(&r, json))
         }
-        Command::Worker(a) => {
-            let opts = sqs_triage::runtime::worker::RunOptions {
-                batches: usize::from(a.batches),
-                give_up_after: a.give_up_after,
-            };
-            match &a.http {
-                Some(url) => {
-                    let types: Vec<&str> = a
-                        .types
-                        .iter()
-                        .map(|t| t.trim())
-                        .filter(|t| !t.is_empty())
-                        .collect();
-                    if types.is_empty() {
-                        return Err(OpsError::usage(
-                            "--http needs the job types it serves: --types a,b (or TRIAGE_JOB_TYPES)",
-                        ));
-                    }
-                    let dispatch = sqs_triage::HttpDispatch::new(url, a.http_timeout)
-                        .map_err(|e| OpsError::usage(e.to_string()))?;
-                    let registry = dispatch.register(sqs_triage::Registry::default(), &types);
-                    sqs_triage::worker::run_with(registry, opts)
-                        .await
-                        .map_err(runtime_error)?;
-                }
-                None if a.demo_handlers => triage::demo::run_worker(opts).await.map_err(runtime_error)?,
-                None => return Err(OpsError::usage(WORKER_NEEDS_DEMO_HANDLERS)),
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Worker(a) => run_worker(a).await,
         Command::Console(a) => run_console(&cli, a).await,
         Command::Init(a) => {
             let report = ops::init::init(&ops::init::InitOptions {
@@ -753,7 +591,188 @@ async fn run(cli: Cli) -> OpsResult<ExitCode> {
     }
 }
 
-async fn run_dlq(
+/// `setup`: the queue, its DLQ and the state table, made idempotently.
+async fn run_setup(cli: &Cli, a: &SetupArgs, json: bool) -> OpsResult<ExitCode> {
+    let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
+    let env_attempts = std::env::var("TRIAGE_MAX_ATTEMPTS").ok();
+    let (attempts, from) = setup::max_attempts_from(a.max_attempts, env_attempts.as_deref())?;
+    let max_receive_count = a
+        .max_receive_count
+        .unwrap_or_else(|| setup::default_max_receive_count(attempts));
+    setup::check_max_receive_count(max_receive_count, attempts, from)?;
+    let ctx = Ctx::from_env().await?;
+    let report = setup::setup_with(
+        &ctx,
+        &setup::SetupOptions {
+            queue: a.queue.clone(),
+            dlq: a.dlq.clone(),
+            table: table.to_owned(),
+            fifo: a.fifo,
+            max_receive_count,
+        },
+        &setup::SetupFlags {
+            visibility_timeout: a.visibility_timeout,
+            replace_deny_all: a.replace_deny_all,
+        },
+    )
+    .await?;
+    Ok(print(&report, json))
+}
+
+/// `send`: the jobs read from the input, sent; `--unsent` says what is left to send.
+async fn run_send(cli: &Cli, a: &SendArgs, json: bool, progress: bool) -> OpsResult<ExitCode> {
+    let queue = require(&cli.queue_url, "TRIAGE_QUEUE_URL", "--queue-url")?;
+    let fifo = ops::is_fifo(queue);
+    let jobs = read_jobs(a, fifo)?;
+    let unsent = a.unsent.as_deref();
+    // Once the input is good, `--unsent` always says what is left to send.
+    let all_unsent = |e: OpsError| match unsent {
+        Some(path) => match send::write_unsent(path, &send::all_text(&jobs)) {
+            Ok(()) => e,
+            Err(w) => OpsError::new(e.kind, format!("{e}; {w}")),
+        },
+        None => e,
+    };
+    let ctx = Ctx::from_env()
+        .await
+        .and_then(|c| c.for_queue(queue, "TRIAGE_QUEUE_URL"))
+        .map_err(all_unsent)?;
+    let url = ops::resolve_queue(&ctx, queue, "TRIAGE_QUEUE_URL")
+        .await
+        .map_err(all_unsent)?;
+    let mut report = send::send_jobs(&ctx, &url, &jobs, progress)
+        .await
+        .map_err(all_unsent)?;
+    let mut write_error = None;
+    if let Some(path) = unsent {
+        match send::write_unsent(path, &send::unsent_text(&jobs, &report)) {
+            Ok(()) => report.unsent_file = Some(path.display().to_string()),
+            Err(e) => write_error = Some(e),
+        }
+    }
+    let code = print(&report, json);
+    match write_error {
+        Some(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::from(e.exit_code()))
+        }
+        None => Ok(code),
+    }
+}
+
+/// `dlq ...`: the checks every DLQ command makes (confirmation, the audit table), then the
+/// command.
+async fn run_dlq(cli: &Cli, cmd: &DlqCommand, json: bool, progress: bool) -> OpsResult<ExitCode> {
+    let dlq_arg = require(&cli.dlq_url, "TRIAGE_DLQ_URL", "--dlq-url")?;
+    // DLQ messages are read as the consumers read them, EventBridge mapping included.
+    dlq::check_eventbridge_types()?;
+    match cmd {
+        DlqCommand::Purge { yes, .. } => can_confirm(*yes, "purge")?,
+        DlqCommand::Redrive(RedriveArgs {
+            action: None, yes, ..
+        }) => can_confirm(*yes, "redrive")?,
+        _ => {}
+    }
+    let audited = match cmd {
+        DlqCommand::Replay { dry_run, .. } => !dry_run,
+        DlqCommand::Purge { .. } | DlqCommand::Edit { .. } => true,
+        DlqCommand::Redrive(a) => !matches!(a.action, Some(RedriveAction::Status)),
+        DlqCommand::List { .. } | DlqCommand::Show { .. } => false,
+    };
+    let trail = audited.then(|| audit_table(cli)).transpose()?;
+    let mut ctx = Ctx::from_env().await?.for_queue(dlq_arg, "TRIAGE_DLQ_URL")?;
+    if let Some((table, retention)) = trail {
+        // Replay checks its table itself; purge and redrive use it only to audit.
+        if !matches!(cmd, DlqCommand::Replay { .. }) {
+            audit::check_table(&ctx, table).await?;
+        }
+        ctx = ctx.audited(table, retention);
+        // Who is asking is known before the action, so the audit item follows it at once.
+        ctx.actor().await;
+    }
+    let dlq_url = ops::resolve_queue(&ctx, dlq_arg, "TRIAGE_DLQ_URL").await?;
+    dispatch_dlq(cli, cmd, &ctx, &dlq_url, json, progress).await
+}
+
+/// `breaker ...`: a breaker's status, or a forced state after a confirmation.
+async fn run_breaker(cli: &Cli, cmd: &BreakerCommand, json: bool) -> OpsResult<ExitCode> {
+    let table = require(&cli.table, "TRIAGE_TABLE", "--table")?;
+    let (job_type, what, yes) = match cmd {
+        BreakerCommand::Status { job_type } => {
+            let ctx = Ctx::from_env().await?;
+            let r = breaker::status(&ctx, table, job_type.as_deref()).await?;
+            return Ok(print(&r, json));
+        }
+        BreakerCommand::Open { job_type, for_, yes } => (job_type, Force::Open(*for_), *yes),
+        BreakerCommand::Close { job_type, yes } => (job_type, Force::Close, *yes),
+        BreakerCommand::Reset { job_type, yes } => (job_type, Force::Reset, *yes),
+    };
+    let (_, retention) = audit_table(cli)?;
+    can_confirm(yes, "force a breaker")?;
+    let question = format!(
+        "force the breaker of {job_type} {} for every consumer? [y/N] ",
+        what.name()
+    );
+    if !confirmed(yes, &question) {
+        return Err(OpsError::usage("cancelled: the breaker was not changed"));
+    }
+    let ctx = Ctx::from_env().await?.audited(table, retention);
+    ctx.actor().await;
+    let r = breaker::force(&ctx, table, job_type, what).await?;
+    Ok(print(&r, json))
+}
+
+/// `park`: a job parked, audited, with who parked it.
+async fn run_park(cli: &Cli, a: &ParkArgs, json: bool) -> OpsResult<ExitCode> {
+    let (table, retention) = audit_table(cli)?;
+    let ctx = Ctx::from_env().await?.audited(table, retention);
+    ctx.actor().await;
+    let by = ["USER", "USERNAME"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()));
+    let opts = ops::park::ParkOptions {
+        job_id: a.job_id.clone(),
+        job_type: a.job_type.clone(),
+        by,
+        reason: a.reason.clone(),
+    };
+    let r = ops::park::park(&ctx, table, &opts).await?;
+    Ok(print(&r, json))
+}
+
+/// `worker`: a long-running worker, with HTTP dispatch or the demo handlers.
+async fn run_worker(a: &WorkerArgs) -> OpsResult<ExitCode> {
+    let opts = sqs_triage::runtime::worker::RunOptions {
+        batches: usize::from(a.batches),
+        give_up_after: a.give_up_after,
+    };
+    match &a.http {
+        Some(url) => {
+            let types: Vec<&str> = a
+                .types
+                .iter()
+                .map(|t| t.trim())
+                .filter(|t| !t.is_empty())
+                .collect();
+            if types.is_empty() {
+                return Err(OpsError::usage(
+                    "--http needs the job types it serves: --types a,b (or TRIAGE_JOB_TYPES)",
+                ));
+            }
+            let dispatch = sqs_triage::HttpDispatch::new(url, a.http_timeout)
+                .map_err(|e| OpsError::usage(e.to_string()))?;
+            let registry = dispatch.register(sqs_triage::Registry::default(), &types);
+            sqs_triage::worker::run_with(registry, opts)
+                .await
+                .map_err(runtime_error)?;
+        }
+        None if a.demo_handlers => triage::demo::run_worker(opts).await.map_err(runtime_error)?,
+        None => return Err(OpsError::usage(WORKER_NEEDS_DEMO_HANDLERS)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn dispatch_dlq(
     cli: &Cli,
     cmd: &DlqCommand,
     ctx: &Ctx,

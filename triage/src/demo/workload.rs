@@ -9,7 +9,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::ops::Ctx;
-use crate::ops::setup::{SetupOptions, setup};
+use crate::ops::setup::{SetupOptions, SetupReport, setup};
 use sqs_triage::config::Config;
 use sqs_triage::core::backoff::Backoff;
 use sqs_triage::core::breaker::BreakerConfig;
@@ -78,23 +78,7 @@ pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
     let panics = quiet_deliberate_panics(config.log_payloads);
     let sdk = sdk_config().await;
     let ctx = Ctx::from_config(&sdk)?;
-    let stamp = sqs_triage::clock::now_ms() % 1_000_000_000;
-    let created = setup(
-        &ctx,
-        &SetupOptions {
-            queue: format!("triage-demo-{stamp}"),
-            dlq: format!("triage-demo-{stamp}-dlq"),
-            table: format!("triage-demo-{stamp}"),
-            fifo: false,
-            max_receive_count: 100,
-        },
-    )
-    .await?;
-    println!(
-        "demo resources: queue {}  dlq {}  table {}",
-        created.queue_url, created.dlq_url, created.table
-    );
-
+    let created = demo_resources(&ctx).await?;
     config.queue_url = Some(created.queue_url.clone());
     config.dlq_url = Some(created.dlq_url.clone());
     config.table = Some(created.table.clone());
@@ -110,12 +94,84 @@ pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
             ..WorkerOptions::default()
         },
     );
+    let jobs_per_kind = opts.jobs_per_kind.max(1);
+    let (mut tracks, total) = send_workload(&worker, &created.queue_url, jobs_per_kind).await?;
+    // The worker reads its queue's visibility timeout once; read it before counting calls,
+    // so the table shows the calls the jobs cost.
+    worker
+        .visibility_timeout()
+        .await
+        .map_err(|e| format!("cannot read the demo queue's visibility timeout: {e}"))?;
+    worker.env().calls.reset();
+    println!(
+        "sent {total} jobs ({jobs_per_kind} of each kind); running the worker until every job settles...\n"
+    );
 
-    // Send the workload.
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(180);
+    let malformed_expected = jobs_per_kind;
+    let malformed_settled = run_until_settled(&worker, &mut tracks, malformed_expected, deadline).await?;
+    let elapsed = started.elapsed();
+    print!(
+        "{}",
+        report(
+            &tracks,
+            malformed_settled,
+            malformed_expected,
+            elapsed,
+            &worker,
+            total
+        )
+    );
+    println!(
+        "\n{} handler panic(s) on purpose (the `panic` jobs): each failed its own job alone, fatally; \
+         RUST_LOG=sqs_triage=debug logs them",
+        panics.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    println!(
+        "\ninspect the DLQ with:\n  TRIAGE_DLQ_URL={} TRIAGE_TABLE={} cargo run -q --bin triage -- dlq list",
+        created.dlq_url, created.table
+    );
+    let unsettled = tracks.values().filter(|t| t.settled.is_none()).count()
+        + malformed_expected.saturating_sub(malformed_settled);
+    if unsettled > 0 {
+        return Err(format!("{unsettled} jobs did not settle within {:?}", deadline - started).into());
+    }
+    Ok(())
+}
+
+/// Creates the demo's queue, DLQ and table, named after the time, and says which.
+async fn demo_resources(ctx: &Ctx) -> Result<SetupReport, RuntimeError> {
+    let stamp = sqs_triage::clock::now_ms() % 1_000_000_000;
+    let created = setup(
+        ctx,
+        &SetupOptions {
+            queue: format!("triage-demo-{stamp}"),
+            dlq: format!("triage-demo-{stamp}-dlq"),
+            table: format!("triage-demo-{stamp}"),
+            fifo: false,
+            max_receive_count: 100,
+        },
+    )
+    .await?;
+    println!(
+        "demo resources: queue {}  dlq {}  table {}",
+        created.queue_url, created.dlq_url, created.table
+    );
+    Ok(created)
+}
+
+/// Sends `jobs_per_kind` jobs of each kind; returns the tracks of the jobs with an id (all
+/// but the malformed ones) and how many were sent.
+async fn send_workload(
+    worker: &Worker,
+    queue_url: &str,
+    jobs_per_kind: usize,
+) -> Result<(HashMap<String, Track>, usize), RuntimeError> {
     let mut tracks: HashMap<String, Track> = HashMap::new();
     let mut outgoing = Vec::new();
     for (kind, payload) in kinds() {
-        for n in 0..opts.jobs_per_kind.max(1) {
+        for n in 0..jobs_per_kind {
             let id = format!("demo-{kind}-{n}");
             let body = match &payload {
                 Some(p) => json!({"type": super::chaos::CHAOS, "id": id, "payload": p}).to_string(),
@@ -141,12 +197,7 @@ pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
         }
     }
     let total = outgoing.len();
-    let sent = worker
-        .env()
-        .processor
-        .sqs()
-        .send(&created.queue_url, outgoing, None)
-        .await;
+    let sent = worker.env().processor.sqs().send(queue_url, outgoing, None).await;
     if !sent.failed.is_empty() {
         return Err(format!(
             "{} of {total} demo messages were not accepted: {:?}",
@@ -155,24 +206,20 @@ pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
         )
         .into());
     }
-    // The worker reads its queue's visibility timeout once; read it before counting calls,
-    // so the table shows the calls the jobs cost.
-    worker
-        .visibility_timeout()
-        .await
-        .map_err(|e| format!("cannot read the demo queue's visibility timeout: {e}"))?;
-    worker.env().calls.reset();
-    println!(
-        "sent {total} jobs ({} of each kind); running the worker until every job settles...\n",
-        opts.jobs_per_kind.max(1)
-    );
+    Ok((tracks, total))
+}
 
-    let started = Instant::now();
+/// Runs the worker until every tracked job and the malformed ones are settled, or until
+/// `deadline`; fills in the tracks and returns how many malformed jobs were settled.
+async fn run_until_settled(
+    worker: &Worker,
+    tracks: &mut HashMap<String, Track>,
+    malformed_expected: usize,
+    deadline: Instant,
+) -> Result<usize, RuntimeError> {
     let mut malformed_settled = 0usize;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut stop_tx = Some(stop_tx);
-    let deadline = started + Duration::from_secs(180);
-    let malformed_expected = opts.jobs_per_kind.max(1);
     let run = worker.run(
         async {
             tokio::select! {
@@ -208,33 +255,7 @@ pub async fn main_from_env(opts: DemoOptions) -> Result<(), RuntimeError> {
         },
     );
     run.await?;
-    let elapsed = started.elapsed();
-    print!(
-        "{}",
-        report(
-            &tracks,
-            malformed_settled,
-            malformed_expected,
-            elapsed,
-            &worker,
-            total
-        )
-    );
-    println!(
-        "\n{} handler panic(s) on purpose (the `panic` jobs): each failed its own job alone, fatally; \
-         RUST_LOG=sqs_triage=debug logs them",
-        panics.load(std::sync::atomic::Ordering::Relaxed)
-    );
-    println!(
-        "\ninspect the DLQ with:\n  TRIAGE_DLQ_URL={} TRIAGE_TABLE={} cargo run -q --bin triage -- dlq list",
-        created.dlq_url, created.table
-    );
-    let unsettled = tracks.values().filter(|t| t.settled.is_none()).count()
-        + malformed_expected.saturating_sub(malformed_settled);
-    if unsettled > 0 {
-        return Err(format!("{unsettled} jobs did not settle within {:?}", deadline - started).into());
-    }
-    Ok(())
+    Ok(malformed_settled)
 }
 
 /// Installs the panic hook the worker and `triage-lambda` use (one masked line through
@@ -263,6 +284,8 @@ fn quiet_deliberate_panics(log_payloads: bool) -> std::sync::Arc<std::sync::atom
     count
 }
 
+/// The demo's report: the outcome per kind, the time to the DLQ, the retry delays and the
+/// AWS calls, as markdown tables.
 fn report(
     tracks: &HashMap<String, Track>,
     malformed_settled: usize,
@@ -272,6 +295,27 @@ fn report(
     total: usize,
 ) -> String {
     let mut out = String::new();
+    outcome_table(
+        &mut out,
+        tracks,
+        malformed_settled.min(malformed_expected),
+        elapsed,
+        total,
+    );
+    dlq_time_table(&mut out, tracks);
+    delay_table(&mut out, tracks);
+    calls_table(&mut out, worker, total);
+    out
+}
+
+/// The final outcome of each kind's jobs, and their handler executions.
+fn outcome_table(
+    out: &mut String,
+    tracks: &HashMap<String, Track>,
+    malformed: usize,
+    elapsed: Duration,
+    total: usize,
+) {
     let mut by_kind: BTreeMap<&str, BTreeMap<String, usize>> = BTreeMap::new();
     let mut execs: BTreeMap<&str, u32> = BTreeMap::new();
     for t in tracks.values() {
@@ -282,10 +326,10 @@ fn report(
         *by_kind.entry(t.kind).or_default().entry(outcome).or_default() += 1;
         *execs.entry(t.kind).or_default() += t.executions;
     }
-    by_kind.entry("malformed").or_default().insert(
-        "dead_lettered_invalid".into(),
-        malformed_settled.min(malformed_expected),
-    );
+    by_kind
+        .entry("malformed")
+        .or_default()
+        .insert("dead_lettered_invalid".into(), malformed);
     let _ = writeln!(
         out,
         "## Final outcome per kind ({total} jobs, settled in {:.1} s)\n",
@@ -302,7 +346,10 @@ fn report(
             );
         }
     }
+}
 
+/// The time from a job's first failure to its DLQ copy, per failure class.
+fn dlq_time_table(out: &mut String, tracks: &HashMap<String, Track>) {
     let _ = writeln!(out, "\n## Time from first failure to the DLQ\n");
     let _ = writeln!(out, "| class | jobs | median | max |");
     let _ = writeln!(out, "| --- | --- | --- | --- |");
@@ -326,7 +373,10 @@ fn report(
             );
         }
     }
+}
 
+/// The range of each retry's delay, per kind that retried.
+fn delay_table(out: &mut String, tracks: &HashMap<String, Track>) {
     let _ = writeln!(
         out,
         "\n## Retry delays applied (policy: 1 s × 2, max 8 s, jitter ≤ 0.5 s, 4 attempts)\n"
@@ -361,7 +411,10 @@ fn report(
         }
         let _ = writeln!(out, "| {kind} | {} |", cols.join(" | "));
     }
+}
 
+/// The AWS calls the worker made, per operation and per job.
+fn calls_table(out: &mut String, worker: &Worker, total: usize) {
     let calls = worker.env().calls.snapshot();
     let all: u64 = calls.values().sum();
     let _ = writeln!(
@@ -374,5 +427,4 @@ fn report(
     for (op, n) in &calls {
         let _ = writeln!(out, "| {op} | {n} | {:.2} |", *n as f64 / total as f64);
     }
-    out
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
+use indicatif::ProgressBar;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -16,7 +17,7 @@ use tokio::time::Instant;
 use super::output::{Report, progress};
 use super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo};
 use sqs_triage::core::envelope::{self, EnvelopeLimits};
-use sqs_triage::effects::sqs::{BATCH_BYTES, BATCH_LIMIT, EntryResults, Outgoing, batches};
+use sqs_triage::effects::sqs::{BATCH_BYTES, BATCH_LIMIT, EntryResults, Outgoing, Sqs, batches};
 use sqs_triage::effects::storage_retry::StorageError;
 
 /// Batches in flight at once.
@@ -663,6 +664,39 @@ pub async fn send_jobs(
     show_progress: bool,
 ) -> OpsResult<SendReport> {
     let fifo = is_fifo(queue_url);
+    let outgoing = outgoing_jobs(jobs, fifo)?;
+    let dedup_ids: Vec<Option<String>> = outgoing.iter().map(|m| m.dedup_id.clone()).collect();
+    let mut run = SendRun::new(
+        ctx,
+        queue_url,
+        jobs,
+        progress(show_progress, jobs.len() as u64, "sending"),
+    );
+    if fifo {
+        run.send_in_order(&outgoing).await;
+    } else {
+        run.send_concurrently(outgoing).await;
+    }
+    run.bar.finish_and_clear();
+    let any_sent = run.fates.iter().any(|f| matches!(f, Fate::Sent(_)));
+    // Nothing reached SQS because of the queue or the endpoint: one clear line, not a list.
+    if let (false, Some(e)) = (any_sent, &run.error) {
+        let line = ctx.sqs_storage_error(e, Some((queue_url, "TRIAGE_QUEUE_URL")));
+        if line.kind != ErrorKind::Failed {
+            return Err(line);
+        }
+    }
+    let dups: HashMap<usize, usize> = if fifo {
+        duplicates(&run.answered(&dedup_ids)).into_iter().collect()
+    } else {
+        HashMap::new()
+    };
+    Ok(run.into_report(&dups))
+}
+
+/// The messages for `jobs`, keyed by their index; every job is checked first, and any job
+/// that is not valid for the queue refuses the whole send.
+fn outgoing_jobs(jobs: &[Job], fifo: bool) -> OpsResult<Vec<Outgoing>> {
     let errors: Vec<String> = jobs
         .iter()
         .filter_map(|j| {
@@ -675,9 +709,8 @@ pub async fn send_jobs(
     if !errors.is_empty() {
         return Err(refuse(errors));
     }
-    let requested = jobs.len();
     let run_nonce: u128 = rand::rng().random();
-    let outgoing: Vec<Outgoing> = jobs
+    Ok(jobs
         .iter()
         .enumerate()
         .map(|(key, job)| Outgoing {
@@ -692,87 +725,131 @@ pub async fn send_jobs(
                 job.spec.delay.map(|d| d as i32)
             },
         })
-        .collect();
-    let dedup_ids: Vec<Option<String>> = outgoing.iter().map(|m| m.dedup_id.clone()).collect();
+        .collect())
+}
 
-    let sqs = ctx.sqs_effects();
-    let bar = progress(show_progress, requested as u64, "sending");
-    let mut fates = vec![Fate::Pending; requested];
-    let run = Instant::now();
-    let mut times = vec![(Duration::ZERO, Duration::ZERO); requested];
-    let mut error: Option<StorageError> = None;
-    let mut warnings = Vec::new();
-    if fifo {
-        // One batch at a time, in order; a group with a line not sent sends nothing more.
+/// One send's progress: each line's fate and when its batch call ran.
+struct SendRun<'a> {
+    queue_url: &'a str,
+    jobs: &'a [Job],
+    sqs: Sqs,
+    bar: ProgressBar,
+    fates: Vec<Fate>,
+    /// When each line's batch call started and ended, from the start of the run.
+    times: Vec<(Duration, Duration)>,
+    run: Instant,
+    error: Option<StorageError>,
+    warnings: Vec<String>,
+}
+
+impl<'a> SendRun<'a> {
+    fn new(ctx: &Ctx, queue_url: &'a str, jobs: &'a [Job], bar: ProgressBar) -> Self {
+        Self {
+            queue_url,
+            jobs,
+            sqs: ctx.sqs_effects(),
+            bar,
+            fates: vec![Fate::Pending; jobs.len()],
+            run: Instant::now(),
+            times: vec![(Duration::ZERO, Duration::ZERO); jobs.len()],
+            error: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// To a FIFO queue: one batch at a time, in order; a group with a line not sent sends
+    /// nothing more.
+    async fn send_in_order(&mut self, outgoing: &[Outgoing]) {
         let mut stopped: HashMap<String, usize> = HashMap::new();
         let mut next = 0;
         while next < outgoing.len() {
-            let mut batch = Vec::new();
-            let mut bytes = 0;
-            while next < outgoing.len() && batch.len() < BATCH_LIMIT {
-                let m = &outgoing[next];
-                let group = m.group_id.clone().unwrap_or_default();
-                if let Some(&first) = stopped.get(&group) {
-                    fates[next] = Fate::NotSent(
-                        NotSent::Skipped,
-                        "GroupStopped".into(),
-                        format!(
-                            "not attempted: line {first} of message group {} was not sent, and this line must not overtake it",
-                            shown(&group)
-                        ),
-                    );
-                    bar.inc(1);
-                    next += 1;
-                    continue;
-                }
-                let n = m.payload_bytes();
-                if !batch.is_empty() && bytes + n > BATCH_BYTES {
-                    break;
-                }
-                bytes += n;
-                batch.push(m.clone());
-                next += 1;
-            }
+            let batch = self.next_in_order(outgoing, &mut next, &stopped);
             if batch.is_empty() {
                 continue;
             }
             let keys: Vec<usize> = batch.iter().map(|m| m.key).collect();
-            let started = run.elapsed();
-            let r = sqs.send(queue_url, batch, None).await;
-            let ended = run.elapsed();
+            let started = self.run.elapsed();
+            let r = self.sqs.send(self.queue_url, batch, None).await;
+            let ended = self.run.elapsed();
             for &k in &keys {
-                times[k] = (started, ended);
+                self.times[k] = (started, ended);
             }
-            bar.inc(keys.len() as u64);
-            error = error.or_else(|| r.error.clone());
-            record(&mut fates, r);
-            // Stop each group with a line not sent; say so if SQS took a later line of the
-            // group from the same batch (its order on the queue is then broken there).
-            let mut failed_in_batch: HashMap<String, usize> = HashMap::new();
-            for &k in &keys {
-                let group = outgoing[k].group_id.clone().unwrap_or_default();
-                match &fates[k] {
-                    Fate::Sent(_) => {
-                        if let Some(&first) = failed_in_batch.get(&group) {
-                            warnings.push(format!(
-                                "line {} of message group {} was accepted in the same batch as line {}, which was not: on the queue it is ahead of that line",
-                                jobs[k].line,
-                                shown(&group),
-                                jobs[first].line
-                            ));
-                        }
+            self.bar.inc(keys.len() as u64);
+            self.error = self.error.take().or_else(|| r.error.clone());
+            record(&mut self.fates, r);
+            self.stop_groups(outgoing, &keys, &mut stopped);
+        }
+    }
+
+    /// The next FIFO batch from `outgoing[*next..]`, within SQS's batch limits; a line of a
+    /// stopped group is skipped (reported so).
+    fn next_in_order(
+        &mut self,
+        outgoing: &[Outgoing],
+        next: &mut usize,
+        stopped: &HashMap<String, usize>,
+    ) -> Vec<Outgoing> {
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        while *next < outgoing.len() && batch.len() < BATCH_LIMIT {
+            let m = &outgoing[*next];
+            let group = m.group_id.clone().unwrap_or_default();
+            if let Some(&first) = stopped.get(&group) {
+                self.fates[*next] = Fate::NotSent(
+                    NotSent::Skipped,
+                    "GroupStopped".into(),
+                    format!(
+                        "not attempted: line {first} of message group {} was not sent, and this line must not overtake it",
+                        shown(&group)
+                    ),
+                );
+                self.bar.inc(1);
+                *next += 1;
+                continue;
+            }
+            let n = m.payload_bytes();
+            if !batch.is_empty() && bytes + n > BATCH_BYTES {
+                break;
+            }
+            bytes += n;
+            batch.push(m.clone());
+            *next += 1;
+        }
+        batch
+    }
+
+    /// Stops each group with a line of the batch `keys` not sent; says so if SQS took a later
+    /// line of the group from the same batch (its order on the queue is then broken there).
+    fn stop_groups(&mut self, outgoing: &[Outgoing], keys: &[usize], stopped: &mut HashMap<String, usize>) {
+        let jobs = self.jobs;
+        let mut failed_in_batch: HashMap<String, usize> = HashMap::new();
+        for &k in keys {
+            let group = outgoing[k].group_id.clone().unwrap_or_default();
+            match &self.fates[k] {
+                Fate::Sent(_) => {
+                    if let Some(&first) = failed_in_batch.get(&group) {
+                        self.warnings.push(format!(
+                            "line {} of message group {} was accepted in the same batch as line {}, which was not: on the queue it is ahead of that line",
+                            jobs[k].line,
+                            shown(&group),
+                            jobs[first].line
+                        ));
                     }
-                    _ => {
-                        failed_in_batch.entry(group.clone()).or_insert(k);
-                        stopped.entry(group).or_insert(jobs[k].line);
-                    }
+                }
+                _ => {
+                    failed_in_batch.entry(group.clone()).or_insert(k);
+                    stopped.entry(group).or_insert(jobs[k].line);
                 }
             }
         }
-    } else {
+    }
+
+    /// To a standard queue: several batches in flight at once.
+    async fn send_concurrently(&mut self, outgoing: Vec<Outgoing>) {
+        let queue_url = self.queue_url;
         let results = stream::iter(batches(outgoing, BATCH_LIMIT))
             .map(|batch| {
-                let (bar, sqs) = (bar.clone(), &sqs);
+                let (bar, sqs) = (self.bar.clone(), &self.sqs);
                 async move {
                     let n = batch.len() as u64;
                     let r = sqs.send(queue_url, batch, None).await;
@@ -784,86 +861,78 @@ pub async fn send_jobs(
             .collect::<Vec<_>>()
             .await;
         for r in results {
-            error = error.or_else(|| r.error.clone());
-            record(&mut fates, r);
-        }
-    }
-    bar.finish_and_clear();
-
-    let any_sent = fates.iter().any(|f| matches!(f, Fate::Sent(_)));
-    // Nothing reached SQS because of the queue or the endpoint: one clear line, not a list.
-    if let (false, Some(e)) = (any_sent, &error) {
-        let line = ctx.sqs_storage_error(e, Some((queue_url, "TRIAGE_QUEUE_URL")));
-        if line.kind != ErrorKind::Failed {
-            return Err(line);
+            self.error = self.error.take().or_else(|| r.error.clone());
+            record(&mut self.fates, r);
         }
     }
 
-    let answered: Vec<Answered<'_>> = fates
-        .iter()
-        .enumerate()
-        .filter_map(|(k, f)| match f {
-            Fate::Sent(m) => Some(Answered {
-                key: k,
-                dedup_id: dedup_ids[k].as_deref(),
-                message_id: m.as_str(),
-                started: times[k].0,
-                ended: times[k].1,
-            }),
-            _ => None,
-        })
-        .collect();
-    let dups: HashMap<usize, usize> = if fifo {
-        duplicates(&answered).into_iter().collect()
-    } else {
-        HashMap::new()
-    };
+    /// The lines SQS answered as sent, in send order, for [`duplicates`].
+    fn answered<'s>(&'s self, dedup_ids: &'s [Option<String>]) -> Vec<Answered<'s>> {
+        self.fates
+            .iter()
+            .enumerate()
+            .filter_map(|(k, f)| match f {
+                Fate::Sent(m) => Some(Answered {
+                    key: k,
+                    dedup_id: dedup_ids[k].as_deref(),
+                    message_id: m.as_str(),
+                    started: self.times[k].0,
+                    ended: self.times[k].1,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
 
-    let (mut sent, mut duplicates_out, mut rejected) = (Vec::new(), Vec::new(), Vec::new());
-    for (k, fate) in fates.into_iter().enumerate() {
-        let job = &jobs[k];
-        match fate {
-            Fate::Sent(message_id) => match dups.get(&k) {
-                Some(&first) => duplicates_out.push(Duplicate {
+    /// What became of each line; `dups` maps a deduplicated line's key to the earlier one's.
+    fn into_report(self, dups: &HashMap<usize, usize>) -> SendReport {
+        let jobs = self.jobs;
+        let (mut sent, mut duplicates_out, mut rejected) = (Vec::new(), Vec::new(), Vec::new());
+        for (k, fate) in self.fates.into_iter().enumerate() {
+            let job = &jobs[k];
+            match fate {
+                Fate::Sent(message_id) => match dups.get(&k) {
+                    Some(&first) => duplicates_out.push(Duplicate {
+                        line: job.line,
+                        id: job.spec.id.clone(),
+                        message_id,
+                        duplicate_of: jobs[first].line,
+                    }),
+                    None => sent.push(Sent {
+                        line: job.line,
+                        id: job.spec.id.clone(),
+                        message_id,
+                    }),
+                },
+                Fate::NotSent(status, code, message) => rejected.push(Rejected {
                     line: job.line,
                     id: job.spec.id.clone(),
-                    message_id,
-                    duplicate_of: jobs[first].line,
+                    status,
+                    code,
+                    message,
                 }),
-                None => sent.push(Sent {
+                Fate::Pending => rejected.push(Rejected {
                     line: job.line,
                     id: job.spec.id.clone(),
-                    message_id,
+                    status: NotSent::Unconfirmed,
+                    code: "Unconfirmed".into(),
+                    message: "no answer named this job".into(),
                 }),
-            },
-            Fate::NotSent(status, code, message) => rejected.push(Rejected {
-                line: job.line,
-                id: job.spec.id.clone(),
-                status,
-                code,
-                message,
-            }),
-            Fate::Pending => rejected.push(Rejected {
-                line: job.line,
-                id: job.spec.id.clone(),
-                status: NotSent::Unconfirmed,
-                code: "Unconfirmed".into(),
-                message: "no answer named this job".into(),
-            }),
+            }
+        }
+        SendReport {
+            queue_url: self.queue_url.to_owned(),
+            requested: jobs.len(),
+            accepted: sent.len(),
+            deduplicated: duplicates_out.len(),
+            not_sent: rejected.len(),
+            sent,
+            duplicates: duplicates_out,
+            rejected,
+            warnings: self.warnings,
+            unsent_file: None,
         }
     }
-    Ok(SendReport {
-        queue_url: queue_url.to_owned(),
-        requested,
-        accepted: sent.len(),
-        deduplicated: duplicates_out.len(),
-        not_sent: rejected.len(),
-        sent,
-        duplicates: duplicates_out,
-        rejected,
-        warnings,
-        unsent_file: None,
-    })
 }
 
 #[cfg(test)]

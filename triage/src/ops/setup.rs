@@ -243,65 +243,9 @@ pub async fn setup(ctx: &Ctx, opts: &SetupOptions) -> OpsResult<SetupReport> {
 /// 2), and nothing is changed then. The table is checked first, and the DLQ's policy before
 /// the source queue is created. Two setups at once (same table and DLQ) both succeed.
 pub async fn setup_with(ctx: &Ctx, opts: &SetupOptions, flags: &SetupFlags) -> OpsResult<SetupReport> {
-    let fifo = opts.fifo || opts.queue.ends_with(".fifo") || opts.dlq.ends_with(".fifo");
-    let with_suffix = |n: &str| {
-        if fifo && !n.ends_with(".fifo") {
-            format!("{n}.fifo")
-        } else {
-            n.to_owned()
-        }
-    };
-    let queue = with_suffix(&opts.queue);
-    let dlq = with_suffix(&opts.dlq);
-    check_queue_name(&queue)?;
-    check_queue_name(&dlq)?;
-    check_table_name(&opts.table)?;
-    if queue == dlq {
-        return Err(OpsError::usage("--queue and --dlq must name different queues"));
-    }
-    if opts.max_receive_count == 0 || opts.max_receive_count > MAX_RECEIVE_COUNT_LIMIT {
-        return Err(OpsError::usage(format!(
-            "--max-receive-count {} is not valid: expected a number from 1 to {MAX_RECEIVE_COUNT_LIMIT}",
-            opts.max_receive_count
-        )));
-    }
-    if let Some(v) = flags.visibility_timeout.filter(|v| *v > MAX_VISIBILITY_TIMEOUT_S) {
-        return Err(OpsError::usage(format!(
-            "--visibility-timeout {v} is not valid: expected 0 to {MAX_VISIBILITY_TIMEOUT_S} seconds (12 hours)"
-        )));
-    }
-
+    let (queue, dlq, fifo) = checked_names(opts, flags)?;
     create_table(ctx, &opts.table).await?;
-
-    let dlq_url = create_queue(ctx, &dlq, fifo).await?;
-    let mut dlq_attrs = queue_attributes(ctx, &dlq_url, &[QueueAttributeName::All], "--dlq").await?;
-    let dlq_arn = dlq_attrs.remove(&QueueAttributeName::QueueArn).ok_or_else(|| {
-        OpsError::new(
-            ErrorKind::Failed,
-            format!("queue {dlq_url} has no QueueArn attribute"),
-        )
-    })?;
-    let allow = dlq_attrs.remove(&QueueAttributeName::RedriveAllowPolicy);
-    // Setup creates the source next to the DLQ (same account and region): its ARN is known
-    // before it exists, so a DLQ that would refuse it is reported before anything is created.
-    let planned_arn = sibling_arn(&dlq_arn, &queue);
-    plan_allow(allow.as_deref(), &planned_arn, &dlq, flags.replace_deny_all)?;
-    set_attributes(
-        ctx,
-        &dlq_url,
-        [
-            (
-                QueueAttributeName::MessageRetentionPeriod,
-                DLQ_RETENTION.as_secs().to_string(),
-            ),
-            (
-                QueueAttributeName::MaximumMessageSize,
-                MAX_MESSAGE_SIZE.to_owned(),
-            ),
-        ],
-    )
-    .await?;
-
+    let (dlq_url, dlq_arn, allow) = prepare_dlq(ctx, &dlq, &queue, fifo, flags).await?;
     let queue_url = create_queue(ctx, &queue, fifo).await?;
     let mut queue_attrs = queue_attributes(
         ctx,
@@ -367,6 +311,79 @@ pub async fn setup_with(ctx: &Ctx, opts: &SetupOptions, flags: &SetupFlags) -> O
         max_receive_count: opts.max_receive_count,
         visibility_timeout_s,
     })
+}
+
+/// The queue and DLQ names (with `.fifo` when either is FIFO) and whether they are FIFO, once
+/// every name and number is checked.
+fn checked_names(opts: &SetupOptions, flags: &SetupFlags) -> OpsResult<(String, String, bool)> {
+    let fifo = opts.fifo || opts.queue.ends_with(".fifo") || opts.dlq.ends_with(".fifo");
+    let with_suffix = |n: &str| {
+        if fifo && !n.ends_with(".fifo") {
+            format!("{n}.fifo")
+        } else {
+            n.to_owned()
+        }
+    };
+    let queue = with_suffix(&opts.queue);
+    let dlq = with_suffix(&opts.dlq);
+    check_queue_name(&queue)?;
+    check_queue_name(&dlq)?;
+    check_table_name(&opts.table)?;
+    if queue == dlq {
+        return Err(OpsError::usage("--queue and --dlq must name different queues"));
+    }
+    if opts.max_receive_count == 0 || opts.max_receive_count > MAX_RECEIVE_COUNT_LIMIT {
+        return Err(OpsError::usage(format!(
+            "--max-receive-count {} is not valid: expected a number from 1 to {MAX_RECEIVE_COUNT_LIMIT}",
+            opts.max_receive_count
+        )));
+    }
+    if let Some(v) = flags.visibility_timeout.filter(|v| *v > MAX_VISIBILITY_TIMEOUT_S) {
+        return Err(OpsError::usage(format!(
+            "--visibility-timeout {v} is not valid: expected 0 to {MAX_VISIBILITY_TIMEOUT_S} seconds (12 hours)"
+        )));
+    }
+    Ok((queue, dlq, fifo))
+}
+
+/// Creates the DLQ (or verifies it) and checks that its redrive-allow policy can take the
+/// source queue, before the source exists; returns its URL, its ARN and that policy.
+async fn prepare_dlq(
+    ctx: &Ctx,
+    dlq: &str,
+    queue: &str,
+    fifo: bool,
+    flags: &SetupFlags,
+) -> OpsResult<(String, String, Option<String>)> {
+    let dlq_url = create_queue(ctx, dlq, fifo).await?;
+    let mut dlq_attrs = queue_attributes(ctx, &dlq_url, &[QueueAttributeName::All], "--dlq").await?;
+    let dlq_arn = dlq_attrs.remove(&QueueAttributeName::QueueArn).ok_or_else(|| {
+        OpsError::new(
+            ErrorKind::Failed,
+            format!("queue {dlq_url} has no QueueArn attribute"),
+        )
+    })?;
+    let allow = dlq_attrs.remove(&QueueAttributeName::RedriveAllowPolicy);
+    // Setup creates the source next to the DLQ (same account and region): its ARN is known
+    // before it exists, so a DLQ that would refuse it is reported before anything is created.
+    let planned_arn = sibling_arn(&dlq_arn, queue);
+    plan_allow(allow.as_deref(), &planned_arn, dlq, flags.replace_deny_all)?;
+    set_attributes(
+        ctx,
+        &dlq_url,
+        [
+            (
+                QueueAttributeName::MessageRetentionPeriod,
+                DLQ_RETENTION.as_secs().to_string(),
+            ),
+            (
+                QueueAttributeName::MaximumMessageSize,
+                MAX_MESSAGE_SIZE.to_owned(),
+            ),
+        ],
+    )
+    .await?;
+    Ok((dlq_url, dlq_arn, allow))
 }
 
 /// SQS's retention of a queue made without one (4 days).

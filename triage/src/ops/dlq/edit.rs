@@ -28,6 +28,7 @@ use super::read::{DlqMessage, Filter, Sweep, release};
 use super::replay::{Sources, check_table, check_to, max_message_bytes, replay_copy, reset_ledgers};
 use sqs_triage::clock::now_ms;
 use sqs_triage::core::failure::FailureRecord;
+use sqs_triage::effects::sqs::{EntryResults, Outgoing};
 
 /// Where the edited body comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -235,13 +236,63 @@ impl Report for EditReport {
 /// size limit; the original is deleted only after the send succeeded.
 pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<EditReport> {
     let started = Instant::now();
+    let checked = check_edit(ctx, dlq_url, opts).await?;
+    let found = find(ctx, dlq_url, checked.id, opts.hold, opts.max_scan).await?;
+    let hold = MessageHold {
+        ctx,
+        url: dlq_url,
+        handle: found.receipt_handle.clone(),
+        seconds: opts.hold.as_secs().clamp(1, 43_200) as i32,
+    };
+    // An editor left open (an operator gone home) must not hide the message from every other
+    // reader for ever: past this, the message is made visible again.
+    let max_hold = opts.max_hold.min(MAX_HOLD_LIMIT);
+    let held = HeldMessage {
+        found: &found,
+        hold: &hold,
+        ends: tokio::time::Instant::now() + max_hold,
+        max_hold,
+    };
+    let mut draft: Option<Draft> = None;
+    let mut report = match send_edited(ctx, dlq_url, opts, &checked, &held, &mut draft).await {
+        Ok(r) => r,
+        Err(mut e) => {
+            // Nothing was sent: the message goes back to the DLQ's readers at once.
+            release(ctx, dlq_url, [found.receipt_handle.clone()]).await;
+            e.message.push_str("; the message is back in the DLQ");
+            if let Some(d) = draft.as_mut() {
+                e.message.push_str(&format!(
+                    "; your edit is kept in {} (pass it with --body)",
+                    d.keep().display()
+                ));
+            }
+            return Err(e);
+        }
+    };
+    delete_original(ctx, &held, &mut report).await;
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    // The edited copy was sent: that is audited, with the original's failure record.
+    report.audit = audit::record_action(ctx, edit_entry(&report)).await;
+    Ok(report)
+}
+
+/// What an edit checks before it touches the DLQ.
+struct EditChecks<'o> {
+    id: &'o str,
+    patch: Option<json_patch::Patch>,
+    table: &'o str,
+    dlq_arn: String,
+    to: Option<String>,
+}
+
+/// The checks that need no DLQ message: the id, the new body or patch, the table, `--to`.
+async fn check_edit<'o>(ctx: &Ctx, dlq_url: &str, opts: &'o EditOptions) -> OpsResult<EditChecks<'o>> {
     let id = opts.id.trim();
     if id.is_empty() {
         return Err(OpsError::usage(
             "no message id: pass a job id or DLQ message id (see `triage dlq list --messages`)",
         ));
     }
-    // Checks that need no DLQ message, before touching the DLQ.
     let patch = match &opts.source {
         EditSource::Patch(text) => Some(parse_patch(text)?),
         EditSource::Body(b) if b.trim().is_empty() => {
@@ -260,280 +311,389 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
         Some(q) => Some(check_to(ctx, q, dlq_url, "edited").await?),
         None => None,
     };
+    Ok(EditChecks {
+        id,
+        patch,
+        table,
+        dlq_arn,
+        to,
+    })
+}
 
-    let found = find(ctx, dlq_url, id, opts.hold, opts.max_scan).await?;
-    let hold = Hold {
-        ctx,
-        url: dlq_url,
-        handle: found.receipt_handle.clone(),
-        seconds: opts.hold.as_secs().clamp(1, 43_200) as i32,
-    };
-    // An editor left open (an operator gone home) must not hide the message from every other
-    // reader for ever: past this, the message is made visible again.
-    let max_hold = opts.max_hold.min(MAX_HOLD_LIMIT);
-    let hold_ends = tokio::time::Instant::now() + max_hold;
-    let mut draft: Option<Draft> = None;
-    let result = async {
-        // The sweep may have taken a while: hold the message for a full period from now, and
-        // learn at once if it slipped away.
-        hold.renew().await.map_err(|e| {
-            OpsError::new(
-                ErrorKind::Failed,
-                format!("the DLQ message could not be held for the edit ({e}); run the command again"),
-            )
-        })?;
-        // Where it goes, known before anyone edits anything. A source that is not trusted is
-        // a usage error; a check that could not be made keeps its kind (missing, unreachable).
-        // These checks may take a while (SQS retries): the hold is renewed meanwhile.
-        let target = hold
-            .during(Sources::new(dlq_arn).target_for(ctx, &found, to.as_deref()))
-            .await
-            .map_err(|no| OpsError::new(no.kind, format!("{}; nothing was sent", no.reason)))?;
-        let max_bytes = hold.during(max_message_bytes(ctx, &target)).await;
-        let (body, changed) = match &opts.source {
-            EditSource::Body(b) => {
-                let body = trim_added_newline(&found.body, b.clone());
-                let changed = body != found.body;
-                (body, changed)
-            }
-            EditSource::Patch(_) => {
-                let p = apply_patch(&found.body, patch.as_ref().expect("parsed above"))?;
-                (p.body, p.changed)
-            }
-            EditSource::Editor(cmd) => {
-                let d = Draft::create(&found)?;
-                let path = d.path.clone();
-                draft = Some(d);
-                let (edited, released) = hold.during_until(run_editor(cmd, &path), Some(hold_ends)).await;
-                let edited = match edited {
-                    Ok(text) => text,
-                    Err(e) => {
-                        // Aborted on purpose (or no editor ran): nothing to keep.
-                        draft.take();
-                        return Err(e);
-                    }
-                };
-                if released {
-                    return Err(OpsError::new(
-                        ErrorKind::Failed,
-                        format!(
-                            "the editor was open longer than {}, the longest an edit may hold a DLQ \
-                             message: the message was made visible again then for the other readers, \
-                             and nothing was sent",
-                            humantime::format_duration(max_hold)
-                        ),
-                    ));
-                }
-                // Still ours after the editor: otherwise another reader may have it now.
-                hold.renew().await.map_err(|e| {
-                    OpsError::new(
-                        ErrorKind::Failed,
-                        format!("the DLQ message's hold was lost while editing ({e}): nothing was sent"),
-                    )
-                })?;
-                if edited.trim().is_empty() {
-                    draft.take();
-                    return Err(OpsError::usage(
-                        "the edited body is empty: edit aborted, nothing was sent",
-                    ));
-                }
-                let body = trim_added_newline(&found.body, edited);
-                let changed = body != found.body;
-                (body, changed)
-            }
-        };
-        if !changed && !opts.force {
-            draft.take();
-            return Err(OpsError::usage(
-                "the body is unchanged: nothing was sent (pass --force to replay it as it is)",
-            ));
-        }
-        let too_large = |size: usize| {
-            OpsError::usage(format!(
-                "the edited message is {size} bytes with its attributes, over the {max_bytes}-byte \
-                 limit of {target} (its MaximumMessageSize): nothing was sent"
-            ))
-        };
-        if body.len() > max_bytes {
-            return Err(too_large(body.len()));
-        }
-        // An operator's text is sent as written, so one SQS would refuse is refused here,
-        // before the ledger is reset.
-        if let Some(c) = sqs_triage::core::sqs_text::refused(&body) {
-            return Err(OpsError::usage(format!(
-                "the edited body holds U+{:04X}, a character SQS refuses in a message (in a JSON \
-                 string write it as \\u{:04x}): nothing was sent",
-                c as u32, c as u32
-            )));
-        }
-        let edited = found.with_body(body).map_err(|why| {
-            OpsError::usage(format!("the edited body is not a job: {why}; nothing was sent"))
-        })?;
-        let fifo = is_fifo(&target);
-        let mut outgoing = replay_copy(0, &edited, fifo)
-            .map_err(|why| OpsError::usage(format!("{why}; nothing was sent")))?;
-        let size = outgoing.payload_bytes();
-        if size > max_bytes {
-            return Err(too_large(size));
-        }
-        // Not replay's `replay-<id>`: a replay of this message that landed minutes ago must
-        // not swallow the edit. The same edit sent twice (a retry whose first try landed, or
-        // the command run again) is deduplicated by a FIFO queue.
-        outgoing.dedup_id = fifo.then(|| edit_dedup_id(&found.message_id, &edited.body));
+/// The DLQ message being edited, its hold, and when an editor session must let it go.
+struct HeldMessage<'a> {
+    found: &'a DlqMessage,
+    hold: &'a MessageHold<'a>,
+    ends: tokio::time::Instant,
+    max_hold: Duration,
+}
 
-        // A fresh attempt ledger for the job the edited body names, before the send (as
-        // replay: once the job is back on its queue a worker may count a new attempt at any
-        // moment, and that count must not be wiped).
-        let job = edited.body_job.as_ref().expect("with_body reads the job");
-        let jobs: BTreeSet<(&str, &str)> = job
-            .id
-            .as_deref()
-            .map(|i| (job.job_type.as_str(), i))
-            .into_iter()
-            .collect();
-        let group_id = outgoing.group_id.clone();
-        // Still ours right before the reset and the send (whatever ran since the last renewal),
-        // and for a full period from now: otherwise another reader may have the original.
-        hold.renew().await.map_err(|e| {
-            OpsError::new(
-                ErrorKind::Failed,
-                format!("the DLQ message's hold was lost before the send ({e}): nothing was sent"),
-            )
-        })?;
-        // The message stays held through the reset and the send: a slow send (SQS retries)
-        // must not outlast the hold and let another reader receive the original meanwhile.
-        // What an edit that fails from here on changed (the ledger, maybe a copy) is audited.
-        let failed_entry = |outcome: &str, ledger_reset: Value, error: &str| {
-            AuditEntry::new("dlq.edit", dlq_url)
-                .count(0)
-                .filter(serde_json::json!({ "id": id }))
-                .detail(serde_json::json!({
-                    "how": opts.source.how(),
-                    "changed": changed,
-                    "original_message_id": found.message_id,
-                    "original_record": found.record,
-                    "job_type": job.job_type,
-                    "job_id": job.id,
-                    "to": target,
-                    "ledger_reset": ledger_reset,
-                }))
-                .outcome(outcome, error)
-        };
-        let reset_and_sent = hold
-            .during(async {
-                let reset = reset_ledgers(ctx, table, &jobs).await? > 0;
-                Ok::<_, OpsError>((reset, ctx.sqs_effects().send(&target, vec![outgoing], None).await))
-            })
-            .await;
-        let (ledger_reset, sent) = match reset_and_sent {
-            Ok(done) => done,
-            Err(e) => {
-                // The reset failed, maybe after it landed: nothing was sent.
-                let entry = failed_entry("not_sent", json!("unclear"), &e.message);
-                return Err(audit::failed_action(ctx, entry, e).await);
-            }
-        };
-        let Some(new_message_id) = sent.message_ids.get(&0).cloned() else {
-            let why = sent
-                .failed
-                .first()
-                .map(|(_, why)| why.clone())
-                .unwrap_or_else(|| "no answer".into());
-            // A missing queue (3) or an unreachable SQS (4) says so; anything else is a
-            // message not sent (5), as for `replay`.
-            let kind = match &sent.error {
-                Some(e) => match ctx.sqs_storage_error(e, Some((&target, "the target queue"))).kind {
-                    ErrorKind::Failed => ErrorKind::Incomplete,
-                    k => k,
-                },
-                None => ErrorKind::Incomplete,
-            };
-            // No answer (a 5xx, a timeout, an entry SQS did not mention) may hide a copy that
-            // landed; a refusal does not.
-            let unclear = match &sent.error {
-                Some(e) => e.status.is_none_or(|s| s >= 500),
-                None => !sent.codes.contains_key(&0),
-            };
-            let maybe = if unclear {
-                " (SQS gave no clear answer, so it may have stored it: look at the target before \
-                 editing again; on a FIFO queue the same edit run again within 5 minutes is \
-                 stored once)"
-            } else {
-                ""
-            };
-            // The ledger was reset before the send: say so, it is not undone.
-            let ledger = match job.id.as_deref() {
-                Some(jid) if ledger_reset => {
-                    let other = match found.body_job.as_ref() {
-                        Some(o) if o.job_type == job.job_type && o.id.as_deref() == Some(jid) => "",
-                        _ => ", the edited body's job, not the original's",
-                    };
-                    format!(
-                        "; the attempt ledger of job `{jid}` (type `{}`{other}) was reset before \
-                         the send, as `replay` does, and stays reset: its attempts count from 0 \
-                         when it next runs",
-                        job.job_type
-                    )
-                }
-                _ => String::new(),
-            };
-            let err = OpsError::new(
-                kind,
-                format!(
-                    "the edited copy was not sent to {target} ({why}){maybe}: nothing was deleted{ledger}"
-                ),
-            );
-            let outcome = if unclear { "unclear" } else { "not_sent" };
-            let entry = failed_entry(outcome, json!(ledger_reset), &why);
-            return Err(audit::failed_action(ctx, entry, err).await);
-        };
+/// The DLQ message, edited and ready to send.
+struct EditedCopy {
+    edited: DlqMessage,
+    outgoing: Outgoing,
+    changed: bool,
+}
+
+/// Everything an edit does before the delete: the target, the edited body, its checks, the
+/// ledger reset and the send. An error means nothing was sent (the caller lets the message go).
+async fn send_edited(
+    ctx: &Ctx,
+    dlq_url: &str,
+    opts: &EditOptions,
+    checked: &EditChecks<'_>,
+    held: &HeldMessage<'_>,
+    draft: &mut Option<Draft>,
+) -> OpsResult<EditReport> {
+    let (found, hold) = (held.found, held.hold);
+    // The sweep may have taken a while: hold the message for a full period from now, and
+    // learn at once if it slipped away.
+    hold.renew().await.map_err(|e| {
+        OpsError::new(
+            ErrorKind::Failed,
+            format!("the DLQ message could not be held for the edit ({e}); run the command again"),
+        )
+    })?;
+    // Where it goes, known before anyone edits anything. A source that is not trusted is
+    // a usage error; a check that could not be made keeps its kind (missing, unreachable).
+    // These checks may take a while (SQS retries): the hold is renewed meanwhile.
+    let target = hold
+        .during(Sources::new(checked.dlq_arn.clone()).target_for(ctx, found, checked.to.as_deref()))
+        .await
+        .map_err(|no| OpsError::new(no.kind, format!("{}; nothing was sent", no.reason)))?;
+    let max_bytes = hold.during(max_message_bytes(ctx, &target)).await;
+    let (body, changed) = edited_body(opts, checked.patch.as_ref(), held, draft).await?;
+    if !changed && !opts.force {
         draft.take();
-        Ok(EditReport {
-            dlq_url: dlq_url.to_owned(),
-            id: id.to_owned(),
-            how: opts.source.how().to_owned(),
-            original_message_id: found.message_id.clone(),
-            record: found.record.clone(),
-            changed,
-            job_type: job.job_type.clone(),
-            job_id: job.id.clone(),
-            body_bytes: edited.body.len(),
-            target,
-            new_message_id,
-            group_id,
-            ledger_reset,
-            original_deleted: false,
-            hold_lost: false,
-            delete_error: None,
-            elapsed_ms: 0,
-            audit: None,
-        })
+        return Err(OpsError::usage(
+            "the body is unchanged: nothing was sent (pass --force to replay it as it is)",
+        ));
     }
-    .await;
-    let mut report = match result {
-        Ok(r) => r,
-        Err(mut e) => {
-            // Nothing was sent: the message goes back to the DLQ's readers at once.
-            release(ctx, dlq_url, [found.receipt_handle.clone()]).await;
-            e.message.push_str("; the message is back in the DLQ");
-            if let Some(d) = draft.as_mut() {
-                e.message.push_str(&format!(
-                    "; your edit is kept in {} (pass it with --body)",
-                    d.keep().display()
-                ));
-            }
+    let copy = edited_copy(found, body, changed, &target, max_bytes)?;
+    // A fresh attempt ledger for the job the edited body names, before the send (as
+    // replay: once the job is back on its queue a worker may count a new attempt at any
+    // moment, and that count must not be wiped).
+    let job = copy.edited.body_job.as_ref().expect("with_body reads the job");
+    let group_id = copy.outgoing.group_id.clone();
+    // Still ours right before the reset and the send (whatever ran since the last renewal),
+    // and for a full period from now: otherwise another reader may have the original.
+    hold.renew().await.map_err(|e| {
+        OpsError::new(
+            ErrorKind::Failed,
+            format!("the DLQ message's hold was lost before the send ({e}): nothing was sent"),
+        )
+    })?;
+    let send = EditSend {
+        dlq_url,
+        id: checked.id,
+        how: opts.source.how(),
+        table: checked.table,
+        target: &target,
+        copy: &copy,
+    };
+    let (ledger_reset, new_message_id) = reset_and_send(ctx, hold, found, &send).await?;
+    draft.take();
+    Ok(EditReport {
+        dlq_url: dlq_url.to_owned(),
+        id: checked.id.to_owned(),
+        how: opts.source.how().to_owned(),
+        original_message_id: found.message_id.clone(),
+        record: found.record.clone(),
+        changed,
+        job_type: job.job_type.clone(),
+        job_id: job.id.clone(),
+        body_bytes: copy.edited.body.len(),
+        target,
+        new_message_id,
+        group_id,
+        ledger_reset,
+        original_deleted: false,
+        hold_lost: false,
+        delete_error: None,
+        elapsed_ms: 0,
+        audit: None,
+    })
+}
+
+/// The edited body and whether it differs from the original, from `--body`, `--patch` or the
+/// editor.
+async fn edited_body(
+    opts: &EditOptions,
+    patch: Option<&json_patch::Patch>,
+    held: &HeldMessage<'_>,
+    draft: &mut Option<Draft>,
+) -> OpsResult<(String, bool)> {
+    let found = held.found;
+    let edited = match &opts.source {
+        EditSource::Body(b) => b.clone(),
+        EditSource::Patch(_) => {
+            let p = apply_patch(&found.body, patch.expect("parsed by check_edit"))?;
+            return Ok((p.body, p.changed));
+        }
+        EditSource::Editor(cmd) => body_from_editor(cmd, held, draft).await?,
+    };
+    let body = trim_added_newline(&found.body, edited);
+    let changed = body != found.body;
+    Ok((body, changed))
+}
+
+/// Runs the editor on a draft of the body, holding the message meanwhile (up to the session's
+/// limit), and returns the edited text.
+async fn body_from_editor(cmd: &str, held: &HeldMessage<'_>, draft: &mut Option<Draft>) -> OpsResult<String> {
+    let d = Draft::create(held.found)?;
+    let path = d.path.clone();
+    *draft = Some(d);
+    let (edited, released) = held
+        .hold
+        .during_until(run_editor(cmd, &path), Some(held.ends))
+        .await;
+    let edited = match edited {
+        Ok(text) => text,
+        Err(e) => {
+            // Aborted on purpose (or no editor ran): nothing to keep.
+            draft.take();
             return Err(e);
         }
     };
-    // Delete only now that the send succeeded, and only while the message is still ours: a
-    // receipt handle whose hold ran out may be accepted by SQS without deleting anything (or
-    // remove a message another reader now works on), so a hold that cannot be renewed right
-    // before the delete means no delete, and a report that says the original may remain.
-    match hold.renew().await {
+    if released {
+        return Err(OpsError::new(
+            ErrorKind::Failed,
+            format!(
+                "the editor was open longer than {}, the longest an edit may hold a DLQ \
+                 message: the message was made visible again then for the other readers, \
+                 and nothing was sent",
+                humantime::format_duration(held.max_hold)
+            ),
+        ));
+    }
+    // Still ours after the editor: otherwise another reader may have it now.
+    held.hold.renew().await.map_err(|e| {
+        OpsError::new(
+            ErrorKind::Failed,
+            format!("the DLQ message's hold was lost while editing ({e}): nothing was sent"),
+        )
+    })?;
+    if edited.trim().is_empty() {
+        draft.take();
+        return Err(OpsError::usage(
+            "the edited body is empty: edit aborted, nothing was sent",
+        ));
+    }
+    Ok(edited)
+}
+
+/// The edited body as a job and as the message to send, refused when SQS would refuse it
+/// (over `max_bytes`, a character SQS does not take) or when it is not a job.
+fn edited_copy(
+    found: &DlqMessage,
+    body: String,
+    changed: bool,
+    target: &str,
+    max_bytes: usize,
+) -> OpsResult<EditedCopy> {
+    let too_large = |size: usize| {
+        OpsError::usage(format!(
+            "the edited message is {size} bytes with its attributes, over the {max_bytes}-byte \
+             limit of {target} (its MaximumMessageSize): nothing was sent"
+        ))
+    };
+    if body.len() > max_bytes {
+        return Err(too_large(body.len()));
+    }
+    // An operator's text is sent as written, so one SQS would refuse is refused here,
+    // before the ledger is reset.
+    if let Some(c) = sqs_triage::core::sqs_text::refused(&body) {
+        return Err(OpsError::usage(format!(
+            "the edited body holds U+{:04X}, a character SQS refuses in a message (in a JSON \
+             string write it as \\u{:04x}): nothing was sent",
+            c as u32, c as u32
+        )));
+    }
+    let edited = found
+        .with_body(body)
+        .map_err(|why| OpsError::usage(format!("the edited body is not a job: {why}; nothing was sent")))?;
+    let fifo = is_fifo(target);
+    let mut outgoing =
+        replay_copy(0, &edited, fifo).map_err(|why| OpsError::usage(format!("{why}; nothing was sent")))?;
+    let size = outgoing.payload_bytes();
+    if size > max_bytes {
+        return Err(too_large(size));
+    }
+    // Not replay's `replay-<id>`: a replay of this message that landed minutes ago must
+    // not swallow the edit. The same edit sent twice (a retry whose first try landed, or
+    // the command run again) is deduplicated by a FIFO queue.
+    outgoing.dedup_id = fifo.then(|| edit_dedup_id(&found.message_id, &edited.body));
+    Ok(EditedCopy {
+        edited,
+        outgoing,
+        changed,
+    })
+}
+
+/// What the reset and the send of an edited copy need to know.
+struct EditSend<'a> {
+    dlq_url: &'a str,
+    id: &'a str,
+    how: &'static str,
+    table: &'a str,
+    target: &'a str,
+    copy: &'a EditedCopy,
+}
+
+impl EditSend<'_> {
+    /// The audit entry of an edit that failed at the reset or the send: what it changed (the
+    /// ledger, maybe a copy) is on record.
+    fn failed_entry(
+        &self,
+        found: &DlqMessage,
+        outcome: &str,
+        ledger_reset: Value,
+        error: &str,
+    ) -> AuditEntry {
+        let job = self.copy.edited.body_job.as_ref();
+        AuditEntry::new("dlq.edit", self.dlq_url)
+            .count(0)
+            .filter(serde_json::json!({ "id": self.id }))
+            .detail(serde_json::json!({
+                "how": self.how,
+                "changed": self.copy.changed,
+                "original_message_id": found.message_id,
+                "original_record": found.record,
+                "job_type": job.map(|j| &j.job_type),
+                "job_id": job.and_then(|j| j.id.as_ref()),
+                "to": self.target,
+                "ledger_reset": ledger_reset,
+            }))
+            .outcome(outcome, error)
+    }
+}
+
+/// Resets the edited job's attempt ledger, then sends the edited copy, the message held
+/// throughout. Returns whether a ledger was reset and the copy's new message id; a failure is
+/// audited.
+async fn reset_and_send(
+    ctx: &Ctx,
+    hold: &MessageHold<'_>,
+    found: &DlqMessage,
+    send: &EditSend<'_>,
+) -> OpsResult<(bool, String)> {
+    let job = send
+        .copy
+        .edited
+        .body_job
+        .as_ref()
+        .expect("with_body reads the job");
+    let jobs: BTreeSet<(&str, &str)> = job
+        .id
+        .as_deref()
+        .map(|i| (job.job_type.as_str(), i))
+        .into_iter()
+        .collect();
+    // The message stays held through the reset and the send: a slow send (SQS retries)
+    // must not outlast the hold and let another reader receive the original meanwhile.
+    let reset_and_sent = hold
+        .during(async {
+            let reset = reset_ledgers(ctx, send.table, &jobs).await? > 0;
+            let outgoing = vec![send.copy.outgoing.clone()];
+            Ok::<_, OpsError>((reset, ctx.sqs_effects().send(send.target, outgoing, None).await))
+        })
+        .await;
+    let (ledger_reset, sent) = match reset_and_sent {
+        Ok(done) => done,
+        Err(e) => {
+            // The reset failed, maybe after it landed: nothing was sent.
+            let entry = send.failed_entry(found, "not_sent", json!("unclear"), &e.message);
+            return Err(audit::failed_action(ctx, entry, e).await);
+        }
+    };
+    match sent.message_ids.get(&0).cloned() {
+        Some(new_message_id) => Ok((ledger_reset, new_message_id)),
+        None => {
+            let (err, why, unclear) = not_sent_error(ctx, found, send, ledger_reset, &sent);
+            let outcome = if unclear { "unclear" } else { "not_sent" };
+            let entry = send.failed_entry(found, outcome, json!(ledger_reset), &why);
+            Err(audit::failed_action(ctx, entry, err).await)
+        }
+    }
+}
+
+/// The error of an edited copy SQS did not take, why it was not taken, and whether SQS's
+/// answer was unclear (a copy may have landed).
+fn not_sent_error(
+    ctx: &Ctx,
+    found: &DlqMessage,
+    send: &EditSend<'_>,
+    ledger_reset: bool,
+    sent: &EntryResults,
+) -> (OpsError, String, bool) {
+    let (target, job) = (
+        send.target,
+        send.copy
+            .edited
+            .body_job
+            .as_ref()
+            .expect("with_body reads the job"),
+    );
+    let why = sent
+        .failed
+        .first()
+        .map(|(_, why)| why.clone())
+        .unwrap_or_else(|| "no answer".into());
+    // A missing queue (3) or an unreachable SQS (4) says so; anything else is a
+    // message not sent (5), as for `replay`.
+    let kind = match &sent.error {
+        Some(e) => match ctx.sqs_storage_error(e, Some((target, "the target queue"))).kind {
+            ErrorKind::Failed => ErrorKind::Incomplete,
+            k => k,
+        },
+        None => ErrorKind::Incomplete,
+    };
+    // No answer (a 5xx, a timeout, an entry SQS did not mention) may hide a copy that
+    // landed; a refusal does not.
+    let unclear = match &sent.error {
+        Some(e) => e.status.is_none_or(|s| s >= 500),
+        None => !sent.codes.contains_key(&0),
+    };
+    let maybe = if unclear {
+        " (SQS gave no clear answer, so it may have stored it: look at the target before \
+         editing again; on a FIFO queue the same edit run again within 5 minutes is \
+         stored once)"
+    } else {
+        ""
+    };
+    // The ledger was reset before the send: say so, it is not undone.
+    let ledger = match job.id.as_deref() {
+        Some(jid) if ledger_reset => {
+            let other = match found.body_job.as_ref() {
+                Some(o) if o.job_type == job.job_type && o.id.as_deref() == Some(jid) => "",
+                _ => ", the edited body's job, not the original's",
+            };
+            format!(
+                "; the attempt ledger of job `{jid}` (type `{}`{other}) was reset before \
+                 the send, as `replay` does, and stays reset: its attempts count from 0 \
+                 when it next runs",
+                job.job_type
+            )
+        }
+        _ => String::new(),
+    };
+    let err = OpsError::new(
+        kind,
+        format!("the edited copy was not sent to {target} ({why}){maybe}: nothing was deleted{ledger}"),
+    );
+    (err, why, unclear)
+}
+
+/// Deletes the original once the copy was sent, only while the message is still ours: a
+/// receipt handle whose hold ran out may be accepted by SQS without deleting anything (or
+/// remove a message another reader now works on), so a hold that cannot be renewed right
+/// before the delete means no delete, and a report that says the original may remain.
+async fn delete_original(ctx: &Ctx, held: &HeldMessage<'_>, report: &mut EditReport) {
+    match held.hold.renew().await {
         Ok(()) => {
             let deleted = ctx
                 .sqs_effects()
-                .delete(dlq_url, vec![(0, found.receipt_handle.clone())], None)
+                .delete(held.hold.url, vec![(0, held.found.receipt_handle.clone())], None)
                 .await;
             report.original_deleted = deleted.accepted.contains(&0);
             report.delete_error = (!report.original_deleted).then(|| {
@@ -551,10 +711,6 @@ pub async fn edit(ctx: &Ctx, dlq_url: &str, opts: &EditOptions) -> OpsResult<Edi
             ));
         }
     }
-    report.elapsed_ms = started.elapsed().as_millis() as u64;
-    // The edited copy was sent: that is audited, with the original's failure record.
-    report.audit = audit::record_action(ctx, edit_entry(&report)).await;
-    Ok(report)
 }
 
 /// The audit entry of an edit: `dlq.edit` on the DLQ, one message, the original's record.
@@ -644,14 +800,14 @@ async fn find(ctx: &Ctx, dlq_url: &str, id: &str, hold: Duration, max_scan: usiz
 
 /// The hold on the DLQ message being edited: renewed to a full period on demand, and every
 /// third of a period while something runs.
-struct Hold<'a> {
+struct MessageHold<'a> {
     ctx: &'a Ctx,
     url: &'a str,
     handle: String,
     seconds: i32,
 }
 
-impl Hold<'_> {
+impl MessageHold<'_> {
     /// Makes the message invisible for a full period from now (one `ChangeMessageVisibility`).
     async fn renew(&self) -> OpsResult<()> {
         self.ctx
@@ -679,7 +835,7 @@ impl Hold<'_> {
         self.during_until(work, None).await.0
     }
 
-    /// [`Hold::during`], except that at `until` the renewals stop and the message is made
+    /// [`MessageHold::during`], except that at `until` the renewals stop and the message is made
     /// visible again at once, while `work` goes on. Returns `work`'s output and whether the
     /// message was let go that way.
     async fn during_until<T>(

@@ -178,67 +178,20 @@ pub async fn purge_with(
     opts: &PurgeOptions,
     confirm: impl FnOnce(&PurgePlan) -> bool,
 ) -> OpsResult<PurgeReport> {
-    let (filter, limit, max_scan) = (&opts.filter, opts.limit, opts.max_scan);
-    filter.validate()?;
+    opts.filter.validate()?;
     // Long holds: the selection must stay ours while the operator reads the question.
-    let mut sweep = Sweep::new(ctx, dlq_url, opts.hold, max_scan);
-    // Message id → (receipt handle, when the receive that gave it was asked for).
-    let mut held: HashMap<String, (String, Instant)> = HashMap::new();
-    let mut selected: Vec<DlqMessage> = Vec::new();
-    let mut scanned = 0;
+    let mut sweep = Sweep::new(ctx, dlq_url, opts.hold, opts.max_scan);
     let now = now_ms();
-    let stopped = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
-    let interrupted = || OpsError::usage("purge interrupted while reading the DLQ: nothing was deleted");
-    let read = async {
-        loop {
-            if stopped() {
-                return Err(interrupted());
-            }
-            let asked = Instant::now();
-            let Some((new, again)) = sweep.next().await? else {
-                break;
-            };
-            scanned += new.len();
-            for m in again {
-                held.insert(m.message_id.clone(), (m.receipt_handle.clone(), asked));
-            }
-            for m in new {
-                held.insert(m.message_id.clone(), (m.receipt_handle.clone(), asked));
-                if limit.is_none_or(|l| selected.len() < l) && filter.matches(&m, now) {
-                    selected.push(m);
-                }
-            }
-        }
-        // A stop during the last receive counts too.
-        if stopped() {
-            return Err(interrupted());
-        }
-        Ok::<_, OpsError>(())
+    let mut read = PurgeRead::default();
+    if let Err(e) = read.select(opts, &mut sweep, now).await {
+        let count = read.held.len();
+        return Err(give_back(ctx, dlq_url, e, read.held, count).await);
     }
-    .await;
-    let handles = |held: HashMap<String, (String, Instant)>| held.into_values().map(|(h, _)| h);
-    // Gives back what is held, and says so in `e`.
-    let give_back = |e: OpsError, held: HashMap<String, (String, Instant)>, read: usize| async move {
-        let not_released = release(ctx, dlq_url, handles(held)).await;
-        match not_released {
-            _ if read == 0 => e,
-            0 => OpsError::new(
-                e.kind,
-                format!("{}; the {read} message(s) read are visible again", e.message),
-            ),
-            n => OpsError::new(
-                e.kind,
-                format!(
-                    "{}; {n} of the {read} message(s) read could not be made visible again and come back when their hold ends",
-                    e.message
-                ),
-            ),
-        }
-    };
-    if let Err(e) = read {
-        let read = held.len();
-        return Err(give_back(e, held, read).await);
-    }
+    let PurgeRead {
+        held,
+        selected,
+        scanned,
+    } = read;
     let end = sweep.end();
     let plan = PurgePlan {
         dlq_url: dlq_url.to_owned(),
@@ -251,13 +204,13 @@ pub async fn purge_with(
     // Only the selection waits for the answer: the rest goes back now, not after the
     // question (which may wait up to the hold, or be interrupted).
     let chosen: HashSet<&str> = selected.iter().map(|m| m.message_id.as_str()).collect();
-    let (mut held, others): (HashMap<_, _>, HashMap<_, _>) =
+    let (held, others): (HashMap<_, _>, HashMap<_, _>) =
         held.into_iter().partition(|(id, _)| chosen.contains(id.as_str()));
-    let read = held.len() + others.len();
+    let count = held.len() + others.len();
     release(ctx, dlq_url, handles(others)).await;
     // A stop while the others were given back: the selection goes back too, before any question.
-    if stopped() {
-        return Err(give_back(interrupted(), held, read).await);
+    if stopped(opts) {
+        return Err(give_back(ctx, dlq_url, interrupted(), held, count).await);
     }
     if plan.selected == 0 {
         let report = PurgeReport {
@@ -273,17 +226,112 @@ pub async fn purge_with(
         release(ctx, dlq_url, handles(held)).await;
         return Err(OpsError::usage("purge cancelled: nothing was deleted"));
     }
+    let (deleted, lost_hold) = delete_selected(ctx, dlq_url, opts, &selected, held).await;
+    let report = PurgeReport {
+        deleted,
+        failed: plan.selected - deleted,
+        lost_hold,
+        plan,
+        audit: None,
+    };
+    Ok(report.audited(ctx, opts).await)
+}
 
-    // A receipt handle only deletes while its hold lasts: after it expires, another reader may
-    // have received the message (SQS then accepts the stale handle and deletes nothing). So a
-    // handle whose hold is over, or nearly, is never used: the message is received again by
-    // id, and what cannot be found again is reported, not counted as deleted.
+/// Message id → (receipt handle, when the receive that gave it was asked for).
+type HeldHandles = HashMap<String, (String, Instant)>;
+
+/// What a purge read of the DLQ: every message it holds, the selection, how many it read.
+#[derive(Default)]
+struct PurgeRead {
+    held: HeldHandles,
+    selected: Vec<DlqMessage>,
+    scanned: usize,
+}
+
+impl PurgeRead {
+    /// Reads the DLQ to its end (or the scan limit), holding everything and selecting what
+    /// the filter matches, up to the limit. A stop is an error: nothing is deleted.
+    async fn select(&mut self, opts: &PurgeOptions, sweep: &mut Sweep<'_>, now: u64) -> OpsResult<()> {
+        loop {
+            if stopped(opts) {
+                return Err(interrupted());
+            }
+            let asked = Instant::now();
+            let Some((new, again)) = sweep.next().await? else {
+                break;
+            };
+            self.scanned += new.len();
+            for m in again {
+                self.held
+                    .insert(m.message_id.clone(), (m.receipt_handle.clone(), asked));
+            }
+            for m in new {
+                self.held
+                    .insert(m.message_id.clone(), (m.receipt_handle.clone(), asked));
+                if opts.limit.is_none_or(|l| self.selected.len() < l) && opts.filter.matches(&m, now) {
+                    self.selected.push(m);
+                }
+            }
+        }
+        // A stop during the last receive counts too.
+        if stopped(opts) {
+            return Err(interrupted());
+        }
+        Ok(())
+    }
+}
+
+fn stopped(opts: &PurgeOptions) -> bool {
+    opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
+}
+
+fn interrupted() -> OpsError {
+    OpsError::usage("purge interrupted while reading the DLQ: nothing was deleted")
+}
+
+fn handles(held: HeldHandles) -> impl Iterator<Item = String> {
+    held.into_values().map(|(h, _)| h)
+}
+
+/// Gives back what is held, and says so in `e` (`read`: how many messages were read).
+async fn give_back(ctx: &Ctx, dlq_url: &str, e: OpsError, held: HeldHandles, read: usize) -> OpsError {
+    let not_released = release(ctx, dlq_url, handles(held)).await;
+    match not_released {
+        _ if read == 0 => e,
+        0 => OpsError::new(
+            e.kind,
+            format!("{}; the {read} message(s) read are visible again", e.message),
+        ),
+        n => OpsError::new(
+            e.kind,
+            format!(
+                "{}; {n} of the {read} message(s) read could not be made visible again and come back when their hold ends",
+                e.message
+            ),
+        ),
+    }
+}
+
+/// Deletes the confirmed selection; returns how many were deleted and how many could not be
+/// found again once their hold was over.
+///
+/// A receipt handle only deletes while its hold lasts: after it expires, another reader may
+/// have received the message (SQS then accepts the stale handle and deletes nothing). So a
+/// handle whose hold is over, or nearly, is never used: the message is received again by
+/// id, and what cannot be found again is reported, not counted as deleted.
+async fn delete_selected(
+    ctx: &Ctx,
+    dlq_url: &str,
+    opts: &PurgeOptions,
+    selected: &[DlqMessage],
+    mut held: HeldHandles,
+) -> (usize, usize) {
     let margin = (opts.hold / 4).min(Duration::from_secs(30));
     let confirmed = Instant::now();
     let holds = |asked: Instant| confirmed + margin < asked + opts.hold;
     let mut targets: Vec<(String, String)> = Vec::new();
     let mut stale: HashSet<String> = HashSet::new();
-    for m in &selected {
+    for m in selected {
         match held.remove(&m.message_id) {
             Some((h, asked)) if holds(asked) => targets.push((m.message_id.clone(), h)),
             _ => {
@@ -292,19 +340,11 @@ pub async fn purge_with(
         }
     }
     if !stale.is_empty() {
-        let found = receive_again(ctx, dlq_url, &mut stale, max_scan).await;
+        let found = receive_again(ctx, dlq_url, &mut stale, opts.max_scan).await;
         targets.extend(found);
     }
     let failed_ids = delete(ctx, dlq_url, &targets).await;
-    let deleted = targets.len() - failed_ids.len();
-    let report = PurgeReport {
-        deleted,
-        failed: plan.selected - deleted,
-        lost_hold: stale.len(),
-        plan,
-        audit: None,
-    };
-    Ok(report.audited(ctx, opts).await)
+    (targets.len() - failed_ids.len(), stale.len())
 }
 
 /// Receives the DLQ again looking for the messages in `wanted` (by message id), to delete them

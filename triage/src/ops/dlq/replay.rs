@@ -15,6 +15,7 @@ use super::super::output::{Report, Table, progress};
 use super::super::{Ctx, ErrorKind, OpsError, OpsResult, is_fifo, queue_arn, resolve_queue};
 use super::list::{Group, group};
 use super::read::{DlqMessage, Filter, ReadEnd, Sweep, approximate_count, delete, release, scan_limit_note};
+use indicatif::ProgressBar;
 use sqs_triage::clock::now_ms;
 use sqs_triage::core::envelope::SQS_MAX_MESSAGE_BYTES;
 use sqs_triage::effects::dlq::{group_for, original_attributes};
@@ -389,6 +390,54 @@ enum Fate {
 /// reads it), never the record's; a record that disagrees with its body is reported as
 /// unverified.
 pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult<ReplayReport> {
+    let checks = check_replay(ctx, dlq_url, opts).await?;
+    let started = Instant::now();
+    let mut run = ReplayRun::new(ctx, dlq_url, opts, checks.table, checks.to).await;
+    let mut st = ReplayState::new(Sources::new(checks.dlq_arn), run.hold, is_fifo(dlq_url));
+    let mut sweep = Sweep::new(ctx, dlq_url, run.hold, opts.max_scan);
+    let moved = run.sweep_and_move(&mut st, &mut sweep).await;
+    let end = sweep.end();
+    let (incomplete, scan_limit_reached) = (end == ReadEnd::CutShort, end == ReadEnd::ScanLimit);
+    run.bar.finish_and_clear();
+    // Everything not moved goes back to visible, whatever happened above.
+    let held: Vec<String> = st
+        .fates
+        .iter()
+        .filter(|(_, f)| **f == Fate::Held)
+        .filter_map(|(id, _)| st.handles.get(id).cloned())
+        .collect();
+    release(ctx, dlq_url, held).await;
+    // What was moved is audited, also when an error stopped the replay part-way.
+    let audit = match opts.dry_run {
+        true => None,
+        false => {
+            audit::record_action(
+                ctx,
+                replay_entry(dlq_url, opts, &st, incomplete, moved.as_ref().err()),
+            )
+            .await
+        }
+    };
+    if let Err(e) = moved {
+        return Err(audit::error_with_status(e, audit.as_ref()));
+    }
+    let mut report = st.into_report(dlq_url, opts.dry_run, started, audit);
+    report.interrupted = run.stopped();
+    report.incomplete = incomplete;
+    report.scan_limit_reached = scan_limit_reached;
+    Ok(report)
+}
+
+/// What a replay checks before it touches the DLQ: its options, the table, the DLQ and `--to`.
+struct ReplayChecks {
+    table: Option<String>,
+    dlq_arn: String,
+    to: Option<String>,
+}
+
+/// Checks the options, then that the DLQ, the table and the `--to` queue exist, so a replay
+/// fails before it touches the DLQ.
+async fn check_replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult<ReplayChecks> {
     opts.filter.validate()?;
     if let Some(r) = opts.rate {
         if !(r.is_finite() && (MIN_RATE..=MAX_RATE).contains(&r)) {
@@ -405,7 +454,6 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         (None, true) => None,
         (None, false) => return Err(OpsError::missing_var("TRIAGE_TABLE", "--table")),
     };
-    // Fail before touching the DLQ when the DLQ, the table or the --to queue is missing.
     let dlq_arn = queue_arn(ctx, dlq_url, "TRIAGE_DLQ_URL").await?;
     if let (Some(t), false) = (&table, opts.dry_run) {
         check_table(ctx, t).await?;
@@ -414,56 +462,75 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
         Some(q) => Some(check_to(ctx, q, dlq_url, "replayed").await?),
         None => None,
     };
+    Ok(ReplayChecks { table, dlq_arn, to })
+}
 
-    let started = Instant::now();
-    let started_ms = now_ms();
-    // Batches as large as the rate allows, so pacing stays smooth at low rates.
-    let batch_size = opts.rate.map_or(10, |r| (r.floor() as usize).clamp(1, 10));
-    // A batch must be sent and deleted before its hold expires.
-    let hold = opts.hold.unwrap_or_else(|| {
-        Duration::from_secs(60)
-            + opts
-                .rate
-                .map_or(Duration::ZERO, |r| Duration::from_secs_f64(20.0 / r))
-    });
-    let estimate = approximate_count(ctx, dlq_url).await.unwrap_or(0);
-    let bar_len = opts.limit.map_or(estimate, |l| estimate.min(l as u64));
-    let bar = progress(
-        opts.progress,
-        bar_len,
-        if opts.dry_run { "reading" } else { "replaying" },
-    );
+/// One replay's settings and pacing, for the steps of its sweep.
+struct ReplayRun<'a> {
+    ctx: &'a Ctx,
+    dlq_url: &'a str,
+    opts: &'a ReplayOptions,
+    to: Option<String>,
+    table: Option<String>,
+    started_ms: u64,
+    /// Batches as large as the rate allows, so pacing stays smooth at low rates.
+    batch_size: usize,
+    /// A batch must be sent and deleted before its hold expires.
+    hold: Duration,
+    bar: ProgressBar,
+    sqs: Sqs,
+    pacer: Pacer,
+}
 
-    let mut st = ReplayState {
-        fates: HashMap::new(),
-        handles: HashMap::new(),
-        hold,
-        held_until: HashMap::new(),
-        selected: Vec::new(),
-        moved: 0,
-        delete_failed: 0,
-        ledgers_reset: 0,
-        targets: BTreeMap::new(),
-        not_moved: Vec::new(),
-        unverified: Vec::new(),
-        sources: Sources::new(dlq_arn),
-        scanned: 0,
-        max_bytes: HashMap::new(),
-        ordered: is_fifo(dlq_url),
-        stopped_groups: HashMap::new(),
-        moved_bodies: HashSet::new(),
-        repeated: 0,
-        blockers: HashSet::new(),
-    };
-    // Whether a message new to this run was read since the FIFO blockers were last released.
-    let mut read_since_release = true;
-    let sqs = ctx.sqs_effects();
-    let stopped = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
-    let mut pacer = Pacer::new(opts.rate);
-    let mut sweep = Sweep::new(ctx, dlq_url, hold, opts.max_scan);
-    let run = async {
+impl<'a> ReplayRun<'a> {
+    async fn new(
+        ctx: &'a Ctx,
+        dlq_url: &'a str,
+        opts: &'a ReplayOptions,
+        table: Option<String>,
+        to: Option<String>,
+    ) -> ReplayRun<'a> {
+        let started_ms = now_ms();
+        let batch_size = opts.rate.map_or(10, |r| (r.floor() as usize).clamp(1, 10));
+        let hold = opts.hold.unwrap_or_else(|| {
+            Duration::from_secs(60)
+                + opts
+                    .rate
+                    .map_or(Duration::ZERO, |r| Duration::from_secs_f64(20.0 / r))
+        });
+        let estimate = approximate_count(ctx, dlq_url).await.unwrap_or(0);
+        let bar_len = opts.limit.map_or(estimate, |l| estimate.min(l as u64));
+        let bar = progress(
+            opts.progress,
+            bar_len,
+            if opts.dry_run { "reading" } else { "replaying" },
+        );
+        ReplayRun {
+            ctx,
+            dlq_url,
+            opts,
+            to,
+            table,
+            started_ms,
+            batch_size,
+            hold,
+            bar,
+            sqs: ctx.sqs_effects(),
+            pacer: Pacer::new(opts.rate),
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
+    }
+
+    /// Reads the DLQ and moves what the filter selects, until the limit, a stop, or the end.
+    async fn sweep_and_move(&mut self, st: &mut ReplayState, sweep: &mut Sweep<'_>) -> OpsResult<()> {
+        let (ctx, dlq_url) = (self.ctx, self.dlq_url);
+        // Whether a message new to this run was read since the FIFO blockers were last released.
+        let mut read_since_release = true;
         loop {
-            if opts.limit.is_some_and(|l| st.selected.len() >= l) || stopped() {
+            if self.opts.limit.is_some_and(|l| st.selected.len() >= l) || self.stopped() {
                 break;
             }
             // A receive's hold starts before its answer comes.
@@ -483,197 +550,112 @@ pub async fn replay(ctx: &Ctx, dlq_url: &str, opts: &ReplayOptions) -> OpsResult
             };
             read_since_release |= !new.is_empty();
             st.scanned += new.len();
-            // Moved messages whose DLQ delete failed, seen again: deleted again, in one
-            // batched call per receive.
-            let mut redelete: Vec<(String, String)> = Vec::new();
-            for m in again {
-                match st.fates.get(&m.message_id) {
-                    Some(Fate::MovedUndeleted) => redelete.push((m.message_id, m.receipt_handle)),
-                    _ => {
-                        st.held_until.insert(m.message_id.clone(), asked + hold);
-                        st.handles.insert(m.message_id, m.receipt_handle);
-                    }
-                }
-            }
-            let failed = delete(ctx, dlq_url, &redelete).await;
-            for (id, _) in redelete.into_iter().filter(|(id, _)| !failed.contains(id)) {
-                st.fates.insert(id, Fate::Moved);
-                st.delete_failed = st.delete_failed.saturating_sub(1);
-            }
-            let now = now_ms();
-            let mut chosen = Vec::new();
-            for m in new {
-                let room = opts.limit.is_none_or(|l| st.selected.len() < l);
-                st.fates.insert(m.message_id.clone(), Fate::Held);
-                st.handles.insert(m.message_id.clone(), m.receipt_handle.clone());
-                st.held_until.insert(m.message_id.clone(), asked + hold);
-                let matches = opts.filter.matches(&m, now);
-                if room
-                    && matches
-                    && m.failed_at_ms().saturating_add(CLOCK_SLACK_MS) >= started_ms
-                    && st.moved_bodies.contains(&body_hash(&m.body))
-                {
-                    st.repeated += 1;
-                    continue;
-                }
-                if room && !matches && st.ordered && m.group_id.is_some() {
-                    st.blockers.insert(m.message_id.clone());
-                }
-                if room && matches {
-                    if let Some(reason) = m.record_mismatch() {
-                        st.unverified.push(NotMoved {
-                            message_id: m.message_id.clone(),
-                            job_id: m.body_job_id().to_owned(),
-                            reason,
-                        });
-                    }
-                    st.selected.push(m.clone());
-                    chosen.push(m);
-                }
-            }
-            // Group by target queue, keeping DLQ order within each.
-            let mut by_target: BTreeMap<String, Vec<DlqMessage>> = BTreeMap::new();
-            for m in chosen {
-                if let Some(why) = st.behind_stopped_group(&m) {
-                    bar.inc(1);
-                    st.not_moved(&m, why);
-                    continue;
-                }
-                match st.sources.target_for(ctx, &m, to.as_deref()).await {
-                    Ok(url) => by_target.entry(url).or_default().push(m),
-                    Err(no) => {
-                        bar.inc(1);
-                        st.not_moved(&m, no.reason);
-                    }
-                }
-            }
-            for (target, ms) in by_target {
-                let refused = st.not_moved.len();
-                let outgoing = st.copies(ctx, &target, &ms).await;
-                bar.inc((st.not_moved.len() - refused) as u64);
-                // The copies come before any message already refused in their group. A send
-                // refused from here on stops its group for the later batches: group -> the
-                // refused message.
-                let mut send_stopped: HashMap<String, String> = HashMap::new();
-                if opts.dry_run {
-                    st.moved_bodies
-                        .extend(outgoing.iter().map(|o| body_hash(&ms[o.key].body)));
-                    st.moved += outgoing.len();
-                    bar.inc(outgoing.len() as u64);
-                    *st.targets.entry(target).or_default() += outgoing.len();
-                    continue;
-                }
-                for batch in batches(outgoing, batch_size) {
-                    if stopped() {
-                        break;
-                    }
-                    // A send refused in an earlier batch stops its group.
-                    let mut go = Vec::new();
-                    for o in batch {
-                        let m = &ms[o.key];
-                        let stopper = m
-                            .group_id
-                            .as_ref()
-                            .filter(|_| st.ordered)
-                            .and_then(|g| Some((g, send_stopped.get(g)?)));
-                        match stopper {
-                            Some((g, first)) => {
-                                bar.inc(1);
-                                let why = overtaking(first, g);
-                                st.not_moved(m, why);
-                            }
-                            None => go.push(o),
-                        }
-                    }
-                    let batch = go;
-                    if batch.is_empty() {
-                        continue;
-                    }
-                    let n = batch.len();
-                    pacer.take(n).await;
-                    let keys: Vec<usize> = batch.iter().map(|o| o.key).collect();
-                    st.move_batch(ctx, &sqs, dlq_url, &target, table.as_deref(), &ms, batch)
-                        .await?;
-                    // What moved, by its body; what did not (refused) stops its group.
-                    for m in keys.into_iter().map(|k| &ms[k]) {
-                        match st.fates.get(&m.message_id) {
-                            Some(Fate::Moved | Fate::MovedUndeleted) => {
-                                st.moved_bodies.insert(body_hash(&m.body));
-                            }
-                            _ => {
-                                if let Some(g) = &m.group_id {
-                                    send_stopped
-                                        .entry(g.clone())
-                                        .or_insert_with(|| m.message_id.clone());
-                                }
-                            }
-                        }
-                    }
-                    bar.inc(n as u64);
-                }
+            st.seen_again(ctx, dlq_url, again, asked).await;
+            let chosen = st.choose(new, self.opts, asked, self.started_ms);
+            for (target, ms) in self.by_target(st, chosen).await {
+                self.move_to(st, target, ms).await?;
             }
         }
-        Ok::<_, OpsError>(())
-    }
-    .await;
-    let end = sweep.end();
-    let (incomplete, scan_limit_reached) = (end == ReadEnd::CutShort, end == ReadEnd::ScanLimit);
-    bar.finish_and_clear();
-    // Everything not moved goes back to visible, whatever happened above.
-    let held: Vec<String> = st
-        .fates
-        .iter()
-        .filter(|(_, f)| **f == Fate::Held)
-        .filter_map(|(id, _)| st.handles.get(id).cloned())
-        .collect();
-    release(ctx, dlq_url, held).await;
-    // What was moved is audited, also when an error stopped the replay part-way.
-    let audit = match opts.dry_run {
-        true => None,
-        false => {
-            audit::record_action(
-                ctx,
-                replay_entry(dlq_url, opts, &st, incomplete, run.as_ref().err()),
-            )
-            .await
-        }
-    };
-    if let Err(e) = run {
-        return Err(audit::error_with_status(e, audit.as_ref()));
+        Ok(())
     }
 
-    let now = now_ms();
-    let mut moved_ids: Vec<String> = st
-        .fates
-        .iter()
-        .filter(|(_, f)| matches!(f, Fate::Moved | Fate::MovedUndeleted))
-        .map(|(id, _)| id.clone())
-        .collect();
-    moved_ids.sort();
-    Ok(ReplayReport {
-        dlq_url: dlq_url.to_owned(),
-        dry_run: opts.dry_run,
-        scanned: st.scanned,
-        selected: st.selected.len(),
-        moved: st.moved,
-        delete_failed: st.delete_failed,
-        ledgers_reset: st.ledgers_reset,
-        targets: st
-            .targets
-            .into_iter()
-            .map(|(queue_url, count)| TargetCount { queue_url, count })
-            .collect(),
-        groups: group(&st.selected, now),
-        not_moved: st.not_moved,
-        unverified: st.unverified,
-        repeated: st.repeated,
-        interrupted: stopped(),
-        incomplete,
-        scan_limit_reached,
-        elapsed_ms: started.elapsed().as_millis() as u64,
-        moved_ids,
-        audit,
-    })
+    /// The chosen messages by target queue, in DLQ order within each; a message with no
+    /// target, or behind a stopped FIFO group, is reported not moved.
+    async fn by_target(
+        &self,
+        st: &mut ReplayState,
+        chosen: Vec<DlqMessage>,
+    ) -> BTreeMap<String, Vec<DlqMessage>> {
+        let mut by_target: BTreeMap<String, Vec<DlqMessage>> = BTreeMap::new();
+        for m in chosen {
+            if let Some(why) = st.behind_stopped_group(&m) {
+                self.bar.inc(1);
+                st.not_moved(&m, why);
+                continue;
+            }
+            match st.sources.target_for(self.ctx, &m, self.to.as_deref()).await {
+                Ok(url) => by_target.entry(url).or_default().push(m),
+                Err(no) => {
+                    self.bar.inc(1);
+                    st.not_moved(&m, no.reason);
+                }
+            }
+        }
+        by_target
+    }
+
+    /// Moves messages `ms` to `target` in paced batches (a dry run only counts them).
+    async fn move_to(&mut self, st: &mut ReplayState, target: String, ms: Vec<DlqMessage>) -> OpsResult<()> {
+        let refused = st.not_moved.len();
+        let outgoing = st.copies(self.ctx, &target, &ms).await;
+        self.bar.inc((st.not_moved.len() - refused) as u64);
+        if self.opts.dry_run {
+            st.moved_bodies
+                .extend(outgoing.iter().map(|o| body_hash(&ms[o.key].body)));
+            st.moved += outgoing.len();
+            self.bar.inc(outgoing.len() as u64);
+            *st.targets.entry(target).or_default() += outgoing.len();
+            return Ok(());
+        }
+        // The copies come before any message already refused in their group. A send
+        // refused from here on stops its group for the later batches: group -> the
+        // refused message.
+        let mut send_stopped: HashMap<String, String> = HashMap::new();
+        for batch in batches(outgoing, self.batch_size) {
+            if self.stopped() {
+                break;
+            }
+            let batch = self.not_overtaking(st, batch, &ms, &send_stopped);
+            if batch.is_empty() {
+                continue;
+            }
+            let n = batch.len();
+            self.pacer.take(n).await;
+            let keys: Vec<usize> = batch.iter().map(|o| o.key).collect();
+            st.move_batch(
+                self.ctx,
+                &self.sqs,
+                self.dlq_url,
+                &target,
+                self.table.as_deref(),
+                &ms,
+                batch,
+            )
+            .await?;
+            st.note_sent(keys.into_iter().map(|k| &ms[k]), &mut send_stopped);
+            self.bar.inc(n as u64);
+        }
+        Ok(())
+    }
+
+    /// The copies of `batch` that may go: on a FIFO DLQ, a send refused in an earlier batch
+    /// stops its group, and its later messages are reported not moved.
+    fn not_overtaking(
+        &self,
+        st: &mut ReplayState,
+        batch: Vec<Outgoing>,
+        ms: &[DlqMessage],
+        send_stopped: &HashMap<String, String>,
+    ) -> Vec<Outgoing> {
+        let mut go = Vec::new();
+        for o in batch {
+            let m = &ms[o.key];
+            let stopper = m
+                .group_id
+                .as_ref()
+                .filter(|_| st.ordered)
+                .and_then(|g| Some((g, send_stopped.get(g)?)));
+            match stopper {
+                Some((g, first)) => {
+                    self.bar.inc(1);
+                    let why = overtaking(first, g);
+                    st.not_moved(m, why);
+                }
+                None => go.push(o),
+            }
+        }
+        go
+    }
 }
 
 /// Why a message of FIFO group `group` is not moved after message `first` of the group was not.
@@ -806,6 +788,161 @@ pub(super) async fn reset_ledgers(ctx: &Ctx, table: &str, jobs: &BTreeSet<(&str,
 }
 
 impl ReplayState {
+    fn new(sources: Sources, hold: Duration, ordered: bool) -> Self {
+        Self {
+            fates: HashMap::new(),
+            handles: HashMap::new(),
+            hold,
+            held_until: HashMap::new(),
+            selected: Vec::new(),
+            moved: 0,
+            delete_failed: 0,
+            ledgers_reset: 0,
+            targets: BTreeMap::new(),
+            not_moved: Vec::new(),
+            unverified: Vec::new(),
+            sources,
+            scanned: 0,
+            max_bytes: HashMap::new(),
+            ordered,
+            stopped_groups: HashMap::new(),
+            moved_bodies: HashSet::new(),
+            repeated: 0,
+            blockers: HashSet::new(),
+        }
+    }
+
+    /// Takes the messages received again (asked for at `asked`): their new handles, and
+    /// moved messages whose DLQ delete failed are deleted again, in one batched call.
+    async fn seen_again(&mut self, ctx: &Ctx, dlq_url: &str, again: Vec<DlqMessage>, asked: Instant) {
+        let mut redelete: Vec<(String, String)> = Vec::new();
+        for m in again {
+            match self.fates.get(&m.message_id) {
+                Some(Fate::MovedUndeleted) => redelete.push((m.message_id, m.receipt_handle)),
+                _ => {
+                    self.held_until.insert(m.message_id.clone(), asked + self.hold);
+                    self.handles.insert(m.message_id, m.receipt_handle);
+                }
+            }
+        }
+        let failed = delete(ctx, dlq_url, &redelete).await;
+        for (id, _) in redelete.into_iter().filter(|(id, _)| !failed.contains(id)) {
+            self.fates.insert(id, Fate::Moved);
+            self.delete_failed = self.delete_failed.saturating_sub(1);
+        }
+    }
+
+    /// Takes the messages new to this run and returns those selected (within the limit, not a
+    /// copy this run moved that failed again); on a FIFO DLQ the unselected ones of a group
+    /// are noted as blockers.
+    fn choose(
+        &mut self,
+        new: Vec<DlqMessage>,
+        opts: &ReplayOptions,
+        asked: Instant,
+        started_ms: u64,
+    ) -> Vec<DlqMessage> {
+        let now = now_ms();
+        let mut chosen = Vec::new();
+        for m in new {
+            let room = opts.limit.is_none_or(|l| self.selected.len() < l);
+            self.fates.insert(m.message_id.clone(), Fate::Held);
+            self.handles
+                .insert(m.message_id.clone(), m.receipt_handle.clone());
+            self.held_until.insert(m.message_id.clone(), asked + self.hold);
+            let matches = opts.filter.matches(&m, now);
+            if room
+                && matches
+                && m.failed_at_ms().saturating_add(CLOCK_SLACK_MS) >= started_ms
+                && self.moved_bodies.contains(&body_hash(&m.body))
+            {
+                self.repeated += 1;
+                continue;
+            }
+            if room && !matches && self.ordered && m.group_id.is_some() {
+                self.blockers.insert(m.message_id.clone());
+            }
+            if room && matches {
+                if let Some(reason) = m.record_mismatch() {
+                    self.unverified.push(NotMoved {
+                        message_id: m.message_id.clone(),
+                        job_id: m.body_job_id().to_owned(),
+                        reason,
+                    });
+                }
+                self.selected.push(m.clone());
+                chosen.push(m);
+            }
+        }
+        chosen
+    }
+
+    /// After a batch was sent: what moved, by its body; what did not (refused) stops its
+    /// group in `send_stopped`.
+    fn note_sent<'m>(
+        &mut self,
+        sent: impl Iterator<Item = &'m DlqMessage>,
+        send_stopped: &mut HashMap<String, String>,
+    ) {
+        for m in sent {
+            match self.fates.get(&m.message_id) {
+                Some(Fate::Moved | Fate::MovedUndeleted) => {
+                    self.moved_bodies.insert(body_hash(&m.body));
+                }
+                _ => {
+                    if let Some(g) = &m.group_id {
+                        send_stopped
+                            .entry(g.clone())
+                            .or_insert_with(|| m.message_id.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The report of a replay that ran to its end (its `interrupted`, `incomplete` and
+    /// `scan_limit_reached` are for the caller to set).
+    fn into_report(
+        self,
+        dlq_url: &str,
+        dry_run: bool,
+        started: Instant,
+        audit: Option<AuditStatus>,
+    ) -> ReplayReport {
+        let now = now_ms();
+        let mut moved_ids: Vec<String> = self
+            .fates
+            .iter()
+            .filter(|(_, f)| matches!(f, Fate::Moved | Fate::MovedUndeleted))
+            .map(|(id, _)| id.clone())
+            .collect();
+        moved_ids.sort();
+        ReplayReport {
+            dlq_url: dlq_url.to_owned(),
+            dry_run,
+            scanned: self.scanned,
+            selected: self.selected.len(),
+            moved: self.moved,
+            delete_failed: self.delete_failed,
+            ledgers_reset: self.ledgers_reset,
+            targets: self
+                .targets
+                .into_iter()
+                .map(|(queue_url, count)| TargetCount { queue_url, count })
+                .collect(),
+            groups: group(&self.selected, now),
+            not_moved: self.not_moved,
+            unverified: self.unverified,
+            repeated: self.repeated,
+            interrupted: false,
+            incomplete: false,
+            scan_limit_reached: false,
+            elapsed_ms: started.elapsed().as_millis() as u64,
+            moved_ids,
+            audit,
+        }
+    }
+
     /// Reports `m` as not moved, and why. On a FIFO DLQ this stops its message group: the
     /// later messages of the group are not moved either, so the group keeps its order.
     fn not_moved(&mut self, m: &DlqMessage, reason: String) {
