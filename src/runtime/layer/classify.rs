@@ -65,6 +65,22 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(43_200);
 pub struct Classifier {
     fatal: HashSet<String>,
     transient: HashSet<String>,
+    /// `TRIAGE_FATAL_ERRORS` alone: a type listed there is fatal whatever its message.
+    configured_fatal: HashSet<String>,
+}
+
+/// The message Node.js's `fetch` gives the `TypeError` it throws when a connection fails
+/// (DNS, refused, reset, timed out): a dependency that is down, not a bug in the handler.
+const NODE_FETCH_FAILED: &str = "fetch failed";
+
+/// An error type's own name: without Ruby's `Function<…>` wrapper, and without the
+/// namespace (`com.acme.Fatal`, `Jobs::Fatal`, `Outer$Inner`).
+fn base_name(error_type: &str) -> &str {
+    let t = error_type
+        .strip_prefix("Function<")
+        .and_then(|t| t.strip_suffix('>'))
+        .unwrap_or(error_type);
+    t.rsplit_once(['.', ':', '$']).map_or(t, |(_, last)| last)
 }
 
 /// A runtime's error body, as the managed runtimes write it.
@@ -84,16 +100,15 @@ impl Classifier {
         Self {
             fatal: f,
             transient: transient.iter().cloned().collect(),
+            configured_fatal: fatal.iter().cloned().collect(),
         }
     }
 
-    /// Whether `error_type` is listed in `set`: by its full name or by its last dotted
-    /// segment (`java.lang.NullPointerException` matches `NullPointerException`).
+    /// Whether `error_type` is listed in `set`: by its full name, or by its own name
+    /// (`java.lang.NullPointerException` and Ruby's `Function<ArgumentError>` match
+    /// `NullPointerException` and `ArgumentError`).
     fn listed(set: &HashSet<String>, error_type: &str) -> bool {
-        set.contains(error_type)
-            || error_type
-                .rsplit_once(['.', ':', '$'])
-                .is_some_and(|(_, last)| set.contains(last))
+        set.contains(error_type) || set.contains(base_name(error_type))
     }
 
     /// The record's failure from the runtime's `/error` body (and its
@@ -116,15 +131,21 @@ impl Classifier {
         } else {
             format!("{error_type}: {message}")
         };
-        let e = match error_type.as_str() {
+        let t = error_type.as_str();
+        let e = match base_name(t) {
             FATAL => JobError::fatal(text),
             TRANSIENT => JobError::transient(text),
             RETRY_AFTER => match retry_after(&message) {
                 Some(delay) => JobError::retry_after(delay, text),
                 None => JobError::transient(text),
             },
-            t if Self::listed(&self.transient, t) => JobError::transient(text),
-            t if Self::listed(&self.fatal, t) => JobError::fatal(text),
+            _ if Self::listed(&self.transient, t) => JobError::transient(text),
+            "TypeError"
+                if message.starts_with(NODE_FETCH_FAILED) && !Self::listed(&self.configured_fatal, t) =>
+            {
+                JobError::inferred(crate::core::error::ErrorKind::Transient, text)
+            }
+            _ if Self::listed(&self.fatal, t) => JobError::fatal(text),
             _ => JobError::inferred(crate::core::error::ErrorKind::Transient, text),
         };
         e.with_code(error_type)
@@ -206,6 +227,54 @@ mod tests {
         assert_eq!((e.code(), e.message()), (Some("KeyError"), "KeyError: 'id'"));
         // The header names the type when the body does not.
         assert_eq!(c.error(b"{}", Some("ValueError")).kind(), ErrorKind::Fatal);
+    }
+
+    #[test]
+    fn a_nodejs_network_failure_is_transient_though_its_type_is_type_error() {
+        let c = Classifier::new(&[], &[]);
+        // Node's fetch (undici) throws TypeError("fetch failed") for DNS, refused, reset and
+        // timed-out connections: a dependency that is down, not a bug.
+        assert_eq!(
+            kind(&c, r#"{"errorType":"TypeError","errorMessage":"fetch failed"}"#),
+            ErrorKind::Transient
+        );
+        assert_eq!(
+            kind(&c, r#"{"errorType":"TypeError","errorMessage":"Cannot read properties of undefined"}"#),
+            ErrorKind::Fatal
+        );
+        // Listed fatal by the user, it is fatal.
+        let c = Classifier::new(&["TypeError".into()], &[]);
+        assert_eq!(
+            kind(&c, r#"{"errorType":"TypeError","errorMessage":"fetch failed"}"#),
+            ErrorKind::Fatal
+        );
+    }
+
+    #[test]
+    fn the_helpers_and_listed_types_are_known_in_java_and_ruby_names_too() {
+        let c = Classifier::new(&["InvalidOrder".into()], &[]);
+        for (t, want) in [
+            // Java: the class's full name.
+            ("com.acme.jobs.Fatal", ErrorKind::Fatal),
+            ("com.acme.jobs.Transient", ErrorKind::Transient),
+            ("com.acme.Orders$InvalidOrder", ErrorKind::Fatal),
+            // Ruby: the runtime wraps the class's name.
+            ("Function<Fatal>", ErrorKind::Fatal),
+            ("Function<Jobs::Fatal>", ErrorKind::Fatal),
+            ("Function<Jobs::Transient>", ErrorKind::Transient),
+            ("Function<ArgumentError>", ErrorKind::Transient),
+            ("Function<InvalidOrder>", ErrorKind::Fatal),
+        ] {
+            let body = format!(r#"{{"errorType":"{t}","errorMessage":"x"}}"#);
+            assert_eq!(kind(&c, &body), want, "{t}");
+        }
+        let e = c.error(br#"{"errorType":"Function<Jobs::RetryAfter>","errorMessage":"after 7s"}"#, None);
+        assert_eq!(e.kind(), ErrorKind::RetryAfter(Duration::from_secs(7)));
+        // The failure record keeps the type as the runtime wrote it.
+        assert_eq!(
+            c.error(br#"{"errorType":"Function<Fatal>"}"#, None).code(),
+            Some("Function<Fatal>")
+        );
     }
 
     #[test]
