@@ -10,8 +10,9 @@
 #
 #   bash infra/local/layer-artifact-check.sh       # infra/local/artifact-check.sh runs it too
 #
-# Idempotent: installs what it needs when missing (as infra/local/artifact-check.sh), and starts
-# the local stack only when it is not running (and then stops it at the end).
+# Idempotent: installs what it needs when missing (as infra/local/artifact-check.sh). It uses the
+# stack the environment names (AWS_ENDPOINT_URL_SQS and _DYNAMODB), else this checkout's, which
+# it starts only when it is not running (and then stops at the end).
 #
 #   ARTIFACT_TARGET_DIR  cargo target folder of the arm64 release build (default
 #                        .local/artifact-target)
@@ -79,11 +80,16 @@ python3 infra/local/elf_aarch64.py "$EXT"
 if command -v file >/dev/null; then file -b "$EXT"; fi
 
 step "local stack"
-if ! bash infra/local/stack.sh status >/dev/null 2>&1; then
-  bash infra/local/stack.sh start
-  STARTED_STACK=1
+if [ -n "${AWS_ENDPOINT_URL_SQS:-}" ] && [ -n "${AWS_ENDPOINT_URL_DYNAMODB:-}" ]; then
+  # A stack the caller points at (another checkout's: eval "$(bash …/stack.sh env)").
+  echo "the stack at $AWS_ENDPOINT_URL_SQS and $AWS_ENDPOINT_URL_DYNAMODB"
+else
+  if ! bash infra/local/stack.sh status >/dev/null 2>&1; then
+    bash infra/local/stack.sh start
+    STARTED_STACK=1
+  fi
+  eval "$(bash infra/local/stack.sh env)"
 fi
-eval "$(bash infra/local/stack.sh env)"
 
 step "one SQS event of three jobs through the extension under $QEMU"
 t0=$(now)
