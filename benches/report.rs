@@ -77,7 +77,10 @@ fn main() -> ExitCode {
     print!("{}", r.markdown());
     if opts.write_docs {
         let path = manifest.join("docs/benchmarks.md");
-        if let Err(e) = std::fs::write(&path, report::document(&opts, &r)) {
+        // The layer's section is `cargo bench --bench layer`'s: it stays as that bench wrote it.
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        let doc = report::keep_layer_section(&old, report::document(&opts, &r));
+        if let Err(e) = std::fs::write(&path, doc) {
             eprintln!("error: cannot write {}: {e}", path.display());
             return ExitCode::FAILURE;
         }

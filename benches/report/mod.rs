@@ -498,3 +498,46 @@ pub fn document(opts: &Options, report: &Report) -> String {
 
 /// What each number means and assumes.
 const METHOD: &str = include_str!("method.md");
+
+/// Where `cargo bench --bench layer -- --write-docs` writes its section in
+/// `docs/benchmarks.md`; the report's own `--write-docs` keeps what is between the marks.
+const LAYER_START: &str =
+    "<!-- The layer's section: `cargo bench --bench layer -- --write-docs` writes it. -->";
+const LAYER_END: &str = "<!-- The end of the layer's section. -->";
+/// The heading the layer's section goes before.
+const METHOD_HEADING: &str = "## What each number means and assumes";
+
+/// The layer's section of `doc`, marks included, if it has one.
+pub fn layer_block(doc: &str) -> Option<&str> {
+    let a = doc.find(LAYER_START)?;
+    let b = a + doc[a..].find(LAYER_END)? + LAYER_END.len();
+    Some(&doc[a..b])
+}
+
+/// `doc` with `block` (marks included) as its layer section: in place of the one it has,
+/// else before the method's heading, else at the end.
+fn put_layer_block(doc: &str, block: &str) -> String {
+    if let Some(old) = layer_block(doc) {
+        return doc.replacen(old, block, 1);
+    }
+    match doc.find(METHOD_HEADING) {
+        Some(at) => format!("{}{block}\n\n{}", &doc[..at], &doc[at..]),
+        None => format!("{}\n{block}\n", doc.trim_end()),
+    }
+}
+
+/// `doc` with the layer bench's markdown `section` in it.
+pub fn with_layer_section(doc: &str, section: &str) -> String {
+    put_layer_block(
+        doc,
+        &format!("{LAYER_START}\n\n{}\n\n{LAYER_END}", section.trim_end()),
+    )
+}
+
+/// The report's new document `new`, keeping the layer section the old one `old` had.
+pub fn keep_layer_section(old: &str, new: String) -> String {
+    match layer_block(old) {
+        Some(block) => put_layer_block(&new, block),
+        None => new,
+    }
+}

@@ -18,6 +18,7 @@
 #                        .local/artifact-target; kept apart from the debug builds)
 #   ARTIFACT_OUT         work folder (default .local/artifact-check)
 #   ARTIFACT_CDK=0       skip the CDK bundling step
+#   ARTIFACT_LAYER=0     skip the arm64 layer's check (infra/local/layer-artifact-check.sh)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -26,6 +27,7 @@ VENV="$ROOT/.local/venv"
 TARGET_DIR="${ARTIFACT_TARGET_DIR:-$ROOT/.local/artifact-target}"
 OUT="${ARTIFACT_OUT:-$ROOT/.local/artifact-check}"
 CDK="${ARTIFACT_CDK:-1}"
+LAYER="${ARTIFACT_LAYER:-1}"
 SYSROOT=/usr/aarch64-linux-gnu
 QEMU=qemu-aarch64-static
 
@@ -120,27 +122,7 @@ fi
 # ---------------------------------------------------------------- ELF
 step "ELF header"
 for b in "${BOOTSTRAPS[@]}"; do
-  python3 - "$b" <<'EOF'
-import struct, sys
-path = sys.argv[1]
-with open(path, "rb") as f:
-    h = f.read(64)
-problems = []
-if h[:4] != b"\x7fELF":
-    problems.append("no ELF magic")
-if h[4] != 2:
-    problems.append(f"EI_CLASS {h[4]}, not 64-bit")
-if h[5] != 1:
-    problems.append(f"EI_DATA {h[5]}, not little-endian")
-e_type, e_machine = struct.unpack_from("<HH", h, 16)
-if e_machine != 183:
-    problems.append(f"e_machine {e_machine}, not EM_AARCH64 (183)")
-if e_type not in (2, 3):
-    problems.append(f"e_type {e_type}, not an executable")
-if problems:
-    sys.exit(f"{path}: " + "; ".join(problems))
-print(f"{path}: ELF64 little-endian, e_machine 183 (AArch64), e_type {e_type}")
-EOF
+  python3 infra/local/elf_aarch64.py "$b"
   if command -v file >/dev/null; then file -b "$b"; fi
 done
 
@@ -208,3 +190,8 @@ echo "artifact check: ok"
 echo "build (cargo lambda build --release --arm64): ${BUILD_S} s"
 echo "cdk synth with bundling: ${CDK_S}$([ "$CDK_S" = skipped ] || echo ' s')"
 echo "first invocation under qemu (process start -> batch response): ${FIRST_S[*]} s"
+
+if [ "$LAYER" = 1 ]; then
+  # The layer's extension, the same way: built for arm64, run under qemu-user.
+  ARTIFACT_TARGET_DIR="$TARGET_DIR" ARTIFACT_OUT="$OUT/layer" bash infra/local/layer-artifact-check.sh
+fi

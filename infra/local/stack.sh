@@ -38,6 +38,11 @@ PY_REQUIREMENTS=(
   "awslambdaric==4.2.2"
 )
 DDB_NPM_VERSION="11.1.0"
+# The layer's Node.js tests run a handler through the runtime interface client Lambda's Node.js
+# runtimes use. It builds curl and aws-lambda-cpp from source when installed (minutes, once).
+NODE_RIC_VERSION="4.0.2"
+NODE_RIC_PREFIX="$LOCAL/node-ric"
+NODE_RIC_TOOLS=(cmake autoconf automake libtoolize make g++)
 
 log() { printf '[stack] %s\n' "$*" >&2; }
 die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
@@ -105,17 +110,54 @@ install_ddb() {
   log "dynamodb-local: done ($(ddb_dir))"
 }
 
+node_ric_ok() {
+  [ -f "$NODE_RIC_PREFIX/.triage-installed" ] && [ "$(cat "$NODE_RIC_PREFIX/.triage-installed")" = "$NODE_RIC_VERSION" ] \
+    && [ -f "$NODE_RIC_PREFIX/node_modules/aws-lambda-ric/rapid-client.node" ]
+}
+
+install_node_ric() {
+  if node_ric_ok; then
+    log "aws-lambda-ric: up to date ($NODE_RIC_PREFIX)"
+    return 0
+  fi
+  command -v npm >/dev/null 2>&1 || die "npm not found (the layer's Node.js tests need aws-lambda-ric)"
+  local t missing=()
+  for t in "${NODE_RIC_TOOLS[@]}"; do
+    command -v "$t" >/dev/null 2>&1 || missing+=("$t")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      log "aws-lambda-ric: installing its build tools (apt: cmake autoconf automake libtool g++ make)"
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        cmake autoconf automake libtool g++ make python3 >/dev/null || die "apt-get install failed"
+    else
+      die "aws-lambda-ric builds native code: install ${missing[*]} (Debian: cmake autoconf automake libtool g++ make)"
+    fi
+  fi
+  mkdir -p "$NODE_RIC_PREFIX"
+  log "aws-lambda-ric: npm install aws-lambda-ric@$NODE_RIC_VERSION into $NODE_RIC_PREFIX (builds native code: minutes the first time)"
+  npm install --prefix "$NODE_RIC_PREFIX" --no-audit --no-fund --loglevel=error \
+    "aws-lambda-ric@$NODE_RIC_VERSION" >/dev/null \
+    || die "npm install aws-lambda-ric failed"
+  [ -f "$NODE_RIC_PREFIX/node_modules/aws-lambda-ric/rapid-client.node" ] \
+    || die "aws-lambda-ric installed without its native addon (rapid-client.node)"
+  printf '%s\n' "$NODE_RIC_VERSION" >"$NODE_RIC_PREFIX/.triage-installed"
+  log "aws-lambda-ric: done"
+}
+
 cmd_install() {
   mkdir -p "$LOCAL" "$LOGS" "$RUN"
   install_venv
   install_ddb
+  install_node_ric
 }
 
 installed() {
   [ -f "$VENV/.triage-installed" ] && [ "$(cat "$VENV/.triage-installed")" = "$(printf '%s\n' "${PY_REQUIREMENTS[@]}")" ] \
     && [ -x "$VENV/bin/moto_server" ] \
     && [ -f "$DDB_PREFIX/.triage-installed" ] && [ "$(cat "$DDB_PREFIX/.triage-installed")" = "$DDB_NPM_VERSION" ] \
-    && ddb_dir >/dev/null
+    && ddb_dir >/dev/null && node_ric_ok
 }
 
 # ---------------------------------------------------------------- probes

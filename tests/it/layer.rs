@@ -1,9 +1,12 @@
-//! The Lambda layer end to end, as a Python function runs it: the local Runtime API (with the
-//! Extensions API), the real `sqs-triage-extension` binary, the layer's wrapper script, and
-//! PyPI's `awslambdaric` running `tests/layer/handler.py`, against the local stack.
+//! The Lambda layer end to end, as a Python or Node.js function runs it: the local Runtime API
+//! (with the Extensions API), the real `sqs-triage-extension` binary, the layer's wrapper
+//! script, and the runtime interface client Lambda uses, against the local stack. PyPI's
+//! `awslambdaric` runs `tests/layer/handler.py`; npm's `aws-lambda-ric` runs
+//! `tests/layer/handler.js`.
 //!
 //! The Python is the stack's venv (`infra/local/stack.sh` installs `awslambdaric` there), or
-//! the one `LAYER_PYTHON` names.
+//! the one `LAYER_PYTHON` names. The Node.js client is the one `infra/local/stack.sh install`
+//! puts under `.local/node-ric`, or the package folder `LAYER_NODE_RIC` names.
 
 use crate::support;
 
@@ -35,6 +38,26 @@ fn python() -> PathBuf {
         p.display()
     );
     p
+}
+
+/// The folder of npm's `aws-lambda-ric` (its `index.mjs` is the runtime's entry point).
+fn node_ric() -> PathBuf {
+    let p = std::env::var_os("LAYER_NODE_RIC")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".local/node-ric/node_modules/aws-lambda-ric"));
+    assert!(
+        p.join("index.mjs").exists(),
+        "no aws-lambda-ric at {} (bash infra/local/stack.sh install installs it; or set LAYER_NODE_RIC)",
+        p.display()
+    );
+    p
+}
+
+/// The function's runtime.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lang {
+    Python,
+    Node,
 }
 
 fn free_port() -> u16 {
@@ -72,6 +95,20 @@ impl Env {
     /// The environment's processes, started (the runtime with `handler`), not waited for.
     /// With `stale_pid`, a pid file left by an earlier runtime (a process gone) is there first.
     async fn spawn(created: &SetupReport, vars: &[(&str, &str)], handler: &str, stale_pid: bool) -> Env {
+        Env::spawn_as(created, vars, Lang::Python, handler, stale_pid, None).await
+    }
+
+    /// [`Env::spawn`] with the runtime `lang`, and the extension started by `extension` (a
+    /// program and its arguments, such as an emulator and another build) instead of this
+    /// package's binary.
+    async fn spawn_as(
+        created: &SetupReport,
+        vars: &[(&str, &str)],
+        lang: Lang,
+        handler: &str,
+        stale_pid: bool,
+        extension: Option<&[String]>,
+    ) -> Env {
         let api = RuntimeApi::start().await;
         let dir = std::env::temp_dir().join(support::unique_name("layer"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -82,7 +119,14 @@ impl Env {
             gone.wait().unwrap();
             std::fs::write(&pid_file, gone.id().to_string()).unwrap();
         }
-        let mut ext = Command::new(env!("CARGO_BIN_EXE_sqs-triage-extension"));
+        let mut ext = match extension {
+            Some([program, args @ ..]) => {
+                let mut c = Command::new(program);
+                c.args(args);
+                c
+            }
+            _ => Command::new(env!("CARGO_BIN_EXE_sqs-triage-extension")),
+        };
         support::strict_env(&mut ext);
         ext.env("AWS_LAMBDA_RUNTIME_API", api.address())
             .env("AWS_LAMBDA_FUNCTION_NAME", "triage-local")
@@ -132,18 +176,32 @@ impl Env {
                 .unwrap();
         }
         let mut rt = Command::new("bash");
-        rt.arg(repo().join("infra/layer/sqs-triage-wrapper"))
-            .arg(python())
-            .args(["-m", "awslambdaric", handler])
-            .current_dir(repo().join("tests/layer"))
-            .env(
+        rt.arg(repo().join("infra/layer/sqs-triage-wrapper"));
+        match lang {
+            Lang::Python => rt.arg(python()).args(["-m", "awslambdaric", handler]).env(
                 "PYTHONPATH",
                 format!(
                     "{}:{}",
                     repo().join("tests/layer").display(),
                     repo().join("infra/layer/python").display()
                 ),
-            )
+            ),
+            // As Lambda's Node.js runtimes: the handler from `_HANDLER` under
+            // `LAMBDA_TASK_ROOT`, the layer's `nodejs/node_modules` on `NODE_PATH`.
+            Lang::Node => rt
+                .arg("node")
+                .arg(node_ric().join("index.mjs"))
+                .env("_HANDLER", handler)
+                .env("LAMBDA_TASK_ROOT", repo().join("tests/layer"))
+                .env("NODE_PATH", repo().join("infra/layer/nodejs/node_modules"))
+                // The function's facts Lambda sets, which aws-lambda-ric requires.
+                .env("AWS_LAMBDA_FUNCTION_NAME", "triage-local")
+                .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+                .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "256")
+                .env("AWS_LAMBDA_LOG_GROUP_NAME", "/aws/lambda/triage-local")
+                .env("AWS_LAMBDA_LOG_STREAM_NAME", "local"),
+        };
+        rt.current_dir(repo().join("tests/layer"))
             // The wrapper must replace it with the extension's port.
             .env("AWS_LAMBDA_RUNTIME_API", api.address())
             .env("TRIAGE_LAYER_PORT", &port)
@@ -419,6 +477,147 @@ async fn each_record_runs_as_its_own_invocation_and_its_outcome_is_triaged() {
         .map(|c| c["attempt"].as_u64().unwrap())
         .collect();
     assert_eq!(runs, [1, 2]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_handler_through_aws_lambda_ric_is_triaged_by_its_error_names() {
+    let created = support::fresh_resources("layer-node", false).await;
+    // A base delay of 10 minutes: only the handler's RetryAfter(2) brings its record back soon.
+    let vars = [("TRIAGE_BASE_DELAY_MS", "600000")];
+    let env =
+        Env::ready(Env::spawn_as(&created, &vars, Lang::Node, "handler.handler", false, None).await).await;
+    let got = send_and_receive(
+        &created,
+        &[
+            ("ok", json!({"action": "ok"})),
+            ("bug", json!({"action": "type_error"})),
+            ("slow", json!({"action": "transient"})),
+            ("later", json!({"action": "retry_after", "seconds": 2})),
+            ("partial", json!({"action": "partial"})),
+        ],
+    )
+    .await;
+    let ids = message_ids(&got);
+    let messages: Vec<&Message> = got.values().collect();
+    let v = response(
+        env.invoke(&event(&created, &messages), Duration::from_secs(20))
+            .await,
+        &env,
+    );
+    assert_eq!(
+        failed(&v, &ids),
+        BTreeSet::from(["later".to_owned(), "partial".to_owned(), "slow".to_owned()]),
+        "{}",
+        env.output()
+    );
+    // Node's TypeError is a fatal default: the DLQ holds its failure record.
+    let copies = dlq(&created).await;
+    assert_eq!(
+        copies.keys().cloned().collect::<BTreeSet<_>>(),
+        BTreeSet::from(["bug".to_owned()]),
+        "{}",
+        env.output()
+    );
+    assert_eq!(copies["bug"].0, FailureClass::Fatal);
+    assert!(copies["bug"].1.contains("TypeError"), "{:?}", copies["bug"]);
+    // One invocation per record, with the job's attributes for the helpers.
+    let calls = env.calls();
+    assert_eq!(calls.len(), 5, "{calls:?}");
+    for c in &calls {
+        assert_eq!(c["records"], 1, "{c}");
+        assert_eq!(
+            (c["attempt"].as_u64(), c["max_attempts"].as_u64()),
+            (Some(1), Some(5))
+        );
+        assert_eq!(c["job_type"], JOB_TYPE);
+    }
+    let again = back(&created, &["later"], Duration::from_secs(30)).await;
+    assert!(
+        again.contains_key("later"),
+        "the RetryAfter record came back: {again:?}"
+    );
+    assert!(
+        !again.contains_key("slow") && !again.contains_key("partial"),
+        "the transient ones wait their 10 minutes"
+    );
+}
+
+/// The layer's extension built for another architecture, run under an emulator as the
+/// extension of a Python function: `infra/local/layer-artifact-check.sh` runs it, with
+/// `LAYER_EXTENSION` (the binary) and `LAYER_EXTENSION_RUNNER` (the emulator and its
+/// arguments, separated by spaces). It prints its timings.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs an emulated extension: bash infra/local/layer-artifact-check.sh"]
+async fn an_emulated_extension_triages_a_python_batch() {
+    let binary = std::env::var("LAYER_EXTENSION").expect("LAYER_EXTENSION names the extension to run");
+    let mut command: Vec<String> = std::env::var("LAYER_EXTENSION_RUNNER")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    command.push(binary);
+    let created = support::fresh_resources("layer-emulated", false).await;
+    let started = std::time::Instant::now();
+    let env = Env::spawn_as(
+        &created,
+        &[],
+        Lang::Python,
+        "handler.handler",
+        false,
+        Some(&command),
+    )
+    .await;
+    let registered = started.elapsed();
+    let env = Env::ready(env).await;
+    let ready = started.elapsed();
+    let got = send_and_receive(
+        &created,
+        &[
+            ("ok", json!({"action": "ok"})),
+            ("value", json!({"action": "value_error"})),
+            ("later", json!({"action": "transient"})),
+        ],
+    )
+    .await;
+    let ids = message_ids(&got);
+    let messages: Vec<&Message> = got.values().collect();
+    let sent = std::time::Instant::now();
+    let v = response(
+        env.invoke(&event(&created, &messages), Duration::from_secs(60))
+            .await,
+        &env,
+    );
+    let answered = sent.elapsed();
+    assert_eq!(
+        failed(&v, &ids),
+        BTreeSet::from(["later".to_owned()]),
+        "{}",
+        env.output()
+    );
+    let copies = dlq(&created).await;
+    assert_eq!(
+        copies.keys().cloned().collect::<BTreeSet<_>>(),
+        BTreeSet::from(["value".to_owned()])
+    );
+    assert_eq!(copies["value"].0, FailureClass::Fatal);
+    assert!(
+        copies["value"].1.contains("ValueError: the order has no lines"),
+        "{:?}",
+        copies["value"]
+    );
+    assert_eq!(env.calls().len(), 3);
+    println!(
+        "timing: extension start -> registered: {} ms",
+        registered.as_millis()
+    );
+    println!(
+        "timing: extension start -> runtime's first poll: {} ms",
+        ready.as_millis()
+    );
+    println!(
+        "timing: 3-record batch -> batch response: {} ms",
+        answered.as_millis()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
