@@ -24,11 +24,22 @@ TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 
 die() { printf 'layer build: error: %s\n' "$*" >&2; exit 1; }
 
+# A binary built already is one architecture's: packaging it for two would ship a layer whose
+# extension cannot start on one of them.
+if [ -n "${LAYER_BINARY:-}" ] && [ "$(wc -w <<<"$ARCHS")" != 1 ]; then
+  die "LAYER_BINARY is one architecture's binary: set LAYER_ARCHS to arm64 or x86_64"
+fi
+
+# The ELF machine of a binary: 183 for arm64, 62 for x86_64.
+elf_machine() {
+  python3 -c 'import struct,sys; h=open(sys.argv[1],"rb").read(20); print(struct.unpack_from("<H",h,18)[0] if h[:4]==b"\x7fELF" else "none")' "$1"
+}
+
 mkdir -p "$OUT"
 for arch in $ARCHS; do
   case "$arch" in
-    arm64) flag=--arm64; triple=aarch64-unknown-linux-gnu ;;
-    x86_64) flag=--x86-64; triple=x86_64-unknown-linux-gnu ;;
+    arm64) flag=--arm64; triple=aarch64-unknown-linux-gnu; machine=183 ;;
+    x86_64) flag=--x86-64; triple=x86_64-unknown-linux-gnu; machine=62 ;;
     *) die "unknown architecture $arch (arm64 or x86_64)" ;;
   esac
   if [ -n "${LAYER_BINARY:-}" ]; then
@@ -41,6 +52,8 @@ for arch in $ARCHS; do
     bin="$TARGET_DIR/lambda/extensions/sqs-triage-extension"
   fi
   [ -x "$bin" ] || die "no extension binary at $bin"
+  got=$(elf_machine "$bin")
+  [ "$got" = "$machine" ] || die "$bin is not an $arch Linux binary (ELF machine $got, expected $machine)"
   stage="$OUT/stage-$arch"
   rm -rf "$stage"
   mkdir -p "$stage/extensions"

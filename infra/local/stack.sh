@@ -146,18 +146,24 @@ install_node_ric() {
   log "aws-lambda-ric: done"
 }
 
+# `install` sets up everything the tests need; `start` (the demo's) only the stack itself: the
+# Node.js client is built by `install` alone (infra/local/test.sh calls it).
 cmd_install() {
   mkdir -p "$LOCAL" "$LOGS" "$RUN"
+  install_stack
+  install_node_ric
+}
+
+install_stack() {
   install_venv
   install_ddb
-  install_node_ric
 }
 
 installed() {
   [ -f "$VENV/.triage-installed" ] && [ "$(cat "$VENV/.triage-installed")" = "$(printf '%s\n' "${PY_REQUIREMENTS[@]}")" ] \
     && [ -x "$VENV/bin/moto_server" ] \
     && [ -f "$DDB_PREFIX/.triage-installed" ] && [ "$(cat "$DDB_PREFIX/.triage-installed")" = "$DDB_NPM_VERSION" ] \
-    && ddb_dir >/dev/null && node_ric_ok
+    && ddb_dir >/dev/null
 }
 
 # ---------------------------------------------------------------- probes
@@ -276,7 +282,7 @@ start_one() {
 cmd_start() {
   mkdir -p "$LOCAL" "$LOGS" "$RUN"
   if ! installed; then
-    cmd_install
+    install_stack
   fi
   start_one moto
   start_one ddb

@@ -92,7 +92,7 @@ struct InitArgs {
     /// from).
     #[arg(long, value_name = "PATH_TO_SQS_TRIAGE")]
     path: Option<PathBuf>,
-    /// The handler's language: rust (a crate), or python (a handler run through the
+    /// The handler's language: rust (a crate), python or node (a handler run through the
     /// sqs-triage layer).
     #[arg(long, default_value = "rust", value_name = "RUNTIME")]
     runtime: String,
