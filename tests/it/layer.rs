@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::Message;
 use serde_json::{Value, json};
-use sqs_triage::core::failure::FailureClass;
+use sqs_triage::core::failure::{FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::failure_record;
 use support::runtime_api::{Outcome, RuntimeApi};
 use triage::ops::setup::SetupReport;
@@ -477,6 +477,72 @@ async fn each_record_runs_as_its_own_invocation_and_its_outcome_is_triaged() {
         .map(|c| c["attempt"].as_u64().unwrap())
         .collect();
     assert_eq!(runs, [1, 2]);
+}
+
+/// The decision table's rows a handler never sees, through the layer: a job type the layer
+/// does not serve and a body that is not a job are dead-lettered `invalid` without an
+/// invocation; a transient failure on the last attempt is dead-lettered `exhausted` with
+/// its attempts.
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_jobs_never_reach_the_handler_and_a_last_attempt_is_exhausted() {
+    let created = support::fresh_resources("layer-rows", false).await;
+    let env = Env::start(&created, &[("TRIAGE_MAX_ATTEMPTS", "1")]).await;
+    let sqs = support::sqs_client().await;
+    for body in [
+        job("spent", json!({"action": "transient"})),
+        json!({"type": "other.type", "id": "stray", "payload": {}}).to_string(),
+        "not a job".to_owned(),
+    ] {
+        sqs.send_message()
+            .queue_url(&created.queue_url)
+            .message_body(body)
+            .send()
+            .await
+            .unwrap();
+    }
+    let mut got: Vec<Message> = Vec::new();
+    for _ in 0..20 {
+        if got.len() == 3 {
+            break;
+        }
+        got.extend(support::read_all(&sqs, &created.queue_url, 120, 1).await);
+    }
+    assert_eq!(got.len(), 3, "every message received");
+    let messages: Vec<&Message> = got.iter().collect();
+    let out = env
+        .invoke(&event(&created, &messages), Duration::from_secs(20))
+        .await;
+    let v = response(out, &env);
+    assert_eq!(v["batchItemFailures"], json!([]), "{v}\n{}", env.output());
+    let calls = env.calls();
+    assert_eq!(
+        calls.iter().map(|c| c["job_id"].clone()).collect::<Vec<_>>(),
+        vec![json!("spent")],
+        "only the served job ran"
+    );
+    let copies: Vec<FailureRecord> = support::read_all(&sqs, &created.dlq_url, 120, 1)
+        .await
+        .iter()
+        .map(|m| {
+            failure_record(&m.message_attributes.clone().unwrap_or_default())
+                .expect("a failure record")
+                .expect("readable")
+        })
+        .collect();
+    let mut classes: Vec<(String, FailureClass, u32)> = copies
+        .iter()
+        .map(|r| (r.job_type.clone().unwrap_or_default(), r.class, r.attempts))
+        .collect();
+    classes.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        classes,
+        vec![
+            (String::new(), FailureClass::Invalid, 0),
+            (JOB_TYPE.to_owned(), FailureClass::Exhausted, 1),
+            ("other.type".to_owned(), FailureClass::Invalid, 0),
+        ],
+        "{copies:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
