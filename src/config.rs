@@ -111,6 +111,10 @@ pub trait VarValue: FromStr + PartialOrd + Copy + std::fmt::Display {
     const WHOLE: bool;
 }
 
+/// The former name of [`VarValue`].
+#[deprecated(note = "renamed VarValue: `Value` read as serde_json's")]
+pub use VarValue as Value;
+
 impl VarValue for u32 {
     const WHOLE: bool = true;
 }

@@ -1,6 +1,6 @@
 //! Item 3, retry storm: `jobs` jobs, 10% with a payload bug (fail fatally on every attempt), 10%
 //! transient (fail once or twice, then succeed), the rest succeed. Each job is walked through
-//! `admit` and `settle` delivery by delivery; the retry delay is what `settle` asks for, handler time is 0.
+//! `admit` and `conclude` delivery by delivery; the retry delay is what `conclude` asks for, handler time is 0.
 
 use std::time::Duration;
 
@@ -203,7 +203,7 @@ pub fn run(opts: &Options) -> Section {
     s.line(format!(
         "{n} jobs: {bugs} with a payload bug (fail on every attempt), {transient} transient (fail \
          once or twice, then succeed), the rest succeed at once. Every delivery goes through \
-         `admit` and `settle`; delays are the policy's (seeded jitter), handler time is taken as 0."
+         `admit` and `conclude`; delays are the policy's (seeded jitter), handler time is taken as 0."
     ));
     s.line(String::new());
     s.header(&[

@@ -414,7 +414,7 @@ impl Processor {
 
     /// The plan while the DLQ's limit is not known yet: planned with the fallback size; when
     /// that plan sends any copy to the DLQ, the limit is read from the DLQ and the batch
-    /// planned again with it (planning is pure). The read ends by the batch's settle deadline:
+    /// planned again with it (planning is pure). The read ends by the batch's effects deadline (`Deadline::effects_end`):
     /// a read that fails or runs out of time leaves the copies sized for the fallback.
     async fn plan_learning_dlq_limit(&self, ran: Vec<Ran>, now_ms: u64, deadline: Deadline) -> plan::Plan {
         let again = ran.clone();

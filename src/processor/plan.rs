@@ -43,7 +43,7 @@ pub struct Step {
     /// is settled only once its DLQ copy is accepted).
     pub report: RecordReport,
     /// The DLQ copy to send before anything else, for a dead-lettered record.
-    pub(super) copy: Option<DlqCopy>,
+    pub(super) copy: Option<PlannedCopy>,
     /// The effects when the record has no copy, or when its copy is accepted.
     pub effects: Effects,
     /// The effects instead when its copy is refused (the message stays in its queue).
@@ -52,7 +52,7 @@ pub struct Step {
 
 /// A DLQ copy.
 #[derive(Debug, Clone)]
-pub(super) struct DlqCopy {
+pub(super) struct PlannedCopy {
     pub(super) message: Outgoing,
     /// Why no failure record fits beside the body, when none does: the copy goes with the body
     /// and attributes alone, and the record (the error) stays in the job's ledger item.
@@ -210,7 +210,7 @@ impl Processor {
         attempts: u32,
         error: &str,
         now_ms: u64,
-    ) -> DlqCopy {
+    ) -> PlannedCopy {
         let failure = FailureRecord {
             class,
             error: error.to_owned(),
@@ -237,7 +237,7 @@ impl Processor {
                 }
             };
         let fifo_dlq = self.dlq_url.ends_with(".fifo");
-        DlqCopy {
+        PlannedCopy {
             message: Outgoing {
                 key,
                 body,

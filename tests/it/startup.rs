@@ -611,7 +611,7 @@ async fn the_dlq_size_is_learned_at_the_first_dlq_send_when_start_up_could_not_r
 }
 
 /// A DLQ that never answers the size read at the first DLQ send: the read ends with the
-/// batch's settle deadline, the copy is sized for the fallback, and the batch still settles
+/// batch's effects deadline, the copy is sized for the fallback, and the batch still settles
 /// before its deadline instead of running into the function's timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_dlq_size_read_still_settles_the_batch_by_its_deadline() {
