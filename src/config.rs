@@ -73,10 +73,12 @@ pub struct Config {
     /// own runtime (comma-separated; default none). Only the layer reads it.
     pub job_types: Vec<String>,
     /// `TRIAGE_FATAL_ERRORS`: error types (`errorType` of a runtime's error body) the layer
-    /// classifies fatal, on top of its per-language defaults (comma-separated).
+    /// classifies fatal, on top of its per-language defaults (comma-separated). An entry
+    /// `JOB_TYPE/ErrorName` applies to that job type alone.
     pub fatal_errors: Vec<String>,
     /// `TRIAGE_TRANSIENT_ERRORS`: error types the layer classifies transient, even those on
-    /// its fatal defaults; they win over `TRIAGE_FATAL_ERRORS` (comma-separated).
+    /// its fatal defaults; they win over `TRIAGE_FATAL_ERRORS` (comma-separated;
+    /// `JOB_TYPE/ErrorName` for one job type).
     pub transient_errors: Vec<String>,
 }
 

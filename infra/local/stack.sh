@@ -131,8 +131,13 @@ install_node_ric() {
       apt-get update -qq
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         cmake autoconf automake libtool g++ make python3 >/dev/null || die "apt-get install failed"
-    else
+    elif [ -n "${CI:-}" ]; then
       die "aws-lambda-ric builds native code: install ${missing[*]} (Debian: cmake autoconf automake libtool g++ make)"
+    else
+      # Outside CI the rest of the suite still runs: the one test that needs the client then
+      # fails, naming this install.
+      log "warning: aws-lambda-ric not installed: it builds native code and needs ${missing[*]} (Debian: cmake autoconf automake libtool g++ make); the layer's Node.js test will fail until then"
+      return 0
     fi
   fi
   mkdir -p "$NODE_RIC_PREFIX"

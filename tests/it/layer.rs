@@ -545,6 +545,32 @@ async fn invalid_jobs_never_reach_the_handler_and_a_last_attempt_is_exhausted() 
     );
 }
 
+/// An error listed for the record's job type decides for that type: a `ValueError`, fatal by
+/// default, is retried for `layer.job` when `TRIAGE_TRANSIENT_ERRORS` names it so.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_error_listed_for_a_job_type_is_classified_so_for_that_type() {
+    let created = support::fresh_resources("layer-per-type", false).await;
+    let env = Env::start(
+        &created,
+        &[("TRIAGE_TRANSIENT_ERRORS", &format!("{JOB_TYPE}/ValueError"))],
+    )
+    .await;
+    let got = send_and_receive(&created, &[("value", json!({"action": "value_error"}))]).await;
+    let ids = message_ids(&got);
+    let messages: Vec<&Message> = got.values().collect();
+    let out = env
+        .invoke(&event(&created, &messages), Duration::from_secs(20))
+        .await;
+    let v = response(out, &env);
+    assert_eq!(
+        failed(&v, &ids),
+        BTreeSet::from(["value".to_owned()]),
+        "{}",
+        env.output()
+    );
+    assert!(dlq(&created).await.is_empty(), "nothing dead-lettered");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_handler_through_aws_lambda_ric_is_triaged_by_its_error_names() {
     let created = support::fresh_resources("layer-node", false).await;
@@ -913,21 +939,27 @@ async fn an_init_error_reaches_lambda_and_shutdown_ends_the_extension() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_configuration_that_cannot_work_fails_the_init_naming_the_variable() {
     let created = support::fresh_resources("layer-config", false).await;
-    let mut env = Env::spawn(&created, &[("TRIAGE_JOB_TYPES", " ")], "handler.handler", false).await;
-    assert_eq!(
-        env.extension_exit(Duration::from_secs(60)).await,
-        Some(2),
-        "{}",
-        env.output()
-    );
-    let errors = env.api.init_errors();
-    assert_eq!(errors.len(), 1, "{}", env.output());
-    let e: Value = serde_json::from_str(&errors[0]).unwrap();
-    assert_eq!(e["errorType"], "Extension.ConfigInvalid");
-    assert!(
-        e["errorMessage"].as_str().unwrap().contains("TRIAGE_JOB_TYPES"),
-        "{e}"
-    );
+    // No job type; an error entry for a job type the function does not serve (a typo).
+    for (vars, needle) in [
+        (vec![("TRIAGE_JOB_TYPES", " ")], "TRIAGE_JOB_TYPES"),
+        (
+            vec![("TRIAGE_FATAL_ERRORS", "layer.jbo/CardDeclined")],
+            "layer.jbo",
+        ),
+    ] {
+        let mut env = Env::spawn(&created, &vars, "handler.handler", false).await;
+        assert_eq!(
+            env.extension_exit(Duration::from_secs(60)).await,
+            Some(2),
+            "{}",
+            env.output()
+        );
+        let errors = env.api.init_errors();
+        assert_eq!(errors.len(), 1, "{}", env.output());
+        let e: Value = serde_json::from_str(&errors[0]).unwrap();
+        assert_eq!(e["errorType"], "Extension.ConfigInvalid");
+        assert!(e["errorMessage"].as_str().unwrap().contains(needle), "{e}");
+    }
 }
 
 // ------------------------------------------------------------------ hangs and crashes

@@ -2,7 +2,7 @@
 //! `errorMessage`) classified fatal, transient or retry-after, and a response that is a partial
 //! batch response naming the record read as a transient failure. Pure: no I/O.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -35,6 +35,12 @@ pub const FATAL_DEFAULTS: &[&str] = &[
     "MismatchedInputException",
     "InvalidFormatException",
     "UnrecognizedPropertyException",
+    // Ruby (TypeError, KeyError and IndexError as above; JSON::ParserError by its own name)
+    "NoMethodError",
+    "NameError",
+    "ArgumentError",
+    "ZeroDivisionError",
+    "ParserError",
     // .NET
     "ArgumentException",
     "ArgumentNullException",
@@ -61,16 +67,30 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(43_200);
 
 /// How error types are classified: the defaults, `TRIAGE_FATAL_ERRORS` on top, and
 /// `TRIAGE_TRANSIENT_ERRORS` winning over both.
+///
+/// An entry `JOB_TYPE/ErrorName` applies to that job type alone, and decides before the
+/// entries for every type: `billing.charge/KeyError` in `TRIAGE_TRANSIENT_ERRORS` makes a
+/// `KeyError` of `billing.charge` transient while it stays fatal elsewhere.
 #[derive(Debug, Clone, Default)]
 pub struct Classifier {
     fatal: HashSet<String>,
     transient: HashSet<String>,
     /// `TRIAGE_FATAL_ERRORS` alone: a type listed there is fatal whatever its message.
     configured_fatal: HashSet<String>,
+    /// Per job type: (fatal, transient).
+    per_type: HashMap<String, (HashSet<String>, HashSet<String>)>,
+}
+
+/// The job type of a `JOB_TYPE/ErrorName` entry, and its error name.
+fn per_type_entry(entry: &str) -> Option<(&str, &str)> {
+    entry
+        .split_once('/')
+        .filter(|(t, e)| !t.is_empty() && !e.is_empty())
 }
 
 /// The message Node.js's `fetch` gives the `TypeError` it throws when a connection fails
-/// (DNS, refused, reset, timed out): a dependency that is down, not a bug in the handler.
+/// (DNS, refused, reset, timed out, TLS): mostly a dependency that is down. A few bugs give
+/// it too (an unsupported URL scheme); retried, they reach the DLQ as exhausted.
 const NODE_FETCH_FAILED: &str = "fetch failed";
 
 /// An error type's own name: without Ruby's `Function<…>` wrapper, and without the
@@ -95,13 +115,46 @@ struct ErrorBody {
 impl Classifier {
     /// The defaults with the configured lists.
     pub fn new(fatal: &[String], transient: &[String]) -> Self {
+        let mut per_type: HashMap<String, (HashSet<String>, HashSet<String>)> = HashMap::new();
+        let mut global = |list: &[String], transient: bool| -> HashSet<String> {
+            let mut out = HashSet::new();
+            for entry in list {
+                match per_type_entry(entry) {
+                    Some((t, e)) => {
+                        let sets = per_type.entry(t.to_owned()).or_default();
+                        let set = if transient { &mut sets.1 } else { &mut sets.0 };
+                        set.insert(e.to_owned());
+                    }
+                    None => {
+                        out.insert(entry.clone());
+                    }
+                }
+            }
+            out
+        };
+        let configured_fatal = global(fatal, false);
+        let transient = global(transient, true);
         let mut f: HashSet<String> = FATAL_DEFAULTS.iter().map(|s| (*s).to_owned()).collect();
-        f.extend(fatal.iter().cloned());
+        f.extend(configured_fatal.iter().cloned());
         Self {
             fatal: f,
-            transient: transient.iter().cloned().collect(),
-            configured_fatal: fatal.iter().cloned().collect(),
+            transient,
+            configured_fatal,
+            per_type,
         }
+    }
+
+    /// The job types that `JOB_TYPE/ErrorName` entries name and `served` does not hold: a
+    /// typo there would be ignored silently, so start-up refuses it.
+    pub fn unknown_job_types<'a>(&'a self, served: &[String]) -> Vec<&'a str> {
+        let mut out: Vec<&str> = self
+            .per_type
+            .keys()
+            .filter(|t| !served.contains(t))
+            .map(String::as_str)
+            .collect();
+        out.sort_unstable();
+        out
     }
 
     /// Whether `error_type` is listed in `set`: by its full name, or by its own name
@@ -115,6 +168,12 @@ impl Classifier {
     /// `Lambda-Runtime-Function-Error-Type` header when the body names no type). The error
     /// type becomes the error's code: the failure record in the DLQ shows it.
     pub fn error(&self, body: &[u8], header_type: Option<&str>) -> JobError {
+        self.error_of(None, body, header_type)
+    }
+
+    /// [`error`](Self::error) for a record of `job_type`: that type's own entries decide first.
+    pub fn error_of(&self, job_type: Option<&str>, body: &[u8], header_type: Option<&str>) -> JobError {
+        let own = job_type.and_then(|t| self.per_type.get(t));
         let parsed: ErrorBody = serde_json::from_slice(body).unwrap_or_default();
         let error_type = parsed
             .error_type
@@ -132,16 +191,26 @@ impl Classifier {
             format!("{error_type}: {message}")
         };
         let t = error_type.as_str();
+        // A qualified name listed in full decides first: `com.vendor.Fatal` is not the helper
+        // when a list names it. The helpers' own names are never overridden.
+        let qualified = base_name(t) != t;
         let e = match base_name(t) {
+            _ if qualified && (own.is_some_and(|(_, tr)| tr.contains(t)) || self.transient.contains(t)) => {
+                JobError::transient(text)
+            }
+            _ if qualified && (own.is_some_and(|(fa, _)| fa.contains(t)) || self.configured_fatal.contains(t)) => {
+                JobError::fatal(text)
+            }
             FATAL => JobError::fatal(text),
             TRANSIENT => JobError::transient(text),
             RETRY_AFTER => match retry_after(&message) {
                 Some(delay) => JobError::retry_after(delay, text),
                 None => JobError::transient(text),
             },
+            _ if own.is_some_and(|(_, tr)| Self::listed(tr, t)) => JobError::transient(text),
+            _ if own.is_some_and(|(fa, _)| Self::listed(fa, t)) => JobError::fatal(text),
             _ if Self::listed(&self.transient, t) => JobError::transient(text),
-            "TypeError"
-                if message.starts_with(NODE_FETCH_FAILED) && !Self::listed(&self.configured_fatal, t) =>
+            "TypeError" if message == NODE_FETCH_FAILED && !Self::listed(&self.configured_fatal, t) =>
             {
                 JobError::inferred(crate::core::error::ErrorKind::Transient, text)
             }
@@ -242,6 +311,11 @@ mod tests {
             kind(&c, r#"{"errorType":"TypeError","errorMessage":"Cannot read properties of undefined"}"#),
             ErrorKind::Fatal
         );
+        // Only that message: another one starting the same way is the type's.
+        assert_eq!(
+            kind(&c, r#"{"errorType":"TypeError","errorMessage":"fetch failed to parse x"}"#),
+            ErrorKind::Fatal
+        );
         // Listed fatal by the user, it is fatal.
         let c = Classifier::new(&["TypeError".into()], &[]);
         assert_eq!(
@@ -262,7 +336,10 @@ mod tests {
             ("Function<Fatal>", ErrorKind::Fatal),
             ("Function<Jobs::Fatal>", ErrorKind::Fatal),
             ("Function<Jobs::Transient>", ErrorKind::Transient),
-            ("Function<ArgumentError>", ErrorKind::Transient),
+            ("Function<ArgumentError>", ErrorKind::Fatal),
+            ("Function<NoMethodError>", ErrorKind::Fatal),
+            ("Function<JSON::ParserError>", ErrorKind::Fatal),
+            ("Function<Net::ReadTimeout>", ErrorKind::Transient),
             ("Function<InvalidOrder>", ErrorKind::Fatal),
         ] {
             let body = format!(r#"{{"errorType":"{t}","errorMessage":"x"}}"#);
@@ -270,10 +347,44 @@ mod tests {
         }
         let e = c.error(br#"{"errorType":"Function<Jobs::RetryAfter>","errorMessage":"after 7s"}"#, None);
         assert_eq!(e.kind(), ErrorKind::RetryAfter(Duration::from_secs(7)));
+        // A full name listed wins over the helper's short name.
+        let c = Classifier::new(&["com.vendor.Transient".into()], &["com.vendor.Fatal".into()]);
+        assert_eq!(kind(&c, r#"{"errorType":"com.vendor.Fatal"}"#), ErrorKind::Transient);
+        assert_eq!(kind(&c, r#"{"errorType":"com.vendor.Transient"}"#), ErrorKind::Fatal);
+        assert_eq!(kind(&c, r#"{"errorType":"com.acme.Fatal"}"#), ErrorKind::Fatal);
         // The failure record keeps the type as the runtime wrote it.
         assert_eq!(
             c.error(br#"{"errorType":"Function<Fatal>"}"#, None).code(),
             Some("Function<Fatal>")
+        );
+    }
+
+    #[test]
+    fn a_job_types_own_entries_decide_before_the_entries_for_every_type() {
+        let c = Classifier::new(
+            &["billing.charge/CardDeclined".into(), "Throttled".into()],
+            &["billing.charge/KeyError".into(), "billing.charge/Throttled".into()],
+        );
+        let of = |job_type: &str, t: &str| {
+            c.error_of(Some(job_type), format!(r#"{{"errorType":"{t}"}}"#).as_bytes(), None)
+                .kind()
+        };
+        assert_eq!(of("billing.charge", "CardDeclined"), ErrorKind::Fatal);
+        assert_eq!(of("email.send", "CardDeclined"), ErrorKind::Transient);
+        assert_eq!(of("billing.charge", "KeyError"), ErrorKind::Transient);
+        assert_eq!(of("email.send", "KeyError"), ErrorKind::Fatal, "the default elsewhere");
+        assert_eq!(of("billing.charge", "Throttled"), ErrorKind::Transient);
+        assert_eq!(of("email.send", "Throttled"), ErrorKind::Fatal);
+        // Matched by the type's own name, as the entries for every type are.
+        assert_eq!(of("billing.charge", "com.acme.CardDeclined"), ErrorKind::Fatal);
+        // The helpers still say what they mean.
+        let c = Classifier::new(&[], &["billing.charge/Fatal".into()]);
+        assert_eq!(c.error_of(Some("billing.charge"), br#"{"errorType":"Fatal"}"#, None).kind(), ErrorKind::Fatal);
+        // An entry for a type the function does not serve is named.
+        let c = Classifier::new(&["billng.charge/CardDeclined".into()], &["email.send/X".into()]);
+        assert_eq!(
+            c.unknown_job_types(&["billing.charge".into(), "email.send".into()]),
+            vec!["billng.charge"]
         );
     }
 

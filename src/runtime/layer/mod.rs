@@ -154,7 +154,9 @@ impl Layer {
                     .iter()
                     .find(|(k, _)| k.as_str() == proxy::ERROR_TYPE)
                     .and_then(|(_, v)| v.to_str().ok());
-                Err(self.classifier.error(&r.body, header))
+                Err(self
+                    .classifier
+                    .error_of(Some(&ctx.job_type), &r.body, header))
             }
             None => Err(JobError::transient(
                 "the function's runtime exited before it answered for this record",
@@ -361,9 +363,22 @@ async fn start(
         .into());
     }
     config.concurrency = config.concurrency.min(workers);
+    let classifier = Classifier::new(&config.fatal_errors, &config.transient_errors);
+    let unknown = classifier.unknown_job_types(&config.job_types);
+    if !unknown.is_empty() {
+        return Err(ConfigError {
+            var: "TRIAGE_FATAL_ERRORS",
+            value: unknown.join(","),
+            expected: format!(
+                "JOB_TYPE/ErrorName entries (in TRIAGE_FATAL_ERRORS or TRIAGE_TRANSIENT_ERRORS) naming a job type of TRIAGE_JOB_TYPES ({})",
+                config.job_types.join(",")
+            ),
+        }
+        .into());
+    }
     let layer = Arc::new(Layer {
         hub: hub.clone(),
-        classifier: Classifier::new(&config.fatal_errors, &config.transient_errors),
+        classifier,
         batch: Mutex::new(None),
         gone: tokio::sync::watch::channel(false).0,
     });
