@@ -167,12 +167,9 @@ impl Classifier {
     /// The record's failure from the runtime's `/error` body (and its
     /// `Lambda-Runtime-Function-Error-Type` header when the body names no type). The error
     /// type becomes the error's code: the failure record in the DLQ shows it.
-    pub fn error(&self, body: &[u8], header_type: Option<&str>) -> JobError {
-        self.error_of(None, body, header_type)
-    }
-
-    /// [`error`](Self::error) for a record of `job_type`: that type's own entries decide first.
-    pub fn error_of(&self, job_type: Option<&str>, body: &[u8], header_type: Option<&str>) -> JobError {
+    /// For a record of `job_type` (its own entries decide first; `None`: only the entries for
+    /// every type).
+    pub fn error(&self, job_type: Option<&str>, body: &[u8], header_type: Option<&str>) -> JobError {
         let own = job_type.and_then(|t| self.per_type.get(t));
         let parsed: ErrorBody = serde_json::from_slice(body).unwrap_or_default();
         let error_type = parsed
@@ -262,7 +259,7 @@ mod tests {
     use crate::core::error::ErrorKind;
 
     fn kind(c: &Classifier, body: &str) -> ErrorKind {
-        c.error(body.as_bytes(), None).kind()
+        c.error(None, body.as_bytes(), None).kind()
     }
 
     #[test]
@@ -292,10 +289,10 @@ mod tests {
         // Unreadable bodies are transient, never a panic.
         assert_eq!(kind(&c, "not json"), ErrorKind::Transient);
         assert_eq!(kind(&c, r#"{"errorType":7}"#), ErrorKind::Transient);
-        let e = c.error(br#"{"errorType":"KeyError","errorMessage":"'id'"}"#, None);
+        let e = c.error(None, br#"{"errorType":"KeyError","errorMessage":"'id'"}"#, None);
         assert_eq!((e.code(), e.message()), (Some("KeyError"), "KeyError: 'id'"));
         // The header names the type when the body does not.
-        assert_eq!(c.error(b"{}", Some("ValueError")).kind(), ErrorKind::Fatal);
+        assert_eq!(c.error(None, b"{}", Some("ValueError")).kind(), ErrorKind::Fatal);
     }
 
     #[test]
@@ -345,7 +342,7 @@ mod tests {
             let body = format!(r#"{{"errorType":"{t}","errorMessage":"x"}}"#);
             assert_eq!(kind(&c, &body), want, "{t}");
         }
-        let e = c.error(br#"{"errorType":"Function<Jobs::RetryAfter>","errorMessage":"after 7s"}"#, None);
+        let e = c.error(None, br#"{"errorType":"Function<Jobs::RetryAfter>","errorMessage":"after 7s"}"#, None);
         assert_eq!(e.kind(), ErrorKind::RetryAfter(Duration::from_secs(7)));
         // A full name listed wins over the helper's short name.
         let c = Classifier::new(&["com.vendor.Transient".into()], &["com.vendor.Fatal".into()]);
@@ -354,7 +351,7 @@ mod tests {
         assert_eq!(kind(&c, r#"{"errorType":"com.acme.Fatal"}"#), ErrorKind::Fatal);
         // The failure record keeps the type as the runtime wrote it.
         assert_eq!(
-            c.error(br#"{"errorType":"Function<Fatal>"}"#, None).code(),
+            c.error(None, br#"{"errorType":"Function<Fatal>"}"#, None).code(),
             Some("Function<Fatal>")
         );
     }
@@ -366,7 +363,7 @@ mod tests {
             &["billing.charge/KeyError".into(), "billing.charge/Throttled".into()],
         );
         let of = |job_type: &str, t: &str| {
-            c.error_of(Some(job_type), format!(r#"{{"errorType":"{t}"}}"#).as_bytes(), None)
+            c.error(Some(job_type), format!(r#"{{"errorType":"{t}"}}"#).as_bytes(), None)
                 .kind()
         };
         assert_eq!(of("billing.charge", "CardDeclined"), ErrorKind::Fatal);
@@ -379,7 +376,7 @@ mod tests {
         assert_eq!(of("billing.charge", "com.acme.CardDeclined"), ErrorKind::Fatal);
         // The helpers still say what they mean.
         let c = Classifier::new(&[], &["billing.charge/Fatal".into()]);
-        assert_eq!(c.error_of(Some("billing.charge"), br#"{"errorType":"Fatal"}"#, None).kind(), ErrorKind::Fatal);
+        assert_eq!(c.error(Some("billing.charge"), br#"{"errorType":"Fatal"}"#, None).kind(), ErrorKind::Fatal);
         // An entry for a type the function does not serve is named.
         let c = Classifier::new(&["billng.charge/CardDeclined".into()], &["email.send/X".into()]);
         assert_eq!(
@@ -403,14 +400,14 @@ mod tests {
     #[test]
     fn retry_after_reads_its_seconds_and_a_bad_one_is_transient() {
         let c = Classifier::new(&[], &[]);
-        let e = c.error(
+        let e = c.error(None, 
             br#"{"errorType":"RetryAfter","errorMessage":"after 30s: throttled"}"#,
             None,
         );
         assert_eq!(e.kind(), ErrorKind::RetryAfter(Duration::from_secs(30)));
-        let e = c.error(br#"{"errorType":"RetryAfter","errorMessage":"after 0.5s"}"#, None);
+        let e = c.error(None, br#"{"errorType":"RetryAfter","errorMessage":"after 0.5s"}"#, None);
         assert_eq!(e.kind(), ErrorKind::RetryAfter(Duration::from_millis(500)));
-        let e = c.error(br#"{"errorType":"RetryAfter","errorMessage":"after 1e9s"}"#, None);
+        let e = c.error(None, br#"{"errorType":"RetryAfter","errorMessage":"after 1e9s"}"#, None);
         assert_eq!(e.kind(), ErrorKind::RetryAfter(MAX_RETRY_AFTER));
         for m in ["soon", "after -1s", "after NaNs", "after s"] {
             let body = format!(r#"{{"errorType":"RetryAfter","errorMessage":"{m}"}}"#);

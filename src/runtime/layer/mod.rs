@@ -156,7 +156,7 @@ impl Layer {
                     .and_then(|(_, v)| v.to_str().ok());
                 Err(self
                     .classifier
-                    .error_of(Some(&ctx.job_type), &r.body, header))
+                    .error(Some(&ctx.job_type), &r.body, header))
             }
             None => Err(JobError::transient(
                 "the function's runtime exited before it answered for this record",
