@@ -417,6 +417,10 @@ pub fn sam_python_template(name: &str) -> OpsResult<String> {
                 .to_owned(),
             format!("\n      Description: {name} (sqs-triage)\n"),
         ),
+        (
+            "\n  a dashboard: infra/template.yaml's resources, the layer added. `cdk synth -c runtime=python`\n  builds the same resources with the same settings.\n".to_owned(),
+            "\n  a dashboard, the layer added. The CDK app in cdk/ builds the same resources with the\n  same settings.\n".to_owned(),
+        ),
     ] {
         if out.matches(&from).count() != 1 {
             return Err(broken(from.trim()));
@@ -665,6 +669,14 @@ mod tests {
         assert_eq!(
             changed,
             vec![
+                (
+                    "  a dashboard: infra/template.yaml's resources, the layer added. `cdk synth -c runtime=python`",
+                    "  a dashboard, the layer added. The CDK app in cdk/ builds the same resources with the"
+                ),
+                (
+                    "  builds the same resources with the same settings.",
+                    "  same settings."
+                ),
                 ("    Default: ../examples/layer/python", "    Default: src"),
                 ("    Default: example.echo", "    Default: thumbnails"),
                 (
