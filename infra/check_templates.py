@@ -1944,8 +1944,8 @@ PYTHON_BUILD_PARAMS = """  HandlerDir:
     Type: String
     Description: TRIAGE_JOB_TYPES, the job types the handler takes, comma-separated (any other goes to the DLQ as invalid).
     Default: example.echo
-    AllowedPattern: "^[^,\\\\s]+(,[^,\\\\s]+)*$"
-    ConstraintDescription: job types separated by commas, without spaces
+    AllowedPattern: "^[^,\\\\s]{1,256}(,[^,\\\\s]{1,256})*$"
+    ConstraintDescription: job types of 1 to 256 characters separated by commas, without spaces
 """
 
 PYTHON_FUNCTION = """  # The extension, the exec wrapper and the helpers: `bash infra/layer/build.sh` writes the zip

@@ -802,8 +802,8 @@ function layerHandlerProblems(h: LayerHandler): void {
   if (named !== undefined && named !== arch) {
     throw new Error(`layerHandler.layerZip is the ${named} build, but the function runs on ${arch}: use sqs-triage-layer-${arch}.zip`);
   }
-  if (typeof h.jobTypes !== 'string' || !/^[^,\s]+(,[^,\s]+)*$/.test(h.jobTypes.trim())) {
-    throw new Error(`layerHandler.jobTypes (${JSON.stringify(h.jobTypes)}) must list the handler's job types, comma-separated`);
+  if (typeof h.jobTypes !== 'string' || !/^[^,\s]{1,256}(,[^,\s]{1,256})*$/.test(h.jobTypes.trim())) {
+    throw new Error(`layerHandler.jobTypes (${JSON.stringify(h.jobTypes)}) must list the handler's job types (1 to 256 characters each), comma-separated`);
   }
 }
 

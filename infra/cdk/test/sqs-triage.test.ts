@@ -183,6 +183,9 @@ test('a layer handler is refused with the other architecture\'s zip, no job type
   assert.throws(() => layered({ layerZip: layerZip('x86_64') }), /is the x86_64 build, but the function runs on arm64/);
   assert.throws(() => layered({ jobTypes: '' }), /jobTypes/);
   assert.throws(() => layered({ jobTypes: 'a, b' }), /jobTypes/);
+  // The extension refuses a job type over 256 characters at start-up: refused here first.
+  assert.throws(() => layered({ jobTypes: `a,${'x'.repeat(257)}` }), /1 to 256 characters/);
+  layered({ jobTypes: 'x'.repeat(256) });
   assert.throws(() => layered({ layerZip: '/tmp/layer.tar' }), /layerZip/);
   assert.throws(() => layered({}, { manifestPath: MANIFEST, binaryName: 'x' }), /either layerHandler .* or manifestPath/);
 });
