@@ -1,6 +1,7 @@
 //! The Lambda layer's cost: a 10-record SQS batch through the layer (the extension, awslambdaric
 //! and a Python handler) against the same handler run bare and under Powertools'
-//! `BatchProcessor`, in one run; the cold start with and without the layer; the zips' sizes.
+//! `BatchProcessor`, in one run; the layer once one record at a time and once with awslambdaric's
+//! worker pool (records side by side); the cold start with and without the layer; the zips' sizes.
 //!
 //! ```sh
 //! bash infra/layer/build.sh                 # the zips measured (release, as shipped)
@@ -28,6 +29,8 @@ use triage::ops::setup::SetupReport;
 
 const JOB_TYPE: &str = "bench.layer";
 const RECORDS: usize = 10;
+/// `TRIAGE_LAYER_WORKERS` of the pooled layer: one worker per record of the batch.
+const WORKERS: usize = 10;
 
 struct Opts {
     invocations: usize,
@@ -60,6 +63,8 @@ enum Kind {
     Powertools,
     /// The layer's extension and wrapper, then awslambdaric and the bare handler.
     Layer,
+    /// The layer with `TRIAGE_LAYER_WORKERS`: awslambdaric's worker pool, records side by side.
+    Pool,
 }
 
 impl Kind {
@@ -68,7 +73,19 @@ impl Kind {
             Kind::Bare => "bare: awslambdaric, the handler loops and returns `batchItemFailures`",
             Kind::Powertools => "Powertools 3 `BatchProcessor` in that handler",
             Kind::Layer => "the layer: extension + wrapper + awslambdaric, one invocation per record",
+            Kind::Pool => {
+                "the layer, `TRIAGE_LAYER_WORKERS=10`: awslambdaric's worker pool, records side by side"
+            }
         }
+    }
+
+    fn layered(self) -> bool {
+        matches!(self, Kind::Layer | Kind::Pool)
+    }
+
+    /// The runtime's workers (`TRIAGE_LAYER_WORKERS`, read by the extension and the wrapper).
+    fn workers(self) -> usize {
+        if self == Kind::Pool { WORKERS } else { 1 }
     }
 }
 
@@ -105,8 +122,9 @@ async fn spawn(opts: &Opts, created: &SetupReport, kind: Kind, sleep_ms: u32) ->
     let port = free_port().map_err(|e| e.to_string())?.to_string();
     let pid_file = dir.join("runtime.pid");
     let file = |name: &str| std::fs::File::create(dir.join(name)).map_err(|e| e.to_string());
+    let workers = kind.workers().to_string();
     let mut procs = Procs(Vec::new());
-    if kind == Kind::Layer {
+    if kind.layered() {
         let ext = Command::new(&opts.extension)
             .env("AWS_LAMBDA_RUNTIME_API", api.address())
             .env("AWS_LAMBDA_FUNCTION_NAME", "triage-bench")
@@ -116,6 +134,9 @@ async fn spawn(opts: &Opts, created: &SetupReport, kind: Kind, sleep_ms: u32) ->
             .env("TRIAGE_JOB_TYPES", JOB_TYPE)
             .env("TRIAGE_LAYER_PORT", &port)
             .env("TRIAGE_LAYER_PID_FILE", &pid_file)
+            .env("TRIAGE_LAYER_WORKERS", &workers)
+            // The default, said here: with the pool every record of the batch can run at once.
+            .env("TRIAGE_CONCURRENCY", RECORDS.to_string())
             .stdin(Stdio::null())
             .stdout(file("extension.out")?)
             .stderr(file("extension.log")?)
@@ -135,7 +156,7 @@ async fn spawn(opts: &Opts, created: &SetupReport, kind: Kind, sleep_ms: u32) ->
         Kind::Powertools => "layer_powertools.handler",
         _ => "layer_handler.handler",
     };
-    let mut rt = if kind == Kind::Layer {
+    let mut rt = if kind.layered() {
         let mut c = Command::new("bash");
         c.arg(opts.root.join("infra/layer/sqs-triage-wrapper"))
             .arg(python(&opts.root));
@@ -149,6 +170,10 @@ async fn spawn(opts: &Opts, created: &SetupReport, kind: Kind, sleep_ms: u32) ->
         .env("AWS_LAMBDA_RUNTIME_API", api.address())
         .env("TRIAGE_LAYER_PORT", &port)
         .env("TRIAGE_LAYER_PID_FILE", &pid_file)
+        .env("TRIAGE_LAYER_WORKERS", &workers)
+        // Only the wrapper sets it, from TRIAGE_LAYER_WORKERS: one from the caller's shell
+        // would give the bare functions a pool too.
+        .env_remove("AWS_LAMBDA_MAX_CONCURRENCY")
         .env("BENCH_SLEEP_MS", sleep_ms.to_string())
         .stdin(Stdio::null())
         .stdout(file("runtime.out")?)
@@ -208,6 +233,20 @@ fn check(out: Outcome) -> Result<(), String> {
     }
 }
 
+/// The layer reports a record that failed fatally as settled (its copy went to the DLQ), so an
+/// empty `batchItemFailures` alone does not prove every record succeeded: the DLQ must be empty.
+async fn none_dead_lettered(created: &SetupReport) -> Result<(), String> {
+    let sqs = support::sqs_client().await;
+    let depth = support::queue_depth(&sqs, &created.dlq_url).await;
+    if depth.total() > 0 {
+        return Err(format!(
+            "{} records were dead-lettered: a record failed fatally ({depth:?})",
+            depth.total()
+        ));
+    }
+    Ok(())
+}
+
 /// A real batch of `RECORDS` jobs, received from the local stack, as Lambda's event.
 async fn batch(created: &SetupReport) -> Result<String, String> {
     let sqs = support::sqs_client().await;
@@ -246,6 +285,9 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1_000.0
 }
 
+/// The functions of the warm table, in the order they take their turns.
+const KINDS: [Kind; 4] = [Kind::Bare, Kind::Powertools, Kind::Layer, Kind::Pool];
+
 /// Per-invocation time of each kind, for one per-record sleep: the environments start
 /// together and take their invocations in turn, so each sees the same machine.
 async fn warm(
@@ -254,7 +296,7 @@ async fn warm(
     event: &str,
     sleep_ms: u32,
 ) -> Result<Vec<Vec<f64>>, String> {
-    let kinds = [Kind::Bare, Kind::Powertools, Kind::Layer];
+    let kinds = KINDS;
     let mut envs = Vec::new();
     for k in kinds {
         let env = spawn(opts, created, k, sleep_ms).await?;
@@ -389,21 +431,25 @@ async fn run(opts: &Opts, command: &str) -> Result<String, String> {
     let _ = writeln!(
         md,
         "Per-invocation time of one {RECORDS}-record SQS batch, {} invocations each, taken in \
-         turn across the three functions (after {} warm-up invocations each). The handler parses \
-         each record's body, then sleeps as the column says.\n",
+         turn across the four functions (after {} warm-up invocations each). The handler parses \
+         each record's body, then sleeps as the column says. With `TRIAGE_LAYER_WORKERS={WORKERS}` \
+         the wrapper sets `AWS_LAMBDA_MAX_CONCURRENCY`, awslambdaric forks that many workers, and \
+         the extension hands out up to `min(TRIAGE_CONCURRENCY, workers)` = {} records at once.\n",
         opts.invocations,
-        if opts.quick { 1 } else { 10 }
+        if opts.quick { 1 } else { 10 },
+        RECORDS.min(WORKERS)
     );
     md.push_str("| function | per record | p50 | p99 | p50 ÷ bare | p99 ÷ bare |\n| --- | --- | --- | --- | --- | --- |\n");
     let mut per_record = Vec::new();
     for sleep in [0u32, 10] {
         eprintln!("layer bench: {RECORDS}-record batches, {sleep} ms per record…");
         let s = warm(opts, &created, &event, sleep).await?;
+        none_dead_lettered(&created).await?;
         let (b50, b99) = (percentile(&s[0], 0.5), percentile(&s[0], 0.99));
         per_record.push((sleep, (percentile(&s[2], 0.5) - b50) / RECORDS as f64));
-        for (k, xs) in [Kind::Bare, Kind::Powertools, Kind::Layer].iter().zip(&s) {
+        for (k, xs) in KINDS.iter().zip(&s) {
             let (p50, p99) = (percentile(xs, 0.5), percentile(xs, 0.99));
-            let bold = |x: String| if *k == Kind::Layer { format!("**{x}**") } else { x };
+            let bold = |x: String| if k.layered() { format!("**{x}**") } else { x };
             row(
                 &mut md,
                 &[
