@@ -580,6 +580,90 @@ async fn an_error_listed_for_a_job_type_is_classified_so_for_that_type() {
     assert!(dlq(&created).await.is_empty(), "nothing dead-lettered");
 }
 
+/// The rows a handler never sees, decided before it: a producer's re-send of a job whose
+/// completion marker lives is deleted as a duplicate, and a retry that comes back before its
+/// backoff ends (a lost visibility change) is deferred, each without an invocation or an
+/// attempt spent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_duplicate_and_an_early_arrival_never_reach_the_handler() {
+    let created = support::fresh_resources("layer-before", false).await;
+    let env = Env::start(
+        &created,
+        &[
+            ("TRIAGE_DONE_MARKER_TYPES", JOB_TYPE),
+            ("TRIAGE_BASE_DELAY_MS", "600000"),
+        ],
+    )
+    .await;
+    let got = send_and_receive(
+        &created,
+        &[
+            ("done", json!({"action": "ok"})),
+            ("waits", json!({"action": "transient"})),
+        ],
+    )
+    .await;
+    let ids = message_ids(&got);
+    let messages: Vec<&Message> = got.values().collect();
+    let v = response(
+        env.invoke(&event(&created, &messages), Duration::from_secs(20))
+            .await,
+        &env,
+    );
+    assert_eq!(
+        failed(&v, &ids),
+        BTreeSet::from(["waits".to_owned()]),
+        "{}",
+        env.output()
+    );
+    // The producer sends `done` again; `waits` comes back at once, as if its 10-minute
+    // visibility change had been lost.
+    let again = send_and_receive(&created, &[("done", json!({"action": "ok"}))]).await;
+    let sqs = support::sqs_client().await;
+    sqs.change_message_visibility()
+        .queue_url(&created.queue_url)
+        .receipt_handle(got["waits"].receipt_handle().unwrap())
+        .visibility_timeout(0)
+        .send()
+        .await
+        .unwrap();
+    let back = back(&created, &["waits"], Duration::from_secs(10)).await;
+    assert!(back.contains_key("waits"), "{back:?}");
+    let messages = [&again["done"], &back["waits"]];
+    let ids: BTreeMap<String, String> = messages
+        .iter()
+        .map(|m| (m.message_id().unwrap().to_owned(), job_id(m)))
+        .collect();
+    let v = response(
+        env.invoke(&event(&created, &messages), Duration::from_secs(20))
+            .await,
+        &env,
+    );
+    // The duplicate is settled (deleted), the early arrival left to come back when it is due.
+    assert_eq!(
+        failed(&v, &ids),
+        BTreeSet::from(["waits".to_owned()]),
+        "{}",
+        env.output()
+    );
+    let runs: Vec<(String, u64)> = env
+        .calls()
+        .iter()
+        .map(|c| {
+            (
+                c["job_id"].as_str().unwrap().to_owned(),
+                c["attempt"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        vec![("done".to_owned(), 1), ("waits".to_owned(), 1)],
+        "only the first invocation's records ran"
+    );
+    assert!(dlq(&created).await.is_empty(), "nothing dead-lettered");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_handler_through_aws_lambda_ric_is_triaged_by_its_error_names() {
     let created = support::fresh_resources("layer-node", false).await;
