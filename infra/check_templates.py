@@ -2073,7 +2073,10 @@ def layered_starter_facts(args, report: Report) -> None:
             ("    Default: example.echo", f"    Default: {args.name}"),
             ("      ContentUri: ../.local/layer/sqs-triage-layer-arm64.zip", "      ContentUri: layer/sqs-triage-layer-arm64.zip"),
             ("      Description: sqs-triage reference function (Python, through the sqs-triage layer)",
-             f"      Description: {args.name} (sqs-triage)")]
+             f"      Description: {args.name} (sqs-triage)"),
+            ("  a dashboard: infra/template.yaml's resources, the layer added. `cdk synth -c runtime=python`",
+             "  a dashboard, the layer added. The CDK app in cdk/ builds the same resources with the"),
+            ("  builds the same resources with the same settings.", "  same settings.")]
     if runtime != "python3.13":
         want += [("  sqs-triage: a Python function through the sqs-triage layer behind an SQS queue (partial batch",
                   "  sqs-triage: a Node.js function through the sqs-triage layer behind an SQS queue (partial batch"),
