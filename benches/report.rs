@@ -71,7 +71,7 @@ fn main() -> ExitCode {
     } else {
         format!("{profile}cargo bench --bench report -- {}", shown.join(" "))
     };
-    let r = report::run(&opts);
+    let mut r = report::run(&opts);
     println!("Command: `{}`\n\nMachine: {}\n", opts.command, r.machine);
     println!("{}", r.summary(&opts));
     print!("{}", r.markdown());
@@ -79,6 +79,8 @@ fn main() -> ExitCode {
         let path = manifest.join("docs/benchmarks.md");
         // The layer's section is `cargo bench --bench layer`'s: it stays as that bench wrote it.
         let old = std::fs::read_to_string(&path).unwrap_or_default();
+        // A section this run skipped stays as the page had it, marked with its own run.
+        r.keep_skipped(&opts, &old);
         let doc = report::keep_layer_section(&old, report::document(&opts, &r));
         if let Err(e) = std::fs::write(&path, doc) {
             eprintln!("error: cannot write {}: {e}", path.display());

@@ -196,6 +196,11 @@ pub struct Section {
     pub failures: Vec<String>,
     /// Key numbers, for the summary and the tests.
     pub values: BTreeMap<String, f64>,
+    /// Its name for `--skip` (`cost`, `calls`, ...), set by [`run`].
+    pub key: String,
+    /// The command and machine of the run it comes from, when that is not the page's run:
+    /// `--write-docs` keeps a section this run skipped as the page had it.
+    pub from: Option<(String, String)>,
 }
 
 impl Section {
@@ -229,7 +234,11 @@ impl Section {
     }
 
     fn markdown(&self) -> String {
-        let mut out = format!("### {}\n\n{}\n", self.title, self.lines.join("\n"));
+        let mut out = format!("### {}\n\n", self.title);
+        if let Some((command, machine)) = &self.from {
+            let _ = write!(out, "{FROM_NOTE}`{command}`; machine: {machine}.*\n\n");
+        }
+        let _ = writeln!(out, "{}", self.lines.join("\n"));
         for f in &self.failures {
             let _ = writeln!(out, "\n*Not measured in this run: {f}*");
         }
@@ -246,7 +255,61 @@ pub struct Report {
     pub sections: Vec<Section>,
 }
 
+/// The opening of the note on a section from another run than the page's.
+const FROM_NOTE: &str = "*This section is from another run than the rest of the page: ";
+/// The marks around each section in `docs/benchmarks.md`: the first carries the section's key
+/// and, as JSON, the command and machine of its run and its values.
+const SECTION_START: &str = "<!-- section ";
+const SECTION_END: &str = "<!-- end of section ";
+
 impl Report {
+    /// The page's sections between their marks, for a later run to keep (see
+    /// [`Report::keep_skipped`]).
+    fn marked(&self, command: &str) -> String {
+        let mut out = String::new();
+        for s in &self.sections {
+            let (c, m) = s
+                .from
+                .clone()
+                .unwrap_or_else(|| (command.to_owned(), self.machine.clone()));
+            let meta = serde_json::json!({ "command": c, "machine": m, "values": s.values });
+            let _ = writeln!(
+                out,
+                "{SECTION_START}{} {meta} -->\n{}{SECTION_END}{} -->\n",
+                s.key,
+                s.markdown(),
+                s.key
+            );
+        }
+        out
+    }
+
+    /// Adds, in their order, the sections of the page `old` that `opts` skipped, as `old` has
+    /// them: a run of one section regenerates the page without losing the others.
+    pub fn keep_skipped(&mut self, opts: &Options, old: &str) {
+        let mut kept: Vec<Section> = Vec::new();
+        let mut rest = old;
+        while let Some(at) = rest.find(SECTION_START) {
+            rest = &rest[at + SECTION_START.len()..];
+            let Some(section) = parse_block(rest) else { continue };
+            if opts.skip.contains(&section.key) && self.sections.iter().all(|s| s.key != section.key) {
+                kept.push(section);
+            }
+        }
+        for k in kept {
+            let at = SECTIONS
+                .iter()
+                .position(|n| *n == k.key)
+                .map_or(self.sections.len(), |i| {
+                    self.sections
+                        .iter()
+                        .position(|s| SECTIONS.iter().position(|n| *n == s.key).is_none_or(|j| j > i))
+                        .unwrap_or(self.sections.len())
+                });
+            self.sections.insert(at, k);
+        }
+    }
+
     /// The tables, as markdown.
     pub fn markdown(&self) -> String {
         let mut out = String::new();
@@ -403,6 +466,39 @@ impl Report {
     }
 }
 
+/// One section from its block in the page, `text` starting after [`SECTION_START`]: its key,
+/// its run's command, machine and values from the first mark, its title and lines between the
+/// marks (a note of an earlier keep dropped: it is written again).
+fn parse_block(text: &str) -> Option<Section> {
+    let (head, body) = text.split_once(" -->\n")?;
+    let (key, meta) = head.split_once(' ')?;
+    let meta: serde_json::Value = serde_json::from_str(meta).ok()?;
+    let end = body.find(&format!("{SECTION_END}{key} -->"))?;
+    let body = body[..end].trim_end();
+    let (title, lines) = body.strip_prefix("### ")?.split_once('\n')?;
+    let lines = lines.trim_start_matches('\n');
+    let lines = match lines.strip_prefix(FROM_NOTE) {
+        Some(r) => r.split_once("\n\n").map_or("", |(_, r)| r),
+        None => lines,
+    };
+    let values = meta["values"]
+        .as_object()?
+        .iter()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_f64()?)))
+        .collect();
+    Some(Section {
+        title: title.to_owned(),
+        lines: lines.lines().map(str::to_owned).collect(),
+        failures: Vec::new(),
+        values,
+        key: key.to_owned(),
+        from: Some((meta["command"].as_str()?.to_owned(), meta["machine"].as_str()?.to_owned())),
+    })
+}
+
+/// The sections' keys, in the page's order.
+const SECTIONS: [&str; 6] = ["cost", "calls", "storm", "herd", "cold", "fleet"];
+
 /// nproc, CPU model, memory, load, toolchain.
 pub fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -438,29 +534,33 @@ pub fn run(opts: &Options) -> Report {
     let on = |name: &str| !opts.skip.iter().any(|s| s == name);
     let mut sections = Vec::new();
     let step = |name: &str| eprintln!("report: {name}…");
+    let keyed = |key: &str, mut s: Section| {
+        s.key = key.to_owned();
+        s
+    };
     if on("cost") {
         step("per-record cost");
-        sections.push(cost::run(opts));
+        sections.push(keyed("cost", cost::run(opts)));
     }
     if on("calls") {
         step("AWS calls on the local stack");
-        sections.push(calls::run(opts));
+        sections.push(keyed("calls", calls::run(opts)));
     }
     if on("storm") {
         step("retry storm");
-        sections.push(storm::run(opts));
+        sections.push(keyed("storm", storm::run(opts)));
     }
     if on("herd") {
         step("herd");
-        sections.push(herd::run(opts));
+        sections.push(keyed("herd", herd::run(opts)));
     }
     if on("cold") {
         step("cold start");
-        sections.push(cold::run(opts));
+        sections.push(keyed("cold", cold::run(opts)));
     }
     if on("fleet") {
         step("fleet");
-        sections.push(fleet::run(opts));
+        sections.push(keyed("fleet", fleet::run(opts)));
     }
     Report { machine, sections }
 }
@@ -491,7 +591,7 @@ pub fn document(opts: &Options, report: &Report) -> String {
         opts.command, report.machine
     );
     let _ = writeln!(out, "## Results\n");
-    out.push_str(&report.markdown());
+    out.push_str(&report.marked(&opts.command));
     let _ = writeln!(out, "{}", METHOD);
     out
 }

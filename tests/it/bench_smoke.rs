@@ -68,3 +68,65 @@ fn the_report_runs_on_a_tiny_input_and_prints_every_table() {
         assert!(md.contains("| environments | steady: invocations/s |"), "{md}");
     }
 }
+
+/// A section of the given key with one line and one value.
+fn section(key: &str, title: &str, value: f64) -> report::Section {
+    report::Section {
+        title: title.into(),
+        lines: vec![format!("| {key} | {value} |"), String::new(), format!("{key} said.")],
+        values: [(format!("{key}.x"), value)].into_iter().collect(),
+        key: key.into(),
+        ..report::Section::default()
+    }
+}
+
+#[test]
+fn a_section_a_run_skips_stays_on_the_page_marked_with_its_own_run() {
+    let root = crate::support::repo_root();
+    let bin = Path::new(env!("CARGO_BIN_EXE_triage-lambda"));
+    let mut all = report::Options::full(root, bin);
+    all.command = "the first run".into();
+    let first = report::Report {
+        machine: "machine one".into(),
+        sections: vec![
+            section("cost", "1. Cost", 1.0),
+            section("storm", "3. Storm", 2.0),
+            section("herd", "4. Herd", 3.0),
+        ],
+    };
+    let page = report::document(&all, &first);
+
+    let later_opts = report::Options::full(root, bin)
+        .parse(&["--skip".into(), "storm".into()])
+        .unwrap();
+    let later_run = |page: &str| {
+        let mut r = report::Report {
+            machine: "machine two".into(),
+            sections: vec![section("cost", "1. Cost", 5.0), section("herd", "4. Herd", 6.0)],
+        };
+        r.keep_skipped(&later_opts, page);
+        r
+    };
+    let later = later_run(&page);
+    let keys: Vec<&str> = later.sections.iter().map(|s| s.key.as_str()).collect();
+    assert_eq!(keys, ["cost", "storm", "herd"]);
+    let storm = &later.sections[1];
+    assert_eq!(storm.title, "3. Storm");
+    assert_eq!(storm.lines, first.sections[1].lines);
+    assert_eq!(storm.values, first.sections[1].values);
+    assert_eq!(
+        storm.from,
+        Some(("the first run".to_owned(), "machine one".to_owned()))
+    );
+    // The sections this run made are its own, not the page's.
+    assert_eq!(later.sections[0].values["cost.x"], 5.0);
+    assert!(later.sections[0].from.is_none());
+
+    // The page says where the kept section comes from, and a third run keeps it unchanged.
+    let page2 = report::document(&later_opts, &later);
+    assert_eq!(page2.matches("`the first run`; machine: machine one").count(), 1, "{page2}");
+    let third = later_run(&page2);
+    assert_eq!(third.sections[1].lines, first.sections[1].lines);
+    assert_eq!(third.sections[1].from, storm.from);
+    assert_eq!(report::document(&later_opts, &third), page2);
+}
