@@ -73,7 +73,11 @@ fn the_report_runs_on_a_tiny_input_and_prints_every_table() {
 fn section(key: &str, title: &str, value: f64) -> report::Section {
     report::Section {
         title: title.into(),
-        lines: vec![format!("| {key} | {value} |"), String::new(), format!("{key} said.")],
+        lines: vec![
+            format!("| {key} | {value} |"),
+            String::new(),
+            format!("{key} said."),
+        ],
         values: [(format!("{key}.x"), value)].into_iter().collect(),
         key: key.into(),
         ..report::Section::default()
@@ -124,7 +128,11 @@ fn a_section_a_run_skips_stays_on_the_page_marked_with_its_own_run() {
 
     // The page says where the kept section comes from, and a third run keeps it unchanged.
     let page2 = report::document(&later_opts, &later);
-    assert_eq!(page2.matches("`the first run`; machine: machine one").count(), 1, "{page2}");
+    assert_eq!(
+        page2.matches("`the first run`; machine: machine one").count(),
+        1,
+        "{page2}"
+    );
     let third = later_run(&page2);
     assert_eq!(third.sections[1].lines, first.sections[1].lines);
     assert_eq!(third.sections[1].from, storm.from);

@@ -11,7 +11,7 @@
 use crate::support;
 use crate::support::pipeline::{Harness, RECORDED, fast_policy, quiet_breaker};
 
-use crate::support::fault_proxy::{Fault, FaultProxy, FaultRule};
+use crate::support::fault_proxy::{Fault, FaultProxy, FaultRule, Gate};
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -1005,10 +1005,51 @@ async fn ctx_via(proxy: &FaultProxy) -> Ctx {
 
 /// Waits (at most 30 s) until `proxy` has seen a request for `op`.
 async fn until_seen(proxy: &FaultProxy, op: &str) {
+    until_count(proxy, op, 1).await;
+}
+
+/// Waits until `n` requests of `op` have reached the proxy (at most 30 s).
+async fn until_count(proxy: &FaultProxy, op: &str, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while proxy.count(op) == 0 {
-        assert!(Instant::now() < deadline, "no {op} reached SQS");
+    while proxy.count(op) < n {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} {op} reached SQS",
+            proxy.count(op)
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// While a held send stays held: another reader, receiving with a 1 s long poll, never gets a
+/// message of `queue_url`, until `op` (the hold's renewal) has been renewed three more times.
+/// The task must not finish meanwhile: its send is held.
+async fn never_received_over_three_renewals<T>(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    proxy: &FaultProxy,
+    op: &str,
+    task: &tokio::task::JoinHandle<T>,
+) {
+    let until = proxy.count(op) + 3;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy.count(op) < until {
+        assert!(
+            Instant::now() < deadline,
+            "the hold was not renewed during the send"
+        );
+        let got = sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .wait_time_seconds(1)
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        assert!(got.is_empty(), "another reader got the message during the send");
+        assert!(!task.is_finished(), "the held send ended");
     }
 }
 
@@ -1041,15 +1082,16 @@ async fn a_patch_never_rewrites_what_it_does_not_touch() {
     assert_eq!(back[0].body(), Some(body));
 }
 
-/// The hold is renewed while the edited copy is sent: a slow send (here 4 s, on a 1 s hold)
-/// does not let another reader receive the original meanwhile.
+/// The hold is renewed while the edited copy is sent: a slow send (held until three renewals
+/// of a 1 s hold have passed) does not let another reader receive the original meanwhile.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_message_stays_hidden_while_a_slow_send_runs() {
     let stack = support::fresh_resources("edit-slow", false).await;
     let sqs = support::sqs_client().await;
     seed(&stack, "sl-1", &job_body("sl-1", 1), &[], None).await;
     let proxy = FaultProxy::start(&support::sqs_endpoint());
-    proxy.fail_always("SendMessageBatch", Fault::Delay(Duration::from_secs(4)));
+    let send = Gate::new();
+    proxy.fail_always("SendMessageBatch", Fault::Hold(send.clone()));
     let ctx = ctx_via(&proxy).await;
     let opts = dlq::EditOptions {
         table: Some(stack.table.clone()),
@@ -1059,26 +1101,10 @@ async fn the_message_stays_hidden_while_a_slow_send_runs() {
     let dlq_url = stack.dlq_url.clone();
     let task = tokio::spawn(async move { dlq::edit(&ctx, &dlq_url, &opts).await });
     until_seen(&proxy, "SendMessageBatch").await;
-    // Another reader, until the edit is over: it never gets the message.
-    while !task.is_finished() {
-        let got = sqs
-            .receive_message()
-            .queue_url(&stack.dlq_url)
-            .wait_time_seconds(1)
-            .visibility_timeout(0)
-            .send()
-            .await
-            .unwrap()
-            .messages
-            .unwrap_or_default();
-        assert!(got.is_empty(), "another reader got the message during the send");
-    }
+    never_received_over_three_renewals(&sqs, &stack.dlq_url, &proxy, "ChangeMessageVisibility", &task).await;
+    send.release();
     let report = task.await.unwrap().unwrap();
     assert!(report.original_deleted, "{report:?}");
-    assert!(
-        proxy.count("ChangeMessageVisibility") >= 2,
-        "renewed during the send"
-    );
     let back = support::drain(&sqs, &stack.queue_url, 1).await;
     assert_eq!(back[0].body(), Some(job_body("sl-1", 2).as_str()));
     assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.total(), 0);
@@ -1093,7 +1119,8 @@ async fn a_hold_lost_during_the_send_deletes_nothing_and_says_so() {
     let sqs = support::sqs_client().await;
     let dlq_id = seed(&stack, "lo-1", &job_body("lo-1", 1), &[], None).await;
     let proxy = FaultProxy::start(&support::sqs_endpoint());
-    proxy.fail_always("SendMessageBatch", Fault::Delay(Duration::from_secs(5)));
+    let send = Gate::new();
+    proxy.fail_always("SendMessageBatch", Fault::Hold(send.clone()));
     let ctx = ctx_via(&proxy).await;
     let opts = dlq::EditOptions {
         table: Some(stack.table.clone()),
@@ -1133,6 +1160,7 @@ async fn a_hold_lost_during_the_send_deletes_nothing_and_says_so() {
         assert!(Instant::now() < deadline, "the hold never ran out");
     };
     assert!(!task.is_finished(), "the send was still running");
+    send.release();
     let report = task.await.unwrap().unwrap();
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["original_deleted"], false, "{json}");
@@ -1278,8 +1306,8 @@ async fn replay_via(
     tokio::spawn(async move { dlq::replay(&ctx, &dlq_url, &opts).await.unwrap() })
 }
 
-/// The hold is renewed while the copies are sent: a slow send (4 s, on a 1 s hold) does not
-/// let another reader receive a DLQ message meanwhile, so the delete afterwards uses a receipt
+/// The hold is renewed while the copies are sent: a slow send (held until three renewals of a
+/// 1 s hold have passed) does not let another reader receive a DLQ message meanwhile, so the delete afterwards uses a receipt
 /// handle that still holds it (on SQS a stale one answers success and deletes nothing).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replay_keeps_its_hold_while_a_slow_send_runs() {
@@ -1287,29 +1315,21 @@ async fn a_replay_keeps_its_hold_while_a_slow_send_runs() {
     let sqs = support::sqs_client().await;
     seed(&stack, "rs-1", &job_body("rs-1", 1), &[], None).await;
     let proxy = FaultProxy::start(&support::sqs_endpoint());
-    proxy.fail_always("SendMessageBatch", Fault::Delay(Duration::from_secs(4)));
+    let send = Gate::new();
+    proxy.fail_always("SendMessageBatch", Fault::Hold(send.clone()));
     let task = replay_via(&proxy, &stack, Duration::from_secs(1)).await;
     until_seen(&proxy, "SendMessageBatch").await;
-    while !task.is_finished() {
-        let got = sqs
-            .receive_message()
-            .queue_url(&stack.dlq_url)
-            .wait_time_seconds(1)
-            .visibility_timeout(0)
-            .send()
-            .await
-            .unwrap()
-            .messages
-            .unwrap_or_default();
-        assert!(got.is_empty(), "another reader got the message during the send");
-    }
+    never_received_over_three_renewals(
+        &sqs,
+        &stack.dlq_url,
+        &proxy,
+        "ChangeMessageVisibilityBatch",
+        &task,
+    )
+    .await;
+    send.release();
     let report = task.await.unwrap();
     assert_eq!((report.moved, report.delete_failed), (1, 0), "{report:?}");
-    assert!(
-        proxy.count("ChangeMessageVisibilityBatch") >= 2,
-        "renewed during the send: {:?}",
-        proxy.counts()
-    );
     assert_eq!(support::drain(&sqs, &stack.queue_url, 1).await.len(), 1);
     assert_eq!(support::queue_depth(&sqs, &stack.dlq_url).await.total(), 0);
 }
@@ -1324,7 +1344,8 @@ async fn a_replay_whose_hold_was_lost_during_the_send_deletes_nothing() {
     let sqs = support::sqs_client().await;
     let dlq_id = seed(&stack, "rl-1", &job_body("rl-1", 1), &[], None).await;
     let proxy = FaultProxy::start(&support::sqs_endpoint());
-    proxy.fail_always("SendMessageBatch", Fault::Delay(Duration::from_secs(5)));
+    let send = Gate::new();
+    proxy.fail_always("SendMessageBatch", Fault::Hold(send.clone()));
     let task = replay_via(&proxy, &stack, Duration::from_secs(1)).await;
     until_seen(&proxy, "SendMessageBatch").await;
     // SQS refuses a receipt handle whose message is no longer in flight for it.
@@ -1358,6 +1379,7 @@ async fn a_replay_whose_hold_was_lost_during_the_send_deletes_nothing() {
         assert!(Instant::now() < deadline, "the hold never ran out");
     };
     assert!(!task.is_finished(), "the send was still running");
+    send.release();
     let report = task.await.unwrap();
     assert_eq!((report.moved, report.delete_failed), (1, 1), "{report:?}");
     assert_eq!(

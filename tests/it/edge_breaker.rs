@@ -401,16 +401,11 @@ fn writes(calls: &sqs_triage::effects::calls::CallCounter) -> std::collections::
         .collect()
 }
 
-/// Polls through `env` until `n` messages were handled (each poll one receive).
+/// One invocation of `env` with `n` messages (at most 10), gathered first as a batching
+/// window does.
 async fn poll_n(h: &Harness, env: &Environment, n: usize) {
-    let mut seen = 0;
-    for _ in 0..30 {
-        seen += poll(h, env).await;
-        if seen >= n {
-            return;
-        }
-    }
-    panic!("only {seen} of {n} messages came");
+    let messages = h.receive_n(n).await;
+    h.invoke_env(env, &messages, Duration::from_secs(60)).await;
 }
 
 /// A steady share of transient failures under the rate never opens the breaker: 100 jobs,

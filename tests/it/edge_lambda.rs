@@ -50,7 +50,7 @@ impl Lambda {
         for (k, v) in vars {
             cmd.env(k, v);
         }
-        let child = support::spawn_lambda_binary(&mut cmd).expect("triage-lambda starts");
+        let child = cmd.spawn().expect("triage-lambda starts");
         let lambda = Lambda {
             api,
             child,

@@ -224,17 +224,6 @@ async fn process(
 }
 
 /// Receives until `n` messages are in hand (a few tries).
-async fn take(h: &Harness, n: usize) -> Vec<aws_sdk_sqs::types::Message> {
-    let mut messages = Vec::new();
-    for _ in 0..10 {
-        messages.extend(h.receive(&h.queue_url, Duration::from_secs(1)).await);
-        if messages.len() >= n {
-            break;
-        }
-    }
-    assert_eq!(messages.len(), n);
-    messages
-}
 
 /// An environment over the harness's resources with the recording job type and `policy`.
 async fn env_for(
@@ -290,12 +279,12 @@ async fn a_refused_count_after_many_deferrals_does_not_dead_letter_early() {
     h.send_jobs(&[("patient", json!({"outcome": "transient"}))]).await;
     // Seven receives that ran nothing (as deferrals would be), then the ledger refuses counts.
     for _ in 0..7 {
-        let m = take(&h, 1).await;
+        let m = h.receive_n(1).await;
         h.release(&h.queue_url, &m).await;
     }
     proxy.fail_always("UpdateItem", Fault::Status500);
     proxy.fail_always("BatchExecuteStatement", Fault::Status500);
-    let m = take(&h, 1).await;
+    let m = h.receive_n(1).await;
     let outcome = process(&h.env, &m, &h.queue_url, Duration::from_secs(30)).await;
     assert!(
         proxy.faults().contains_key("Status500"),
@@ -333,7 +322,7 @@ async fn fifo_records_held_back_on_their_last_receive_are_dead_lettered_with_a_r
     // Two deliveries of the pair, released at once so the next receive gets both again.
     let mut dlq_copies = 0;
     for _ in 0..2 {
-        let messages = take(&h, 2).await;
+        let messages = h.receive_n(2).await;
         let outcome = process(&env, &messages, &h.queue_url, Duration::from_secs(30)).await;
         for (m, r) in messages.iter().zip(&outcome.records) {
             if r.settled {
@@ -374,7 +363,7 @@ async fn a_stalled_dlq_send_cannot_hold_the_response_past_the_deadline() {
         ("o", json!({"outcome": "ok"})),
     ])
     .await;
-    let messages = take(&h, 2).await;
+    let messages = h.receive_n(2).await;
     proxy.fail_always("SendMessageBatch", Fault::Delay(Duration::from_secs(60)));
     let time_left = Duration::from_secs(4);
     let response = tokio::time::timeout(time_left, h.invoke_with(&messages, time_left))
@@ -410,7 +399,7 @@ async fn a_refused_copy_on_the_last_receive_is_counted() {
     let env = env_for(&h, fast_policy(5), &gone).await;
     support::delete_queue(&gone).await;
     h.send_jobs(&[("t", json!({"outcome": "transient"}))]).await;
-    let messages = take(&h, 1).await;
+    let messages = h.receive_n(1).await;
     let outcome = process(&env, &messages, &h.queue_url, Duration::from_secs(30)).await;
     assert!(!outcome.records[0].settled);
     let counted = outcome
@@ -541,7 +530,7 @@ async fn a_handler_that_blocks_its_thread_cannot_hold_the_batch_past_its_deadlin
     });
     h.send_raw(&[(r#"{"type":"blocking","id":"b1"}"#, None)]).await;
     h.send_jobs(&[("ok1", json!({"outcome": "ok"}))]).await;
-    let m = take(&h, 2).await;
+    let m = h.receive_n(2).await;
     let outcome = process(&h.env, &m, &h.queue_url, Duration::from_secs(4)).await;
     let stuck = finished.load(Ordering::SeqCst);
     release.store(true, Ordering::SeqCst);
@@ -588,7 +577,7 @@ async fn a_receive_past_the_configured_limit_is_counted() {
         |outcome: &sqs_triage::processor::BatchOutcome| metric_count(outcome, "PastReceiveLimit");
     // Receives 1 and 2 are within the limit; the third is past it.
     for receive in 1..=3u32 {
-        let messages = take(&h, 1).await;
+        let messages = h.receive_n(1).await;
         let count: u32 = messages[0].attributes().unwrap()
             [&aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount]
             .parse()
@@ -608,7 +597,7 @@ async fn a_receive_past_the_configured_limit_is_counted() {
         }
         h.send_raw(&[(&body("fresh"), None)]).await;
         let mut batch = messages;
-        batch.extend(take(&h, 1).await);
+        batch.extend(h.receive_n(1).await);
         let outcome = process(&env, &batch, &h.queue_url, Duration::from_secs(30)).await;
         assert_eq!(past_limit(&outcome), 1, "{:?}", outcome.metrics);
         assert_eq!(
@@ -651,7 +640,7 @@ async fn records_from_another_queue_than_the_configured_one_are_counted() {
         json!({"type": triage::demo::chaos::CHAOS, "id": id, "payload": {"outcome": "ok"}}).to_string()
     };
     h.send_raw(&[(&body("a"), None), (&body("b"), None)]).await;
-    let messages = take(&h, 2).await;
+    let messages = h.receive_n(2).await;
     let other = format!("{}-elsewhere", h.queue_url);
     let outcome = process(&env, &messages, &other, Duration::from_secs(30)).await;
     assert_eq!(

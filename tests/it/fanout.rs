@@ -222,7 +222,7 @@ fn a_bad_eventbridge_mapping_stops_the_lambda_binary_at_start_up() {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
-    let child = support::spawn_lambda_binary(&mut cmd).expect("triage-lambda starts");
+    let child = cmd.spawn().expect("triage-lambda starts");
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");

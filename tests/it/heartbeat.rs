@@ -219,7 +219,7 @@ async fn a_20s_handler_on_an_8s_queue_runs_once_through_triage_lambda() {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
-    let _child = Proc(support::spawn_lambda_binary(&mut cmd).expect("triage-lambda starts"));
+    let _child = Proc(cmd.spawn().expect("triage-lambda starts"));
     let output = |p: &PathBuf| std::fs::read_to_string(p).unwrap_or_default();
     assert!(
         api.ready(Duration::from_secs(120)).await,

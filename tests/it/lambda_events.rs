@@ -1,6 +1,8 @@
-//! Every file in `events/` is invoked against the `triage-lambda` binary through cargo-lambda
-//! (`cargo lambda watch` + `cargo lambda invoke`), with the function pointed at a fresh queue,
-//! DLQ and table on the local stack; each answer must match what that event should produce.
+//! Every file in `events/` is invoked against the `triage-lambda` binary through cargo-lambda's
+//! emulator (`cargo lambda watch --only-lambda-apis` + `cargo lambda invoke`), with the function
+//! pointed at a fresh queue, DLQ and table on the local stack; each answer must match what that
+//! event should produce. The binary is this package's own build, started by the test: the
+//! emulator builds nothing.
 
 use crate::support;
 
@@ -12,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// A child process, killed when dropped.
 struct Watch(Child);
 
 impl Drop for Watch {
@@ -46,8 +49,10 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// `cargo lambda invoke` of `file`; an error when it fails or has no answer within 120 s (it
+/// waits for ever for a function that is gone).
 fn invoke(port: u16, file: &Path) -> Result<Value, String> {
-    let out = Command::new(cargo_lambda())
+    let mut child = Command::new(cargo_lambda())
         .args([
             "lambda",
             "invoke",
@@ -55,15 +60,27 @@ fn invoke(port: u16, file: &Path) -> Result<Value, String> {
             "127.0.0.1",
             "-P",
             &port.to_string(),
-            "triage-lambda",
+            // The function the emulator serves when it starts none itself.
+            "_",
             "--output-format",
             "json",
             "--data-file",
         ])
         .arg(file)
         .current_dir(root())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err("no answer within 120 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
@@ -89,8 +106,6 @@ fn ids(file: &str, pick: &[usize]) -> BTreeSet<String> {
 }
 
 #[tokio::test]
-// The rebuild guard is held across awaits on purpose: other tests' spawns of the binary wait.
-#[allow(clippy::await_holding_lock)]
 async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary() {
     let created = support::fresh_resources("events", false).await;
 
@@ -114,25 +129,18 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
             std::env::var("TRIAGE_TEST_LAMBDA_LOG").unwrap_or_else(|_| "warn".into())
         ),
     ];
-    // The watch rebuilds target/debug/triage-lambda, which other tests of this process start.
-    let rebuilding = support::rebuilding_lambda_binary();
     let mut cmd = Command::new(cargo_lambda());
     cmd.args([
         "lambda",
         "watch",
-        "--ignore-changes",
+        "--only-lambda-apis",
         "-q",
         "-A",
         "127.0.0.1",
         "-P",
         &port.to_string(),
-        "--bin",
-        "triage-lambda",
     ]);
-    for e in &envs {
-        cmd.args(["--env-var", e]);
-    }
-    let _watch = Watch(
+    let _emulator = Watch(
         cmd.current_dir(root())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -140,19 +148,34 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
             .spawn()
             .expect("cargo lambda watch starts"),
     );
+    let mut function = Command::new(env!("CARGO_BIN_EXE_triage-lambda"));
+    function
+        .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{port}/.rt"))
+        .env("AWS_LAMBDA_FUNCTION_NAME", "_")
+        .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    for e in &envs {
+        let (k, v) = e.split_once('=').unwrap();
+        function.env(k, v);
+    }
+    let mut function = Watch(function.spawn().expect("triage-lambda starts"));
 
-    // The first invoke waits for the build, which eats its deadline (the record is then
-    // released, not run); retry until the emulator answers, then invoke for real.
+    // The emulator and the function start side by side: retry until the emulator answers.
     let first = root().join("events/success.json");
     let start = Instant::now();
     while let Err(e) = invoke(port, &first) {
+        if let Ok(Some(status)) = function.0.try_wait() {
+            panic!("triage-lambda exited ({status}) before its first event");
+        }
         assert!(
-            start.elapsed() < Duration::from_secs(900),
+            start.elapsed() < Duration::from_secs(120),
             "cargo lambda never answered: {e}"
         );
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    drop(rebuilding);
     let success = invoke(port, &first).unwrap();
     assert_eq!(failures(&success), BTreeSet::new(), "success.json: {success}");
 

@@ -6,13 +6,11 @@
 //! `eval "$(bash infra/local/stack.sh env)"`). The tests share one process and run in
 //! parallel threads: none may change process-wide state (environment variables, the current
 //! directory, the global `tracing` subscriber, the panic hook); a test that needs such a
-//! setting passes it to the child process it starts. Two cases needed more: a check of what
-//! the crate logs runs in a child process of this binary (`hostile`: `tracing` caches per
-//! process whether a log line has a listener), and tests that start `triage-lambda` spawn it
-//! through `support::spawn_lambda_binary`, because `lambda_events`' `cargo lambda watch`
-//! rebuilds that file. The chaos run stays a binary of its own (`tests/chaos`): it sets the
-//! panic hook and loads the emulators for minutes; cargo runs it as its own process, never
-//! beside these tests.
+//! setting passes it to the child process it starts. A check of what the crate logs runs in a
+//! child process of this binary (`hostile`: `tracing` caches per process whether a log line
+//! has a listener). The chaos run stays a binary of its own (`tests/chaos`): it sets the panic
+//! hook and loads the emulators for minutes; cargo runs it as its own process, never beside
+//! these tests.
 
 #[path = "../support/mod.rs"]
 mod support;

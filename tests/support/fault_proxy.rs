@@ -68,6 +68,9 @@ pub enum Fault {
     LostAnswer,
     /// Wait this long, then forward the request normally (latency injection).
     Delay(Duration),
+    /// Wait until the test releases the gate, then forward the request normally: a request
+    /// held for exactly as long as the test needs, with no guess at a duration.
+    Hold(Gate),
     /// Wait this long, then forward the request even if the client has stopped waiting for
     /// it: a request already on its way that reaches the service late, after requests the
     /// client sent later.
@@ -93,12 +96,44 @@ impl Fault {
             Fault::Reset => "Reset".into(),
             Fault::LostAnswer => "LostAnswer".into(),
             Fault::Delay(_) => "Delay".into(),
+            Fault::Hold(_) => "Hold".into(),
             Fault::LateDelivery(_) => "LateDelivery".into(),
             Fault::Error { code, .. } => format!("Error:{code}"),
             Fault::Body { status, .. } => format!("Body:{status}"),
         }
     }
 }
+
+/// What a [`Fault::Hold`] waits at: closed when made, open for good once released. Clones are
+/// the same gate.
+#[derive(Clone, Debug, Default)]
+pub struct Gate(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Opens the gate: every request held at it goes on, and later ones pass at once.
+    pub fn release(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn wait(&self) {
+        let mut open = self.0.subscribe();
+        // The sender lives in `self`: the channel cannot close while this waits.
+        let _ = open.wait_for(|open| *open).await;
+    }
+}
+
+impl PartialEq for Gate {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Gate {}
 
 /// Random faults: each matching request fails with probability `share`, with a kind
 /// drawn uniformly from `kinds`. Deterministic for a given seed and request order.
@@ -390,6 +425,15 @@ impl FaultProxy {
         }
     }
 
+    /// A strict proxy hands every receive of this queue as many messages as SQS would at
+    /// most, never fewer on purpose: for a test whose premise is a whole receive (it asserts
+    /// that premise). No effect on a proxy that is not strict.
+    pub fn receive_whole(&self, queue_url: &str) {
+        if let Some(s) = &self.shared.strict {
+            s.receive_whole(queue_url);
+        }
+    }
+
     /// A strict proxy takes every message of the queue to be `by` older than it is (for
     /// retention), so a test need not wait a minute for a message to expire.
     pub fn age_messages(&self, queue_url: &str, by: Duration) {
@@ -399,7 +443,8 @@ impl FaultProxy {
     }
 
     /// How often each strict rule acted (`expired`, `stale_delete`, `stale_visibility`,
-    /// `refused_send`, `over_limit`, `dedup_dropped`); empty for a proxy that is not strict.
+    /// `refused_send`, `over_limit`, `dedup_dropped`, `partial_receive`); empty for a proxy that
+    /// is not strict.
     pub fn strict_counts(&self) -> BTreeMap<String, u64> {
         self.shared
             .strict
@@ -552,6 +597,7 @@ async fn handle(
     match fault {
         None => {}
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
+        Some(Fault::Hold(gate)) => gate.wait().await,
         Some(Fault::LateDelivery(d)) => {
             // Its own task: dropping this request's future (the client went away) does not
             // stop it.
@@ -713,7 +759,12 @@ fn error_parts(service: Service, fault: &Fault) -> (u16, String, String, String)
         }
         (
             _,
-            Fault::Reset | Fault::LostAnswer | Fault::Delay(_) | Fault::LateDelivery(_) | Fault::Body { .. },
+            Fault::Reset
+            | Fault::LostAnswer
+            | Fault::Delay(_)
+            | Fault::Hold(_)
+            | Fault::LateDelivery(_)
+            | Fault::Body { .. },
         ) => {
             unreachable!("not an error response")
         }

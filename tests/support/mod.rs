@@ -201,24 +201,9 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}-{}-{}-{n}", std::process::id(), millis % 1_000_000_000)
 }
 
-/// `target/debug/triage-lambda` (`CARGO_BIN_EXE_triage-lambda`) is rebuilt by the
-/// `cargo lambda watch` of `tests/it/lambda_events.rs` — a plain `cargo build`, without the
-/// dev-dependencies' features, so a build of its own — and replaced at the end of that build.
-/// The integration tests share one process: a test that starts the binary spawns it through
-/// [`spawn_lambda_binary`] (a read lock for the instant of the spawn), the watch holds
-/// [`rebuilding_lambda_binary`] until its build is done, so no spawn falls into the moment the
-/// file is swapped.
-static LAMBDA_BINARY: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-/// Spawns `cmd` (a `triage-lambda` command) while no test rebuilds the binary.
+/// Spawns `cmd` (a `triage-lambda` command).
 pub fn spawn_lambda_binary(cmd: &mut std::process::Command) -> std::io::Result<std::process::Child> {
-    let _shared = LAMBDA_BINARY.read().unwrap_or_else(|e| e.into_inner());
     cmd.spawn()
-}
-
-/// Held while `cargo lambda` rebuilds `triage-lambda`: no [`spawn_lambda_binary`] meanwhile.
-pub fn rebuilding_lambda_binary() -> std::sync::RwLockWriteGuard<'static, ()> {
-    LAMBDA_BINARY.write().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A fresh source queue, DLQ and state table on the local stack, named after `prefix`.

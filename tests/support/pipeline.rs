@@ -232,6 +232,36 @@ impl Harness {
         Some((messages, response))
     }
 
+    /// Receives from the source queue until `n` messages are in hand, as an event source
+    /// mapping's batching window gathers a batch: SQS may hand out fewer per receive than it
+    /// holds. Panics when fewer than `n` arrive within 30 s, or more.
+    pub async fn receive_n(&self, n: usize) -> Vec<Message> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut messages = Vec::new();
+        while messages.len() < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "only {} of {n} messages arrived",
+                messages.len()
+            );
+            messages.extend(self.receive(&self.queue_url, Duration::from_secs(1)).await);
+        }
+        assert_eq!(messages.len(), n, "more messages than the {n} expected");
+        messages
+    }
+
+    /// One event source mapping poll of a gathered batch: [`Harness::receive_n`], then the
+    /// handler invoked with those `n` messages and the settled ones deleted.
+    pub async fn invoke_gathered(&self, n: usize) -> (Vec<Message>, SqsBatchResponse) {
+        let messages = self.receive_n(n).await;
+        let response = self
+            .invoke_with(&messages, Duration::from_secs(60))
+            .await
+            .expect("handler answered");
+        self.delete_settled(&messages, &response).await;
+        (messages, response)
+    }
+
     /// Deletes the messages a batch response did not report failed, as the event source
     /// mapping does. Returns the ids it reported failed.
     pub async fn delete_settled<'a>(

@@ -24,6 +24,12 @@
 //!   [`super::FaultProxy::set_in_flight_cap`]) messages received and not yet deleted or
 //!   visible again. At the cap a long poll waits and returns nothing; a short poll is answered
 //!   `OverLimit`. A receive below the cap hands out no more than the room left.
+//! * Partial receives: SQS may hand out fewer messages than asked for and than the queue
+//!   holds (a short poll samples some of its servers; a long poll returns once any arrive).
+//!   Every other receive asking for more than one message of a queue (the first, third, ...)
+//!   is handed at most half of them, rounded up, so a caller that takes one receive for the
+//!   whole queue is caught. [`super::FaultProxy::receive_whole`] turns this off for a queue
+//!   whose test needs a whole receive as its premise (and asserts it).
 //! * FIFO deduplication: a send whose deduplication id (or body hash, for content-based
 //!   deduplication) was accepted in the last five minutes is answered with the first send's
 //!   message id and sequence number and not forwarded, whether or not the first was deleted.
@@ -82,6 +88,10 @@ struct QueueState {
     /// How much older than their `SentTimestamp` says the queue's messages are taken to be.
     age_ms: u64,
     cap: Option<u64>,
+    /// Receives of more than one message so far, for the partial-receive rule.
+    receives: u64,
+    /// The partial-receive rule is off for this queue.
+    whole: bool,
     messages: HashMap<String, Tracked>,
     handles: HashMap<String, String>,
     /// Deduplication key → (first accepted send, its answer entry).
@@ -151,6 +161,28 @@ impl Strict {
 
     pub(super) fn set_cap(&self, queue_url: &str, cap: u64) {
         lock(&self.queues).entry(queue_key(queue_url)).or_default().cap = Some(cap);
+    }
+
+    pub(super) fn receive_whole(&self, queue_url: &str) {
+        lock(&self.queues).entry(queue_key(queue_url)).or_default().whole = true;
+    }
+
+    /// How many messages a receive asking for `asked` is handed at most: half of them,
+    /// rounded up, on every other receive of more than one (see the module's comment).
+    fn receive_limit(&self, queue: &str, asked: u64) -> u64 {
+        let mut queues = lock(&self.queues);
+        let q = queues.entry(queue.to_string()).or_default();
+        if asked <= 1 || q.whole {
+            return asked;
+        }
+        q.receives += 1;
+        if q.receives % 2 == 1 {
+            drop(queues);
+            self.count("partial_receive", 1);
+            asked.div_ceil(2)
+        } else {
+            asked
+        }
     }
 
     pub(super) fn age(&self, queue_url: &str, by: Duration) {
@@ -501,6 +533,7 @@ async fn receive(
         .get("MaxNumberOfMessages")
         .and_then(Value::as_u64)
         .unwrap_or(1);
+    let asked = strict.receive_limit(queue, asked);
     let deadline = Instant::now() + Duration::from_secs(wait_s);
     let mut first = true;
     loop {
