@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use sqs_triage::config::Config;
 use sqs_triage::core::breaker::BreakerConfig;
 use sqs_triage::core::{Decision, FailureClass, RetryPolicy};
+use sqs_triage::effects::calls::{SQS_CHUNK, Units};
 use sqs_triage::processor::Incoming;
 use sqs_triage::processor::registry::Registry;
 use sqs_triage::runtime::env::{build, sdk_config};
@@ -108,9 +109,30 @@ fn policy() -> RetryPolicy {
     crate::support::pipeline::fast_policy(5)
 }
 
+/// On-demand list prices, us-east-1, looked up on 2026-12-04 (in effect since DynamoDB's
+/// on-demand cut of 2024-11-01): US$ per million units or requests.
+const PRICE_WRITE_UNIT: f64 = 0.625;
+const PRICE_READ_UNIT: f64 = 0.125;
+const PRICE_SQS_REQUEST: f64 = 0.40;
+
+/// US$ for read units, write units and billed SQS requests.
+fn price(read: f64, write: f64, sqs: f64) -> f64 {
+    (read * PRICE_READ_UNIT + write * PRICE_WRITE_UNIT + sqs * PRICE_SQS_REQUEST) / 1e6
+}
+
 #[derive(Default, Debug)]
 struct Measured {
     calls: BTreeMap<String, u64>,
+    units: BTreeMap<String, Units>,
+    /// The function's SQS requests as billed (per started 64 KiB).
+    sqs_billed: u64,
+    /// Lambda's own receives and deletes as billed (a receive per started 64 KiB it returned).
+    lambda_billed: u64,
+    /// Executions whose outcome was a failure (transient or fatal).
+    failed_executions: u64,
+    /// Per kind of invocation (redeliveries in it, failures in it): invocations, and the
+    /// function's calls by operation.
+    by_kind: BTreeMap<(bool, bool), (u64, BTreeMap<String, u64>)>,
     invocations: u64,
     deliveries: u64,
     executions: u64,
@@ -144,6 +166,28 @@ impl Measured {
     /// GetItem of the job's state and a GetItem of the breaker; per execution a PutItem of the
     /// job's state; per transient failure an UpdateItem of the breaker's counter; per retry or
     /// deferral a ChangeMessageVisibility; per dead letter a SendMessage.
+    /// The function's read and write units, and the part of them computed.
+    fn units(&self) -> Units {
+        let mut t = Units::default();
+        for u in self.units.values() {
+            t.read += u.read;
+            t.write += u.write;
+            t.computed += u.computed;
+        }
+        t
+    }
+
+    /// The naive design's units and SQS requests: a strongly consistent read (1 unit, items
+    /// under 4 KB) of the job's and of the breaker's state per delivery, a write (1 unit, items
+    /// under 1 KB) per execution and per transient failure, one request per message moved.
+    fn naive_cost(&self) -> (f64, f64, f64) {
+        (
+            (2 * self.deliveries) as f64,
+            (self.executions + self.transient_failures) as f64,
+            (self.retries + self.deferrals + self.releases + self.dead_lettered) as f64,
+        )
+    }
+
     fn naive(&self) -> u64 {
         2 * self.deliveries
             + self.executions
@@ -193,6 +237,7 @@ pub fn run(opts: &Options) -> Section {
     };
     let scale = 1_000.0 / n as f64;
     let per_k = |x: u64| format!("{:.0}", x as f64 * scale);
+    let mut done: Vec<(Workload, Measured)> = Vec::new();
     for w in workloads() {
         eprintln!("report:   {}", w.name);
         match rt.block_on(measure(&w, n, opts.quick)) {
@@ -200,7 +245,7 @@ pub fn run(opts: &Options) -> Section {
                 let ops = m
                     .calls
                     .iter()
-                    .map(|(k, v)| format!("{} {}", k.rsplit('.').next().unwrap_or(k), per_k(*v)))
+                    .map(|(k, v)| format!("{} {}", short(k), per_k(*v)))
                     .collect::<Vec<_>>()
                     .join(", ");
                 let happened = [
@@ -231,6 +276,7 @@ pub fn run(opts: &Options) -> Section {
                     m.per_invocation_lower as f64 * scale,
                 );
                 s.value(&format!("calls.{}.naive", w.tag), m.naive() as f64 * scale);
+                done.push((w, m));
             }
             Err(e) => {
                 s.row(&[
@@ -246,7 +292,148 @@ pub fn run(opts: &Options) -> Section {
             }
         }
     }
+    cost_table(&mut s, &done, scale);
+    goals_line(&mut s, &done, scale);
+    if let Some((_, m)) = done.iter().find(|(w, _)| w.tag == "transient") {
+        kinds_table(&mut s, m, scale);
+    }
     s
+}
+
+/// The request-cost goals, against this run.
+fn goals_line(s: &mut Section, done: &[(Workload, Measured)], scale: f64) {
+    let of = |tag: &str| done.iter().find(|(w, _)| w.tag == tag).map(|(_, m)| m);
+    let mut parts = Vec::new();
+    if let Some(m) = of("transient") {
+        parts.push(format!(
+            "at 10% transient at most 150 calls per 1,000 messages: {:.0}; at most 1.1 write units \
+             per failing execution: {:.2}",
+            m.total() as f64 * scale,
+            m.units().write / m.failed_executions.max(1) as f64
+        ));
+    }
+    if let Some(m) = of("outage") {
+        parts.push(format!(
+            "in an outage at most 1.3× the per-invocation lower bound: {:.2}×",
+            m.total() as f64 / m.per_invocation_lower.max(1) as f64
+        ));
+    }
+    if !parts.is_empty() {
+        s.line(String::new());
+        s.line(format!("Goals, this run: {}.", parts.join("; ")));
+    }
+}
+
+/// Where the 10%-transient workload's calls go, per kind of invocation.
+fn kinds_table(s: &mut Section, m: &Measured, scale: f64) {
+    s.line(String::new());
+    s.line(
+        "Where the 10%-transient calls go, per kind of invocation (start-up's breaker read and \
+         the cached breaker reads fall in whichever invocation made them), per 1,000 messages:"
+            .into(),
+    );
+    s.line(String::new());
+    s.header(&["invocation", "invocations", "calls", "calls by operation"]);
+    for ((redelivered, failing), (n, ops)) in &m.by_kind {
+        let name = match (redelivered, failing) {
+            (false, false) => "first deliveries only, all succeed",
+            (false, true) => "first deliveries only, some fail",
+            (true, false) => "with redeliveries, all succeed",
+            (true, true) => "with redeliveries, some fail",
+        };
+        let total: u64 = ops.values().sum();
+        let by_op = ops
+            .iter()
+            .map(|(k, v)| format!("{} {:.0}", short(k), *v as f64 * scale))
+            .collect::<Vec<_>>()
+            .join(", ");
+        s.row(&[
+            name.into(),
+            format!("{:.0}", *n as f64 * scale),
+            format!("{:.0}", total as f64 * scale),
+            if by_op.is_empty() { "none".into() } else { by_op },
+        ]);
+    }
+}
+
+fn short(op: &str) -> &str {
+    op.rsplit('.').next().unwrap_or(op)
+}
+
+/// The same runs in what they are billed: DynamoDB units, SQS requests, and the price.
+fn cost_table(s: &mut Section, done: &[(Workload, Measured)], scale: f64) {
+    s.line(String::new());
+    s.line(format!(
+        "The same runs, billed. DynamoDB's units as its answers report them (`ReturnConsumedCapacity=TOTAL` \
+         on every call); where DynamoDB Local answers none (every PartiQL batch, a refused conditional \
+         write) they are computed by DynamoDB's rules (1 write unit per started KB, 1 strongly consistent \
+         read unit per started 4 KB, a refused conditional write still consumes) and shown as computed. \
+         SQS requests as billed: one per started 64 KiB of a request. Price at on-demand list prices, \
+         us-east-1, in effect since DynamoDB's on-demand cut of 2024-11-01 and looked up on 2026-12-04: US$ {PRICE_WRITE_UNIT} per million write units, \
+         {PRICE_READ_UNIT} per million read units, {PRICE_SQS_REQUEST} per million SQS requests \
+         (standard queue; free tiers left out). The naive design is costed from the same run: 1 read unit \
+         per read and 1 write unit per write of the table above, one SQS request per message moved."
+    ));
+    s.line(String::new());
+    s.header(&[
+        "workload",
+        "read units",
+        "write units (computed)",
+        "write units by operation",
+        "write units per failing execution",
+        "SQS requests (billed)",
+        "price per 1,000 messages",
+        "Lambda's own receive + delete",
+        "naive per-message design",
+    ]);
+    let us = |x: f64| format!("${:.6}", x * scale);
+    for (w, m) in done {
+        let u = m.units();
+        let by_op = m
+            .units
+            .iter()
+            .filter(|(_, v)| v.write > 0.0)
+            .map(|(k, v)| format!("{} {:.0}", short(k), v.write * scale))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let per_failing = if m.failed_executions == 0 {
+            "no failures".to_owned()
+        } else {
+            format!("{:.2}", u.write / m.failed_executions as f64)
+        };
+        let mine = price(u.read, u.write, m.sqs_billed as f64);
+        let lambda = price(0.0, 0.0, m.lambda_billed as f64);
+        let (nr, nw, nq) = m.naive_cost();
+        let naive = price(nr, nw, nq);
+        s.row(&[
+            w.name.into(),
+            format!("{:.0}", u.read * scale),
+            format!("{:.0} ({:.0})", u.write * scale, u.computed * scale),
+            if by_op.is_empty() { "none".into() } else { by_op },
+            per_failing,
+            format!("{:.0}", m.sqs_billed as f64 * scale),
+            format!("**{}**", us(mine)),
+            format!("{:.0} requests, {}", m.lambda_billed as f64 * scale, us(lambda)),
+            format!(
+                "{:.0} read, {:.0} write units, {:.0} SQS requests: {}",
+                nr * scale,
+                nw * scale,
+                nq * scale,
+                us(naive)
+            ),
+        ]);
+        s.value(&format!("units.{}.read", w.tag), u.read * scale);
+        s.value(&format!("units.{}.write", w.tag), u.write * scale);
+        s.value(&format!("units.{}.price", w.tag), mine * scale);
+        s.value(&format!("units.{}.lambda_price", w.tag), lambda * scale);
+        s.value(&format!("units.{}.naive_price", w.tag), naive * scale);
+        if m.failed_executions > 0 {
+            s.value(
+                &format!("units.{}.write_per_failing", w.tag),
+                u.write / m.failed_executions as f64,
+            );
+        }
+    }
 }
 
 async fn measure(w: &Workload, n: usize, quick: bool) -> Result<Measured, String> {
@@ -352,6 +539,11 @@ async fn measure(w: &Workload, n: usize, quick: bool) -> Result<Measured, String
             .messages
             .unwrap_or_default();
         m.receives += 1;
+        let returned: usize = batch
+            .iter()
+            .map(|b| b.body().map_or(0, str::len) + b.receipt_handle().map_or(0, str::len))
+            .sum();
+        m.lambda_billed += returned.div_ceil(SQS_CHUNK).max(1) as u64;
         if batch.is_empty() {
             continue;
         }
@@ -366,6 +558,12 @@ async fn measure(w: &Workload, n: usize, quick: bool) -> Result<Measured, String
             })
             .collect();
         seen.extend(handles.iter().map(|(id, _)| id.clone()));
+        let redelivered = batch.iter().any(|b| {
+            b.attributes()
+                .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+                .is_some_and(|c| c != "1")
+        });
+        let before = env.calls.snapshot();
         let records = batch.into_iter().map(Incoming::from_sdk).collect();
         let outcome = env
             .processor
@@ -380,6 +578,7 @@ async fn measure(w: &Workload, n: usize, quick: bool) -> Result<Measured, String
             dead += u64::from(matches!(r.decision, Decision::DeadLetter { .. }));
             m.deliveries += 1;
             m.executions += u64::from(r.executed);
+            m.failed_executions += u64::from(r.executed && !matches!(r.decision, Decision::Done { .. }));
             match &r.decision {
                 Decision::Retry { .. } => {
                     m.retries += 1;
@@ -395,6 +594,18 @@ async fn measure(w: &Workload, n: usize, quick: bool) -> Result<Measured, String
             }
         }
         m.per_invocation_lower += moved.div_ceil(10) + dead.div_ceil(10);
+        let failing = outcome
+            .records
+            .iter()
+            .any(|r| r.executed && !matches!(r.decision, Decision::Done { .. }));
+        let kind = m.by_kind.entry((redelivered, failing)).or_default();
+        kind.0 += 1;
+        for (op, v) in env.calls.snapshot() {
+            let d = v - before.get(&op).copied().unwrap_or(0);
+            if d > 0 {
+                *kind.1.entry(op).or_default() += d;
+            }
+        }
         let failed: HashSet<String> = outcome.failures().into_iter().collect();
         let delete: Vec<DeleteMessageBatchRequestEntry> = handles
             .iter()
@@ -417,9 +628,12 @@ async fn measure(w: &Workload, n: usize, quick: bool) -> Result<Measured, String
                 .await
                 .map_err(|e| format!("DeleteMessageBatch: {e}"))?;
             m.deletes += 1;
+            m.lambda_billed += 1;
         }
     }
     m.calls = env.calls.snapshot();
+    m.units = env.calls.units();
+    m.sqs_billed = env.calls.sqs_billed().values().sum();
     m.seconds = started.elapsed().as_secs_f64();
     Ok(m)
 }

@@ -29,7 +29,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::{AttributeValue, BatchStatementRequest, ReturnValue};
+use aws_sdk_dynamodb::types::{AttributeValue, BatchStatementRequest, ReturnConsumedCapacity, ReturnValue};
 use rand::Rng;
 use tokio::time::Instant;
 
@@ -670,6 +670,7 @@ impl BreakerStore {
             .call("UpdateItem", deadline, || {
                 self.client
                     .update_item()
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
                     .table_name(&self.table)
                     .set_key(Some(breaker_key(job_type)))
                     .update_expression(
@@ -816,6 +817,7 @@ impl BreakerStore {
                 let req = self
                     .client
                     .put_item()
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
                     .table_name(&self.table)
                     .set_item(Some(item.clone()));
                 if expected.version == 0 {

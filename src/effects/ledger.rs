@@ -25,7 +25,7 @@ use crate::clock::now_ms;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{
     AttributeValue, BatchStatementErrorCodeEnum, BatchStatementRequest, DeleteRequest, KeysAndAttributes,
-    PutRequest, ReturnValue, WriteRequest,
+    PutRequest, ReturnConsumedCapacity, ReturnValue, WriteRequest,
 };
 use tokio::time::Instant;
 
@@ -488,6 +488,7 @@ impl AttemptLedger {
                     .call("BatchGetItem", deadline, || {
                         self.client
                             .batch_get_item()
+                            .return_consumed_capacity(ReturnConsumedCapacity::Total)
                             .request_items(&self.table, keys.clone())
                             .send()
                     })
@@ -633,6 +634,7 @@ impl AttemptLedger {
                 let mut req = self
                     .client
                     .update_item()
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
                     .table_name(&self.table)
                     .set_key(Some(ledger_key(job_type, job_id)))
                     .update_expression(&expr)
@@ -930,6 +932,7 @@ impl AttemptLedger {
                         .call("BatchExecuteStatement", deadline, || {
                             self.client
                                 .batch_execute_statement()
+                                .return_consumed_capacity(ReturnConsumedCapacity::Total)
                                 .set_statements(Some(requests.clone()))
                                 .send()
                         })
@@ -1092,6 +1095,7 @@ impl AttemptLedger {
                     .call("BatchWriteItem", deadline, || {
                         self.client
                             .batch_write_item()
+                            .return_consumed_capacity(ReturnConsumedCapacity::Total)
                             .request_items(&self.table, requests.clone())
                             .send()
                     })
@@ -1144,6 +1148,7 @@ impl AttemptLedger {
                 let mut req = self
                     .client
                     .update_item()
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
                     .table_name(&self.table)
                     .set_key(Some(ledger_key(job_type, job_id)))
                     .update_expression(&set)
@@ -1213,6 +1218,7 @@ impl AttemptLedger {
                 .call("Query", None, || {
                     self.client
                         .query()
+                        .return_consumed_capacity(ReturnConsumedCapacity::Total)
                         .table_name(&self.table)
                         .key_condition_expression("pk = :pk AND begins_with(sk, :ledger)")
                         .expression_attribute_values(":pk", AttributeValue::S(pk.clone()))

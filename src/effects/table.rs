@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 // Creating the table is the operator tool's (`triage setup`) and the tests'.
 #[cfg(feature = "internals")]
 use aws_sdk_dynamodb::types::{
@@ -121,6 +121,7 @@ pub(crate) async fn get_consistent(
         .call("GetItem", deadline, || {
             client
                 .get_item()
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .table_name(table)
                 .set_key(Some(key.clone()))
                 .consistent_read(true)

@@ -598,6 +598,7 @@ async fn probe_table(
         .call("GetItem", deadline, || {
             client
                 .get_item()
+                .return_consumed_capacity(aws_sdk_dynamodb::types::ReturnConsumedCapacity::Total)
                 .table_name(table)
                 .set_key(Some(key.clone()))
                 .projection_expression("#pk")

@@ -55,6 +55,15 @@ fn the_report_runs_on_a_tiny_input_and_prints_every_table() {
     );
     if std::env::var_os("AWS_ENDPOINT_URL_SQS").is_some() {
         assert!(title("2.").failures.is_empty(), "{:?}", title("2.").failures);
+        // The same runs, billed: units summed from DynamoDB's answers (a retried job is
+        // counted and its ledger deleted, so the transient workload writes).
+        assert!(
+            md.contains("| workload | read units | write units (computed) |"),
+            "{md}"
+        );
+        let calls = &title("2.").values;
+        assert!(calls["units.transient.write"] >= 1.0, "{calls:?}");
+        assert!(calls["units.ok.read"] >= 1.0, "{calls:?}");
         // The fleet's outage writes to the breaker item until it opens, and every
         // environment then sees it open.
         let fleet = title("6.");

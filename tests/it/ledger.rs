@@ -500,3 +500,71 @@ async fn a_count_clears_the_marker_it_saw_not_a_fresh_one_written_since() {
     }
     delete_table(&client, &table).await.unwrap();
 }
+
+/// DynamoDB's cost of the ledger's calls, as the environment's call counter sums it: units read
+/// from each answer, and computed by the published rules where DynamoDB Local answers none (a
+/// PartiQL batch, a refused conditional write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_ledger_call_is_costed_in_units_and_a_refused_count_still_costs_one() {
+    use sqs_triage::effects::calls::{CallCounter, Units};
+    let counter = CallCounter::new();
+    let conf = dynamodb_config(&support::sdk_config().await)
+        .interceptor(counter.clone())
+        .build();
+    let client = aws_sdk_dynamodb::Client::from_conf(conf);
+    let (ledger, table) = ledger_on(client.clone()).await;
+    counter.reset();
+
+    // A first execution counted in the invocation's batch: one INSERT statement.
+    let Batched { counts: results, .. } = ledger
+        .write_batch(&[count("a", "m", 1, false)], &[], &[], None)
+        .await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    // A single count, then the same delivery again: the condition refuses it.
+    let delivery = Delivery {
+        message_id: "m",
+        receive_count: 1,
+    };
+    let first = ledger.count("t", "b", delivery, None, "e", None).await.unwrap();
+    assert!(matches!(first, Counted::New(1)), "{first:?}");
+    let again = ledger.count("t", "b", delivery, None, "e", None).await.unwrap();
+    assert!(matches!(again, Counted::AlreadyCounted), "{again:?}");
+    // One consistent read of both items, and of one that does not exist.
+    let read = ledger
+        .read_many([("t", "a"), ("t", "b"), ("t", "none")], None)
+        .await
+        .unwrap();
+    assert_eq!(read.len(), 2);
+
+    let units = counter.units();
+    let of = |op: &str| units.get(&format!("DynamoDB.{op}")).copied().unwrap_or_default();
+    assert_eq!(
+        of("BatchExecuteStatement"),
+        Units {
+            read: 0.0,
+            write: 1.0,
+            computed: 1.0
+        },
+        "{units:?}"
+    );
+    assert_eq!(
+        of("UpdateItem"),
+        Units {
+            read: 0.0,
+            write: 2.0,
+            computed: 1.0
+        },
+        "one answered, the refused one computed: {units:?}"
+    );
+    assert_eq!(
+        of("BatchGetItem"),
+        Units {
+            read: 2.0,
+            write: 0.0,
+            computed: 0.0
+        },
+        "{units:?}"
+    );
+    assert_eq!(units.len(), 3, "{units:?}");
+    delete_table(&client, &table).await.unwrap();
+}
