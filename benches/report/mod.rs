@@ -291,7 +291,9 @@ impl Report {
         let mut rest = old;
         while let Some(at) = rest.find(SECTION_START) {
             rest = &rest[at + SECTION_START.len()..];
-            let Some(section) = parse_block(rest) else { continue };
+            let Some(section) = parse_block(rest) else {
+                continue;
+            };
             if opts.skip.contains(&section.key) && self.sections.iter().all(|s| s.key != section.key) {
                 kept.push(section);
             }
@@ -492,7 +494,10 @@ fn parse_block(text: &str) -> Option<Section> {
         failures: Vec::new(),
         values,
         key: key.to_owned(),
-        from: Some((meta["command"].as_str()?.to_owned(), meta["machine"].as_str()?.to_owned())),
+        from: Some((
+            meta["command"].as_str()?.to_owned(),
+            meta["machine"].as_str()?.to_owned(),
+        )),
     })
 }
 
