@@ -68,6 +68,9 @@ pub enum Fault {
     LostAnswer,
     /// Wait this long, then forward the request normally (latency injection).
     Delay(Duration),
+    /// Hold the request until [`FaultProxy::release_held`], then forward it normally: a test
+    /// sees which requests are on the wire at once ([`FaultProxy::until_held`]) without timing.
+    Hold,
     /// Wait this long, then forward the request even if the client has stopped waiting for
     /// it: a request already on its way that reaches the service late, after requests the
     /// client sent later.
@@ -93,6 +96,7 @@ impl Fault {
             Fault::Reset => "Reset".into(),
             Fault::LostAnswer => "LostAnswer".into(),
             Fault::Delay(_) => "Delay".into(),
+            Fault::Hold => "Hold".into(),
             Fault::LateDelivery(_) => "LateDelivery".into(),
             Fault::Error { code, .. } => format!("Error:{code}"),
             Fault::Body { status, .. } => format!("Body:{status}"),
@@ -150,6 +154,8 @@ struct Counters {
     total: u64,
     ops: BTreeMap<String, u64>,
     faults: BTreeMap<String, u64>,
+    /// Time spent waiting for the upstream's answers, per operation.
+    upstream: BTreeMap<String, Duration>,
 }
 
 struct ActivePlan {
@@ -173,6 +179,10 @@ struct Shared {
     batch_cap: Mutex<Option<usize>>,
     /// SQS's rules that moto does not keep, when the proxy is strict ([`FaultProxy::start_strict`]).
     strict: Option<strict::Strict>,
+    /// Requests held by [`Fault::Hold`] so far.
+    held: watch::Sender<u64>,
+    /// Becomes true at [`FaultProxy::release_held`]: held requests go on, later ones pass.
+    released: watch::Sender<bool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -317,6 +327,12 @@ impl FaultProxy {
         lock(&self.shared.counters).ops.clone()
     }
 
+    /// Time the upstream took to answer the forwarded requests, summed per operation (an
+    /// injected delay not included): what the emulator adds to each call.
+    pub fn upstream_times(&self) -> BTreeMap<String, Duration> {
+        lock(&self.shared.counters).upstream.clone()
+    }
+
     /// Requests received for one operation.
     pub fn count(&self, op: &str) -> u64 {
         lock(&self.shared.counters).ops.get(op).copied().unwrap_or(0)
@@ -374,6 +390,21 @@ impl FaultProxy {
     /// Adds a deterministic rule (checked in insertion order, before the random plan).
     pub fn add_rule(&self, rule: FaultRule) {
         lock(&self.shared.faults).rules.push(rule);
+    }
+
+    /// Waits until `n` requests in all have been held by [`Fault::Hold`] (at most `within`);
+    /// false if fewer came.
+    pub async fn until_held(&self, n: u64, within: Duration) -> bool {
+        let mut held = self.shared.held.subscribe();
+        matches!(
+            tokio::time::timeout(within, held.wait_for(|h| *h >= n)).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Lets every held request go on; a [`Fault::Hold`] after this holds nothing.
+    pub fn release_held(&self) {
+        self.shared.released.send_replace(true);
     }
 
     /// Removes every rule and the random plan.
@@ -552,6 +583,11 @@ async fn handle(
     match fault {
         None => {}
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
+        Some(Fault::Hold) => {
+            let mut released = ctx.shared.released.subscribe();
+            ctx.shared.held.send_modify(|n| *n += 1);
+            let _ = released.wait_for(|r| *r).await;
+        }
         Some(Fault::LateDelivery(d)) => {
             // Its own task: dropping this request's future (the client went away) does not
             // stop it.
@@ -584,7 +620,10 @@ async fn handle(
             return Ok(resp);
         }
     }
-    Ok(forward(&ctx, parts, body).await)
+    let started = std::time::Instant::now();
+    let answer = forward(&ctx, parts, body).await;
+    *lock(&ctx.shared.counters).upstream.entry(op).or_default() += started.elapsed();
+    Ok(answer)
 }
 
 /// Forwards a request upstream and returns the answer.
@@ -713,7 +752,12 @@ fn error_parts(service: Service, fault: &Fault) -> (u16, String, String, String)
         }
         (
             _,
-            Fault::Reset | Fault::LostAnswer | Fault::Delay(_) | Fault::LateDelivery(_) | Fault::Body { .. },
+            Fault::Reset
+            | Fault::LostAnswer
+            | Fault::Delay(_)
+            | Fault::Hold
+            | Fault::LateDelivery(_)
+            | Fault::Body { .. },
         ) => {
             unreachable!("not an error response")
         }
