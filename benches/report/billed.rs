@@ -51,7 +51,7 @@ const KINDS: [Kind; 3] = [Kind::Triage, Kind::Bare, Kind::Powertools];
 impl Kind {
     fn name(self) -> &'static str {
         match self {
-            Kind::Triage => "sqs-triage: the shipped `triage-lambda` (release)",
+            Kind::Triage => "sqs-triage: the shipped `triage-lambda` (the bench profile: release)",
             Kind::Bare => {
                 "bare `lambda_runtime` + `SqsBatchResponse` (`examples/bare_batch.rs`), records side by side"
             }
