@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+#[path = "billed.rs"]
+mod billed;
 #[path = "calls.rs"]
 mod calls;
 #[path = "cold.rs"]
@@ -45,7 +47,7 @@ pub struct Options {
     pub lambda_bin: PathBuf,
     /// Write `docs/benchmarks.md` (and the plot to `docs/img/`).
     pub write_docs: bool,
-    /// Sections to leave out (`cost`, `calls`, `storm`, `herd`, `cold`, `fleet`).
+    /// Sections to leave out (`cost`, `calls`, `storm`, `herd`, `cold`, `fleet`, `billed`).
     pub skip: Vec<String>,
     /// The command line, for the report.
     pub command: String,
@@ -447,6 +449,25 @@ impl Report {
                 f("cold.python_import_ms", 0)
             ),
         );
+        if v.contains_key("billed.healthy.added_p50_ms") {
+            row(
+                "Added billed duration, 10-record batch, 10 ms handler, 5 ms on every AWS call: p50 (p99) minus the bare function's".into(),
+                format!(
+                    "healthy **{} ms** ({} ms); 1 transient + 1 fatal + 1 redelivery **{} ms** ({} ms)",
+                    f("billed.healthy.added_p50_ms", 2),
+                    f("billed.healthy.added_p99_ms", 2),
+                    f("billed.failures.added_p50_ms", 2),
+                    f("billed.failures.added_p99_ms", 2),
+                ),
+                format!(
+                    "bare `lambda_runtime`: {} ms healthy, {} ms with failures (p50); Powertools `BatchProcessor`, records in turn: {} ms, {} ms",
+                    f("billed.healthy.bare.p50_ms", 2),
+                    f("billed.failures.bare.p50_ms", 2),
+                    f("billed.healthy.powertools.p50_ms", 1),
+                    f("billed.failures.powertools.p50_ms", 1),
+                ),
+            );
+        }
         if let Some(n) = v.get("fleet.max_n") {
             row(
                 format!(
@@ -566,6 +587,10 @@ pub fn run(opts: &Options) -> Report {
     if on("fleet") {
         step("fleet");
         sections.push(keyed("fleet", fleet::run(opts)));
+    }
+    if on("billed") {
+        step("added billed duration");
+        sections.push(billed::run(opts));
     }
     Report { machine, sections }
 }

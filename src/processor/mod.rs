@@ -523,9 +523,13 @@ impl Processor {
             }
         };
         let work = async {
-            self.load_ledger(&mut records, hold.deadline(), &mut metrics)
-                .await;
-            let states = self.load_breakers(&records, hold.deadline()).await;
+            // The ledger's read and the breakers' do not depend on each other: side by side, a
+            // batch with a redelivery and a breaker read waits one round trip, not two.
+            let types = read::breaker_types(&records);
+            let (_, states) = tokio::join!(
+                self.load_ledger(&mut records, hold.deadline(), &mut metrics),
+                self.load_breakers(&types, hold.deadline()),
+            );
             self.run(records, &states, &hold, &finished).await;
             let _ = done.send(true);
         };

@@ -197,20 +197,17 @@ impl Processor {
         }
     }
 
-    /// One breaker state per job type in the batch, through the per-environment cache; a
+    /// One breaker state per job type of [`breaker_types`], through the per-environment cache; a
     /// breaker that cannot be read fails open (see
     /// [`BreakerStore::observe`](crate::effects::breaker_store::BreakerStore::observe)).
     pub(super) async fn load_breakers(
         &self,
-        records: &[Record],
+        types: &[String],
         deadline: Deadline,
     ) -> HashMap<String, BreakerState> {
-        let mut types: Vec<&str> = records.iter().filter_map(Record::job_type).collect();
-        types.sort_unstable();
-        types.dedup();
         let reads = types
             .iter()
-            .filter_map(|t| self.breakers.get(*t).map(|b| (*t, b)))
+            .filter_map(|t| self.breakers.get(t.as_str()).map(|b| (t.as_str(), b)))
             .map(|(t, b)| async move { (t.to_owned(), b.observe(t, deadline.admission()).await) });
         futures::future::join_all(reads).await.into_iter().collect()
     }
@@ -318,4 +315,12 @@ impl Processor {
             },
         }
     }
+}
+
+/// The batch's job types, each once: the breakers its admission reads.
+pub(super) fn breaker_types(records: &[Record]) -> Vec<String> {
+    let mut types: Vec<&str> = records.iter().filter_map(Record::job_type).collect();
+    types.sort_unstable();
+    types.dedup();
+    types.into_iter().map(str::to_owned).collect()
 }

@@ -38,6 +38,13 @@ fn the_report_runs_on_a_tiny_input_and_prints_every_table() {
     ] {
         assert!(md.contains(header), "missing table header `{header}`:\n{md}");
     }
+    // The added billed duration runs three functions on the local stack: its table, when it ran.
+    if let Some(billed) = r.sections.iter().find(|s| s.title.starts_with("8.")) {
+        if billed.failures.is_empty() {
+            assert!(md.contains("| workload | function | p50 | p99 |"), "{md}");
+            assert!(billed.values.contains_key("billed.failures.added_p50_ms"), "{md}");
+        }
+    }
     // `docs/benchmarks.md` opens with the summary, then says how the run was made.
     let doc = report::document(&opts, &r);
     let at = |h: &str| doc.find(h).unwrap_or_else(|| panic!("no `{h}` in the document"));

@@ -11,7 +11,7 @@
 use crate::support;
 use crate::support::pipeline::{Harness, RECORDED, fast_policy, quiet_breaker};
 
-use crate::support::fault_proxy::{Fault, FaultProxy, FaultRule, Gate};
+use crate::support::fault_proxy::{Fault, FaultProxy, FaultRule};
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -1003,24 +1003,6 @@ async fn ctx_via(proxy: &FaultProxy) -> Ctx {
     ctx
 }
 
-/// Waits (at most 30 s) until `proxy` has seen a request for `op`.
-async fn until_seen(proxy: &FaultProxy, op: &str) {
-    until_count(proxy, op, 1).await;
-}
-
-/// Waits until `n` requests of `op` have reached the proxy (at most 30 s).
-async fn until_count(proxy: &FaultProxy, op: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while proxy.count(op) < n {
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} {op} reached SQS",
-            proxy.count(op)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// While a held send stays held: another reader, receiving with a 1 s long poll, never gets a
 /// message of `queue_url`, until `op` (the hold's renewal) has been renewed three more times.
 /// The task must not finish meanwhile: its send is held.
@@ -1090,8 +1072,7 @@ async fn the_message_stays_hidden_while_a_slow_send_runs() {
     let sqs = support::sqs_client().await;
     seed(&stack, "sl-1", &job_body("sl-1", 1), &[], None).await;
     let proxy = FaultProxy::start(&support::sqs_endpoint());
-    let send = Gate::new();
-    proxy.fail_always("SendMessageBatch", Fault::Hold(send.clone()));
+    proxy.fail_always("SendMessageBatch", Fault::Hold);
     let ctx = ctx_via(&proxy).await;
     let opts = dlq::EditOptions {
         table: Some(stack.table.clone()),
@@ -1100,9 +1081,9 @@ async fn the_message_stays_hidden_while_a_slow_send_runs() {
     };
     let dlq_url = stack.dlq_url.clone();
     let task = tokio::spawn(async move { dlq::edit(&ctx, &dlq_url, &opts).await });
-    until_seen(&proxy, "SendMessageBatch").await;
+    assert!(proxy.until_held(1, Duration::from_secs(30)).await, "no send reached SQS");
     never_received_over_three_renewals(&sqs, &stack.dlq_url, &proxy, "ChangeMessageVisibility", &task).await;
-    send.release();
+    proxy.release_held();
     let report = task.await.unwrap().unwrap();
     assert!(report.original_deleted, "{report:?}");
     let back = support::drain(&sqs, &stack.queue_url, 1).await;
@@ -1119,8 +1100,7 @@ async fn a_hold_lost_during_the_send_deletes_nothing_and_says_so() {
     let sqs = support::sqs_client().await;
     let dlq_id = seed(&stack, "lo-1", &job_body("lo-1", 1), &[], None).await;
     let proxy = FaultProxy::start(&support::sqs_endpoint());
-    let send = Gate::new();
-    proxy.fail_always("SendMessageBatch", Fault::Hold(send.clone()));
+    proxy.fail_always("SendMessageBatch", Fault::Hold);
     let ctx = ctx_via(&proxy).await;
     let opts = dlq::EditOptions {
         table: Some(stack.table.clone()),
@@ -1129,7 +1109,7 @@ async fn a_hold_lost_during_the_send_deletes_nothing_and_says_so() {
     };
     let dlq_url = stack.dlq_url.clone();
     let task = tokio::spawn(async move { dlq::edit(&ctx, &dlq_url, &opts).await });
-    until_seen(&proxy, "SendMessageBatch").await;
+    assert!(proxy.until_held(1, Duration::from_secs(30)).await, "no send reached SQS");
     // From now on SQS refuses the edit's renewals, as it refuses a receipt handle whose
     // message is no longer in flight for it (moto accepts any handle it ever issued).
     proxy.add_rule(FaultRule {
@@ -1160,7 +1140,7 @@ async fn a_hold_lost_during_the_send_deletes_nothing_and_says_so() {
         assert!(Instant::now() < deadline, "the hold never ran out");
     };
     assert!(!task.is_finished(), "the send was still running");
-    send.release();
+    proxy.release_held();
     let report = task.await.unwrap().unwrap();
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["original_deleted"], false, "{json}");
@@ -1315,10 +1295,9 @@ async fn a_replay_keeps_its_hold_while_a_slow_send_runs() {
     let sqs = support::sqs_client().await;
     seed(&stack, "rs-1", &job_body("rs-1", 1), &[], None).await;
     let proxy = FaultProxy::start(&support::sqs_endpoint());
-    let send = Gate::new();
-    proxy.fail_always("SendMessageBatch", Fault::Hold(send.clone()));
+    proxy.fail_always("SendMessageBatch", Fault::Hold);
     let task = replay_via(&proxy, &stack, Duration::from_secs(1)).await;
-    until_seen(&proxy, "SendMessageBatch").await;
+    assert!(proxy.until_held(1, Duration::from_secs(30)).await, "no send reached SQS");
     never_received_over_three_renewals(
         &sqs,
         &stack.dlq_url,
@@ -1327,7 +1306,7 @@ async fn a_replay_keeps_its_hold_while_a_slow_send_runs() {
         &task,
     )
     .await;
-    send.release();
+    proxy.release_held();
     let report = task.await.unwrap();
     assert_eq!((report.moved, report.delete_failed), (1, 0), "{report:?}");
     assert_eq!(support::drain(&sqs, &stack.queue_url, 1).await.len(), 1);
@@ -1344,10 +1323,9 @@ async fn a_replay_whose_hold_was_lost_during_the_send_deletes_nothing() {
     let sqs = support::sqs_client().await;
     let dlq_id = seed(&stack, "rl-1", &job_body("rl-1", 1), &[], None).await;
     let proxy = FaultProxy::start(&support::sqs_endpoint());
-    let send = Gate::new();
-    proxy.fail_always("SendMessageBatch", Fault::Hold(send.clone()));
+    proxy.fail_always("SendMessageBatch", Fault::Hold);
     let task = replay_via(&proxy, &stack, Duration::from_secs(1)).await;
-    until_seen(&proxy, "SendMessageBatch").await;
+    assert!(proxy.until_held(1, Duration::from_secs(30)).await, "no send reached SQS");
     // SQS refuses a receipt handle whose message is no longer in flight for it.
     proxy.add_rule(FaultRule {
         ops: Some(vec![
@@ -1379,7 +1357,7 @@ async fn a_replay_whose_hold_was_lost_during_the_send_deletes_nothing() {
         assert!(Instant::now() < deadline, "the hold never ran out");
     };
     assert!(!task.is_finished(), "the send was still running");
-    send.release();
+    proxy.release_held();
     let report = task.await.unwrap();
     assert_eq!((report.moved, report.delete_failed), (1, 1), "{report:?}");
     assert_eq!(

@@ -674,3 +674,87 @@ async fn records_from_another_queue_than_the_configured_one_are_counted() {
         outcome.metrics
     );
 }
+
+/// Item: a redelivery's ledger read and its breaker's read go out side by side, so a batch
+/// waits one storage round trip before its handlers, not two. The proxy holds both reads
+/// (the breaker's cache is off, so the batch reads it): both must be on the wire at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redeliverys_ledger_read_and_its_breakers_read_go_out_together() {
+    let proxy = FaultProxy::start(&support::ddb_endpoint());
+    let breaker = sqs_triage::core::breaker::BreakerConfig::builder()
+        .min_executions(100_000)
+        .cache_ttl(Duration::ZERO)
+        .build()
+        .unwrap();
+    let h = Harness::build(Options {
+        prefix: "readstogether",
+        breaker,
+        ddb_endpoint: Some(proxy.url()),
+        ..Options::default()
+    })
+    .await;
+    h.send_jobs(&[("again", json!({"outcome": "ok"}))]).await;
+    // Received, visible again at once, received a second time: a redelivery.
+    let mut first = Vec::new();
+    for _ in 0..10 {
+        first.extend(h.receive(&h.queue_url, Duration::from_secs(1)).await);
+        if !first.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(first.len(), 1);
+    h.sqs
+        .change_message_visibility()
+        .queue_url(&h.queue_url)
+        .receipt_handle(first[0].receipt_handle().unwrap())
+        .visibility_timeout(0)
+        .send()
+        .await
+        .unwrap();
+    let mut second = Vec::new();
+    for _ in 0..10 {
+        second.extend(h.receive(&h.queue_url, Duration::from_secs(1)).await);
+        if !second.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(second.len(), 1);
+    let count = second[0].attributes().unwrap()
+        [&aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount]
+        .clone();
+    assert_eq!(count, "2", "a redelivery");
+
+    proxy.reset_counts();
+    proxy.add_rule(support::fault_proxy::FaultRule {
+        ops: Some(vec!["GetItem".into(), "BatchGetItem".into()]),
+        body_contains: None,
+        fault: Fault::Hold,
+        times: None,
+    });
+    let reads = async {
+        let both = proxy.until_held(2, Duration::from_secs(10)).await;
+        proxy.release_held();
+        both
+    };
+    let (both, response) = tokio::join!(reads, h.invoke_with(&second, Duration::from_secs(60)));
+    assert!(
+        both,
+        "the ledger's read and the breaker's were not on the wire at once: {:?}",
+        proxy.counts()
+    );
+    assert_eq!(
+        proxy.count("BatchGetItem"),
+        1,
+        "the ledger read: {:?}",
+        proxy.counts()
+    );
+    assert_eq!(
+        proxy.count("GetItem"),
+        1,
+        "the breaker read: {:?}",
+        proxy.counts()
+    );
+    let response = response.expect("a batch response");
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    assert_eq!(h.executions("again").len(), 1, "the job ran once");
+}

@@ -68,9 +68,9 @@ pub enum Fault {
     LostAnswer,
     /// Wait this long, then forward the request normally (latency injection).
     Delay(Duration),
-    /// Wait until the test releases the gate, then forward the request normally: a request
-    /// held for exactly as long as the test needs, with no guess at a duration.
-    Hold(Gate),
+    /// Hold the request until [`FaultProxy::release_held`], then forward it normally: a test
+    /// sees which requests are on the wire at once ([`FaultProxy::until_held`]) without timing.
+    Hold,
     /// Wait this long, then forward the request even if the client has stopped waiting for
     /// it: a request already on its way that reaches the service late, after requests the
     /// client sent later.
@@ -96,44 +96,13 @@ impl Fault {
             Fault::Reset => "Reset".into(),
             Fault::LostAnswer => "LostAnswer".into(),
             Fault::Delay(_) => "Delay".into(),
-            Fault::Hold(_) => "Hold".into(),
+            Fault::Hold => "Hold".into(),
             Fault::LateDelivery(_) => "LateDelivery".into(),
             Fault::Error { code, .. } => format!("Error:{code}"),
             Fault::Body { status, .. } => format!("Body:{status}"),
         }
     }
 }
-
-/// What a [`Fault::Hold`] waits at: closed when made, open for good once released. Clones are
-/// the same gate.
-#[derive(Clone, Debug, Default)]
-pub struct Gate(Arc<tokio::sync::watch::Sender<bool>>);
-
-impl Gate {
-    /// A closed gate.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Opens the gate: every request held at it goes on, and later ones pass at once.
-    pub fn release(&self) {
-        self.0.send_replace(true);
-    }
-
-    async fn wait(&self) {
-        let mut open = self.0.subscribe();
-        // The sender lives in `self`: the channel cannot close while this waits.
-        let _ = open.wait_for(|open| *open).await;
-    }
-}
-
-impl PartialEq for Gate {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for Gate {}
 
 /// Random faults: each matching request fails with probability `share`, with a kind
 /// drawn uniformly from `kinds`. Deterministic for a given seed and request order.
@@ -185,6 +154,8 @@ struct Counters {
     total: u64,
     ops: BTreeMap<String, u64>,
     faults: BTreeMap<String, u64>,
+    /// Time spent waiting for the upstream's answers, per operation.
+    upstream: BTreeMap<String, Duration>,
 }
 
 struct ActivePlan {
@@ -208,6 +179,10 @@ struct Shared {
     batch_cap: Mutex<Option<usize>>,
     /// SQS's rules that moto does not keep, when the proxy is strict ([`FaultProxy::start_strict`]).
     strict: Option<strict::Strict>,
+    /// Requests held by [`Fault::Hold`] so far.
+    held: watch::Sender<u64>,
+    /// Becomes true at [`FaultProxy::release_held`]: held requests go on, later ones pass.
+    released: watch::Sender<bool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -352,6 +327,12 @@ impl FaultProxy {
         lock(&self.shared.counters).ops.clone()
     }
 
+    /// Time the upstream took to answer the forwarded requests, summed per operation (an
+    /// injected delay not included): what the emulator adds to each call.
+    pub fn upstream_times(&self) -> BTreeMap<String, Duration> {
+        lock(&self.shared.counters).upstream.clone()
+    }
+
     /// Requests received for one operation.
     pub fn count(&self, op: &str) -> u64 {
         lock(&self.shared.counters).ops.get(op).copied().unwrap_or(0)
@@ -409,6 +390,21 @@ impl FaultProxy {
     /// Adds a deterministic rule (checked in insertion order, before the random plan).
     pub fn add_rule(&self, rule: FaultRule) {
         lock(&self.shared.faults).rules.push(rule);
+    }
+
+    /// Waits until `n` requests in all have been held by [`Fault::Hold`] (at most `within`);
+    /// false if fewer came.
+    pub async fn until_held(&self, n: u64, within: Duration) -> bool {
+        let mut held = self.shared.held.subscribe();
+        matches!(
+            tokio::time::timeout(within, held.wait_for(|h| *h >= n)).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Lets every held request go on; a [`Fault::Hold`] after this holds nothing.
+    pub fn release_held(&self) {
+        self.shared.released.send_replace(true);
     }
 
     /// Removes every rule and the random plan.
@@ -597,7 +593,11 @@ async fn handle(
     match fault {
         None => {}
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
-        Some(Fault::Hold(gate)) => gate.wait().await,
+        Some(Fault::Hold) => {
+            let mut released = ctx.shared.released.subscribe();
+            ctx.shared.held.send_modify(|n| *n += 1);
+            let _ = released.wait_for(|r| *r).await;
+        }
         Some(Fault::LateDelivery(d)) => {
             // Its own task: dropping this request's future (the client went away) does not
             // stop it.
@@ -630,7 +630,10 @@ async fn handle(
             return Ok(resp);
         }
     }
-    Ok(forward(&ctx, parts, body).await)
+    let started = std::time::Instant::now();
+    let answer = forward(&ctx, parts, body).await;
+    *lock(&ctx.shared.counters).upstream.entry(op).or_default() += started.elapsed();
+    Ok(answer)
 }
 
 /// Forwards a request upstream and returns the answer.
@@ -762,7 +765,7 @@ fn error_parts(service: Service, fault: &Fault) -> (u16, String, String, String)
             Fault::Reset
             | Fault::LostAnswer
             | Fault::Delay(_)
-            | Fault::Hold(_)
+            | Fault::Hold
             | Fault::LateDelivery(_)
             | Fault::Body { .. },
         ) => {

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -67,6 +67,10 @@ struct Shared {
     client_context: Mutex<Option<String>>,
     /// Request ids handed out, in order.
     handed: Mutex<Vec<String>>,
+    /// When each running invocation's event was handed out.
+    handed_at: Mutex<HashMap<String, Instant>>,
+    /// Each answered invocation's time from the event handed out to the answer received.
+    served: Mutex<Vec<Duration>>,
 }
 
 /// A Runtime API server for one execution environment.
@@ -97,6 +101,8 @@ impl RuntimeApi {
             ext_rx: AsyncMutex::new(ext_rx),
             client_context: Mutex::new(None),
             handed: Mutex::new(Vec::new()),
+            handed_at: Mutex::new(HashMap::new()),
+            served: Mutex::new(Vec::new()),
         });
         let server = tokio::spawn(serve(listener, shared.clone()));
         RuntimeApi {
@@ -143,6 +149,13 @@ impl RuntimeApi {
     /// The request ids handed to the runtime so far, in order.
     pub fn request_ids(&self) -> Vec<String> {
         self.shared.handed.lock().unwrap().clone()
+    }
+
+    /// Each answered invocation's time from its event handed to the runtime (the answer to
+    /// its `/next`) to its response or error received, in the order they answered: the
+    /// invocation's billed duration as Lambda measures it, without this caller's own wait.
+    pub fn served_times(&self) -> Vec<Duration> {
+        self.shared.served.lock().unwrap().clone()
     }
 
     /// Errors the runtime (or an extension) reported while starting.
@@ -246,6 +259,9 @@ async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<F
             let Some(waiter) = shared.running.lock().unwrap().remove(*id) else {
                 return Ok(reply(StatusCode::NOT_FOUND, "unknown request id"));
             };
+            if let Some(at) = shared.handed_at.lock().unwrap().remove(*id) {
+                shared.served.lock().unwrap().push(at.elapsed());
+            }
             let _ = waiter.send(if *kind == "response" {
                 Outcome::Response(body)
             } else {
@@ -334,6 +350,7 @@ async fn next(shared: &Shared) -> Response<Full<Bytes>> {
             headers.insert(k, v.parse().expect("header value"));
         };
         set("content-type", "application/json".into());
+        let id_for_time = id.clone();
         set("lambda-runtime-aws-request-id", id);
         set("lambda-runtime-deadline-ms", deadline.to_string());
         set(
@@ -347,6 +364,11 @@ async fn next(shared: &Shared) -> Response<Full<Bytes>> {
         if let Some(cc) = client_context {
             set("lambda-runtime-client-context", cc);
         }
+        shared
+            .handed_at
+            .lock()
+            .unwrap()
+            .insert(id_for_time, Instant::now());
         return r;
     }
 }
