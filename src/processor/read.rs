@@ -205,6 +205,9 @@ impl Processor {
         records: &[Record],
         deadline: Deadline,
     ) -> HashMap<String, BreakerState> {
+        // Start-up's first read fills the caches: wait for it rather than read the same items
+        // again (after a failed one, the reads below are the admission's own).
+        let _ = self.first_read().await;
         let mut types: Vec<&str> = records.iter().filter_map(Record::job_type).collect();
         types.sort_unstable();
         types.dedup();

@@ -72,6 +72,9 @@ pub enum Fault {
     /// it: a request already on its way that reaches the service late, after requests the
     /// client sent later.
     LateDelivery(Duration),
+    /// Hold the request until the test releases it ([`Release::release`]), then forward it
+    /// normally: a call that is on its way for as long as the test needs.
+    Hold(Release),
     /// Any error response: `code` is the short error code (e.g. `AccessDeniedException`,
     /// `InvalidParameterValue`, `ConditionalCheckFailedException`); it goes into `__type`
     /// and, for SQS, into `x-amzn-query-error`.
@@ -80,6 +83,41 @@ pub enum Fault {
     /// `200` and `{}`: a success that lists no entry at all).
     Body { status: u16, body: String },
 }
+
+/// What releases the requests a [`Fault::Hold`] holds: all of them, now and after.
+#[derive(Clone, Debug)]
+pub struct Release(std::sync::Arc<tokio::sync::Semaphore>);
+
+impl Release {
+    /// A release not given yet: requests wait.
+    pub fn new() -> Self {
+        Self(std::sync::Arc::new(tokio::sync::Semaphore::new(0)))
+    }
+
+    /// Lets every held request (and every later one) through.
+    pub fn release(&self) {
+        self.0.close();
+    }
+
+    async fn wait(&self) {
+        // Closed is the release; no permit is ever added.
+        let _ = self.0.acquire().await;
+    }
+}
+
+impl Default for Release {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PartialEq for Release {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Release {}
 
 impl Fault {
     /// The name under which [`FaultProxy::faults`] counts this fault.
@@ -93,6 +131,7 @@ impl Fault {
             Fault::Reset => "Reset".into(),
             Fault::LostAnswer => "LostAnswer".into(),
             Fault::Delay(_) => "Delay".into(),
+            Fault::Hold(_) => "Hold".into(),
             Fault::LateDelivery(_) => "LateDelivery".into(),
             Fault::Error { code, .. } => format!("Error:{code}"),
             Fault::Body { status, .. } => format!("Body:{status}"),
@@ -552,6 +591,7 @@ async fn handle(
     match fault {
         None => {}
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
+        Some(Fault::Hold(r)) => r.wait().await,
         Some(Fault::LateDelivery(d)) => {
             // Its own task: dropping this request's future (the client went away) does not
             // stop it.
@@ -713,7 +753,12 @@ fn error_parts(service: Service, fault: &Fault) -> (u16, String, String, String)
         }
         (
             _,
-            Fault::Reset | Fault::LostAnswer | Fault::Delay(_) | Fault::LateDelivery(_) | Fault::Body { .. },
+            Fault::Reset
+            | Fault::LostAnswer
+            | Fault::Delay(_)
+            | Fault::Hold(_)
+            | Fault::LateDelivery(_)
+            | Fault::Body { .. },
         ) => {
             unreachable!("not an error response")
         }
