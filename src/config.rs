@@ -45,6 +45,11 @@ pub struct Config {
     /// cannot run the init into Lambda's limit; `None` (the worker's) retries each read as
     /// the storage retry policy allows.
     pub startup_deadline: Option<std::time::Duration>,
+    /// Whether start-up leaves its first breaker read (the table's check) running, to be
+    /// awaited at the first admission, from no variable: the Lambda adapter sets it so the
+    /// read overlaps the poll for the first event. A table the read finds misconfigured then
+    /// fails that invocation instead of the start-up ([`Processor::first_read`](crate::processor::Processor::first_read)).
+    pub first_read_at_admission: bool,
     /// Default retry policy of every job type.
     pub policy: RetryPolicy,
     /// Default breaker settings of every job type.
@@ -506,6 +511,7 @@ impl Config {
             dlq_max_bytes,
             source_queue: queue_facts(lookup)?,
             startup_deadline: None,
+            first_read_at_admission: false,
             policy,
             breaker,
             concurrency: v.concurrency.read(lookup)?,

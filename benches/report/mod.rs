@@ -437,12 +437,13 @@ impl Report {
         row(
             "Cold start: process start → first event handled; binary size".into(),
             format!(
-                "**{} ms** ({}× the floor: bare `lambda_runtime` + the two SDK clients, {} ms; {}× that floor with the first event's one breaker read), {} MiB",
+                "**{} ms** ({}× the floor that makes the same one breaker read; {}× the floor that makes no call, {} ms: bare `lambda_runtime` + the two SDK clients, same trust store), {} MiB ({}× the floor's)",
                 f("cold.handled_ms", 0),
+                f("cold.read_floor_ratio", 2),
                 f("cold.floor_ratio", 2),
                 f("cold.floor_ms", 0),
-                f("cold.read_floor_ratio", 2),
-                f("cold.binary_mib", 1)
+                f("cold.binary_mib", 1),
+                f("cold.size_ratio", 2)
             ),
             format!(
                 "Python interpreter + Powertools batch import: {} ms (before any event)",

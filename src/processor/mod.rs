@@ -60,6 +60,7 @@ use crate::effects::dlq::{DlqLimit, FALLBACK_MAX_MESSAGE_BYTES};
 use crate::effects::ledger::AttemptLedger;
 use crate::effects::metrics::Metrics;
 use crate::effects::sqs::Sqs;
+use crate::runtime::env::StartupError;
 use heartbeat::MovingDeadline;
 pub use heartbeat::{DEFAULT_HEARTBEAT, TICKS_AHEAD};
 #[cfg(feature = "internals")]
@@ -199,6 +200,48 @@ pub struct Processor {
     draining: Arc<AtomicBool>,
     heartbeat: Option<Duration>,
     visibility: Option<Duration>,
+    /// Start-up's first breaker read, when start-up left it running ([`FirstRead`]).
+    first_read: Option<Arc<FirstRead>>,
+}
+
+/// Start-up's first breaker read (the table's check), left running while start-up goes on,
+/// the runtime polls and the event is read. The first admission waits for it: no job runs
+/// before its breaker is read, or found unreadable and read again by the admission itself.
+#[derive(Debug)]
+pub(crate) struct FirstRead {
+    task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<Result<(), StartupError>>>>,
+    outcome: tokio::sync::OnceCell<Result<(), StartupError>>,
+}
+
+impl FirstRead {
+    /// Starts `read` on the runtime now.
+    pub(crate) fn start(
+        read: impl std::future::Future<Output = Result<(), StartupError>> + Send + 'static,
+    ) -> Self {
+        Self {
+            task: tokio::sync::Mutex::new(Some(tokio::spawn(read))),
+            outcome: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The read's outcome, waiting for it the first time. A caller that stops waiting leaves
+    /// the read to the next one.
+    async fn outcome(&self) -> Result<(), StartupError> {
+        self.outcome
+            .get_or_init(|| async {
+                let mut task = self.task.lock().await;
+                match task.as_mut() {
+                    Some(t) => t.await.unwrap_or_else(|e| {
+                        // The admission reads the breakers itself, as after a skipped check.
+                        tracing::warn!(error = %e, "the first breaker read did not finish; admission reads again");
+                        Ok(())
+                    }),
+                    None => Ok(()),
+                }
+            })
+            .await
+            .clone()
+    }
 }
 
 /// The processor's settings.
@@ -310,11 +353,22 @@ impl Processor {
         breakers: HashMap<String, BreakerStore>,
         config: ProcessorConfig,
     ) -> Self {
+        Self::with_shared_breakers(registry, sqs, ledger, Arc::new(breakers), config)
+    }
+
+    /// [`new`](Self::new) with breaker stores another task also holds (start-up's first read).
+    pub(crate) fn with_shared_breakers(
+        registry: Arc<Registry>,
+        sqs: Sqs,
+        ledger: AttemptLedger,
+        breakers: Arc<HashMap<String, BreakerStore>>,
+        config: ProcessorConfig,
+    ) -> Self {
         Self {
             registry,
             sqs,
             ledger,
-            breakers: Arc::new(breakers),
+            breakers,
             source_queue: config.source_queue,
             dlq_url: config.dlq_url,
             dlq_limit: DlqLimit::known(config.dlq_max_bytes),
@@ -327,6 +381,23 @@ impl Processor {
             draining: Arc::new(AtomicBool::new(false)),
             heartbeat: Some(DEFAULT_HEARTBEAT),
             visibility: None,
+            first_read: None,
+        }
+    }
+
+    /// Leaves start-up's first breaker read running: the first admission waits for it.
+    pub(crate) fn with_first_read(mut self, read: FirstRead) -> Self {
+        self.first_read = Some(Arc::new(read));
+        self
+    }
+
+    /// The outcome of start-up's first breaker read, waiting for it the first time; `Ok` when
+    /// start-up made it before returning (or skipped it, logged). A misconfigured table
+    /// (missing, another key, no access) is an `Err` naming `TRIAGE_TABLE`, every time.
+    pub async fn first_read(&self) -> Result<(), StartupError> {
+        match &self.first_read {
+            Some(r) => r.outcome().await,
+            None => Ok(()),
         }
     }
 

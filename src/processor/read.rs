@@ -205,6 +205,9 @@ impl Processor {
         types: &[String],
         deadline: Deadline,
     ) -> HashMap<String, BreakerState> {
+        // Start-up's first read fills the caches: wait for it rather than read the same items
+        // again (after a failed one, the reads below are the admission's own).
+        let _ = self.first_read().await;
         let reads = types
             .iter()
             .filter_map(|t| self.breakers.get(t.as_str()).map(|b| (t.as_str(), b)))

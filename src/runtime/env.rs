@@ -19,11 +19,12 @@ use crate::effects::dlq::DlqLimit;
 use crate::effects::ledger::AttemptLedger;
 use crate::effects::queue_url::{url_names_arn, urls_name_one_queue};
 use crate::effects::sqs::Sqs;
+use crate::effects::storage_retry::clients::http_client;
 use crate::effects::storage_retry::{StorageError, StorageRetry, dynamodb_config, sqs_config};
 use crate::effects::table::{PK, SK};
 use crate::processor::TICKS_AHEAD;
 use crate::processor::registry::Registry;
-use crate::processor::{Processor, ProcessorConfig};
+use crate::processor::{FirstRead, Processor, ProcessorConfig};
 
 /// How long start-up's reads (the queues' attributes, the breakers) may take in all in Lambda
 /// ([`Config::startup_deadline`], which the Lambda adapter sets): within the 10 s Lambda gives
@@ -39,9 +40,14 @@ pub const STARTUP_DEADLINE: Duration = Duration::from_secs(8);
 /// own timeouts, which also cover loading credentials (a `credential_process`, SSO, IMDS).
 pub const STARTUP_ATTEMPT_TIMEOUT: Duration = crate::effects::storage_retry::CONNECT_TIMEOUT;
 
-/// Loads the standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL*`, credentials).
+/// Loads the standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL*`, credentials), with
+/// the process's one HTTPS client ([`http_client`]): every SDK client built from it, and the
+/// credential providers, share one trust store.
 pub async fn sdk_config() -> SdkConfig {
-    aws_config::defaults(BehaviorVersion::latest()).load().await
+    aws_config::defaults(BehaviorVersion::latest())
+        .http_client(http_client())
+        .load()
+        .await
 }
 
 /// Everything a runtime needs, built once.
@@ -115,7 +121,7 @@ pub async fn build_with(
         return Err(source_as_dlq(&queue_url).into());
     }
     // One store per job type, each with that type's breaker settings and its own cache.
-    let breakers: HashMap<String, BreakerStore> = registry
+    let breakers: Arc<HashMap<String, BreakerStore>> = registry
         .job_types()
         .filter_map(|t| registry.route(t).map(|r| (t, r)))
         .map(|(t, r)| {
@@ -124,13 +130,27 @@ pub async fn build_with(
                 BreakerStore::new(ddb_client.clone(), &table, retry.clone()).with_config(r.breaker),
             )
         })
-        .collect();
+        .collect::<HashMap<_, _>>()
+        .into();
     let names = StartupNames {
         queue_url: &queue_url,
         dlq_url: &dlq_url,
         table: &table,
     };
-    let reads = startup_reads(config, &names, &sqs_client, &ddb_client, &breakers).await;
+    let retry_of_startup = StartupRetry::new(config);
+    // Started now, awaited at the first admission: the read overlaps the rest of start-up,
+    // the poll for the first event and its read.
+    let first_read = config.first_read_at_admission.then(|| {
+        let check = table_check(
+            Arc::clone(&breakers),
+            ddb_client.clone(),
+            retry_of_startup.clone(),
+            table.clone(),
+        );
+        let (table, emf) = (table.clone(), config.emf);
+        FirstRead::start(async move { settle_table_check(check.await, &table, emf) })
+    });
+    let reads = startup_reads(config, &names, &sqs_client, &ddb_client, &breakers, &retry_of_startup).await;
     let mut checks = StartupChecks {
         warnings: eventbridge_warnings(&registry),
         skipped: 0,
@@ -140,7 +160,9 @@ pub async fn build_with(
         .map_err(|e| queue_error(e, "TRIAGE_QUEUE_URL", "the source queue", &queue_url))?;
     checks.check_source_queue(config, &registry, &source, &queue_url)?;
     let dlq_limit = checks.dlq_limit(config, reads.dlq, &source, &names)?;
-    checks.check_table(reads.table, &table)?;
+    if let Some(table_check) = reads.table {
+        checks.check_table(table_check, &table)?;
+    }
     for t in registry.unrouted_done_markers() {
         checks.warnings.push(format!(
             "TRIAGE_DONE_MARKER_TYPES names `{t}`, which has no handler here: no completion marker is written for it"
@@ -154,7 +176,7 @@ pub async fn build_with(
     }
 
     let ledger = AttemptLedger::new(ddb_client.clone(), &table, retry.clone());
-    let processor = Processor::new(
+    let processor = Processor::with_shared_breakers(
         Arc::new(registry),
         sqs,
         ledger,
@@ -173,6 +195,10 @@ pub async fn build_with(
     .with_dlq_limit(dlq_limit)
     .with_heartbeat(config.heartbeat)
     .with_visibility_timeout(source.visibility);
+    let processor = match first_read {
+        Some(r) => processor.with_first_read(r),
+        None => processor,
+    };
     Ok(Environment {
         processor,
         queue_url,
@@ -219,11 +245,66 @@ struct StartupNames<'a> {
 }
 
 /// What start-up read: the source queue, the DLQ's attributes (`None`: its size configured,
-/// not read) and the table's check.
+/// not read) and the table's check (`None`: left running, see [`FirstRead`]).
 struct StartupReads {
     source: Result<SourceQueue, StorageError>,
     dlq: Option<Result<HashMap<QueueAttributeName, String>, StorageError>>,
-    table: Result<(), StorageError>,
+    table: Option<Result<(), StorageError>>,
+}
+
+/// Start-up's reads retry on a budget of their own, so a throttled start-up leaves the
+/// batches' budget whole. In Lambda they end by one deadline inside the init's 10 s (a check
+/// still failing then is skipped or refused as for a service that does not answer), and each
+/// try is short, so a stalled request is tried again within it.
+#[derive(Clone)]
+struct StartupRetry {
+    retry: StorageRetry,
+    deadline: Option<Instant>,
+}
+
+impl StartupRetry {
+    fn new(config: &Config) -> Self {
+        let deadline = config.startup_deadline.map(|d| Instant::now() + d);
+        let retry = match deadline {
+            Some(_) => StorageRetry::default().with_attempt_timeout(STARTUP_ATTEMPT_TIMEOUT),
+            None => StorageRetry::default(),
+        };
+        Self { retry, deadline }
+    }
+}
+
+/// The table's check: the read of the breakers a first batch would make (the first 10 job
+/// types'), so such a batch then reads none of them within the breaker cache's lifetime.
+/// Without a job type to read, a probe.
+async fn table_check(
+    breakers: Arc<HashMap<String, BreakerStore>>,
+    ddb_client: aws_sdk_dynamodb::Client,
+    startup: StartupRetry,
+    table: String,
+) -> Result<(), StorageError> {
+    let StartupRetry { retry, deadline } = startup;
+    crate::effects::storage_retry::clients::load_root_certificates().await;
+    match crate::effects::breaker_store::warm(&breakers, &retry, deadline).await {
+        Ok(0) => probe_table(&ddb_client, &retry, &table, deadline).await,
+        read => read.map(|_| ()),
+    }
+}
+
+/// The outcome of a table check left running: one that could not be made is skipped with a
+/// warning and counted, as at start-up; a misconfigured table is the start-up error.
+fn settle_table_check(check: Result<(), StorageError>, table: &str, emf: bool) -> Result<(), StartupError> {
+    let mut checks = StartupChecks {
+        warnings: Vec::new(),
+        skipped: 0,
+    };
+    let settled = checks.check_table(check, table);
+    for w in &checks.warnings {
+        tracing::warn!(startup_check = "degraded", "{w}");
+    }
+    if checks.skipped > 0 {
+        emit_startup_metric(checks.skipped, emf);
+    }
+    settled
 }
 
 /// Reads what start-up needs and is not configured, all at once, so a cold start waits for
@@ -233,17 +314,10 @@ async fn startup_reads(
     names: &StartupNames<'_>,
     sqs_client: &aws_sdk_sqs::Client,
     ddb_client: &aws_sdk_dynamodb::Client,
-    breakers: &HashMap<String, BreakerStore>,
+    breakers: &Arc<HashMap<String, BreakerStore>>,
+    startup: &StartupRetry,
 ) -> StartupReads {
-    // Start-up's reads retry on a budget of their own, so a throttled start-up leaves the
-    // batches' budget whole. In Lambda they end by one deadline inside the init's 10 s (a
-    // check still failing then is skipped or refused as for a service that does not answer),
-    // and each try is short, so a stalled request is tried again within it.
-    let deadline = config.startup_deadline.map(|d| Instant::now() + d);
-    let startup_retry = match deadline {
-        Some(_) => StorageRetry::default().with_attempt_timeout(STARTUP_ATTEMPT_TIMEOUT),
-        None => StorageRetry::default(),
-    };
+    let (startup_retry, deadline) = (&startup.retry, startup.deadline);
     let attrs = |url: String, names: Vec<QueueAttributeName>| {
         let c = sqs_client.clone();
         let retry = startup_retry.clone();
@@ -293,13 +367,18 @@ async fn startup_reads(
             ),
         }
     };
-    // The table's check is the read of the breakers a first batch would make (the first 10 job
-    // types'): such a batch then reads none of them, within the breaker cache's lifetime.
-    // Without a job type to read, a probe.
     let table_check = async {
-        match crate::effects::breaker_store::warm(breakers, &startup_retry, deadline).await {
-            Ok(0) => probe_table(ddb_client, &startup_retry, names.table, deadline).await,
-            read => read.map(|_| ()),
+        match config.first_read_at_admission {
+            true => None,
+            false => Some(
+                table_check(
+                    Arc::clone(breakers),
+                    ddb_client.clone(),
+                    startup.clone(),
+                    names.table.to_owned(),
+                )
+                .await,
+            ),
         }
     };
     let (source, dlq, table) = tokio::join!(source_read, dlq_read, table_check);
@@ -449,7 +528,7 @@ impl StartupChecks {
     }
 
     /// The table's check: skipped with a warning when the table could not be reached.
-    fn check_table(&mut self, table_check: Result<(), StorageError>, table: &str) -> Result<(), RuntimeError> {
+    fn check_table(&mut self, table_check: Result<(), StorageError>, table: &str) -> Result<(), StartupError> {
         match table_check {
             Ok(()) => Ok(()),
             Err(e) if e.is_unavailable() => {
@@ -459,7 +538,7 @@ impl StartupChecks {
                 ));
                 Ok(())
             }
-            Err(e) => Err(table_error(e, table).into()),
+            Err(e) => Err(table_error(e, table)),
         }
     }
 }

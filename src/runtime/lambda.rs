@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use super::RuntimeError;
 use super::env::{
-    Environment, STARTUP_DEADLINE, build, init_tracing, install_panic_hook, print_emf, sdk_config,
+    Environment, STARTUP_DEADLINE, StartupError, build, init_tracing, install_panic_hook, print_emf, sdk_config,
 };
 use crate::clock::now_ms;
 use crate::config::Config;
@@ -36,9 +36,11 @@ use event::{LeanMessage, is_fifo_arn};
 /// (the `TRIAGE_*` variables; for a [`Registry::default`] their policies are its defaults, see
 /// [`Registry::configured`]), builds the SDK clients once for the container, and serves SQS
 /// events until the runtime stops. A configuration that cannot work (an invalid variable, a
-/// missing queue or table) ends it with an error before the first event, which fails the
-/// function's init; with the source queue's attributes configured (`TRIAGE_QUEUE_*`) the
-/// source queue is not read, so a missing one is not among them.
+/// missing queue) ends it with an error before the first event, which fails the function's
+/// init; with the source queue's attributes configured (`TRIAGE_QUEUE_*`) the source queue is
+/// not read, so a missing one is not among them. The breakers' first read (the table's check)
+/// runs while the runtime polls: a table it finds at fault ends the function with the same
+/// error at the first event, before any record runs.
 pub async fn run(registry: Registry) -> Result<(), RuntimeError> {
     run_with(registry, &sdk_config().await).await
 }
@@ -49,15 +51,33 @@ pub async fn run_with(registry: Registry, sdk: &SdkConfig) -> Result<(), Runtime
     init_tracing();
     let mut config = Config::from_env()?;
     config.startup_deadline = Some(STARTUP_DEADLINE);
+    // The first breaker read overlaps the poll for the first event; its admission waits for it.
+    config.first_read_at_admission = true;
     install_panic_hook(config.log_payloads);
     let env: Environment = build(&config, registry, sdk).await?;
     let processor = &env.processor;
+    // A table the first read finds misconfigured ends the function as a failed start-up
+    // does, with the same error: this invocation runs nothing and answers nothing, and Lambda
+    // starts a fresh environment for the next one.
+    let (refused, mut refusal) = tokio::sync::mpsc::unbounded_channel::<StartupError>();
+    let refused = &refused;
     // The event is taken as its JSON text and read record by record: one record the typed
     // model rejects must not fail the others.
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<Box<RawValue>>| async move {
-        handle_raw(processor, event).await
-    }))
-    .await
+    let serve = lambda_runtime::run(service_fn(move |event: LambdaEvent<Box<RawValue>>| async move {
+        match handle_raw(processor, event).await {
+            Err(e) if e.is::<StartupError>() => {
+                if let Ok(e) = e.downcast::<StartupError>() {
+                    let _ = refused.send(*e);
+                }
+                std::future::pending().await
+            }
+            answer => answer,
+        }
+    }));
+    tokio::select! {
+        served = serve => served,
+        Some(e) = refusal.recv() => Err(e.into()),
+    }
 }
 
 /// The time left before `deadline` ([`lambda_runtime::Context::deadline`]) at `now`.
@@ -293,6 +313,9 @@ async fn handle_records(
     raw: Vec<RawRecord>,
     clock: Clock,
 ) -> Result<SqsBatchResponse, RuntimeError> {
+    // Start-up's first breaker read, if still running: a misconfigured table fails the
+    // invocation before any record runs.
+    processor.first_read().await?;
     let Clock {
         deadline_ms,
         left,

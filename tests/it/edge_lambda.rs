@@ -83,6 +83,18 @@ impl Lambda {
         format!("{}{}", read(&self.stdout), read(&self.stderr))
     }
 
+    /// Waits at most `within` for the process to end by itself: its exit code.
+    fn exit_code(&mut self, within: Duration) -> Option<i32> {
+        let start = std::time::Instant::now();
+        while start.elapsed() < within {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Stops the process and returns all it wrote.
     fn stop(mut self) -> String {
         let _ = self.child.kill();
@@ -590,4 +602,35 @@ async fn json_log_format_writes_json_lines_at_the_functions_log_level() {
             }
         }
     }
+}
+
+/// A missing table found by the first breaker read, which runs while the runtime polls: the
+/// first invocation gets no answer, and the process ends as a failed start-up does (exit 1,
+/// the error naming `TRIAGE_TABLE` and the table), so Lambda starts a fresh environment for
+/// the next event and no record of this one ran or was reported done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_ends_the_function_at_its_first_event_with_the_start_up_error() {
+    let created = support::fresh_resources("edge-lambda-notable", false).await;
+    let missing = support::unique_name("no-such-table");
+    let mut lambda = Lambda::start(&created, &[("TRIAGE_TABLE", missing.as_str())]).await;
+    let event = json!({"Records": [record("nt-1", &json!({"type": "triage.chaos", "id": "nt-1", "payload": {"outcome": "ok"}}).to_string())]});
+    let invoked = {
+        let api = &lambda.api;
+        api.invoke(
+            event.to_string(),
+            Duration::from_secs(2),
+            Duration::from_secs(30),
+            Duration::from_secs(1),
+        )
+    };
+    let outcome = invoked.await;
+    assert!(!matches!(outcome, Outcome::Response(_)), "{outcome:?}");
+    let code = lambda.exit_code(Duration::from_secs(30));
+    let output = lambda.output();
+    assert_eq!(code, Some(1), "{output}");
+    let line = output
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line: {output}"));
+    assert!(line.contains("TRIAGE_TABLE") && line.contains(&missing), "{line}");
 }

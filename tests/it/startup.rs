@@ -77,6 +77,16 @@ impl Rig {
     }
 
     async fn try_build(&self, vars: &[(&str, &str)]) -> Result<Environment, String> {
+        self.try_build_as(vars, false).await
+    }
+
+    /// As the Lambda adapter builds it: the first breaker read left running, awaited at the
+    /// first admission.
+    async fn build_overlapped(&self, vars: &[(&str, &str)]) -> Environment {
+        self.try_build_as(vars, true).await.unwrap()
+    }
+
+    async fn try_build_as(&self, vars: &[(&str, &str)], overlapped: bool) -> Result<Environment, String> {
         let mut all = vec![
             ("TRIAGE_QUEUE_URL", self.queue_url.as_str()),
             ("TRIAGE_DLQ_URL", self.dlq_url.as_str()),
@@ -93,6 +103,7 @@ impl Rig {
         .map_err(|e| e.to_string())?;
         // As the Lambda adapter builds it.
         config.startup_deadline = Some(STARTUP_DEADLINE);
+        config.first_read_at_admission = overlapped;
         let registry = chaos::register(
             Registry::new(config.policy.clone(), config.breaker),
             config.policy.clone(),
@@ -284,6 +295,103 @@ async fn a_breaker_open_before_start_up_defers_the_first_batch_from_the_start_up
     );
     assert!(!out.records[0].executed);
     assert_eq!(env.calls.snapshot().get("DynamoDB.GetItem"), None);
+}
+
+/// In Lambda the first breaker read is left running while the runtime polls: start-up returns
+/// while the read is held on the wire, and the first batch waits for that read (it makes none
+/// of its own) and sees the breaker it read open, so its job does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_batch_waits_for_the_breaker_read_start_up_left_running() {
+    let r = rig("start-overlap").await;
+    let sdk = support::sdk_config().await;
+    sqs_triage::effects::breaker_store::BreakerStore::new(
+        sqs_triage::effects::storage_retry::dynamodb_client(&sdk),
+        &r.table,
+        sqs_triage::effects::storage_retry::StorageRetry::default(),
+    )
+    .force_open(chaos::CHAOS, None, sqs_triage::clock::now_ms())
+    .await
+    .unwrap();
+    let vars = r.stack_vars().await;
+    r.ddb_proxy.add_rule(FaultRule {
+        ops: Some(vec!["GetItem".into()]),
+        body_contains: None,
+        fault: Fault::Hold,
+        times: None,
+    });
+    // Returns with both breaker reads held: start-up did not wait for them.
+    let env = r.build_overlapped(&pairs(&vars)).await;
+    let batch = {
+        let (r_env, body) = (env.clone(), ok("overlap-1"));
+        let sqs = r.sqs.clone();
+        let queue_url = r.queue_url.clone();
+        tokio::spawn(async move {
+            sqs.send_message()
+                .queue_url(&queue_url)
+                .message_body(body)
+                .send()
+                .await
+                .unwrap();
+            worker(r_env).poll_once().await.unwrap().expect("a batch")
+        })
+    };
+    r.ddb_proxy.release_held();
+    let out = batch.await.unwrap();
+    assert!(
+        matches!(
+            out.records[0].decision,
+            sqs_triage::core::decision::Decision::Defer { .. }
+        ),
+        "{:?}",
+        out.records
+    );
+    assert!(!out.records[0].executed);
+    // Start-up's two reads (one per job type) and none by the batch.
+    assert_eq!(env.calls.snapshot().get("DynamoDB.GetItem"), Some(&2));
+}
+
+/// A table the first read finds missing, with that read left running: start-up returns, and
+/// every invocation then fails with the start-up error naming `TRIAGE_TABLE` (which ends
+/// `triage-lambda` as a failed start-up did) before any record runs or any message is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_found_after_start_up_fails_the_invocation_before_any_record_runs() {
+    use lambda_runtime::{Context, LambdaEvent};
+    let r = rig("start-late-missing").await;
+    let vars = r.stack_vars().await;
+    let missing = support::unique_name("no-such-table");
+    let mut vars = pairs(&vars);
+    vars.push(("TRIAGE_TABLE", &missing));
+    let env = r.build_overlapped(&vars).await;
+    let event = json!({"Records": [{
+        "messageId": "00000000-0000-4000-8000-00000000000a",
+        "receiptHandle": "AQEBlate",
+        "body": ok("late-1"),
+        "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "1"},
+        "messageAttributes": {},
+        "eventSource": "aws:sqs",
+        "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:jobs",
+        "awsRegion": "us-east-1",
+    }]});
+    for _ in 0..2 {
+        let mut ctx = Context::default();
+        ctx.deadline = sqs_triage::clock::now_ms() + 30_000;
+        let raw = serde_json::value::to_raw_value(&event).unwrap();
+        let e = sqs_triage::runtime::lambda::handle_raw(&env.processor, LambdaEvent::new(raw, ctx))
+            .await
+            .expect_err("the invocation fails");
+        let e = e
+            .downcast_ref::<sqs_triage::runtime::env::StartupError>()
+            .unwrap_or_else(|| panic!("not a start-up error: {e}"));
+        assert_eq!(e.var, "TRIAGE_TABLE", "{e}");
+        assert!(e.misconfigured && e.message.contains(&missing), "{e}");
+    }
+    // Start-up's breaker reads (one per job type, the first failure ending the others) and
+    // nothing after them: no ledger read, no SQS call.
+    let calls = env.calls.snapshot();
+    assert!(
+        calls.keys().all(|k| k == "DynamoDB.GetItem") && (1..=2).contains(&calls["DynamoDB.GetItem"]),
+        "{calls:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

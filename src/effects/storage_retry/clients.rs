@@ -2,11 +2,19 @@
 //! policy is the only one), connect and per-call timeouts set, so no call waits forever where
 //! there is no invocation deadline.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use aws_config::SdkConfig;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
+use aws_smithy_http_client::tls;
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnectorSettings, SharedHttpClient, SharedHttpConnector,
+};
+use aws_smithy_runtime_api::client::runtime_components::{RuntimeComponents, RuntimeComponentsBuilder};
+use aws_smithy_types::config_bag::ConfigBag;
+use aws_smithy_runtime_api::client::connector_metadata::ConnectorMetadata;
 
 /// Longest wait for a connection to be made.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -22,21 +30,85 @@ fn timeouts(attempt: Duration) -> TimeoutConfig {
         .build()
 }
 
+/// The process's one HTTPS client (the SDK's default: hyper, rustls with aws-lc, the system's
+/// root certificates), shared by every SDK client built from [`sdk_config`](crate::runtime::env::sdk_config),
+/// [`dynamodb_config`] or [`sqs_config`]. Clients with the same connect and read timeouts share
+/// one connector, its connection pool and its trust store: the root certificates are parsed
+/// once, at the first request, instead of once per client built and again per connector.
+pub fn http_client() -> SharedHttpClient {
+    static CLIENT: OnceLock<SharedHttpClient> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| SharedHttpClient::new(OneTrustStore(https())))
+        .clone()
+}
+
+/// The SDK's HTTPS client inside [`http_client`].
+fn https() -> SharedHttpClient {
+    static HTTPS: OnceLock<SharedHttpClient> = OnceLock::new();
+    HTTPS
+        .get_or_init(|| {
+            aws_smithy_http_client::Builder::new()
+                .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::AwsLc))
+                .build_https()
+        })
+        .clone()
+}
+
+/// Loads the system's root certificates now, on a blocking thread. The first request would
+/// load them on a runtime thread, blocking for milliseconds whatever else that thread runs
+/// (at a cold start: the poll for the first event).
+pub async fn load_root_certificates() {
+    let _ = tokio::task::spawn_blocking(|| {
+        // Builds and drops one connector, which loads the certificates once per process.
+        https().validate_base_client_config(
+            &RuntimeComponentsBuilder::new("load_root_certificates"),
+            &ConfigBag::base(),
+        )
+    })
+    .await;
+}
+
+/// The SDK's HTTPS client without its check at client construction, which builds and drops
+/// a connector (parsing the root certificates) for every SDK client: here the first request
+/// builds the one connector the clients share.
+#[derive(Debug)]
+struct OneTrustStore(SharedHttpClient);
+
+impl HttpClient for OneTrustStore {
+    fn http_connector(
+        &self,
+        settings: &HttpConnectorSettings,
+        components: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        self.0.http_connector(settings, components)
+    }
+
+    fn connector_metadata(&self) -> Option<ConnectorMetadata> {
+        self.0.connector_metadata()
+    }
+}
+
 /// A DynamoDB client configuration from `conf` with the SDK's retries disabled (this module
 /// is the only retry policy) and connect and per-call timeouts set, so no call waits forever
 /// where there is no invocation deadline. Override the endpoint on it if needed, then
 /// `build()`.
 pub fn dynamodb_config(conf: &SdkConfig) -> aws_sdk_dynamodb::config::Builder {
-    aws_sdk_dynamodb::config::Builder::from(conf)
-        .retry_config(RetryConfig::disabled())
+    let mut b = aws_sdk_dynamodb::config::Builder::from(conf);
+    if conf.http_client().is_none() {
+        b.set_http_client(Some(http_client()));
+    }
+    b.retry_config(RetryConfig::disabled())
         .timeout_config(timeouts(DYNAMODB_ATTEMPT_TIMEOUT))
 }
 
 /// An SQS client configuration from `conf` with the SDK's retries disabled and connect and
 /// per-call timeouts set.
 pub fn sqs_config(conf: &SdkConfig) -> aws_sdk_sqs::config::Builder {
-    aws_sdk_sqs::config::Builder::from(conf)
-        .retry_config(RetryConfig::disabled())
+    let mut b = aws_sdk_sqs::config::Builder::from(conf);
+    if conf.http_client().is_none() {
+        b.set_http_client(Some(http_client()));
+    }
+    b.retry_config(RetryConfig::disabled())
         .timeout_config(timeouts(SQS_ATTEMPT_TIMEOUT))
 }
 
