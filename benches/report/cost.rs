@@ -411,7 +411,7 @@ fn instructions(opts: &Options, s: &mut Section, file: &Path, healthy_file: &Pat
         },
         Run {
             what: "floor, healthy: `lambda_runtime`'s own pass over the event, handing it on as JSON text \
-             (`Box<RawValue>`, what `triage-lambda` takes), no handler",
+             (`Box<RawValue>`, what a handler taking the text gets; `triage-lambda` takes the bytes before it), no handler",
             name: "floor-raw",
             key: "ir.floor_raw",
             args: Box::new(rust("raw")),
@@ -658,7 +658,7 @@ const REST: &str = "the rest: routing, the tasks' scheduling, the batch's stream
 /// (`-` before a name: less that one's), per record.
 const STAGES: [(&str, &[&str]); 6] = [
     (
-        "the event's text as `lambda_runtime` takes it (`Box<RawValue>`: one pass over the whole event)",
+        "the event's bytes checked as UTF-8 text (`triage-lambda` takes them before `lambda_runtime`'s own pass)",
         &[
             "report::report::pipeline::incoming",
             "-sqs_triage::runtime::lambda::read_records",

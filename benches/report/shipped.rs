@@ -120,12 +120,12 @@ impl Env {
 /// A healthy Lambda SQS event for `queue_url`'s queue: `records` first deliveries of the
 /// built-in `triage.chaos` job type that succeed.
 pub fn event_json(records: usize, queue_url: &str) -> String {
-    let name = queue_url
-        .trim_end_matches('/')
-        .rsplit('/')
-        .next()
-        .unwrap_or("jobs");
-    let arn = format!("arn:aws:sqs:us-east-1:000000000000:{name}");
+    // The queue's ARN as Lambda writes it: the account and name from the URL's path, so the
+    // records come from the queue the function serves.
+    let mut path = queue_url.trim_end_matches('/').rsplit('/');
+    let name = path.next().unwrap_or("jobs");
+    let account = path.next().unwrap_or("000000000000");
+    let arn = format!("arn:aws:sqs:us-east-1:{account}:{name}");
     let records: Vec<serde_json::Value> = (0..records)
         .map(|i| {
             let sent = 1_700_000_000_000u64 + i as u64;
