@@ -411,7 +411,7 @@ fn instructions(opts: &Options, s: &mut Section, file: &Path, healthy_file: &Pat
         },
         Run {
             what: "floor, healthy: `lambda_runtime`'s own pass over the event, handing it on as JSON text \
-             (`Box<RawValue>`, what `triage-lambda` takes), no handler",
+             (`Box<RawValue>`, what a handler taking the text gets; `triage-lambda` takes the bytes before it), no handler",
             name: "floor-raw",
             key: "ir.floor_raw",
             args: Box::new(rust("raw")),
@@ -582,7 +582,7 @@ fn instructions(opts: &Options, s: &mut Section, file: &Path, healthy_file: &Pat
 }
 
 /// Runs `args` under callgrind, its profile written to `out`; returns the instructions counted.
-fn callgrind(args: &[std::ffi::OsString], out: &Path) -> Result<u64, String> {
+pub(super) fn callgrind(args: &[std::ffi::OsString], out: &Path) -> Result<u64, String> {
     let run = Command::new("valgrind")
         .arg("--tool=callgrind")
         .arg(format!("--callgrind-out-file={}", out.display()))
@@ -658,7 +658,7 @@ const REST: &str = "the rest: routing, the tasks' scheduling, the batch's stream
 /// (`-` before a name: less that one's), per record.
 const STAGES: [(&str, &[&str]); 6] = [
     (
-        "the event's text as `lambda_runtime` takes it (`Box<RawValue>`: one pass over the whole event)",
+        "the event's bytes checked as UTF-8 text (`triage-lambda` takes them before `lambda_runtime`'s own pass)",
         &[
             "report::report::pipeline::incoming",
             "-sqs_triage::runtime::lambda::read_records",
@@ -728,15 +728,16 @@ fn thousands(n: u64) -> String {
     out
 }
 
-/// `--once event|process|raw|typed FILE`: one pass over the event file in this process, for
+/// `--once event|process|raw|typed|visitors|derived FILE`: one pass over the event file in this process, for
 /// `valgrind`. `event`: the 10%-failing pipeline without AWS calls
 /// ([`pipeline::Bench::process_event`]); `process`: the whole processor
 /// ([`pipeline::Bench::handle_event`]), which must make no AWS call; `raw` and `typed`: only
 /// `lambda_runtime`'s deserialization of the event, into JSON text or the typed `SqsEvent`
-/// ([`floor`]).
+/// ([`floor`]); `visitors` and `derived`: the records and envelopes decoded the two ways of
+/// [`super::decode`].
 pub fn once(args: &[String]) -> Result<Tally, String> {
     let [kind, file] = args else {
-        return Err("usage: --once event|process|raw|typed FILE".into());
+        return Err("usage: --once event|process|raw|typed|visitors|derived FILE".into());
     };
     let raw = std::fs::read(file).map_err(|e| format!("cannot read {file}: {e}"))?;
     let bench = pipeline::Bench::with_patience(std::time::Duration::from_secs(3_600));
@@ -745,6 +746,18 @@ pub fn once(args: &[String]) -> Result<Tally, String> {
         "process" => bench.handle_event(&raw),
         "raw" => floor::<Box<serde_json::value::RawValue>>(&raw, |_| 0)?,
         "typed" => floor::<aws_lambda_events::event::sqs::SqsEvent>(&raw, |e| e.records.len())?,
+        "visitors" | "derived" => {
+            let text = std::str::from_utf8(&raw).map_err(|e| format!("{file}: {e}"))?;
+            let decode = if kind == "visitors" {
+                super::decode::visitors
+            } else {
+                super::decode::derived
+            };
+            Tally {
+                records: decode(text)?,
+                ..Tally::default()
+            }
+        }
         other => return Err(format!("unknown pass `{other}`")),
     };
     match bench.calls.total() {

@@ -12,12 +12,16 @@ mod calls;
 mod cold;
 #[path = "cost.rs"]
 pub mod cost;
+#[path = "decode.rs"]
+mod decode;
 #[path = "fleet.rs"]
 mod fleet;
 #[path = "herd.rs"]
 mod herd;
 #[path = "pipeline.rs"]
 pub mod pipeline;
+#[path = "shipped.rs"]
+pub mod shipped;
 #[path = "storm.rs"]
 mod storm;
 
@@ -47,7 +51,8 @@ pub struct Options {
     pub lambda_bin: PathBuf,
     /// Write `docs/benchmarks.md` (and the plot to `docs/img/`).
     pub write_docs: bool,
-    /// Sections to leave out (`cost`, `calls`, `storm`, `herd`, `cold`, `fleet`, `billed`).
+    /// Sections to leave out (`cost`, `calls`, `storm`, `herd`, `cold`, `fleet`, `billed`,
+    /// `shipped`).
     pub skip: Vec<String>,
     /// The command line, for the report.
     pub command: String,
@@ -469,6 +474,29 @@ impl Report {
                 ),
             );
         }
+        row(
+            format!(
+                "The shipped `triage-lambda`, healthy {}-record event through a local Runtime API: wall, CPU and instructions per record; per {}-record invocation",
+                opts.records,
+                shipped::BATCH
+            ),
+            format!(
+                "**{} µs** wall, {} µs CPU, {} instructions; {} µs CPU, {} instructions",
+                f("shipped.wall_us", 2),
+                f("shipped.cpu_us", 2),
+                f("shipped.ir", 0),
+                f("shipped.batch_cpu_us", 0),
+                f("shipped.batch_ir", 0)
+            ),
+            format!(
+                "Powertools `BatchProcessor` under awslambdaric: {}×, {}×, {}×; {}×, {}× (Powertools ÷ sqs-triage)",
+                f("shipped.wall_us.ratio", 1),
+                f("shipped.cpu_us.ratio", 1),
+                f("shipped.ir.ratio", 1),
+                f("shipped.batch_cpu_us.ratio", 1),
+                f("shipped.batch_ir.ratio", 1)
+            ),
+        );
         if let Some(n) = v.get("fleet.max_n") {
             row(
                 format!(
@@ -524,7 +552,7 @@ fn parse_block(text: &str) -> Option<Section> {
 }
 
 /// The sections' keys, in the page's order.
-const SECTIONS: [&str; 6] = ["cost", "calls", "storm", "herd", "cold", "fleet"];
+const SECTIONS: [&str; 8] = ["cost", "calls", "storm", "herd", "cold", "fleet", "billed", "shipped"];
 
 /// nproc, CPU model, memory, load, toolchain.
 pub fn machine() -> String {
@@ -591,7 +619,11 @@ pub fn run(opts: &Options) -> Report {
     }
     if on("billed") {
         step("added billed duration");
-        sections.push(billed::run(opts));
+        sections.push(keyed("billed", billed::run(opts)));
+    }
+    if on("shipped") {
+        step("the shipped binary, end to end");
+        sections.push(keyed("shipped", shipped::run(opts)));
     }
     Report { machine, sections }
 }

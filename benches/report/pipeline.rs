@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse};
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use sqs_triage::core::envelope::EnvelopeLimits;
 use sqs_triage::core::{Decision, JobError};
 use sqs_triage::effects::calls::CallCounter;
@@ -303,12 +302,12 @@ impl Bench {
     }
 }
 
-/// The records of a serialized Lambda SQS event, read as the shipped function reads them:
-/// `lambda_runtime` hands over the event's JSON text, and the adapter reads each record from
-/// it ([`read_records`]).
+/// The records of a serialized Lambda SQS event, read as the shipped function reads them: the
+/// adapter takes the event's bytes as `lambda_runtime` received them, checks they are UTF-8,
+/// and reads each record from that text ([`read_records`]).
 pub fn incoming(raw: &[u8]) -> Vec<Incoming> {
-    let event: Box<RawValue> = serde_json::from_slice(raw).expect("a valid JSON event");
-    read_records(event.get())
+    let event = std::str::from_utf8(raw).expect("a UTF-8 event");
+    read_records(event)
         .expect("an SQS event")
         .into_iter()
         .map(|r| r.expect("a readable record"))

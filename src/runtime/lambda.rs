@@ -7,14 +7,17 @@
 pub mod event;
 
 use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_config::SdkConfig;
 use aws_lambda_events::event::sqs::SqsBatchResponse;
 #[cfg(feature = "internals")]
 use aws_lambda_events::event::sqs::SqsEvent;
-use lambda_runtime::{Context, LambdaEvent, service_fn};
+use hyper::body::Bytes;
+use lambda_runtime::{Context, LambdaEvent, LambdaInvocation, service_fn, tower};
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::time::Instant;
@@ -61,22 +64,92 @@ pub async fn run_with(registry: Registry, sdk: &SdkConfig) -> Result<(), Runtime
     // starts a fresh environment for the next one.
     let (refused, mut refusal) = tokio::sync::mpsc::unbounded_channel::<StartupError>();
     let refused = &refused;
-    // The event is taken as its JSON text and read record by record: one record the typed
-    // model rejects must not fail the others.
-    let serve = lambda_runtime::run(service_fn(move |event: LambdaEvent<Box<RawValue>>| async move {
-        match handle_raw(processor, event).await {
-            Err(e) if e.is::<StartupError>() => {
-                if let Ok(e) = e.downcast::<StartupError>() {
-                    let _ = refused.send(*e);
+    // The event's bytes reach the handler as they came (`EventBody`): it reads them record
+    // by record, so one record the typed model rejects does not fail the others, and
+    // `lambda_runtime` makes no pass of its own over them.
+    let body = EventBody::default();
+    let handler = {
+        let body = body.clone();
+        service_fn(move |event: LambdaEvent<IgnoredAny>| {
+            let taken = body.take(&event.context.request_id);
+            async move {
+                let text = taken.ok_or("the event's body was not handed over")?;
+                let text = std::str::from_utf8(&text).map_err(|e| format!("cannot read the event: {e}"))?;
+                match handle_text(processor, text, event.context).await {
+                    Err(e) if e.is::<StartupError>() => {
+                        if let Ok(e) = e.downcast::<StartupError>() {
+                            let _ = refused.send(*e);
+                        }
+                        std::future::pending().await
+                    }
+                    answer => answer,
                 }
-                std::future::pending().await
             }
-            answer => answer,
-        }
-    }));
+        })
+    };
+    let serve = lambda_runtime::Runtime::new(handler)
+        .layer(body)
+        .layer(lambda_runtime::layers::TracingLayer::new())
+        .run();
     tokio::select! {
         served = serve => served,
         Some(e) = refusal.recv() => Err(e.into()),
+    }
+}
+
+/// Hands each invocation's body to the handler as `lambda_runtime` received it: the layer
+/// keeps the bytes, keyed by request id, and gives the runtime's own deserialization an empty
+/// object in their place; the handler takes them back.
+#[derive(Clone, Default)]
+struct EventBody {
+    slot: Arc<Mutex<Option<(String, Bytes)>>>,
+}
+
+/// An empty object: what `lambda_runtime` deserializes (into [`IgnoredAny`]) in place of the
+/// event.
+const NO_EVENT: &[u8] = b"{}";
+
+impl EventBody {
+    fn take(&self, request_id: &str) -> Option<Bytes> {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.take() {
+            Some((id, body)) if id == request_id => Some(body),
+            _ => None,
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for EventBody {
+    type Service = EventBodyService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        EventBodyService {
+            inner,
+            body: self.clone(),
+        }
+    }
+}
+
+/// The service of [`EventBody`].
+#[derive(Clone)]
+struct EventBodyService<S> {
+    inner: S,
+    body: EventBody,
+}
+
+impl<S: tower::Service<LambdaInvocation>> tower::Service<LambdaInvocation> for EventBodyService<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut invocation: LambdaInvocation) -> S::Future {
+        let body = std::mem::replace(&mut invocation.body, Bytes::from_static(NO_EVENT));
+        *self.body.slot.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((invocation.context.request_id.clone(), body));
+        self.inner.call(invocation)
     }
 }
 
@@ -221,13 +294,20 @@ pub async fn handle_raw(
     processor: &Processor,
     event: LambdaEvent<Box<RawValue>>,
 ) -> Result<SqsBatchResponse, RuntimeError> {
-    let clock = Clock::of(&event.context);
-    let (payload, context) = (event.payload, event.context);
-    let records = match read_raw(payload.get()) {
+    handle_text(processor, event.payload.get(), event.context).await
+}
+
+/// [`handle_raw`] on the event's text as it came, before any parse.
+async fn handle_text(
+    processor: &Processor,
+    text: &str,
+    context: Context,
+) -> Result<SqsBatchResponse, RuntimeError> {
+    let clock = Clock::of(&context);
+    let records = match read_raw(text) {
         Some(records) => records,
         None => {
-            let v: Value =
-                serde_json::from_str(payload.get()).map_err(|e| format!("cannot read the event: {e}"))?;
+            let v: Value = serde_json::from_str(text).map_err(|e| format!("cannot read the event: {e}"))?;
             return handle_json(processor, LambdaEvent::new(v, context)).await;
         }
     };

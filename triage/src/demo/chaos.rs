@@ -169,7 +169,9 @@ pub async fn run(p: ChaosPayload, ctx: JobContext) -> Result<(), JobError> {
     run_recorded(p, ctx, None).await
 }
 
-/// Runs one chaos job and, with a recorder, records the execution before returning.
+/// Runs one chaos job and, with a recorder, records the execution before returning. The
+/// recorder's writes are boxed: an SDK call's future is kilobytes, and without the box every
+/// job's future carries it, copied as the processor moves it into its task.
 pub(crate) async fn run_recorded(
     p: ChaosPayload,
     ctx: JobContext,
@@ -180,7 +182,7 @@ pub(crate) async fn run_recorded(
         // A slow execution is also recorded when it starts, so one stopped at a deadline or
         // killed with its process still shows up.
         if let Some(r) = recorder {
-            if let Err(e) = r.record(&ctx, &key, "started").await {
+            if let Err(e) = Box::pin(r.record(&ctx, &key, "started")).await {
                 tracing::warn!(error = %e, "chaos: execution start not recorded");
             }
         }
@@ -196,7 +198,7 @@ pub(crate) async fn run_recorded(
             None if succeeds => "ok",
             None => p.outcome.name(),
         };
-        if let Err(e) = r.record(&ctx, &key, result).await {
+        if let Err(e) = Box::pin(r.record(&ctx, &key, result)).await {
             if succeeds {
                 return Err(JobError::transient(format!("chaos: success not recorded: {e}")));
             }
