@@ -552,7 +552,9 @@ fn parse_block(text: &str) -> Option<Section> {
 }
 
 /// The sections' keys, in the page's order.
-const SECTIONS: [&str; 8] = ["cost", "calls", "storm", "herd", "cold", "fleet", "billed", "shipped"];
+const SECTIONS: [&str; 8] = [
+    "cost", "calls", "storm", "herd", "cold", "fleet", "billed", "shipped",
+];
 
 /// nproc, CPU model, memory, load, toolchain.
 pub fn machine() -> String {

@@ -120,36 +120,16 @@ pub async fn build_with(
     if urls_name_one_queue(&queue_url, &dlq_url) {
         return Err(source_as_dlq(&queue_url).into());
     }
-    // One store per job type, each with that type's breaker settings and its own cache.
-    let breakers: Arc<HashMap<String, BreakerStore>> = registry
-        .job_types()
-        .filter_map(|t| registry.route(t).map(|r| (t, r)))
-        .map(|(t, r)| {
-            (
-                t.to_owned(),
-                BreakerStore::new(ddb_client.clone(), &table, retry.clone()).with_config(r.breaker),
-            )
-        })
-        .collect::<HashMap<_, _>>()
-        .into();
+    let breakers = breaker_stores(&registry, &ddb_client, &table, &retry);
     let names = StartupNames {
         queue_url: &queue_url,
         dlq_url: &dlq_url,
         table: &table,
     };
     let retry_of_startup = StartupRetry::new(config);
-    // Started now, awaited at the first admission: the read overlaps the rest of start-up,
-    // the poll for the first event and its read.
-    let first_read = config.first_read_at_admission.then(|| {
-        let check = table_check(
-            Arc::clone(&breakers),
-            ddb_client.clone(),
-            retry_of_startup.clone(),
-            table.clone(),
-        );
-        let (table, emf) = (table.clone(), config.emf);
-        FirstRead::start(async move { settle_table_check(check.await, &table, emf) })
-    });
+    let first_read = config
+        .first_read_at_admission
+        .then(|| start_first_read(config, &breakers, &ddb_client, &retry_of_startup, &table));
     let reads = startup_reads(config, &names, &sqs_client, &ddb_client, &breakers, &retry_of_startup).await;
     let mut checks = StartupChecks {
         warnings: eventbridge_warnings(&registry),
@@ -207,6 +187,40 @@ pub async fn build_with(
         startup_warnings: checks.warnings,
         source_visibility: source.visibility,
     })
+}
+
+/// One breaker store per job type, each with that type's breaker settings and its own cache.
+fn breaker_stores(
+    registry: &Registry,
+    ddb_client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    retry: &StorageRetry,
+) -> Arc<HashMap<String, BreakerStore>> {
+    registry
+        .job_types()
+        .filter_map(|t| registry.route(t).map(|r| (t, r)))
+        .map(|(t, r)| {
+            (
+                t.to_owned(),
+                BreakerStore::new(ddb_client.clone(), table, retry.clone()).with_config(r.breaker),
+            )
+        })
+        .collect::<HashMap<_, _>>()
+        .into()
+}
+
+/// The table's check (the first breaker read), started now and awaited at the first
+/// admission: it overlaps the rest of start-up, the poll for the first event and its read.
+fn start_first_read(
+    config: &Config,
+    breakers: &Arc<HashMap<String, BreakerStore>>,
+    ddb_client: &aws_sdk_dynamodb::Client,
+    retry: &StartupRetry,
+    table: &str,
+) -> FirstRead {
+    let check = table_check(Arc::clone(breakers), ddb_client.clone(), retry.clone(), table.to_owned());
+    let (table, emf) = (table.to_owned(), config.emf);
+    FirstRead::start(async move { settle_table_check(check.await, &table, emf) })
 }
 
 /// The registry with the configuration's policies, done markers and EventBridge types, its

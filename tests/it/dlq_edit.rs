@@ -1081,7 +1081,10 @@ async fn the_message_stays_hidden_while_a_slow_send_runs() {
     };
     let dlq_url = stack.dlq_url.clone();
     let task = tokio::spawn(async move { dlq::edit(&ctx, &dlq_url, &opts).await });
-    assert!(proxy.until_held(1, Duration::from_secs(30)).await, "no send reached SQS");
+    assert!(
+        proxy.until_held(1, Duration::from_secs(30)).await,
+        "no send reached SQS"
+    );
     never_received_over_three_renewals(&sqs, &stack.dlq_url, &proxy, "ChangeMessageVisibility", &task).await;
     proxy.release_held();
     let report = task.await.unwrap().unwrap();
@@ -1109,7 +1112,10 @@ async fn a_hold_lost_during_the_send_deletes_nothing_and_says_so() {
     };
     let dlq_url = stack.dlq_url.clone();
     let task = tokio::spawn(async move { dlq::edit(&ctx, &dlq_url, &opts).await });
-    assert!(proxy.until_held(1, Duration::from_secs(30)).await, "no send reached SQS");
+    assert!(
+        proxy.until_held(1, Duration::from_secs(30)).await,
+        "no send reached SQS"
+    );
     // From now on SQS refuses the edit's renewals, as it refuses a receipt handle whose
     // message is no longer in flight for it (moto accepts any handle it ever issued).
     proxy.add_rule(FaultRule {
@@ -1297,7 +1303,10 @@ async fn a_replay_keeps_its_hold_while_a_slow_send_runs() {
     let proxy = FaultProxy::start(&support::sqs_endpoint());
     proxy.fail_always("SendMessageBatch", Fault::Hold);
     let task = replay_via(&proxy, &stack, Duration::from_secs(1)).await;
-    assert!(proxy.until_held(1, Duration::from_secs(30)).await, "no send reached SQS");
+    assert!(
+        proxy.until_held(1, Duration::from_secs(30)).await,
+        "no send reached SQS"
+    );
     never_received_over_three_renewals(
         &sqs,
         &stack.dlq_url,
@@ -1325,7 +1334,10 @@ async fn a_replay_whose_hold_was_lost_during_the_send_deletes_nothing() {
     let proxy = FaultProxy::start(&support::sqs_endpoint());
     proxy.fail_always("SendMessageBatch", Fault::Hold);
     let task = replay_via(&proxy, &stack, Duration::from_secs(1)).await;
-    assert!(proxy.until_held(1, Duration::from_secs(30)).await, "no send reached SQS");
+    assert!(
+        proxy.until_held(1, Duration::from_secs(30)).await,
+        "no send reached SQS"
+    );
     // SQS refuses a receipt handle whose message is no longer in flight for it.
     proxy.add_rule(FaultRule {
         ops: Some(vec![

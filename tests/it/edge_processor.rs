@@ -223,8 +223,6 @@ async fn process(
         .await
 }
 
-/// Receives until `n` messages are in hand (a few tries).
-
 /// An environment over the harness's resources with the recording job type and `policy`.
 async fn env_for(
     h: &Harness,

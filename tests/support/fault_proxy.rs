@@ -84,7 +84,6 @@ pub enum Fault {
     Body { status: u16, body: String },
 }
 
-
 impl Fault {
     /// The name under which [`FaultProxy::faults`] counts this fault.
     pub fn kind_name(&self) -> String {
