@@ -391,13 +391,21 @@ impl Processor {
         self
     }
 
-    /// The outcome of start-up's first breaker read, waiting for it the first time; `Ok` when
-    /// start-up made it before returning (or skipped it, logged). A misconfigured table
-    /// (missing, another key, no access) is an `Err` naming `TRIAGE_TABLE`, every time.
-    pub async fn first_read(&self) -> Result<(), StartupError> {
-        match &self.first_read {
-            Some(r) => r.outcome().await,
-            None => Ok(()),
+    /// The outcome of start-up's first breaker read, waiting for it the first time, until `by`
+    /// at the latest; `Ok` when start-up made it before returning (or skipped it, logged), and
+    /// when it is not done by `by` (the read goes on for the next caller; this one's admission
+    /// reads the breakers itself, within its own deadline). A misconfigured table (missing,
+    /// another key, no access) is an `Err` naming `TRIAGE_TABLE`, every time.
+    pub async fn first_read(&self, by: Option<Instant>) -> Result<(), StartupError> {
+        let Some(r) = &self.first_read else {
+            return Ok(());
+        };
+        match by {
+            Some(by) => tokio::time::timeout_at(by, r.outcome()).await.unwrap_or_else(|_| {
+                tracing::warn!("the first breaker read is not done by the admission's deadline; admission reads itself");
+                Ok(())
+            }),
+            None => r.outcome().await,
         }
     }
 

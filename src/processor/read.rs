@@ -207,7 +207,7 @@ impl Processor {
     ) -> HashMap<String, BreakerState> {
         // Start-up's first read fills the caches: wait for it rather than read the same items
         // again (after a failed one, the reads below are the admission's own).
-        let _ = self.first_read().await;
+        let _ = self.first_read(deadline.admission()).await;
         let reads = types
             .iter()
             .filter_map(|t| self.breakers.get(t.as_str()).map(|b| (t.as_str(), b)))

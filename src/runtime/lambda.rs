@@ -99,23 +99,35 @@ pub async fn run_with(registry: Registry, sdk: &SdkConfig) -> Result<(), Runtime
 
 /// Hands each invocation's body to the handler as `lambda_runtime` received it: the layer
 /// keeps the bytes, keyed by request id, and gives the runtime's own deserialization an empty
-/// object in their place; the handler takes them back.
+/// object in their place; the handler takes them back. Keyed, so invocations served side by
+/// side each get their own.
 #[derive(Clone, Default)]
 struct EventBody {
-    slot: Arc<Mutex<Option<(String, Bytes)>>>,
+    held: Arc<Mutex<std::collections::HashMap<String, Bytes>>>,
 }
 
 /// An empty object: what `lambda_runtime` deserializes (into [`IgnoredAny`]) in place of the
 /// event.
 const NO_EVENT: &[u8] = b"{}";
 
+/// More bodies than this waiting for their handlers means some were left behind.
+const MAX_HELD_BODIES: usize = 64;
+
 impl EventBody {
+    /// The body of invocation `request_id`, taken from the layer.
     fn take(&self, request_id: &str) -> Option<Bytes> {
-        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
-        match slot.take() {
-            Some((id, body)) if id == request_id => Some(body),
-            _ => None,
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(request_id)
+    }
+
+    /// Keeps `body` for the handler of invocation `request_id`. A body whose handler never
+    /// ran (its invocation failed before it) is dropped here, once that many are kept that no
+    /// runtime serves them at once.
+    fn keep(&self, request_id: String, body: Bytes) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.len() >= MAX_HELD_BODIES {
+            held.clear();
         }
+        held.insert(request_id, body);
     }
 }
 
@@ -147,8 +159,7 @@ impl<S: tower::Service<LambdaInvocation>> tower::Service<LambdaInvocation> for E
 
     fn call(&mut self, mut invocation: LambdaInvocation) -> S::Future {
         let body = std::mem::replace(&mut invocation.body, Bytes::from_static(NO_EVENT));
-        *self.body.slot.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((invocation.context.request_id.clone(), body));
+        self.body.keep(invocation.context.request_id.clone(), body);
         self.inner.call(invocation)
     }
 }
@@ -394,8 +405,10 @@ async fn handle_records(
     clock: Clock,
 ) -> Result<SqsBatchResponse, RuntimeError> {
     // Start-up's first breaker read, if still running: a misconfigured table fails the
-    // invocation before any record runs.
-    processor.first_read().await?;
+    // invocation before any record runs. Not waited for past the admission's deadline.
+    processor
+        .first_read(crate::processor::Deadline::new(clock.deadline).admission())
+        .await?;
     let Clock {
         deadline_ms,
         left,
@@ -475,6 +488,19 @@ async fn handle_records(
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
+
+    /// Invocations served side by side each get their own body back, whatever the order.
+    #[test]
+    fn each_invocation_takes_its_own_body() {
+        use hyper::body::Bytes;
+        let body = super::EventBody::default();
+        body.keep("a".into(), Bytes::from_static(b"A"));
+        body.keep("b".into(), Bytes::from_static(b"B"));
+        assert_eq!(body.take("b").as_deref(), Some(&b"B"[..]));
+        assert_eq!(body.take("a").as_deref(), Some(&b"A"[..]));
+        assert_eq!(body.take("a"), None, "taken once");
+    }
+
 
     use lambda_runtime::Context;
 

@@ -394,6 +394,52 @@ async fn a_missing_table_found_after_start_up_fails_the_invocation_before_any_re
     );
 }
 
+/// A first read that does not end (held on the wire) does not hold the first invocation past
+/// its deadline: the admission stops waiting for it, reads the breaker itself within its own
+/// deadline (held too: it fails open), and the invocation answers before its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_read_held_past_the_invocations_deadline_does_not_hold_the_invocation() {
+    use lambda_runtime::{Context, LambdaEvent};
+    let r = rig("start-held-first").await;
+    let vars = r.stack_vars().await;
+    r.ddb_proxy.add_rule(FaultRule {
+        ops: Some(vec!["GetItem".into()]),
+        body_contains: None,
+        fault: Fault::Hold,
+        times: None,
+    });
+    let env = r.build_overlapped(&pairs(&vars)).await;
+    assert!(
+        r.ddb_proxy.until_held(1, Duration::from_secs(30)).await,
+        "the first read is on the wire"
+    );
+    let event = json!({"Records": [{
+        "messageId": "00000000-0000-4000-8000-00000000000b",
+        "receiptHandle": "AQEBheld",
+        "body": ok("held-1"),
+        "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "1"},
+        "messageAttributes": {},
+        "eventSource": "aws:sqs",
+        "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:jobs",
+        "awsRegion": "us-east-1",
+    }]});
+    let time_left = Duration::from_secs(4);
+    let mut ctx = Context::default();
+    ctx.deadline = sqs_triage::clock::now_ms() + time_left.as_millis() as u64;
+    let raw = serde_json::value::to_raw_value(&event).unwrap();
+    let answered = tokio::time::timeout(
+        time_left,
+        sqs_triage::runtime::lambda::handle_raw(&env.processor, LambdaEvent::new(raw, ctx)),
+    )
+    .await;
+    r.ddb_proxy.release_held();
+    let response = answered
+        .expect("answered before the invocation's deadline")
+        .expect("a batch response");
+    // The breaker could not be read: it fails open, and the job ran and succeeded.
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configured_queue_attributes_are_checked_as_read_ones_are() {
     let r = rig("start-facts-bad").await;
