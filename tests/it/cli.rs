@@ -1219,6 +1219,9 @@ async fn a_slow_filtered_replay_reads_the_whole_dlq() {
     jobs.extend((0..40).map(|i| (FailureClass::Fatal, "y.stay", format!("st-{i}"))));
     jobs.extend((0..30).map(|i| (FailureClass::Fatal, "y.move", format!("mv-{i}"))));
     seed_dlq(&stack, &jobs).await;
+    // Whole receives: with SQS's partial ones, the held messages coming back can cut the sweep
+    // short before it sees an empty receive (a report that says so; nothing is lost).
+    support::strict_sqs().receive_whole(&stack.dlq_url);
 
     let ctx = Ctx::from_config(&support::sdk_config().await).unwrap();
     let opts = dlq::ReplayOptions {
@@ -1246,6 +1249,7 @@ async fn a_slow_filtered_replay_reads_the_whole_dlq() {
     use support::fault_proxy::{Fault, FaultProxy};
     let stuck = setup("cli-slow-stuck");
     seed_dlq(&stuck, &jobs).await;
+    support::strict_sqs().receive_whole(&stuck.dlq_url);
     let proxy = FaultProxy::start(&support::sqs_endpoint());
     proxy.fail_always("ChangeMessageVisibilityBatch", Fault::Status500);
     let sdk = support::sdk_config().await;

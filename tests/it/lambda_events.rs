@@ -148,6 +148,15 @@ async fn every_sample_event_gets_the_right_batch_response_from_the_lambda_binary
             .spawn()
             .expect("cargo lambda watch starts"),
     );
+    // The function's first poll must find the emulator listening.
+    let listening = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            listening.elapsed() < Duration::from_secs(60),
+            "cargo lambda's emulator never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let mut function = Command::new(env!("CARGO_BIN_EXE_triage-lambda"));
     function
         .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{port}/.rt"))

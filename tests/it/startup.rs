@@ -395,8 +395,8 @@ async fn a_missing_table_found_after_start_up_fails_the_invocation_before_any_re
 }
 
 /// A first read that does not end (held on the wire) does not hold the first invocation past
-/// its deadline: the admission stops waiting for it, reads the breaker itself within its own
-/// deadline (held too: it fails open), and the invocation answers before its deadline.
+/// its deadline: the admission stops waiting for it at its own deadline, and the invocation
+/// answers in time, its record ran or released unspent, as after any breaker read that stalls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_read_held_past_the_invocations_deadline_does_not_hold_the_invocation() {
     use lambda_runtime::{Context, LambdaEvent};
@@ -436,8 +436,15 @@ async fn a_first_read_held_past_the_invocations_deadline_does_not_hold_the_invoc
     let response = answered
         .expect("answered before the invocation's deadline")
         .expect("a batch response");
-    // The breaker could not be read: it fails open, and the job ran and succeeded.
-    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    // Its one record ran (the breaker failing open) or was released unspent: either way the
+    // answer accounts for it.
+    assert!(
+        response
+            .batch_item_failures
+            .iter()
+            .all(|f| f.item_identifier == "00000000-0000-4000-8000-00000000000b"),
+        "{response:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

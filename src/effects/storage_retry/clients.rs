@@ -2,7 +2,6 @@
 //! policy is the only one), connect and per-call timeouts set, so no call waits forever where
 //! there is no invocation deadline.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use aws_config::SdkConfig;
@@ -30,28 +29,22 @@ fn timeouts(attempt: Duration) -> TimeoutConfig {
         .build()
 }
 
-/// The process's one HTTPS client (the SDK's default: hyper, rustls with aws-lc, the system's
-/// root certificates), shared by every SDK client built from [`sdk_config`](crate::runtime::env::sdk_config),
-/// [`dynamodb_config`] or [`sqs_config`]. Clients with the same connect and read timeouts share
-/// one connector, its connection pool and its trust store: the root certificates are parsed
-/// once, at the first request, instead of once per client built and again per connector.
+/// An HTTPS client (the SDK's default: hyper, rustls with aws-lc, the system's root
+/// certificates) for the SDK clients of one environment: [`sdk_config`](crate::runtime::env::sdk_config)
+/// puts one in the configuration it loads, and every client built from that configuration
+/// shares it. Clients with the same connect and read timeouts share one connector, its
+/// connection pool and its trust store: the root certificates are parsed once per connector,
+/// at the first request, instead of once per client built and again per connector. Its
+/// connections belong to the Tokio runtime they were made on: build one per runtime.
 pub fn http_client() -> SharedHttpClient {
-    static CLIENT: OnceLock<SharedHttpClient> = OnceLock::new();
-    CLIENT
-        .get_or_init(|| SharedHttpClient::new(OneTrustStore(https())))
-        .clone()
+    SharedHttpClient::new(OneTrustStore(https()))
 }
 
 /// The SDK's HTTPS client inside [`http_client`].
 fn https() -> SharedHttpClient {
-    static HTTPS: OnceLock<SharedHttpClient> = OnceLock::new();
-    HTTPS
-        .get_or_init(|| {
-            aws_smithy_http_client::Builder::new()
-                .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::AwsLc))
-                .build_https()
-        })
-        .clone()
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::AwsLc))
+        .build_https()
 }
 
 /// Loads the system's root certificates now, on a blocking thread. The first request would
@@ -59,7 +52,7 @@ fn https() -> SharedHttpClient {
 /// (at a cold start: the poll for the first event).
 pub async fn load_root_certificates() {
     let _ = tokio::task::spawn_blocking(|| {
-        // Builds and drops one connector, which loads the certificates once per process.
+        // Builds and drops one connector, which reads the certificates once per process.
         https().validate_base_client_config(
             &RuntimeComponentsBuilder::new("load_root_certificates"),
             &ConfigBag::base(),
