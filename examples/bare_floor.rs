@@ -1,6 +1,6 @@
 //! The cold-start floor the benchmark report (section 5) times next to `triage-lambda`: a bare
 //! `lambda_runtime` function that loads the AWS configuration with the same HTTPS client
-//! (one trust store, [`sqs_triage::runtime::env::sdk_config`]), builds the same two SDK clients
+//! (one trust store, [`sqs_triage::lambda::sdk_config`]), builds the same two SDK clients
 //! (SQS and DynamoDB) and answers each SQS event with an empty partial batch response, printing
 //! one line per event as `triage-lambda` prints its metrics. No triage logic, no start-up check.
 //! With `FLOOR_TABLE` set it also makes, per event, the one DynamoDB call a cold
@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    let sdk = sqs_triage::runtime::env::sdk_config().await;
+    let sdk = sqs_triage::lambda::sdk_config().await;
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     let ddb = aws_sdk_dynamodb::Client::new(&sdk);
     let table = std::env::var("FLOOR_TABLE").ok();

@@ -99,6 +99,7 @@ pub use crate::runtime::worker::{RunOptions, Worker};
 pub mod lambda {
     //! The Lambda adapter: an SQS event in, a partial batch response out. [`run`] is the whole
     //! of a function's `main`.
+    pub use crate::runtime::env::sdk_config;
     pub use crate::runtime::lambda::{run, run_with};
 }
 
