@@ -48,7 +48,7 @@ pub struct Config {
     /// Whether start-up leaves its first breaker read (the table's check) running, to be
     /// awaited at the first admission, from no variable: the Lambda adapter sets it so the
     /// read overlaps the poll for the first event. A table the read finds misconfigured then
-    /// fails that invocation instead of the start-up ([`Processor::first_read`](crate::processor::Processor::first_read)).
+    /// fails that invocation instead of the start-up.
     pub first_read_at_admission: bool,
     /// Default retry policy of every job type.
     pub policy: RetryPolicy,

@@ -41,8 +41,8 @@ pub const STARTUP_DEADLINE: Duration = Duration::from_secs(8);
 pub const STARTUP_ATTEMPT_TIMEOUT: Duration = crate::effects::storage_retry::CONNECT_TIMEOUT;
 
 /// Loads the standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL*`, credentials), with
-/// one HTTPS client ([`http_client`]): every SDK client built from it, and the credential
-/// providers, share one trust store. Load it on the runtime that makes the calls.
+/// one HTTPS client of its own: every SDK client built from it, and the credential providers,
+/// share one trust store. Load it on the runtime that makes the calls.
 pub async fn sdk_config() -> SdkConfig {
     aws_config::defaults(BehaviorVersion::latest())
         .http_client(http_client())
