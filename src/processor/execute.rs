@@ -71,20 +71,26 @@ impl Processor {
                     });
             futures::future::join_all(settled)
         });
-        let (_, (lost, folded_opened), direct_opened, _) = tokio::join!(
-            self.sqs
-                .change_visibility_by(&self.source_queue, visibility, deadline),
+        let visibility = async {
+            if !visibility.is_empty() {
+                self.sqs
+                    .change_visibility_by(&self.source_queue, visibility, deadline)
+                    .await;
+            }
+        };
+        let ((), (lost, folded_opened), direct_opened, _) = tokio::join!(
+            visibility,
             ledger,
             reports,
             self.write_done_markers(done, deadline),
         );
         for t in direct_opened.into_iter().chain(folded_opened).flatten() {
-            metrics.add(self.dimension(Some(t)), "BreakerOpened", 1);
+            metrics.add(t, "BreakerOpened", 1);
         }
         self.remember_counts(&steps, &lost);
         for s in steps.iter().filter(|s| s.effects.unrecorded) {
             tracing::error!(message_id = %s.record.inc.message_id, job_id = %s.record.job_id, "last receive and the DLQ refused the copy: SQS's redrive will move the message without a failure record");
-            metrics.add(self.dimension(s.record.job_type()), "ExpiringUnrecorded", 1);
+            metrics.add(s.record.dimension(), "ExpiringUnrecorded", 1);
         }
 
         let (records, whole_batch_failed) = self.record_reports(steps);
@@ -105,7 +111,7 @@ impl Processor {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| {
-                let by = self.facts(&s.record).expires_at_ms.map(super::instant_at);
+                let by = s.record.facts.expires_at_ms.map(super::instant_at);
                 s.effects
                     .visibility
                     .map(|v| (i, s.record.inc.receipt_handle.clone(), v, by))

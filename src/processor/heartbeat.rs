@@ -164,8 +164,8 @@ impl Processor {
             .map(|(index, r)| Held {
                 index,
                 receipt: r.inc.receipt_handle.clone(),
-                gone: self.retention_ends_ms(r).map(instant_at),
-                facts: self.facts(r),
+                gone: r.retention_ends_ms.map(instant_at),
+                facts: r.facts,
                 until: deadline.visible_until(),
                 delete_failed: false,
             })

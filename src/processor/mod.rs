@@ -1,47 +1,29 @@
 //! The batch processor: SQS records in, the batch response out. Both runtimes (Lambda and the
-//! worker) are thin over [`Processor::process`], which takes a batch through four steps, one
-//! file each:
+//! worker) are thin over [`Processor::process`]. A record goes through four steps, a file
+//! each, in the order [`Processor::process_within`] calls them:
 //!
-//! 1. **Read** (`read.rs`): each record's envelope is parsed and its job type routed into a
-//!    `Record`; then one batched ledger read for the redeliveries (plus the counts this
-//!    environment could not write, `lost.rs`) and one breaker state per job type.
-//! 2. **Admit and run** (`run.rs`): record by record — a FIFO group in order, everything else
-//!    side by side — admission (the decision before the handler, with a probe permit when the
-//!    breaker is half-open), the handler in its own task, and the decision after it: a `Ran`.
-//!    Meanwhile the visibility heartbeat (`heartbeat.rs`) keeps the batch's messages hidden
-//!    while handlers outlast their visibility timeout, and at each tick takes the records
-//!    whose handlers ended through steps 3 and 4 at once, so none waits for the slowest
-//!    handler past its message's retention; it has stopped, its last call answered, before
-//!    step 3 for the rest.
-//! 3. **Plan** (`plan.rs`): a pure function of the records and their decisions that returns
-//!    every effect: DLQ copies, visibility changes, ledger counts and deletes, breaker reports,
-//!    metrics and the per-record reports — a `Plan`.
-//! 4. **Execute** (`execute.rs`): performs the plan in batches — DLQ copies first (their
-//!    answers say which records are settled), then visibility changes, counts, breaker
-//!    reports and ledger deletes together, then this environment's memory of lost counts —
-//!    and returns the [`BatchOutcome`].
+//! 1. **Read** (`read.rs`): an [`Incoming`] message becomes a `Record`: envelope parsed, job
+//!    type routed, delivery facts taken. The batch then reads its ledger items and breakers
+//!    in one round trip.
+//! 2. **Admit and run** (`run.rs`): a `Record` becomes a `Ran`: the decision before the
+//!    handler, the handler in its own task, the decision after it. FIFO groups run in order,
+//!    the rest side by side.
+//! 3. **Plan** (`plan.rs`): a `Ran` becomes a `Step`, every effect computed without I/O.
+//! 4. **Execute** (`execute.rs`): the steps' effects in batched calls, DLQ copies first; each
+//!    step becomes its [`RecordReport`].
 //!
-//! One [`Deadline`] carries the invocation's time through all four. A record's path: read into
-//! a `Record`, admitted and run into a `Ran`, planned into a `Step`, executed into its
-//! [`RecordReport`].
-//!
-//! Per invocation it makes at most: one ledger read for all redeliveries and for the records
-//! of job types with a completion marker (none when every record is a first delivery of a
-//! type without one), one cached breaker read per job type, and then, only for records that
-//! need them, batched DLQ sends, batched visibility changes, one batched ledger write for the
-//! counts and deletes (a condition per item, 25 items per call; a single write for an item
-//! whose statement was refused), one batched write of completion markers, and one breaker
-//! report per job type; and, per heartbeat tick while handlers still run, one visibility
-//! change per ten messages, plus the batched calls of the records that ended since the last
-//! tick (their breaker outcomes go in the batch's one report). A batch of first deliveries that all succeed before the first
-//! tick, of job types without a completion marker, makes no AWS call at all.
+//! Beside step 2, the visibility heartbeat (`heartbeat.rs`) keeps the batch's messages hidden
+//! while handlers outlast their visibility timeout, and takes records that ended through
+//! steps 3 and 4 at its ticks. One [`Deadline`] (`deadline.rs`) carries the time through all.
+//! A batch of first deliveries that succeed, of job types without a completion marker, makes
+//! no AWS call at all.
 
+mod deadline;
 mod execute;
 mod heartbeat;
 mod lost;
 mod plan;
 mod read;
-pub mod record;
 pub mod registry;
 mod run;
 
@@ -53,6 +35,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::clock::now_ms;
+pub use deadline::Deadline;
+pub(crate) use deadline::{REPORT_MARGIN, instant_at};
 use crate::core::Decision;
 use crate::core::envelope::EnvelopeLimits;
 use crate::effects::breaker_store::BreakerStore;
@@ -71,115 +55,11 @@ use lost::LostCounts;
 pub use plan::{Effects, Plan, Step};
 #[doc(hidden)]
 pub use read::Record;
-pub use record::Incoming;
+pub use read::Incoming;
+pub(crate) use read::read_count;
 use registry::Registry;
 #[doc(hidden)]
 pub use run::Ran;
-
-/// Time kept back before the invocation deadline to report the batch: a handler still
-/// running then is stopped and counted as a transient failure.
-pub(crate) const REPORT_MARGIN: Duration = Duration::from_millis(1_500);
-
-/// Time kept back from the invocation's deadline for writing the batch response after the
-/// last effect.
-pub(crate) const EFFECTS_MARGIN: Duration = Duration::from_millis(250);
-
-/// The batch's deadline and the deadlines derived from it, carried through a batch as one
-/// value: a Lambda invocation's deadline, fixed; or a worker's, `margin` before its messages'
-/// visibility timeout ends, which the visibility heartbeat moves as it extends them.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Deadline {
-    at: Option<Instant>,
-    /// `Some`: the deadline is this long before the batch's messages may be visible again,
-    /// and follows them.
-    margin: Option<Duration>,
-}
-
-impl Deadline {
-    /// The invocation must answer by `at` (`None`: no deadline). It does not move.
-    pub fn new(at: Option<Instant>) -> Self {
-        Self { at, margin: None }
-    }
-
-    /// A batch of received messages hidden until `visible_until`, to settle `margin` before
-    /// that: when the heartbeat extends every message's visibility, the deadline moves with it.
-    pub fn visibility(visible_until: Instant, margin: Duration) -> Self {
-        Self {
-            at: Some(visible_until.checked_sub(margin).unwrap_or(visible_until)),
-            margin: Some(margin),
-        }
-    }
-
-    /// The deadline itself.
-    pub fn at(self) -> Option<Instant> {
-        self.at
-    }
-
-    /// The invocation's fixed deadline, which no extension may outlast by more than
-    /// [`DEADLINE_SLACK`] (`None` for a deadline that follows visibility, or no deadline).
-    pub fn invocation(self) -> Option<Instant> {
-        self.at.filter(|_| self.margin.is_none())
-    }
-
-    /// When the batch's messages may be visible again at the earliest, for a deadline that
-    /// follows visibility.
-    pub fn visible_until(self) -> Option<Instant> {
-        self.at.zip(self.margin).map(|(at, m)| at + m)
-    }
-
-    /// The deadline once every message is known hidden until `until`: moved later for a
-    /// deadline that follows visibility, never earlier; a fixed one stays.
-    pub fn held_until(self, until: Instant) -> Self {
-        match (self.at, self.margin) {
-            (Some(at), Some(m)) => Self {
-                at: Some(at.max(until.checked_sub(m).unwrap_or(until))),
-                margin: Some(m),
-            },
-            _ => self,
-        }
-    }
-
-    /// A deadline that follows visibility, for messages hidden until `until` (a fixed one
-    /// stays).
-    pub(crate) fn with_visible_until(self, until: Instant) -> Self {
-        match self.margin {
-            Some(m) => Self::visibility(until, m),
-            None => self,
-        }
-    }
-
-    /// The deadline brought back to `cap` when later (a fixed deadline too).
-    pub fn at_most(self, cap: Instant) -> Self {
-        Self {
-            at: self.at.map(|at| at.min(cap)),
-            ..self
-        }
-    }
-
-    /// The latest moment a call before the handlers may end, and when a handler still running
-    /// is stopped: the report margin before the deadline, so a stalled read or probe request
-    /// leaves time to settle the batch (its records are then released, unspent).
-    pub fn admission(self) -> Option<Instant> {
-        self.at.map(|d| d.checked_sub(REPORT_MARGIN).unwrap_or(d))
-    }
-
-    /// The latest moment an effect after the handlers may end: the effects margin before the
-    /// deadline, so the batch response still goes out in time.
-    pub fn effects_end(self) -> Option<Instant> {
-        self.at.map(|d| d.checked_sub(EFFECTS_MARGIN).unwrap_or(d))
-    }
-
-    /// Time left before the deadline.
-    pub fn time_left(self) -> Option<Duration> {
-        self.at.map(|d| d.saturating_duration_since(Instant::now()))
-    }
-
-    /// The deadline in epoch ms, `now_ms` being now: how long a probe permit is held.
-    pub fn epoch_ms(self, now_ms: u64) -> Option<u64> {
-        self.time_left()
-            .map(|left| now_ms.saturating_add(left.as_millis() as u64))
-    }
-}
 
 /// Where a processor sends things and what it reads from.
 #[derive(Debug, Clone)]
@@ -202,144 +82,6 @@ pub struct Processor {
     visibility: Option<Duration>,
     /// Start-up's first breaker read, when start-up left it running ([`FirstRead`]).
     first_read: Option<Arc<FirstRead>>,
-}
-
-/// Start-up's first breaker read (the table's check), left running while start-up goes on,
-/// the runtime polls and the event is read. The first admission waits for it: no job runs
-/// before its breaker is read, or found unreadable and read again by the admission itself.
-#[derive(Debug)]
-pub(crate) struct FirstRead {
-    task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<Result<(), StartupError>>>>,
-    outcome: tokio::sync::OnceCell<Result<(), StartupError>>,
-}
-
-impl FirstRead {
-    /// Starts `read` on the runtime now.
-    pub(crate) fn start(
-        read: impl std::future::Future<Output = Result<(), StartupError>> + Send + 'static,
-    ) -> Self {
-        Self {
-            task: tokio::sync::Mutex::new(Some(tokio::spawn(read))),
-            outcome: tokio::sync::OnceCell::new(),
-        }
-    }
-
-    /// The read's outcome, waiting for it the first time. A caller that stops waiting leaves
-    /// the read to the next one.
-    async fn outcome(&self) -> Result<(), StartupError> {
-        self.outcome
-            .get_or_init(|| async {
-                let mut task = self.task.lock().await;
-                match task.as_mut() {
-                    Some(t) => t.await.unwrap_or_else(|e| {
-                        // The admission reads the breakers itself, as after a skipped check.
-                        tracing::warn!(error = %e, "the first breaker read did not finish; admission reads again");
-                        Ok(())
-                    }),
-                    None => Ok(()),
-                }
-            })
-            .await
-            .clone()
-    }
-}
-
-/// The processor's settings.
-#[derive(Debug, Clone)]
-pub struct ProcessorConfig {
-    /// The source queue URL (recorded in failure records, target of visibility changes).
-    pub source_queue: String,
-    /// The DLQ URL.
-    pub dlq_url: String,
-    /// The DLQ's maximum message size (see [`Processor::with_dlq_limit`] for one learned from
-    /// the DLQ at its first use).
-    pub dlq_max_bytes: usize,
-    /// Records run at once.
-    pub concurrency: usize,
-    /// Envelope limits.
-    pub limits: EnvelopeLimits,
-    /// Include bodies in logs.
-    pub log_payloads: bool,
-    /// The source queue's redrive `maxReceiveCount`, when it has one.
-    pub receive_limit: Option<u32>,
-    /// The source queue's `MessageRetentionPeriod`, when known.
-    pub retention: Option<Duration>,
-}
-
-/// What happened to one record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordReport {
-    /// The SQS message id.
-    pub message_id: String,
-    /// The job id.
-    pub job_id: String,
-    /// The job type, when the envelope named one.
-    pub job_type: Option<String>,
-    /// The final decision.
-    pub decision: Decision,
-    /// Whether the handler ran.
-    pub executed: bool,
-    /// True when the message is done with (handler succeeded or the DLQ accepted its copy):
-    /// Lambda deletes it, the worker deletes it.
-    pub settled: bool,
-}
-
-/// The result of one batch.
-#[derive(Debug, Clone, Default)]
-pub struct BatchOutcome {
-    /// Per record, in input order.
-    pub records: Vec<RecordReport>,
-    /// Metrics of this batch.
-    pub metrics: Metrics,
-    /// True when a record that must be reported failed has no message id: an empty
-    /// `itemIdentifier` is never sent, so the whole batch is failed instead.
-    pub whole_batch_failed: bool,
-    /// For a batch whose deadline follows visibility ([`Deadline::visibility`]): when its
-    /// messages may be visible again at the earliest, after the heartbeat's extensions (the
-    /// worker deletes the settled ones by then).
-    pub visible_until: Option<Instant>,
-    /// Positions of the records the processor deleted itself: a batch whose deadline follows
-    /// visibility (a worker's) has its records settled at a heartbeat tick deleted then. The
-    /// caller deletes the other settled ones.
-    pub deleted: Vec<usize>,
-}
-
-/// Records finished at a heartbeat tick, before the batch's run step ended.
-#[derive(Debug, Default)]
-pub(super) struct Early {
-    /// Their positions in the batch, in the order of `outcome.records`.
-    indices: Vec<usize>,
-    outcome: BatchOutcome,
-    /// Their handlers' runs, for the batch's breaker report.
-    runs: Vec<(String, run::Run)>,
-}
-
-impl Early {
-    /// Positions of the records settled but not deleted: their deletes failed.
-    pub(super) fn undeleted(&self) -> std::collections::HashSet<usize> {
-        self.indices
-            .iter()
-            .zip(&self.outcome.records)
-            .filter(|(i, r)| r.settled && !self.outcome.deleted.contains(i))
-            .map(|(i, _)| *i)
-            .collect()
-    }
-}
-
-/// The instant of an epoch-ms time on the monotonic clock (now, for a time past).
-pub(crate) fn instant_at(epoch_ms: u64) -> Instant {
-    Instant::now() + Duration::from_millis(epoch_ms.saturating_sub(now_ms()))
-}
-
-impl BatchOutcome {
-    /// Message ids to report in `batchItemFailures`.
-    pub fn failures(&self) -> Vec<String> {
-        self.records
-            .iter()
-            .filter(|r| !r.settled)
-            .map(|r| r.message_id.clone())
-            .collect()
-    }
 }
 
 impl Processor {
@@ -472,16 +214,20 @@ impl Processor {
     pub async fn process_within(&self, records: Vec<Incoming>, deadline: Deadline) -> BatchOutcome {
         let before = self.sqs.retry().stats();
         let n = records.len();
-        // Boxed, as the futures below: nested, they make too deep a type for the compiler.
-        let (ran, read_metrics, deadline, early) =
-            Box::pin(self.admit_and_run_held(records, deadline, true)).await;
+        let mut metrics = Metrics::default();
+        // 1. Read (its storage reads are made in step 2's future, under the heartbeat).
+        let records = self.read_batch(records, &mut metrics);
+        // 2. Admit and run. Boxed, as the steps below: nested, their futures make too deep a
+        // type for the compiler.
+        let (ran, deadline, early) = Box::pin(self.run_held(records, deadline, &mut metrics, true)).await;
         let (indices, ran): (Vec<usize>, Vec<Ran>) = ran.into_iter().unzip();
+        // 3. Plan. The batch's one breaker report carries the records finished early too.
         let mut plan = Box::pin(self.plan_now(ran, deadline)).await;
-        // The batch's one breaker report carries the records finished early too.
         for (job_type, run) in early.iter().flat_map(|e| &e.runs) {
             plan::tally(plan.breaker_reports.entry(job_type.clone()).or_default(), run);
         }
-        plan.metrics.merge(read_metrics);
+        plan.metrics.merge(metrics);
+        // 4. Execute.
         let last = Box::pin(self.execute(plan, deadline)).await;
         let mut outcome = merge(n, indices, last, early);
         outcome.visible_until = deadline.visible_until();
@@ -489,6 +235,50 @@ impl Processor {
         outcome.metrics.storage_retries = after.retries.saturating_sub(before.retries);
         outcome.metrics.storage_failures = after.failures.saturating_sub(before.failures);
         outcome
+    }
+
+    /// Steps 1 and 2 alone: each record with its final decision, in input order, and the
+    /// metrics of the reading (ledger fallbacks).
+    #[doc(hidden)]
+    pub async fn admit_and_run(&self, records: Vec<Incoming>, deadline: Deadline) -> (Vec<Ran>, Metrics) {
+        let mut metrics = Metrics::default();
+        let records = self.read_batch(records, &mut metrics);
+        let (ran, ..) = self.run_held(records, deadline, &mut metrics, false).await;
+        (ran.into_iter().map(|(_, r)| r).collect(), metrics)
+    }
+
+    /// Step 2 with the heartbeat beside it: the batch's storage reads, then admission and the
+    /// handlers. Returns the records not finished early with their positions, in order, the
+    /// deadline as the heartbeat left it, and, with `early`, the records the heartbeat finished
+    /// at its ticks ([`complete_ended`](Self::complete_ended)). The heartbeat has stopped, its
+    /// last call answered, on return.
+    async fn run_held(
+        &self,
+        mut records: Vec<Record>,
+        deadline: Deadline,
+        metrics: &mut Metrics,
+        early: bool,
+    ) -> (Vec<(usize, Ran)>, Deadline, Vec<Early>) {
+        let hold = MovingDeadline::new(deadline);
+        let finished = run::Finished::default();
+        let (done, stopped) = tokio::sync::watch::channel(false);
+        let held = self.heartbeat.map(|every| (every, self.held(&records, deadline)));
+        let beat = async {
+            match held {
+                Some((every, held)) => {
+                    let early = early.then_some(&finished);
+                    self.beat(held, every, &hold, stopped, early).await.1
+                }
+                None => Vec::new(),
+            }
+        };
+        let work = async {
+            let states = self.read_state(&mut records, hold.deadline(), metrics).await;
+            self.run(records, &states, &hold, &finished).await;
+            let _ = done.send(true);
+        };
+        let ((), early) = tokio::join!(work, beat);
+        (finished.take(), hold.deadline(), early)
     }
 
     /// The plan while the DLQ's limit is not known yet: planned with the fallback size; when
@@ -520,7 +310,7 @@ impl Processor {
     }
 
     fn retained(&self, mut ran: Ran, now: u64) -> Ran {
-        let facts = self.facts(&ran.record);
+        let facts = ran.record.facts;
         let prior = crate::core::decision::attempts_before(facts, ran.record.ledger);
         ran.decision = crate::core::decision::retained(facts, prior, now, ran.decision);
         ran
@@ -563,68 +353,141 @@ impl Processor {
             runs,
         })
     }
+}
 
-    /// Steps 1 and 2: reads the batch's records and the state they need, then admits and runs
-    /// them. Returns each record with its final decision, in input order, and the metrics of
-    /// the reading (ledger fallbacks).
-    #[doc(hidden)]
-    pub async fn admit_and_run(&self, records: Vec<Incoming>, deadline: Deadline) -> (Vec<Ran>, Metrics) {
-        let (ran, metrics, ..) = self.admit_and_run_held(records, deadline, false).await;
-        (ran.into_iter().map(|(_, r)| r).collect(), metrics)
-    }
+/// The processor's settings.
+#[derive(Debug, Clone)]
+pub struct ProcessorConfig {
+    /// The source queue URL (recorded in failure records, target of visibility changes).
+    pub source_queue: String,
+    /// The DLQ URL.
+    pub dlq_url: String,
+    /// The DLQ's maximum message size (see [`Processor::with_dlq_limit`] for one learned from
+    /// the DLQ at its first use).
+    pub dlq_max_bytes: usize,
+    /// Records run at once.
+    pub concurrency: usize,
+    /// Envelope limits.
+    pub limits: EnvelopeLimits,
+    /// Include bodies in logs.
+    pub log_payloads: bool,
+    /// The source queue's redrive `maxReceiveCount`, when it has one.
+    pub receive_limit: Option<u32>,
+    /// The source queue's `MessageRetentionPeriod`, when known.
+    pub retention: Option<Duration>,
+}
 
-    /// Steps 1 and 2 with the heartbeat beside them; also returns the deadline as the
-    /// heartbeat left it. With `early`, the heartbeat finishes records whose handlers ended
-    /// at its ticks ([`complete_ended`](Self::complete_ended)); the others are returned with
-    /// their positions, in order. The heartbeat has stopped, its last call answered, on
-    /// return.
-    async fn admit_and_run_held(
-        &self,
-        records: Vec<Incoming>,
-        deadline: Deadline,
-        early: bool,
-    ) -> (Vec<(usize, Ran)>, Metrics, Deadline, Vec<Early>) {
-        let mut metrics = Metrics::default();
-        let mut records: Vec<Record> = records.into_iter().map(|r| self.read(r)).collect();
-        self.count_past_receive_limit(&records, &mut metrics);
-        self.count_other_source_queue(&records, &mut metrics);
-        let hold = MovingDeadline::new(deadline);
-        let finished = run::Finished::default();
-        let (done, stopped) = tokio::sync::watch::channel(false);
-        let held = self.heartbeat.map(|every| (every, self.held(&records, deadline)));
-        let beat = async {
-            match held {
-                Some((every, held)) => {
-                    let early = early.then_some(&finished);
-                    self.beat(held, every, &hold, stopped, early).await.1
-                }
-                None => Vec::new(),
-            }
-        };
-        let work = async {
-            // The ledger's read and the breakers' do not depend on each other: side by side, a
-            // batch with a redelivery and a breaker read waits one round trip, not two.
-            let types = read::breaker_types(&records);
-            let (_, states) = tokio::join!(
-                self.load_ledger(&mut records, hold.deadline(), &mut metrics),
-                self.load_breakers(&types, hold.deadline()),
-            );
-            self.run(records, &states, &hold, &finished).await;
-            let _ = done.send(true);
-        };
-        let ((), early) = tokio::join!(work, beat);
-        (finished.take(), metrics, hold.deadline(), early)
-    }
+/// What happened to one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordReport {
+    /// The SQS message id.
+    pub message_id: String,
+    /// The job id.
+    pub job_id: String,
+    /// The job type, when the envelope named one.
+    pub job_type: Option<String>,
+    /// The final decision.
+    pub decision: Decision,
+    /// Whether the handler ran.
+    pub executed: bool,
+    /// True when the message is done with (handler succeeded or the DLQ accepted its copy):
+    /// Lambda deletes it, the worker deletes it.
+    pub settled: bool,
+}
 
-    /// The metric dimension of a job type: the type when registered, else
-    /// [`UNREGISTERED`](crate::effects::metrics::UNREGISTERED).
-    fn dimension<'a>(&self, job_type: Option<&'a str>) -> &'a str {
-        match job_type {
-            Some(t) if self.registry.route(t).is_some() => t,
-            _ => crate::effects::metrics::UNREGISTERED,
-        }
+/// The result of one batch.
+#[derive(Debug, Clone, Default)]
+pub struct BatchOutcome {
+    /// Per record, in input order.
+    pub records: Vec<RecordReport>,
+    /// Metrics of this batch.
+    pub metrics: Metrics,
+    /// True when a record that must be reported failed has no message id: an empty
+    /// `itemIdentifier` is never sent, so the whole batch is failed instead.
+    pub whole_batch_failed: bool,
+    /// For a batch whose deadline follows visibility ([`Deadline::visibility`]): when its
+    /// messages may be visible again at the earliest, after the heartbeat's extensions (the
+    /// worker deletes the settled ones by then).
+    pub visible_until: Option<Instant>,
+    /// Positions of the records the processor deleted itself: a batch whose deadline follows
+    /// visibility (a worker's) has its records settled at a heartbeat tick deleted then. The
+    /// caller deletes the other settled ones.
+    pub deleted: Vec<usize>,
+}
+
+/// Records finished at a heartbeat tick, before the batch's run step ended.
+#[derive(Debug, Default)]
+pub(super) struct Early {
+    /// Their positions in the batch, in the order of `outcome.records`.
+    indices: Vec<usize>,
+    outcome: BatchOutcome,
+    /// Their handlers' runs, for the batch's breaker report.
+    runs: Vec<(String, run::Run)>,
+}
+
+impl Early {
+    /// Positions of the records settled but not deleted: their deletes failed.
+    pub(super) fn undeleted(&self) -> std::collections::HashSet<usize> {
+        self.indices
+            .iter()
+            .zip(&self.outcome.records)
+            .filter(|(i, r)| r.settled && !self.outcome.deleted.contains(i))
+            .map(|(i, _)| *i)
+            .collect()
     }
 }
+
+impl BatchOutcome {
+    /// Message ids to report in `batchItemFailures`.
+    pub fn failures(&self) -> Vec<String> {
+        self.records
+            .iter()
+            .filter(|r| !r.settled)
+            .map(|r| r.message_id.clone())
+            .collect()
+    }
+}
+
+/// Start-up's first breaker read (the table's check), left running while start-up goes on,
+/// the runtime polls and the event is read. The first admission waits for it: no job runs
+/// before its breaker is read, or found unreadable and read again by the admission itself.
+#[derive(Debug)]
+pub(crate) struct FirstRead {
+    task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<Result<(), StartupError>>>>,
+    outcome: tokio::sync::OnceCell<Result<(), StartupError>>,
+}
+
+impl FirstRead {
+    /// Starts `read` on the runtime now.
+    pub(crate) fn start(
+        read: impl std::future::Future<Output = Result<(), StartupError>> + Send + 'static,
+    ) -> Self {
+        Self {
+            task: tokio::sync::Mutex::new(Some(tokio::spawn(read))),
+            outcome: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The read's outcome, waiting for it the first time. A caller that stops waiting leaves
+    /// the read to the next one.
+    async fn outcome(&self) -> Result<(), StartupError> {
+        self.outcome
+            .get_or_init(|| async {
+                let mut task = self.task.lock().await;
+                match task.as_mut() {
+                    Some(t) => t.await.unwrap_or_else(|e| {
+                        // The admission reads the breakers itself, as after a skipped check.
+                        tracing::warn!(error = %e, "the first breaker read did not finish; admission reads again");
+                        Ok(())
+                    }),
+                    None => Ok(()),
+                }
+            })
+            .await
+            .clone()
+    }
+}
+
 
 /// The batch's outcome from its last execute and the early ones: every record's report at
 /// its position, metrics added up.

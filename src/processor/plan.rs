@@ -88,7 +88,7 @@ impl Processor {
             .into_iter()
             .enumerate()
             .map(|(key, ran)| {
-                let ty = self.dimension(ran.record.job_type());
+                let ty = ran.record.dimension();
                 metrics.decision(ty, &ran.decision);
                 if let Some(run) = &ran.run {
                     metrics.handler_duration(ty, run.time);

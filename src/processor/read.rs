@@ -1,21 +1,105 @@
-//! Step 1, read: each record's envelope parsed and its job type routed, then what the batch
-//! needs from storage — the attempt ledger for redeliveries and for first deliveries of job
-//! types with a completion marker (one batched read: attempts, completion markers and parks
-//! come back together) — and one breaker state per job type.
+//! Step 1, read: an [`Incoming`] message in, a [`Record`] out. Its envelope is parsed, its job
+//! type routed and its delivery's facts taken once; then the batch reads what it needs from
+//! storage in one round trip: the attempt ledger (redeliveries, and first deliveries of job
+//! types with a completion marker) beside one breaker state per job type.
 
 use std::collections::HashMap;
 
+use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
 use tracing::warn;
 
 use super::lost::LostKey;
-use super::{Deadline, Incoming, Processor};
+use super::{Deadline, Processor};
 use crate::clock::now_ms;
 use crate::core::breaker::BreakerState;
 use crate::core::decision::{StoredAttempts, retention_margin};
-use crate::core::envelope::{self, EnvelopeError, Job, Payload};
+use crate::core::envelope::{self, EnvelopeError, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE, Job, Payload};
 use crate::core::{Ledger, RecordFacts};
-use crate::effects::metrics::Metrics;
+use crate::effects::metrics::{Metrics, UNREGISTERED};
 use crate::effects::queue_url::url_names_arn;
+
+/// A received SQS message, as the processor needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Incoming {
+    /// The SQS message id (never empty for a record the processor reports on).
+    pub message_id: String,
+    /// The receipt handle of this delivery.
+    pub receipt_handle: String,
+    /// The body, byte for byte.
+    pub body: String,
+    /// `ApproximateReceiveCount` (1 on the first delivery).
+    pub receive_count: u32,
+    /// `ApproximateFirstReceiveTimestamp` (epoch ms), if SQS sent it.
+    pub first_received_at_ms: Option<u64>,
+    /// `SentTimestamp` (epoch ms), if SQS sent it: the queue's retention counts from it.
+    pub sent_at_ms: Option<u64>,
+    /// `MessageGroupId` on FIFO queues.
+    pub group_id: Option<String>,
+    /// The producer's message attributes, kept for the DLQ copy.
+    pub attributes: HashMap<String, MessageAttributeValue>,
+    /// True when the record says it came from a FIFO queue (its event source ARN).
+    pub from_fifo: bool,
+    /// The queue the record says it came from (its event source ARN, Lambda's records only):
+    /// checked against the source queue the processor works for.
+    pub source_arn: Option<String>,
+}
+
+impl Incoming {
+    /// The string value of a message attribute.
+    pub(crate) fn string_attribute(&self, name: &str) -> Option<&str> {
+        self.attributes.get(name).and_then(|a| a.string_value())
+    }
+
+    /// The `job-type` attribute.
+    pub fn job_type_attribute(&self) -> Option<&str> {
+        self.string_attribute(JOB_TYPE_ATTRIBUTE)
+    }
+
+    /// The `job-id` attribute.
+    pub fn job_id_attribute(&self) -> Option<&str> {
+        self.string_attribute(JOB_ID_ATTRIBUTE)
+    }
+
+    /// The first routing attribute (`job-type`, `job-id`) that is there without a string value
+    /// (a `Binary` one): routing by the body instead would be a guess.
+    pub fn unroutable_attribute(&self) -> Option<&'static str> {
+        [JOB_TYPE_ATTRIBUTE, JOB_ID_ATTRIBUTE].into_iter().find(|name| {
+            self.attributes
+                .get(*name)
+                .is_some_and(|a| a.string_value().is_none())
+        })
+    }
+
+    /// Reads a message received with the SDK (the worker asks for all attributes).
+    pub fn from_sdk(m: Message) -> Self {
+        let sys = m.attributes.unwrap_or_default();
+        let get = |k: MessageSystemAttributeName| sys.get(&k).map(String::as_str);
+        Self {
+            receive_count: parse_count(get(MessageSystemAttributeName::ApproximateReceiveCount)),
+            first_received_at_ms: get(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp)
+                .and_then(|v| v.parse().ok()),
+            sent_at_ms: get(MessageSystemAttributeName::SentTimestamp).and_then(|v| v.parse().ok()),
+            group_id: get(MessageSystemAttributeName::MessageGroupId).map(str::to_owned),
+            message_id: m.message_id.unwrap_or_default(),
+            receipt_handle: m.receipt_handle.unwrap_or_default(),
+            body: m.body.unwrap_or_default(),
+            attributes: m.message_attributes.unwrap_or_default(),
+            from_fifo: false,
+            source_arn: None,
+        }
+    }
+}
+
+/// A missing or unreadable receive count is read as 1: the ledger read is skipped and the
+/// ledger's conditional write still keeps the count exact.
+pub(crate) fn parse_count(v: Option<&str>) -> u32 {
+    v.and_then(read_count).unwrap_or(1)
+}
+
+/// A receive count as written: `None` unless it reads as a count of at least 1.
+pub(crate) fn read_count(v: &str) -> Option<u32> {
+    v.parse().ok().filter(|n| *n >= 1)
+}
 
 /// One record as read: the message, its job (or why it is not a runnable one) and what the
 /// ledger says about it. Everything the later steps know about a record lives here.
@@ -27,9 +111,12 @@ pub struct Record {
     pub(super) job_id: String,
     /// The job type the envelope names, registered or not (for the failure record).
     pub(super) named_type: Option<String>,
-    /// When the batch reached the processor; SQS received it a little earlier (see
-    /// [`crate::core::decision::RECEIVE_SLACK`]).
-    pub(super) received_at_ms: u64,
+    /// What SQS says about this delivery, taken when the batch reached the processor (SQS
+    /// received it a little earlier: [`crate::core::decision::RECEIVE_SLACK`]).
+    pub(super) facts: RecordFacts,
+    /// When the queue's retention period for its message ends (epoch ms): SQS deletes it
+    /// then. `None` when unknown, or when the timestamp cannot be right.
+    pub(super) retention_ends_ms: Option<u64>,
     pub(super) ledger: Ledger,
     pub(super) had_ledger_item: bool,
     /// The lifetime of its job type's completion marker, when the type has one.
@@ -45,6 +132,12 @@ impl Record {
     /// The job type, when the record is a runnable job.
     pub(super) fn job_type(&self) -> Option<&str> {
         self.job.as_ref().ok().map(|j| j.job_type.as_str())
+    }
+
+    /// The record's metric dimension: its job type when it is a runnable job, else
+    /// [`UNREGISTERED`].
+    pub(super) fn dimension(&self) -> &str {
+        self.job_type().unwrap_or(UNREGISTERED)
     }
 
     /// The job's ledger key: job type and job id.
@@ -110,12 +203,14 @@ impl Processor {
                     Some(_) => Ok(job),
                     None => Err(no_handler(&job.job_type)),
                 });
+        let received_at_ms = now_ms();
         Record {
+            facts: self.facts(&inc, received_at_ms),
+            retention_ends_ms: self.retention_ends_ms(&inc, received_at_ms),
             inc,
             job,
             job_id,
             named_type,
-            received_at_ms: now_ms(),
             ledger: Ledger::FirstDelivery,
             had_ledger_item: false,
             done_marker,
@@ -124,11 +219,36 @@ impl Processor {
         }
     }
 
+    /// Step 1 for a batch: every record read, and the batch's odd deliveries counted.
+    pub(super) fn read_batch(&self, incoming: Vec<Incoming>, metrics: &mut Metrics) -> Vec<Record> {
+        let records: Vec<Record> = incoming.into_iter().map(|inc| self.read(inc)).collect();
+        self.count_past_receive_limit(&records, metrics);
+        self.count_other_source_queue(&records, metrics);
+        records
+    }
+
+    /// What the batch needs from storage: its ledger items, into the records, and one breaker
+    /// state per job type. The two reads do not depend on each other: side by side, a batch
+    /// with a redelivery and a breaker read waits one round trip, not two.
+    pub(super) async fn read_state(
+        &self,
+        records: &mut [Record],
+        deadline: Deadline,
+        metrics: &mut Metrics,
+    ) -> HashMap<String, BreakerState> {
+        let types = breaker_types(records);
+        let ((), states) = tokio::join!(
+            self.load_ledger(records, deadline, metrics),
+            self.load_breakers(&types, deadline),
+        );
+        states
+    }
+
     /// Reads the ledger for redeliveries and for first deliveries of job types with a
     /// completion marker, in one batched call, adding back the counts this environment could
     /// not write. An unreadable ledger falls back to the receive count (and then neither a
     /// completion marker nor a park can be seen).
-    pub(super) async fn load_ledger(
+    async fn load_ledger(
         &self,
         records: &mut [Record],
         deadline: Deadline,
@@ -152,7 +272,7 @@ impl Processor {
         for r in records.iter_mut().filter(|r| r.reads_ledger()) {
             let redelivery = r.inc.receive_count > 1;
             let Some(m) = &stored else {
-                metrics.add(self.dimension(r.job_type()), "LedgerFallback", 1);
+                metrics.add(r.dimension(), "LedgerFallback", 1);
                 if redelivery {
                     r.ledger = Ledger::Unavailable;
                 }
@@ -200,7 +320,7 @@ impl Processor {
     /// One breaker state per job type of [`breaker_types`], through the per-environment cache; a
     /// breaker that cannot be read fails open (see
     /// [`BreakerStore::observe`](crate::effects::breaker_store::BreakerStore::observe)).
-    pub(super) async fn load_breakers(
+    async fn load_breakers(
         &self,
         types: &[String],
         deadline: Deadline,
@@ -223,7 +343,7 @@ impl Processor {
     /// to be on their last receive, and dead-lettered as `expiring` when deferred, too early.
     /// Such a record is seen only when a receive at the limit did not settle it (the
     /// processor settles every record on that receive when it can).
-    pub(super) fn count_past_receive_limit(&self, records: &[Record], metrics: &mut Metrics) {
+    fn count_past_receive_limit(&self, records: &[Record], metrics: &mut Metrics) {
         let Some(limit) = self.receive_limit else {
             return;
         };
@@ -232,7 +352,7 @@ impl Processor {
             return;
         };
         for r in &past {
-            metrics.add(self.dimension(r.job_type()), "PastReceiveLimit", 1);
+            metrics.add(r.dimension(), "PastReceiveLimit", 1);
         }
         let n = past.len();
         warn!(
@@ -253,7 +373,7 @@ impl Processor {
     /// batch: the function is mapped to a queue it was not configured for, whose
     /// `maxReceiveCount` and retention were not checked, and on which its visibility changes
     /// (retries, deferrals) do not land. One comparison per distinct ARN in the batch.
-    pub(super) fn count_other_source_queue(&self, records: &[Record], metrics: &mut Metrics) {
+    fn count_other_source_queue(&self, records: &[Record], metrics: &mut Metrics) {
         let mut last: Option<(&str, bool)> = None;
         let mut first: Option<(&Record, &str)> = None;
         let mut n = 0;
@@ -270,7 +390,7 @@ impl Processor {
                 }
             };
             if !ours {
-                metrics.add(self.dimension(r.job_type()), "OtherSourceQueue", 1);
+                metrics.add(r.dimension(), "OtherSourceQueue", 1);
                 first.get_or_insert((r, arn));
                 n += 1;
             }
@@ -290,38 +410,35 @@ impl Processor {
         }
     }
 
-    /// When the queue's retention period for a record's message ends (epoch ms): SQS deletes
-    /// it then. `None` when unknown, or when the timestamp cannot be right (see
+    /// When the queue's retention period for a message received at `received_at_ms` ends
+    /// (epoch ms). `None` when unknown, or when the timestamp cannot be right (see
     /// [`facts`](Self::facts)).
-    pub(super) fn retention_ends_ms(&self, record: &Record) -> Option<u64> {
-        let (sent, r) = record.inc.sent_at_ms.zip(self.retention)?;
+    fn retention_ends_ms(&self, inc: &Incoming, received_at_ms: u64) -> Option<u64> {
+        let (sent, r) = inc.sent_at_ms.zip(self.retention)?;
         let end = sent.saturating_add(r.as_millis() as u64);
-        (end > record.received_at_ms).then_some(end)
+        (end > received_at_ms).then_some(end)
     }
 
-    /// What SQS says about a record's delivery.
-    pub(super) fn facts(&self, record: &Record) -> RecordFacts {
+    /// What SQS says about a delivery received at `received_at_ms`.
+    fn facts(&self, inc: &Incoming, received_at_ms: u64) -> RecordFacts {
         RecordFacts {
-            receive_count: record.inc.receive_count,
-            received_at_ms: record.received_at_ms,
+            receive_count: inc.receive_count,
+            received_at_ms,
             receive_limit: self.receive_limit,
-            expires_at_ms: match (record.inc.sent_at_ms, self.retention) {
-                // A message whose retention ended before it was received cannot exist: the
-                // timestamp or a clock is off (a sample event, a replayed fixture), and no
-                // retention rule is applied to it.
-                (Some(sent), Some(r))
-                    if sent.saturating_add(r.as_millis() as u64) > record.received_at_ms =>
-                {
-                    Some(sent.saturating_add(r.saturating_sub(retention_margin(r)).as_millis() as u64))
-                }
-                _ => None,
-            },
+            // A message whose retention ended before it was received cannot exist: the
+            // timestamp or a clock is off (a sample event, a replayed fixture), and no
+            // retention rule is applied to it.
+            expires_at_ms: self.retention_ends_ms(inc, received_at_ms).and(
+                inc.sent_at_ms
+                    .zip(self.retention)
+                    .map(|(sent, r)| sent.saturating_add(r.saturating_sub(retention_margin(r)).as_millis() as u64)),
+            ),
         }
     }
 }
 
 /// The batch's job types, each once: the breakers its admission reads.
-pub(super) fn breaker_types(records: &[Record]) -> Vec<String> {
+fn breaker_types(records: &[Record]) -> Vec<String> {
     let mut types: Vec<&str> = records.iter().filter_map(Record::job_type).collect();
     types.sort_unstable();
     types.dedup();

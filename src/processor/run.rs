@@ -122,7 +122,7 @@ impl Processor {
         for (i, record) in group {
             let r = if blocked {
                 // FIFO: after a failure in the group, later records must not overtake it.
-                let facts = self.facts(&record);
+                let facts = record.facts;
                 let decision = held_back(facts, attempts_before(facts, record.ledger));
                 Ran::without_run(record, decision)
             } else {
@@ -324,7 +324,7 @@ impl Processor {
         deadline: Deadline,
     ) -> Inputs<'a> {
         Inputs {
-            record: self.facts(record),
+            record: record.facts,
             ledger: record.ledger,
             gate,
             time_left: if self.draining.load(Ordering::SeqCst) {

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use crate::core::envelope::{JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE, StrVisitor, json_kind};
 use crate::processor::Incoming;
-use crate::processor::record::read_count;
+use crate::processor::read_count;
 
 /// A record of the event as the fast path reads it, straight from its text: the typed model's
 /// (`SqsMessage`'s) fields, each read as that model reads it, so it rejects exactly the
