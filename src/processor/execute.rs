@@ -5,6 +5,8 @@
 //! Everything ends by the effects margin before the deadline, so the batch response still goes
 //! out in time.
 
+use std::collections::BTreeMap;
+
 use tokio::time::Instant;
 use tracing::level_filters::LevelFilter;
 use tracing::{info_span, warn};
@@ -12,7 +14,7 @@ use tracing::{info_span, warn};
 use super::plan::{Plan, Step};
 use super::{BatchOutcome, Deadline, Processor, loggable};
 use crate::core::Decision;
-use crate::core::breaker::BreakerState;
+use crate::core::breaker::{Aggregate, BreakerState};
 use crate::core::breaker::Phase;
 use crate::effects::ledger::{Batched, Count, Delivery, Waiting, Written};
 use crate::effects::storage_retry::StorageError;
@@ -28,21 +30,50 @@ impl Processor {
             mut metrics,
             now_ms,
         } = plan;
-
+        // The DLQ's answers decide which records are settled, so the copies go first.
         self.send_copies(&mut steps, deadline).await;
+        let (lost, opened) = self.write_effects(&steps, &breaker_reports, now_ms, deadline).await;
+        for t in opened {
+            metrics.add(t, "BreakerOpened", 1);
+        }
+        self.remember_counts(&steps, &lost);
+        for s in steps.iter().filter(|s| s.effects.unrecorded) {
+            tracing::error!(message_id = %s.record.inc.message_id, job_id = %s.record.job_id, "last receive and the DLQ refused the copy: SQS's redrive will move the message without a failure record");
+            metrics.add(s.record.dimension(), "ExpiringUnrecorded", 1);
+        }
 
-        let visibility = self.visibility_changes(&steps);
-        let done = done_markers(&steps);
-        let forget = forgotten(&steps, &done);
-        // A breaker report that only adds to a counting window rides in the ledger's batched
-        // write; the others are written on their own, at the same time.
+        let (records, whole_batch_failed) = self.record_reports(steps);
+        BatchOutcome {
+            records,
+            metrics,
+            whole_batch_failed,
+            visible_until: None,
+            deleted: Vec::new(),
+        }
+    }
+
+    /// Every effect after the DLQ's answers, side by side: visibility changes, the ledger's
+    /// counts and deletes, completion markers and breaker reports. A breaker report that only
+    /// adds to a counting window rides in the ledger's batched write; the others are written
+    /// on their own. Returns the steps whose count could not be written and the job types
+    /// whose breaker a report opened.
+    async fn write_effects<'a>(
+        &self,
+        steps: &[Step],
+        breaker_reports: &'a BTreeMap<String, Aggregate>,
+        now_ms: u64,
+        deadline: Option<Instant>,
+    ) -> (Vec<usize>, Vec<&'a str>) {
+        let visibility = self.visibility_changes(steps);
+        let done = done_markers(steps);
+        let forget = forgotten(steps, &done);
         // Each report carries this environment's executions not yet reported, when it is made
         // (see `BreakerStore::with_unreported`).
         let breaker_reports: Vec<_> = breaker_reports
             .iter()
             .filter_map(|(t, a)| {
                 let b = self.breakers.get(t)?;
-                Some((t, b, b.with_unreported(t, a, now_ms)))
+                Some((t.as_str(), b, b.with_unreported(t, a, now_ms)))
             })
             .collect();
         let mut folded = Vec::new();
@@ -61,7 +92,7 @@ impl Processor {
         );
         // Folded reports are settled as soon as the batched call answers, beside the ledger's
         // own single-item rewrites.
-        let ledger = self.write_ledger(&steps, &forget, &extra, deadline, |written| {
+        let ledger = self.write_ledger(steps, &forget, &extra, deadline, |written| {
             let settled =
                 folded
                     .into_iter()
@@ -78,29 +109,14 @@ impl Processor {
                     .await;
             }
         };
-        let ((), (lost, folded_opened), direct_opened, _) = tokio::join!(
+        let ((), (lost, folded_opened), direct_opened, ()) = tokio::join!(
             visibility,
             ledger,
             reports,
             self.write_done_markers(done, deadline),
         );
-        for t in direct_opened.into_iter().chain(folded_opened).flatten() {
-            metrics.add(t, "BreakerOpened", 1);
-        }
-        self.remember_counts(&steps, &lost);
-        for s in steps.iter().filter(|s| s.effects.unrecorded) {
-            tracing::error!(message_id = %s.record.inc.message_id, job_id = %s.record.job_id, "last receive and the DLQ refused the copy: SQS's redrive will move the message without a failure record");
-            metrics.add(s.record.dimension(), "ExpiringUnrecorded", 1);
-        }
-
-        let (records, whole_batch_failed) = self.record_reports(steps);
-        BatchOutcome {
-            records,
-            metrics,
-            whole_batch_failed,
-            visible_until: None,
-            deleted: Vec::new(),
-        }
+        let opened = direct_opened.into_iter().chain(folded_opened).flatten().collect();
+        (lost, opened)
     }
 
     /// The visibility changes of the steps whose message stays: each comes back before its

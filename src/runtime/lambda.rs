@@ -409,68 +409,14 @@ async fn handle_records(
     processor
         .first_read(crate::processor::Deadline::new(clock.deadline).admission())
         .await?;
-    let Clock {
-        deadline_ms,
-        left,
-        deadline,
-    } = clock;
     tracing::debug!(
-        deadline_ms,
-        time_left_ms = left.as_millis() as u64,
+        deadline_ms = clock.deadline_ms,
+        time_left_ms = clock.left.as_millis() as u64,
         records = raw.len(),
         "invocation"
     );
-    let mut records = Vec::with_capacity(raw.len());
-    // Reported failed without being processed: records that cannot be read and, on a FIFO
-    // queue, the records of their message group behind them (they must not overtake them).
-    let mut unreadable = Vec::new();
-    let mut held_groups: HashSet<String> = HashSet::new();
-    let mut hold_all = false;
-    for (index, r) in raw.into_iter().enumerate() {
-        let fifo = processor.is_fifo() || r.is_fifo();
-        let whole_batch = |reason: &str| -> RuntimeError {
-            tracing::error!(
-                record = index,
-                reason,
-                "record has no message id; failing the whole batch"
-            );
-            format!("record {index}: {reason}, and it has no message id; failing the whole batch").into()
-        };
-        if fifo && (hold_all || r.group().is_some_and(|g| held_groups.contains(g))) {
-            match r.message_id() {
-                Some(id) => {
-                    tracing::warn!(message_id = %id, "held back behind an unreadable record of its FIFO group; reported failed");
-                    unreadable.push(id.to_owned());
-                    continue;
-                }
-                None => {
-                    return Err(whole_batch(
-                        "held back behind an unreadable record of its FIFO group",
-                    ));
-                }
-            }
-        }
-        let group = if fifo { r.group().map(str::to_owned) } else { None };
-        match r.read() {
-            Ok(inc) => records.push(inc),
-            Err(e) => match e.message_id {
-                Some(id) => {
-                    tracing::warn!(message_id = %id, reason = %e.reason, "record cannot be read; reported failed");
-                    unreadable.push(id);
-                    if fifo {
-                        match group {
-                            Some(g) => {
-                                held_groups.insert(g);
-                            }
-                            None => hold_all = true,
-                        }
-                    }
-                }
-                None => return Err(whole_batch(&format!("cannot be read ({})", e.reason))),
-            },
-        }
-    }
-    let mut outcome = processor.process(records, deadline).await;
+    let (records, unreadable) = read_event(processor.is_fifo(), raw)?;
+    let mut outcome = processor.process(records, clock.deadline).await;
     outcome
         .metrics
         .add(UNREGISTERED, "UnreadableRecords", unreadable.len() as u64);
@@ -483,6 +429,54 @@ async fn handle_records(
     let mut response = SqsBatchResponse::default();
     response.set_failures(outcome.failures().into_iter().chain(unreadable));
     Ok(response)
+}
+
+/// The event's records that read, and the message ids to report failed without processing:
+/// records that cannot be read and, on a FIFO queue, the records of their message group
+/// behind them (they must not overtake them). An error fails the whole batch: such a record
+/// has no message id to report, and no handler has run yet.
+fn read_event(fifo_queue: bool, raw: Vec<RawRecord>) -> Result<(Vec<Incoming>, Vec<String>), RuntimeError> {
+    let mut records = Vec::with_capacity(raw.len());
+    let mut unreadable = Vec::new();
+    let mut held_groups: HashSet<String> = HashSet::new();
+    let mut hold_all = false;
+    for (index, r) in raw.into_iter().enumerate() {
+        let fifo = fifo_queue || r.is_fifo();
+        let whole_batch = |reason: &str| -> RuntimeError {
+            tracing::error!(
+                record = index,
+                reason,
+                "record has no message id; failing the whole batch"
+            );
+            format!("record {index}: {reason}, and it has no message id; failing the whole batch").into()
+        };
+        if fifo && (hold_all || r.group().is_some_and(|g| held_groups.contains(g))) {
+            let Some(id) = r.message_id() else {
+                return Err(whole_batch("held back behind an unreadable record of its FIFO group"));
+            };
+            tracing::warn!(message_id = %id, "held back behind an unreadable record of its FIFO group; reported failed");
+            unreadable.push(id.to_owned());
+            continue;
+        }
+        let group = if fifo { r.group().map(str::to_owned) } else { None };
+        match r.read() {
+            Ok(inc) => records.push(inc),
+            Err(e) => {
+                let Some(id) = e.message_id else {
+                    return Err(whole_batch(&format!("cannot be read ({})", e.reason)));
+                };
+                tracing::warn!(message_id = %id, reason = %e.reason, "record cannot be read; reported failed");
+                unreadable.push(id);
+                match group {
+                    Some(g) => {
+                        held_groups.insert(g);
+                    }
+                    None => hold_all |= fifo,
+                }
+            }
+        }
+    }
+    Ok((records, unreadable))
 }
 
 #[cfg(test)]
