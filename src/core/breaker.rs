@@ -1,24 +1,11 @@
-//! The circuit breaker state machine (pure).
+//! The circuit breaker's state machine: pure transitions over the stored [`BreakerState`].
 //!
-//! One breaker per job type, shared by every environment through storage. This module only
-//! computes transitions: it takes the stored [`BreakerState`] and the time (epoch ms) and
-//! returns the next state, or `None` when nothing changes (so the caller writes nothing).
-//!
-//! - **Closed**: jobs run. Executions and their transient failures are counted in a fixed
-//!   window that starts at the first reported failure. The breaker opens when the window holds
-//!   at least `min_executions` executions and `failure_rate` percent of them failed
-//!   transiently (a bare count trips on ordinary noise at volume). Successes count in the
-//!   denominator. Fatal and invalid outcomes count in neither: they are payload bugs, not
-//!   outages. Successes alone never start a window, so a healthy type writes nothing.
-//! - **Open** until `open_until_ms`: jobs are deferred to the end of the period.
-//! - **HalfOpen** (entered lazily, the first time someone looks after the open period): at most
-//!   `probes` executions at a time hold a [`Lease`]; an expired lease frees its slot. A permit
-//!   whose user code never started is released, not reported. `successes_to_close` probe
-//!   successes close the breaker; one probe failure opens it again.
-//!
-//! Every phase change starts a new `generation`; outcomes reported with another generation are
-//! ignored (they describe a period that is over). Every change bumps `version`, which the
-//! storage layer puts, with the phase, into the condition of each write.
+//! One breaker per job type, shared by every environment. Closed, it counts executions and
+//! transient failures in a window and opens on a failure rate (a bare count trips on noise at
+//! volume); open, it defers jobs; half-open, a few leased probes decide. Fatal outcomes count
+//! nowhere: a payload bug is not an outage. The rule: a transition returns `None` when nothing
+//! changes, so a healthy job type writes nothing; every write carries `generation` and
+//! `version`, so a stale outcome or a lost race changes nothing.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,27 +1,10 @@
 //! The job envelope: what a producer puts on the queue.
 //!
-//! Either a JSON body `{"type": "...", "payload": <any JSON>, "id": "optional job id"}`, or any
-//! body at all with the job type in the message attribute `job-type` (and optionally the job id
-//! in `job-id`). In the second form the whole body is the payload: parsed as JSON when it is
-//! JSON, else carried as a JSON string.
-//!
-//! Producers behind SNS or EventBridge reach the queue wrapped in the service's own JSON; both
-//! wrappers are recognised and unwrapped (see [`parse_with`]):
-//! - an SNS notification (raw message delivery off: `Type` `"Notification"`, a `TopicArn` and the
-//!   published message as the string `Message`) is read as the same message delivered raw would
-//!   be: the `Message` as the body and the notification's `MessageAttributes` `job-type` /
-//!   `job-id` as the message attributes (a `String` or a `Number` one, as on an SQS message;
-//!   a `Binary` one is refused). Without an id of its own the job's id is the
-//!   notification's `MessageId`, which SNS keeps when it delivers the notification again.
-//! - an EventBridge event (`detail-type`, `source`, `id`, `detail`, …): the job type is the
-//!   `detail-type` mapped by [`EventBridgeTypes`] with the `detail` as payload; else, when the
-//!   `detail` is an envelope (a string `type` and a `payload`), that envelope; else the
-//!   `detail-type` itself with the `detail` as payload. The job id is the envelope's `id`, else
-//!   the event's `id`.
-//!
-//! Only bodies that cannot be jobs otherwise are candidates: a JSON object with a `type` field is
-//! always read as an envelope, and a `job-type` message attribute on the SQS message keeps the
-//! whole body, wrapper and all, as the payload.
+//! A body `{"type": "...", "payload": <any JSON>, "id": "..."}`, or any body with the job type in
+//! the `job-type` message attribute (the whole body is then the payload). SNS notifications and
+//! EventBridge events are unwrapped into the same job ([`parse_with`]; `docs/producers.md`).
+//! The rule: a JSON object with a `type` field is always an envelope, and a `job-type` attribute
+//! keeps the whole body, so a wrapper is read only where nothing else could be a job.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

@@ -1,17 +1,9 @@
-//! What an AWS error code means: the one table every classification reads.
+//! What an AWS error code means: the one table ([`CODES`]) every classification reads.
 //!
-//! Three readers, one table ([`CODES`]):
-//! - the storage retry policy ([`super::storage_retry::classify_code`]): throttling and server
-//!   faults are retried, refusals and conflicts never are;
-//! - SQS batch entries ([`super::sqs`]): a failed entry is sent again when its code is a
-//!   throttling or server fault, never when it is a refusal or a conflict, and by SQS's own
-//!   `SenderFault` flag when its code is not in the table;
-//! - job handlers ([`from_aws_code`], [`from_aws_error`]): a refusal is fatal, everything else
-//!   transient (conservative: unknown codes stay transient).
-//!
-//! A code not in the table falls back on what the service said about it: the HTTP status of a
-//! whole call (4xx permanent, 429 throttled, 5xx transient) or the `SenderFault` of a batch
-//! entry. A job type's [`Rules`](crate::core::error::Rules) can still name any code.
+//! The storage retry policy retries throttling and server faults, never refusals; SQS batch
+//! entries are sent again by the same rule; a job handler's AWS error is fatal when it is a
+//! refusal, else transient. A code not in the table falls back on the HTTP status or SQS's
+//! `SenderFault`; a job type's [`Rules`](crate::core::error::Rules) can still name any code.
 
 use std::error::Error as StdError;
 use std::fmt;

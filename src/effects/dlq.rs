@@ -1,22 +1,9 @@
-//! The DLQ copy of a message: the original body byte for byte, the original message
-//! attributes, and the failure record in `triage-failure`, within SQS's limits.
+//! The DLQ copy of a message: the body byte for byte, its attributes, and the failure record.
 //!
-//! SQS allows 10 message attributes. When the original already uses all 10, they are packed
-//! into one attribute, `triage-attributes` (JSON), so the record still travels and nothing is
-//! lost; replay unpacks them. The message size limit counts the body and every attribute's
-//! name, type and value; the record's error text is cut to fit, never the body.
-//!
-//! The message's `MessageGroupId` travels with the copy: on a FIFO DLQ it orders the copy as
-//! before, and on a standard queue it is the tenant of an SQS fair queue, which replay
-//! restores ([`group_for`] is the one rule for both).
-//!
-//! Every string the copy adds is JSON in characters SQS takes ([`sqs_text::json`]). The body
-//! and the original attributes are kept as they are: SQS delivered them, so they hold no
-//! character it refuses.
-//!
-//! Both names are reserved: a producer's own `triage-failure` or `triage-attributes` is
-//! dropped from the copy, and replay unpacks `triage-attributes` only from a message shaped
-//! as the processor packs it (those two attributes and nothing else).
+//! The rule: nothing of the original is lost within SQS's limits. Ten attributes already used
+//! are packed into `triage-attributes` so the record still fits; the record's error text is cut
+//! to the size limit, never the body; the message group travels. `docs/guarantees.md` states
+//! what replay restores.
 
 use std::collections::HashMap;
 

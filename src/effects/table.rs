@@ -1,22 +1,9 @@
-//! The one DynamoDB table that holds shared state, and its item layout.
+//! The one DynamoDB table of shared state: its keys, its creation and its check.
 //!
-//! String partition key `pk`, string sort key `sk`, on-demand billing, TTL on `expires_at`
-//! (epoch seconds). Items (see `docs/state.md` for every attribute and condition):
-//!
-//! | item | `pk` | `sk` |
-//! | --- | --- | --- |
-//! | attempt ledger | `job#<job_id>` | `ledger#<job_type>` |
-//! | attempt ledger, id too long for the key | `job-sha256#<hex of SHA-256(job_id)>` | as above |
-//! | attempt ledger, type too long for the key | as above | `ledger-sha256#<hex of SHA-256(job_type)>` |
-//! | breaker | `breaker#<job_type>` | `state` |
-//! | audit item (`ops::audit`) | `audit#<UTC day YYYY-MM-DD>` | `<epoch ms, 13 digits>#<16 hex>` |
-//!
-//! A ledger is keyed by job type *and* job id: the id goes into the partition key, the type
-//! into the sort key, so no separator has to be escaped and two types sharing an id never
-//! share an item. DynamoDB limits key values in bytes (partition key 2,048, sort key 1,024);
-//! a part that does not fit verbatim with its prefix is replaced by the hex SHA-256 of its
-//! UTF-8 bytes under a prefix no verbatim key can start with, and the full id and type are
-//! stored as the item's `job_id` and `job_type` attributes.
+//! `pk`/`sk` strings, on-demand, TTL on `expires_at`. A ledger item is keyed by job id and job
+//! type (`job#<id>`, `ledger#<type>`), a breaker by `breaker#<type>`. A key part too long for
+//! DynamoDB's byte limits is replaced by its SHA-256, under a prefix no verbatim key can take;
+//! the full values stay in the item. Every attribute and condition: `docs/state.md`.
 
 use std::collections::HashMap;
 #[cfg(feature = "internals")]

@@ -1,18 +1,8 @@
 //! Handlers per job type, each with its own policy.
 //!
-//! Where a job type's policies come from, strongest first:
-//! 1. the policies given to [`Registry::handle_with`] for that job type;
-//! 2. the defaults given to [`Registry::new`];
-//! 3. for [`Registry::default`], the runtime's configuration: the `TRIAGE_*` variables
-//!    (`TRIAGE_MAX_ATTEMPTS`, `TRIAGE_BASE_DELAY_MS`, `TRIAGE_BREAKER_*`, …), read once when
-//!    [`lambda::run`](crate::runtime::lambda::run) or [`worker::run`](crate::runtime::worker::run)
-//!    starts (an invalid value stops start-up with an error naming the variable). Unset
-//!    variables mean the built-in defaults ([`RetryPolicy::default`], [`BreakerConfig::default`]).
-//!
-//! Code wins over the environment because it is the more specific statement: a policy written
-//! for one job type (or for a whole registry) is a decision about those handlers, while a
-//! variable is a deployment-wide default that an operator may change without knowing which job
-//! types overrode it.
+//! A job type's policies come from [`Registry::handle_with`], else [`Registry::new`]'s defaults,
+//! else (for [`Registry::default`]) the `TRIAGE_*` variables read at start-up. Code wins: it is
+//! the more specific statement; a variable is a deployment-wide default.
 
 use std::collections::HashMap;
 use std::future::Future;

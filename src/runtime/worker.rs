@@ -1,21 +1,10 @@
-//! The long-polling worker: the same pipeline as the Lambda adapter, for local development
-//! and for hosts outside Lambda.
+//! The long-polling worker: the Lambda adapter's pipeline for hosts outside Lambda.
 //!
-//! Each batch has a deadline tied to the source queue's visibility timeout (configured, or
-//! read once at start-up, and passed on every receive), moved forward by the processor's visibility
-//! heartbeat as SQS accepts its extensions: the processor stops a handler still running at
-//! its report margin before that deadline (a transient failure, counted), settles the batch
-//! and the worker deletes what is settled, all before the messages could be handed to
-//! another consumer. On SIGINT/SIGTERM it stops receiving, releases the records not started,
-//! stops extending, and waits for the running batches at most until their deadline as the
-//! last accepted extension left it: within the longer of the receive's visibility timeout and
-//! three heartbeat ticks after the signal. Receives that fail are
-//! retried with capped exponential backoff; a permanent failure (queue deleted, access
-//! denied) that lasts longer than [`Worker::with_give_up_after`] ends the worker with an
-//! error.
-//!
-//! A team runs its own job types with [`run`] (or [`Worker`]) and its own [`Registry`], as in
-//! `examples/worker.rs`.
+//! A batch's deadline follows its messages' visibility, which the heartbeat extends; a handler
+//! still running at the report margin before it is stopped, so every record is settled before
+//! another consumer can receive it. On SIGINT/SIGTERM the worker stops receiving, releases what
+//! has not started and waits for the rest. Receive failures back off; a permanent one that lasts
+//! [`Worker::with_give_up_after`] ends it. See `examples/worker.rs`.
 
 use std::fmt;
 use std::future::Future;

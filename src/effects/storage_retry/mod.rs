@@ -1,19 +1,10 @@
 //! One retry policy for every DynamoDB and SQS call the crate makes.
 //!
-//! Throttling and transient failures (HTTP 500/502/503/504, timeouts, connection errors) are
-//! retried with capped exponential backoff and jitter, within a retry budget shared by every
-//! call of the environment (a token bucket: each success deposits a fraction of a retry, each
-//! retry withdraws one, so a storm cannot multiply the load), and never past the deadline
-//! passed in. `ConditionalCheckFailed`, validation, access and not-found errors are never
-//! retried. Storage retries never count as job attempts.
-//!
-//! Three parts:
-//! - [`error`]: what a failure means ([`classify`], by the code table of
-//!   [`crate::effects::aws_errors`]) and the [`StorageError`] a call returns;
-//! - [`policy`]: the backoff, the budget and the deadline ([`StorageRetry`]);
-//! - [`clients`]: the SDK clients, built with the SDK's own retries disabled so there is
-//!   exactly one policy: use [`dynamodb_client`] / [`sqs_client`] (or the `*_config` builders
-//!   to override the endpoint).
+//! Throttling and server faults are retried with capped, jittered backoff, within a budget the
+//! environment's calls share (a storm cannot multiply the load) and never past the deadline.
+//! Refusals and conditional check failures are never retried. The rule: a storage retry never
+//! counts as a job attempt. [`error`] classifies, [`policy`] retries, [`clients`] builds SDK
+//! clients with the SDK's own retries off, so this is the only policy.
 
 pub mod clients;
 pub mod error;

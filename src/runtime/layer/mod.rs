@@ -1,20 +1,9 @@
-//! The Lambda layer: sqs-triage for a function written in any language, as a Runtime API proxy.
+//! The Lambda layer: sqs-triage for a function in any language, as a Runtime API proxy.
 //!
-//! The extension (`sqs-triage-extension`, in the layer's `/opt/extensions`) registers with the
-//! Extensions API and serves the Runtime API to the function's runtime on a loopback port
-//! ([`port`]); the wrapper (`/opt/sqs-triage-wrapper`, named by `AWS_LAMBDA_EXEC_WRAPPER`)
-//! points the runtime's `AWS_LAMBDA_RUNTIME_API` there. The extension takes each invocation
-//! from Lambda's Runtime API:
-//! - an SQS event goes through the processor, as in
-//!   [`lambda::handle_raw`](crate::runtime::lambda::handle_raw); the handler of every job type
-//!   in `TRIAGE_JOB_TYPES` hands its record to the runtime as an invocation of its own (an SQS
-//!   event of that one record), and the runtime's answer is the record's outcome
-//!   ([`classify`]); one batch response goes back to Lambda;
-//! - any other event is handed to the runtime as it came, and its answer goes back unchanged.
-//!
-//! The listener is bound before the extension registers, and Lambda starts the runtime only
-//! after every extension has registered, so the runtime's first call finds it; the wrapper
-//! also waits for the port (a runtime started by hand, a slow start).
+//! The extension serves the Runtime API on a loopback port, and the wrapper points the runtime
+//! at it. An SQS event goes through the processor, each record handed to the runtime as an
+//! invocation of its own and its answer classified ([`classify`]); any other event passes
+//! through byte for byte. `docs/layer.md` has the rest.
 
 pub mod classify;
 mod http;
