@@ -308,56 +308,55 @@ pub fn files_for(name: &str, sqs_triage: &Path, runtime: Runtime) -> OpsResult<V
             .replace("{{sqs_triage}}", &dependency)
             .replace("{{sqs_triage_dir}}", &shell_word(path))
     };
-    if runtime == Runtime::Python {
-        return Ok(vec![
-            ("src/handler.py", fill(PY_HANDLER)),
-            ("tests/__init__.py", String::new()),
-            ("tests/test_handler.py", fill(PY_TEST)),
-            ("tests/layer/sqs_triage/__init__.py", PYTHON_HELPERS.to_owned()),
-            ("README.md", fill(PY_README)),
-            (".gitignore", PY_GITIGNORE.to_owned()),
-            ("template.yaml", sam_python_template(name)?),
-            ("samconfig.toml", fill(SAMCONFIG)),
-            ("cdk/package.json", cdk_package(name)?),
-            ("cdk/cdk.json", fill(CDK_JSON)),
-            ("cdk/tsconfig.json", CDK_TSCONFIG.to_owned()),
-            ("cdk/bin/app.ts", fill(PY_CDK_APP)),
-            ("cdk/lib/sqs-triage.ts", CONSTRUCT.to_owned()),
-            ("cdk/.gitignore", CDK_GITIGNORE.to_owned()),
-        ]);
-    }
-    if runtime == Runtime::Node {
-        return Ok(vec![
-            ("src/handler.mjs", fill(NODE_HANDLER)),
-            ("src/package.json", fill(NODE_PACKAGE)),
-            ("test/handler.test.mjs", fill(NODE_TEST)),
-            ("node_modules/sqs-triage/index.js", NODE_HELPERS.to_owned()),
-            ("README.md", fill(NODE_README)),
-            (".gitignore", NODE_GITIGNORE.to_owned()),
-            ("template.yaml", sam_node_template(name)?),
-            ("samconfig.toml", fill(SAMCONFIG)),
-            ("cdk/package.json", cdk_package(name)?),
-            ("cdk/cdk.json", fill(CDK_JSON)),
-            ("cdk/tsconfig.json", CDK_TSCONFIG.to_owned()),
-            ("cdk/bin/app.ts", fill(NODE_CDK_APP)),
-            ("cdk/lib/sqs-triage.ts", CONSTRUCT.to_owned()),
-            ("cdk/.gitignore", CDK_GITIGNORE.to_owned()),
-        ]);
-    }
-    Ok(vec![
-        ("Cargo.toml", fill(CARGO_TOML)),
-        ("src/main.rs", fill(MAIN_RS)),
-        ("README.md", fill(README)),
-        (".gitignore", GITIGNORE.to_owned()),
-        ("template.yaml", sam_template(name)?),
+    // The runtime's own files, SAM template and CDK app (its bin/app.ts); then the stacks'
+    // files, each project's the same but for those two.
+    let (mut made, template, app) = match runtime {
+        Runtime::Python => (
+            vec![
+                ("src/handler.py", fill(PY_HANDLER)),
+                ("tests/__init__.py", String::new()),
+                ("tests/test_handler.py", fill(PY_TEST)),
+                ("tests/layer/sqs_triage/__init__.py", PYTHON_HELPERS.to_owned()),
+                ("README.md", fill(PY_README)),
+                (".gitignore", PY_GITIGNORE.to_owned()),
+            ],
+            sam_python_template(name)?,
+            PY_CDK_APP,
+        ),
+        Runtime::Node => (
+            vec![
+                ("src/handler.mjs", fill(NODE_HANDLER)),
+                ("src/package.json", fill(NODE_PACKAGE)),
+                ("test/handler.test.mjs", fill(NODE_TEST)),
+                ("node_modules/sqs-triage/index.js", NODE_HELPERS.to_owned()),
+                ("README.md", fill(NODE_README)),
+                (".gitignore", NODE_GITIGNORE.to_owned()),
+            ],
+            sam_node_template(name)?,
+            NODE_CDK_APP,
+        ),
+        Runtime::Rust => (
+            vec![
+                ("Cargo.toml", fill(CARGO_TOML)),
+                ("src/main.rs", fill(MAIN_RS)),
+                ("README.md", fill(README)),
+                (".gitignore", GITIGNORE.to_owned()),
+            ],
+            sam_template(name)?,
+            CDK_APP,
+        ),
+    };
+    made.extend([
+        ("template.yaml", template),
         ("samconfig.toml", fill(SAMCONFIG)),
         ("cdk/package.json", cdk_package(name)?),
         ("cdk/cdk.json", fill(CDK_JSON)),
         ("cdk/tsconfig.json", CDK_TSCONFIG.to_owned()),
-        ("cdk/bin/app.ts", fill(CDK_APP)),
+        ("cdk/bin/app.ts", fill(app)),
         ("cdk/lib/sqs-triage.ts", CONSTRUCT.to_owned()),
         ("cdk/.gitignore", CDK_GITIGNORE.to_owned()),
-    ])
+    ]);
+    Ok(made)
 }
 
 /// infra/template.yaml with the build parameters' defaults naming the new crate (the template's
