@@ -566,24 +566,8 @@ fn main() -> ExitCode {
             }
         }
     };
-    let shown: Vec<&str> = given
-        .iter()
-        .map(String::as_str)
-        .filter(|a| *a != "--bench")
-        .collect();
-    // A profile changed from the environment changes this harness (not the zip's extension):
-    // the command says so.
-    let mut profile: Vec<String> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("CARGO_PROFILE_"))
-        .map(|(k, v)| format!("{k}={v} "))
-        .collect();
-    profile.sort();
-    let profile = profile.concat();
-    let command = if shown.is_empty() {
-        format!("{profile}cargo bench --bench layer")
-    } else {
-        format!("{profile}cargo bench --bench layer -- {}", shown.join(" "))
-    };
+    // A profile changed from the environment changes this harness (not the zip's extension).
+    let command = report::bench_command("layer", &given);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -175,6 +175,28 @@ pub fn positive(v: Option<&String>, name: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{name} needs a positive number"))
 }
 
+/// The command that ran the bench `bench` with the arguments `given` (less cargo's `--bench`),
+/// for the report: a profile changed from the environment (`CARGO_PROFILE_*`) changes the
+/// binaries measured, so it says so.
+pub fn bench_command(bench: &str, given: &[String]) -> String {
+    let shown: Vec<&str> = given
+        .iter()
+        .map(String::as_str)
+        .filter(|a| *a != "--bench")
+        .collect();
+    let mut profile: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("CARGO_PROFILE_"))
+        .map(|(k, v)| format!("{k}={v} "))
+        .collect();
+    profile.sort();
+    let profile = profile.concat();
+    if shown.is_empty() {
+        format!("{profile}cargo bench --bench {bench}")
+    } else {
+        format!("{profile}cargo bench --bench {bench} -- {}", shown.join(" "))
+    }
+}
+
 /// The first line of a command's stdout, if it ran.
 pub fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok().filter(|o| o.status.success())?;
@@ -747,5 +769,14 @@ mod tests {
         let kept = super::keep_layer_section(&second, page);
         assert_eq!(super::layer_block(&kept), super::layer_block(&second));
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_bench_s_command_shows_its_arguments_but_cargo_s() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let quick = super::bench_command("layer", &args(&["--bench", "--quick"]));
+        assert!(quick.ends_with("cargo bench --bench layer -- --quick"), "{quick}");
+        let plain = super::bench_command("report", &args(&["--bench"]));
+        assert!(plain.ends_with("cargo bench --bench report"), "{plain}");
     }
 }
