@@ -353,11 +353,6 @@ fn parse(root: &Path, args: &[String]) -> Result<Opts, String> {
         root: root.to_owned(),
     };
     let mut it = args.iter();
-    let num = |v: Option<&String>, name: &str| -> Result<usize, String> {
-        v.and_then(|v| v.parse().ok())
-            .filter(|n| *n > 0)
-            .ok_or_else(|| format!("{name} needs a positive number"))
-    };
     while let Some(a) = it.next() {
         match a.as_str() {
             "--bench" => {}
@@ -366,8 +361,8 @@ fn parse(root: &Path, args: &[String]) -> Result<Opts, String> {
                 opts.invocations = 5;
                 opts.cold_runs = 1;
             }
-            "--invocations" => opts.invocations = num(it.next(), a)?,
-            "--cold-runs" => opts.cold_runs = num(it.next(), a)?,
+            "--invocations" => opts.invocations = report::positive(it.next(), a)?,
+            "--cold-runs" => opts.cold_runs = report::positive(it.next(), a)?,
             "--write-docs" => opts.write_docs = true,
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -519,7 +514,7 @@ async fn run(opts: &Opts, command: &str) -> Result<String, String> {
             row(&mut md, &[arch.into(), "not built".into(), String::new()]);
             continue;
         };
-        let unpacked = output_of(Command::new("python3").arg("-c").arg(
+        let unpacked = report::output(Command::new("python3").arg("-c").arg(
             "import sys, zipfile; print(zipfile.ZipFile(sys.argv[1]).getinfo('extensions/sqs-triage-extension').file_size)",
         ).arg(&zip));
         row(
@@ -535,11 +530,6 @@ async fn run(opts: &Opts, command: &str) -> Result<String, String> {
         );
     }
     Ok(md)
-}
-
-fn output_of(cmd: &mut Command) -> Option<String> {
-    let out = cmd.output().ok().filter(|o| o.status.success())?;
-    Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 fn main() -> ExitCode {
@@ -576,24 +566,8 @@ fn main() -> ExitCode {
             }
         }
     };
-    let shown: Vec<&str> = given
-        .iter()
-        .map(String::as_str)
-        .filter(|a| *a != "--bench")
-        .collect();
-    // A profile changed from the environment changes this harness (not the zip's extension):
-    // the command says so.
-    let mut profile: Vec<String> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("CARGO_PROFILE_"))
-        .map(|(k, v)| format!("{k}={v} "))
-        .collect();
-    profile.sort();
-    let profile = profile.concat();
-    let command = if shown.is_empty() {
-        format!("{profile}cargo bench --bench layer")
-    } else {
-        format!("{profile}cargo bench --bench layer -- {}", shown.join(" "))
-    };
+    // A profile changed from the environment changes this harness (not the zip's extension).
+    let command = report::bench_command("layer", &given);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -610,13 +584,13 @@ fn main() -> ExitCode {
     };
     print!("{md}");
     if opts.write_docs {
-        let path = root.join("docs/benchmarks.md");
-        let doc = std::fs::read_to_string(&path).unwrap_or_default();
-        if let Err(e) = std::fs::write(&path, report::with_layer_section(&doc, &md)) {
-            eprintln!("error: cannot write {}: {e}", path.display());
-            return ExitCode::FAILURE;
+        match report::rewrite_page(root, |doc| report::with_layer_section(doc, &md)) {
+            Ok(path) => eprintln!("layer bench: wrote its section into {}", path.display()),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
         }
-        eprintln!("layer bench: wrote its section into {}", path.display());
     }
     ExitCode::SUCCESS
 }

@@ -85,11 +85,6 @@ impl Options {
     /// `--write-docs`; ignores `--bench` (cargo passes it).
     pub fn parse(mut self, args: &[String]) -> Result<Self, String> {
         let mut it = args.iter();
-        let num = |v: Option<&String>, name: &str| -> Result<usize, String> {
-            v.and_then(|v| v.parse().ok())
-                .filter(|n| *n > 0)
-                .ok_or_else(|| format!("{name} needs a positive number"))
-        };
         while let Some(a) = it.next() {
             match a.as_str() {
                 "--bench" => {}
@@ -101,10 +96,10 @@ impl Options {
                     self.herd = 100;
                     self.fleet = vec![3];
                 }
-                "--records" => self.records = num(it.next(), a)?,
-                "--messages" => self.messages = num(it.next(), a)?,
-                "--jobs" => self.jobs = num(it.next(), a)?,
-                "--herd" => self.herd = num(it.next(), a)?,
+                "--records" => self.records = positive(it.next(), a)?,
+                "--messages" => self.messages = positive(it.next(), a)?,
+                "--jobs" => self.jobs = positive(it.next(), a)?,
+                "--herd" => self.herd = positive(it.next(), a)?,
                 "--fleet" => {
                     let v = it.next().ok_or("--fleet needs a list of sizes")?;
                     self.fleet = v
@@ -173,8 +168,37 @@ impl Options {
     }
 }
 
+/// The value of the command-line option `name`: a positive number (both benches' options).
+pub fn positive(v: Option<&String>, name: &str) -> Result<usize, String> {
+    v.and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{name} needs a positive number"))
+}
+
+/// The command that ran the bench `bench` with the arguments `given` (less cargo's `--bench`),
+/// for the report: a profile changed from the environment (`CARGO_PROFILE_*`) changes the
+/// binaries measured, so it says so.
+pub fn bench_command(bench: &str, given: &[String]) -> String {
+    let shown: Vec<&str> = given
+        .iter()
+        .map(String::as_str)
+        .filter(|a| *a != "--bench")
+        .collect();
+    let mut profile: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("CARGO_PROFILE_"))
+        .map(|(k, v)| format!("{k}={v} "))
+        .collect();
+    profile.sort();
+    let profile = profile.concat();
+    if shown.is_empty() {
+        format!("{profile}cargo bench --bench {bench}")
+    } else {
+        format!("{profile}cargo bench --bench {bench} -- {}", shown.join(" "))
+    }
+}
+
 /// The first line of a command's stdout, if it ran.
-fn output(cmd: &mut Command) -> Option<String> {
+pub fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok().filter(|o| o.status.success())?;
     Some(String::from_utf8_lossy(&out.stdout).trim().to_owned()).filter(|s| !s.is_empty())
 }
@@ -704,5 +728,55 @@ pub fn keep_layer_section(old: &str, new: String) -> String {
     match layer_block(old) {
         Some(block) => put_layer_block(&new, block),
         None => new,
+    }
+}
+
+/// Rewrites `docs/benchmarks.md` under `root` as `page` makes it from the page there (empty
+/// where there is none): how each bench's `--write-docs` writes; the page's path.
+pub fn rewrite_page(root: &Path, page: impl FnOnce(&str) -> String) -> Result<PathBuf, String> {
+    let path = root.join("docs/benchmarks.md");
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    std::fs::write(&path, page(&old)).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+// Runs where this file is part of a test binary (tests/it/bench_smoke.rs includes it), not in
+// the benches, which have no test harness.
+#[cfg(test)]
+mod tests {
+    /// As `cargo bench --bench layer -- --write-docs` writes: its section goes before the
+    /// method's heading, a later run's replaces it in place, and the report's page keeps it.
+    #[test]
+    fn the_layer_bench_writes_its_section_before_the_method_and_then_in_place() {
+        let (start, end, method) = (super::LAYER_START, super::LAYER_END, super::METHOD_HEADING);
+        let root = std::env::temp_dir().join(format!("bench-page-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("docs")).unwrap();
+        let page = format!("# Benchmarks\n\n## Results\n\n{method}\n\nThe assumptions.\n");
+        std::fs::write(root.join("docs/benchmarks.md"), &page).unwrap();
+        let write = |md: &str| super::rewrite_page(&root, |doc| super::with_layer_section(doc, md)).unwrap();
+        let path = write("## 7. The layer\n\n| first |\n");
+        let first = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            first,
+            format!(
+                "# Benchmarks\n\n## Results\n\n{start}\n\n## 7. The layer\n\n| first |\n\n\
+                 {end}\n\n{method}\n\nThe assumptions.\n"
+            )
+        );
+        write("## 7. The layer\n\n| second |\n");
+        let second = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(second, first.replace("| first |", "| second |"));
+        let kept = super::keep_layer_section(&second, page);
+        assert_eq!(super::layer_block(&kept), super::layer_block(&second));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_bench_s_command_shows_its_arguments_but_cargo_s() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let quick = super::bench_command("layer", &args(&["--bench", "--quick"]));
+        assert!(quick.ends_with("cargo bench --bench layer -- --quick"), "{quick}");
+        let plain = super::bench_command("report", &args(&["--bench"]));
+        assert!(plain.ends_with("cargo bench --bench report"), "{plain}");
     }
 }

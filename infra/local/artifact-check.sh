@@ -11,8 +11,9 @@
 #   bash infra/local/artifact-check.sh
 #
 # Idempotent: installs what it needs when missing (the stack's venv with cargo-lambda and zig,
-# the aarch64 Rust target, Debian's qemu-user-static with the arm64 C library; apt needs root),
-# and starts the local stack only when it is not running (and then stops it at the end).
+# the aarch64 Rust target, Debian's qemu-user-static with the arm64 C library; apt needs root).
+# It uses the stack the environment names (AWS_ENDPOINT_URL_SQS and _DYNAMODB), else this
+# checkout's, which it starts only when it is not running (and then stops at the end).
 #
 #   ARTIFACT_TARGET_DIR  cargo target folder of the arm64 release build (default
 #                        .local/artifact-target; kept apart from the debug builds)
@@ -21,23 +22,14 @@
 #   ARTIFACT_LAYER=0     skip the arm64 layer's check (infra/local/layer-artifact-check.sh)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$ROOT"
+CHECK=artifact-check
+source "$(dirname "${BASH_SOURCE[0]}")/arm64-check-lib.sh"
 VENV="$ROOT/.local/venv"
-TARGET_DIR="${ARTIFACT_TARGET_DIR:-$ROOT/.local/artifact-target}"
 OUT="${ARTIFACT_OUT:-$ROOT/.local/artifact-check}"
 CDK="${ARTIFACT_CDK:-1}"
 LAYER="${ARTIFACT_LAYER:-1}"
-SYSROOT=/usr/aarch64-linux-gnu
-QEMU=qemu-aarch64-static
-
-step() { printf '== %s\n' "$*"; }
-die() { printf 'artifact-check: error: %s\n' "$*" >&2; exit 1; }
-now() { date +%s.%N; }
-secs() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$2"; }
 
 PIDS=()
-STARTED_STACK=0
 cleanup() {
   local p
   for p in "${PIDS[@]:-}"; do
@@ -46,27 +38,15 @@ cleanup() {
   if [ -f "$OUT/resources.json" ]; then
     "$VENV/bin/python" infra/local/artifact_check.py cleanup "$OUT" || true
   fi
-  if [ "$STARTED_STACK" = 1 ]; then
-    bash infra/local/stack.sh stop || true
-  fi
+  stop_started_stack
 }
 trap cleanup EXIT
 
 # ---------------------------------------------------------------- tools
 step "tools"
-bash infra/local/stack.sh install
+install_arm64_tools
 export PATH="$VENV/bin:$PATH"   # cargo-lambda, and zig through the ziglang package
 "$VENV/bin/python" -m ziglang version >/dev/null || die "zig (the ziglang package) is missing from $VENV"
-if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
-  rustup target add aarch64-unknown-linux-gnu
-fi
-if ! command -v "$QEMU" >/dev/null || [ ! -e "$SYSROOT/lib/ld-linux-aarch64.so.1" ] \
-   || [ ! -e "$SYSROOT/lib/libgcc_s.so.1" ]; then
-  step "installing qemu-user-static, libc6-arm64-cross, libgcc-s1-arm64-cross (apt)"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    qemu-user-static libc6-arm64-cross libgcc-s1-arm64-cross >/dev/null
-fi
 echo "cargo-lambda $(cargo-lambda lambda --version 2>/dev/null | awk '{print $2}'), zig $("$VENV/bin/python" -m ziglang version), $("$QEMU" --version | head -1)"
 
 mkdir -p "$OUT"
@@ -128,11 +108,7 @@ done
 
 # ---------------------------------------------------------------- run under qemu
 step "local stack"
-if ! bash infra/local/stack.sh status >/dev/null 2>&1; then
-  bash infra/local/stack.sh start
-  STARTED_STACK=1
-fi
-eval "$(bash infra/local/stack.sh env)"
+use_local_stack
 export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-$AWS_REGION}"   # boto3 reads this one
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

@@ -19,38 +19,13 @@
 #   ARTIFACT_OUT         work folder (default .local/artifact-check/layer)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$ROOT"
-TARGET_DIR="${ARTIFACT_TARGET_DIR:-$ROOT/.local/artifact-target}"
+CHECK=layer-artifact-check
+source "$(dirname "${BASH_SOURCE[0]}")/arm64-check-lib.sh"
 OUT="${ARTIFACT_OUT:-$ROOT/.local/artifact-check/layer}"
-SYSROOT=/usr/aarch64-linux-gnu
-QEMU=qemu-aarch64-static
-
-step() { printf '== %s\n' "$*"; }
-die() { printf 'layer-artifact-check: error: %s\n' "$*" >&2; exit 1; }
-now() { date +%s.%N; }
-secs() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$2"; }
-
-STARTED_STACK=0
-cleanup() {
-  if [ "$STARTED_STACK" = 1 ]; then
-    bash infra/local/stack.sh stop || true
-  fi
-}
-trap cleanup EXIT
+trap stop_started_stack EXIT
 
 step "tools"
-bash infra/local/stack.sh install
-if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
-  rustup target add aarch64-unknown-linux-gnu
-fi
-if ! command -v "$QEMU" >/dev/null || [ ! -e "$SYSROOT/lib/ld-linux-aarch64.so.1" ] \
-   || [ ! -e "$SYSROOT/lib/libgcc_s.so.1" ]; then
-  step "installing qemu-user-static, libc6-arm64-cross, libgcc-s1-arm64-cross (apt)"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    qemu-user-static libc6-arm64-cross libgcc-s1-arm64-cross >/dev/null
-fi
+install_arm64_tools
 command -v unzip >/dev/null || python3 -c 'import zipfile' || die "no way to unzip the layer"
 
 step "LAYER_ARCHS=arm64 bash infra/layer/build.sh (target dir $TARGET_DIR)"
@@ -80,16 +55,7 @@ python3 infra/local/elf_aarch64.py "$EXT"
 if command -v file >/dev/null; then file -b "$EXT"; fi
 
 step "local stack"
-if [ -n "${AWS_ENDPOINT_URL_SQS:-}" ] && [ -n "${AWS_ENDPOINT_URL_DYNAMODB:-}" ]; then
-  # A stack the caller points at (another checkout's: eval "$(bash …/stack.sh env)").
-  echo "the stack at $AWS_ENDPOINT_URL_SQS and $AWS_ENDPOINT_URL_DYNAMODB"
-else
-  if ! bash infra/local/stack.sh status >/dev/null 2>&1; then
-    bash infra/local/stack.sh start
-    STARTED_STACK=1
-  fi
-  eval "$(bash infra/local/stack.sh env)"
-fi
+use_local_stack
 
 step "one SQS event of three jobs through the extension under $QEMU"
 t0=$(now)

@@ -14,8 +14,8 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 step() { printf '\n== %s\n' "$*"; }
 
-# What the tests need beyond the running stack (the runtime clients of the layer's tests);
-# quick when done already.
+# What the tests need beyond the running stack (the runtime clients of the layer's tests), up
+# to date even where a stack already runs; quick when done already.
 bash infra/local/stack.sh install
 started=0
 if ! bash infra/local/stack.sh status >/dev/null 2>&1; then

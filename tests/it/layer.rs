@@ -301,28 +301,48 @@ async fn send_and_receive_hidden(
     jobs: &[(&str, Value, &str)],
     visibility_s: i32,
 ) -> BTreeMap<String, Message> {
+    let bodies: Vec<(String, &str, &str)> = jobs
+        .iter()
+        .map(|(id, payload, group)| (job(id, payload.clone()), *group, *id))
+        .collect();
+    let got: BTreeMap<String, Message> = send_and_receive_bodies(created, &bodies, visibility_s)
+        .await
+        .into_iter()
+        .map(|m| (job_id(&m), m))
+        .collect();
+    assert_eq!(got.len(), jobs.len(), "every job received");
+    got
+}
+
+/// Sends each `(body, message group, deduplication id)` (the group `""` for a standard queue);
+/// returns them all, received as the event source mapping would, hidden for `visibility_s`.
+async fn send_and_receive_bodies(
+    created: &SetupReport,
+    bodies: &[(String, &str, &str)],
+    visibility_s: i32,
+) -> Vec<Message> {
     let sqs = support::sqs_client().await;
-    for (id, payload, group) in jobs {
+    for (body, group, dedup) in bodies {
         let mut send = sqs
             .send_message()
             .queue_url(&created.queue_url)
-            .message_body(job(id, payload.clone()));
+            .message_body(body);
         if !group.is_empty() {
-            send = send.message_group_id(*group).message_deduplication_id(*id);
+            send = send.message_group_id(*group).message_deduplication_id(*dedup);
         }
         send.send().await.unwrap();
     }
     let mut got = BTreeMap::new();
     for _ in 0..20 {
-        if got.len() == jobs.len() {
+        if got.len() == bodies.len() {
             break;
         }
         for m in support::read_all(&sqs, &created.queue_url, visibility_s, 1).await {
-            got.insert(job_id(&m), m);
+            got.insert(m.message_id().unwrap().to_owned(), m);
         }
     }
-    assert_eq!(got.len(), jobs.len(), "every job received");
-    got
+    assert_eq!(got.len(), bodies.len(), "every message received");
+    got.into_values().collect()
 }
 
 fn job_id(m: &Message) -> String {
@@ -330,16 +350,51 @@ fn job_id(m: &Message) -> String {
     v["id"].as_str().unwrap().to_owned()
 }
 
-fn event(created: &SetupReport, messages: &[&Message]) -> Value {
-    let owned: Vec<Message> = messages.iter().map(|m| (*m).clone()).collect();
-    support::lambda_event::lambda_event_json(&owned, &created.queue_url)
-}
+/// The time left before an invocation's deadline, unless a test says otherwise.
+const TIME_LEFT: Duration = Duration::from_secs(20);
 
-fn response(outcome: Outcome, env: &Env) -> Value {
-    match outcome {
+/// Invokes `env` with one SQS event of `messages`, `time_left` before its deadline; the batch
+/// response.
+async fn invoke(env: &Env, created: &SetupReport, messages: &[&Message], time_left: Duration) -> Value {
+    let owned: Vec<Message> = messages.iter().map(|m| (*m).clone()).collect();
+    let event = support::lambda_event::lambda_event_json(&owned, &created.queue_url);
+    match env.invoke(&event, time_left).await {
         Outcome::Response(body) => serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}")),
         other => panic!("expected a batch response, got {other:?}\n{}", env.output()),
     }
+}
+
+/// [`invoke`] with the messages of `got` (by job id, in its order); the batch response and the
+/// job id of each message id (for [`failed`]).
+async fn invoke_received(
+    env: &Env,
+    created: &SetupReport,
+    got: &BTreeMap<String, Message>,
+    time_left: Duration,
+) -> (Value, BTreeMap<String, String>) {
+    let messages: Vec<&Message> = got.values().collect();
+    (invoke(env, created, &messages, time_left).await, message_ids(got))
+}
+
+/// Sends `jobs` and invokes `env` with them, received in one batch ([`send_and_receive`]);
+/// the batch response and the job id of each message id.
+async fn invoke_batch(
+    env: &Env,
+    created: &SetupReport,
+    jobs: &[(&str, Value)],
+) -> (Value, BTreeMap<String, String>) {
+    let got = send_and_receive(created, jobs).await;
+    invoke_received(env, created, &got, TIME_LEFT).await
+}
+
+/// Asserts that the batch response `v` reports failed the records of exactly the jobs `jobs`.
+fn assert_failed(env: &Env, v: &Value, by_message: &BTreeMap<String, String>, jobs: &[&str]) {
+    assert_eq!(
+        failed(v, by_message),
+        jobs.iter().map(|j| (*j).to_owned()).collect::<BTreeSet<_>>(),
+        "{}",
+        env.output()
+    );
 }
 
 /// Job ids of the records a batch response reports failed.
@@ -360,6 +415,15 @@ fn message_ids(got: &BTreeMap<String, Message>) -> BTreeMap<String, String> {
 
 /// The DLQ's copies: job id of the original → (class, reason).
 async fn dlq(created: &SetupReport) -> BTreeMap<String, (FailureClass, String)> {
+    dlq_records(created)
+        .await
+        .into_iter()
+        .map(|(m, r)| (job_id(&m), (r.class, r.error)))
+        .collect()
+}
+
+/// The DLQ's copies with their failure records.
+async fn dlq_records(created: &SetupReport) -> Vec<(Message, FailureRecord)> {
     let sqs = support::sqs_client().await;
     support::read_all(&sqs, &created.dlq_url, 120, 1)
         .await
@@ -369,7 +433,7 @@ async fn dlq(created: &SetupReport) -> BTreeMap<String, (FailureClass, String)> 
             let r = failure_record(&attrs)
                 .expect("a failure record")
                 .expect("readable");
-            (job_id(&m), (r.class, r.error))
+            (m, r)
         })
         .collect()
 }
@@ -398,7 +462,8 @@ async fn each_record_runs_as_its_own_invocation_and_its_outcome_is_triaged() {
     let created = support::fresh_resources("layer-mixed", false).await;
     let env = Env::start(&created, &[]).await;
     env.api.set_client_context(r#"{"custom":{"tenant":"t1"}}"#);
-    let got = send_and_receive(
+    let (v, ids) = invoke_batch(
+        &env,
         &created,
         &[
             ("ok", json!({"action": "ok"})),
@@ -409,18 +474,8 @@ async fn each_record_runs_as_its_own_invocation_and_its_outcome_is_triaged() {
         ],
     )
     .await;
-    let ids = message_ids(&got);
-    let messages: Vec<&Message> = got.values().collect();
-    let time_left = Duration::from_secs(20);
-    let out = env.invoke(&event(&created, &messages), time_left).await;
-    let v = response(out, &env);
     // Fatal ones went to the DLQ (settled); the transient ones are reported for SQS to retry.
-    assert_eq!(
-        failed(&v, &ids),
-        BTreeSet::from(["flaky".to_owned(), "partial".to_owned()]),
-        "{}",
-        env.output()
-    );
+    assert_failed(&env, &v, &ids, &["flaky", "partial"]);
     let copies = dlq(&created).await;
     assert_eq!(
         copies.keys().cloned().collect::<BTreeSet<_>>(),
@@ -460,7 +515,7 @@ async fn each_record_runs_as_its_own_invocation_and_its_outcome_is_triaged() {
         );
         assert_eq!(c["job_type"], JOB_TYPE);
         let left = c["remaining_ms"].as_u64().unwrap();
-        assert!(left <= time_left.as_millis() as u64 - 1_500, "{c}");
+        assert!(left <= TIME_LEFT.as_millis() as u64 - 1_500, "{c}");
     }
 
     // The transient ones come back after their 1 s backoff (long before the 120 s the receive
@@ -476,9 +531,7 @@ async fn each_record_runs_as_its_own_invocation_and_its_outcome_is_triaged() {
             "2"
         );
     }
-    let flaky = &again["flaky"];
-    let out = env.invoke(&event(&created, &[flaky]), time_left).await;
-    let v = response(out, &env);
+    let v = invoke(&env, &created, &[&again["flaky"]], TIME_LEFT).await;
     assert!(v["batchItemFailures"].as_array().unwrap().is_empty(), "{v}");
     let calls = env.calls();
     let runs: Vec<u64> = calls_of(&calls, "flaky")
@@ -496,32 +549,22 @@ async fn each_record_runs_as_its_own_invocation_and_its_outcome_is_triaged() {
 async fn invalid_jobs_never_reach_the_handler_and_a_last_attempt_is_exhausted() {
     let created = support::fresh_resources("layer-rows", false).await;
     let env = Env::start(&created, &[("TRIAGE_MAX_ATTEMPTS", "1")]).await;
-    let sqs = support::sqs_client().await;
-    for body in [
-        job("spent", json!({"action": "transient"})),
-        json!({"type": "other.type", "id": "stray", "payload": {}}).to_string(),
-        "not a job".to_owned(),
-    ] {
-        sqs.send_message()
-            .queue_url(&created.queue_url)
-            .message_body(body)
-            .send()
-            .await
-            .unwrap();
-    }
-    let mut got: Vec<Message> = Vec::new();
-    for _ in 0..20 {
-        if got.len() == 3 {
-            break;
-        }
-        got.extend(support::read_all(&sqs, &created.queue_url, 120, 1).await);
-    }
+    let got = send_and_receive_bodies(
+        &created,
+        &[
+            (job("spent", json!({"action": "transient"})), "", ""),
+            (
+                json!({"type": "other.type", "id": "stray", "payload": {}}).to_string(),
+                "",
+                "",
+            ),
+            ("not a job".to_owned(), "", ""),
+        ],
+        120,
+    )
+    .await;
     assert_eq!(got.len(), 3, "every message received");
-    let messages: Vec<&Message> = got.iter().collect();
-    let out = env
-        .invoke(&event(&created, &messages), Duration::from_secs(20))
-        .await;
-    let v = response(out, &env);
+    let v = invoke(&env, &created, &got.iter().collect::<Vec<_>>(), TIME_LEFT).await;
     assert_eq!(v["batchItemFailures"], json!([]), "{v}\n{}", env.output());
     let calls = env.calls();
     assert_eq!(
@@ -529,15 +572,7 @@ async fn invalid_jobs_never_reach_the_handler_and_a_last_attempt_is_exhausted() 
         vec![json!("spent")],
         "only the served job ran"
     );
-    let copies: Vec<FailureRecord> = support::read_all(&sqs, &created.dlq_url, 120, 1)
-        .await
-        .iter()
-        .map(|m| {
-            failure_record(&m.message_attributes.clone().unwrap_or_default())
-                .expect("a failure record")
-                .expect("readable")
-        })
-        .collect();
+    let copies: Vec<FailureRecord> = dlq_records(&created).await.into_iter().map(|(_, r)| r).collect();
     let mut classes: Vec<(String, FailureClass, u32)> = copies
         .iter()
         .map(|r| (r.job_type.clone().unwrap_or_default(), r.class, r.attempts))
@@ -564,19 +599,8 @@ async fn an_error_listed_for_a_job_type_is_classified_so_for_that_type() {
         &[("TRIAGE_TRANSIENT_ERRORS", &format!("{JOB_TYPE}/ValueError"))],
     )
     .await;
-    let got = send_and_receive(&created, &[("value", json!({"action": "value_error"}))]).await;
-    let ids = message_ids(&got);
-    let messages: Vec<&Message> = got.values().collect();
-    let out = env
-        .invoke(&event(&created, &messages), Duration::from_secs(20))
-        .await;
-    let v = response(out, &env);
-    assert_eq!(
-        failed(&v, &ids),
-        BTreeSet::from(["value".to_owned()]),
-        "{}",
-        env.output()
-    );
+    let (v, ids) = invoke_batch(&env, &created, &[("value", json!({"action": "value_error"}))]).await;
+    assert_failed(&env, &v, &ids, &["value"]);
     assert!(dlq(&created).await.is_empty(), "nothing dead-lettered");
 }
 
@@ -603,19 +627,8 @@ async fn a_duplicate_and_an_early_arrival_never_reach_the_handler() {
         ],
     )
     .await;
-    let ids = message_ids(&got);
-    let messages: Vec<&Message> = got.values().collect();
-    let v = response(
-        env.invoke(&event(&created, &messages), Duration::from_secs(20))
-            .await,
-        &env,
-    );
-    assert_eq!(
-        failed(&v, &ids),
-        BTreeSet::from(["waits".to_owned()]),
-        "{}",
-        env.output()
-    );
+    let (v, ids) = invoke_received(&env, &created, &got, TIME_LEFT).await;
+    assert_failed(&env, &v, &ids, &["waits"]);
     // The producer sends `done` again; `waits` comes back at once, as if its 10-minute
     // visibility change had been lost.
     let again = send_and_receive(&created, &[("done", json!({"action": "ok"}))]).await;
@@ -629,23 +642,13 @@ async fn a_duplicate_and_an_early_arrival_never_reach_the_handler() {
         .unwrap();
     let back = back(&created, &["waits"], Duration::from_secs(10)).await;
     assert!(back.contains_key("waits"), "{back:?}");
-    let messages = [&again["done"], &back["waits"]];
-    let ids: BTreeMap<String, String> = messages
-        .iter()
-        .map(|m| (m.message_id().unwrap().to_owned(), job_id(m)))
-        .collect();
-    let v = response(
-        env.invoke(&event(&created, &messages), Duration::from_secs(20))
-            .await,
-        &env,
-    );
+    let second = BTreeMap::from([
+        ("done".to_owned(), again["done"].clone()),
+        ("waits".to_owned(), back["waits"].clone()),
+    ]);
+    let (v, ids) = invoke_received(&env, &created, &second, TIME_LEFT).await;
     // The duplicate is settled (deleted), the early arrival left to come back when it is due.
-    assert_eq!(
-        failed(&v, &ids),
-        BTreeSet::from(["waits".to_owned()]),
-        "{}",
-        env.output()
-    );
+    assert_failed(&env, &v, &ids, &["waits"]);
     let runs: Vec<(String, u64)> = env
         .calls()
         .iter()
@@ -685,19 +688,8 @@ async fn a_node_handler_through_aws_lambda_ric_is_triaged_by_its_error_names() {
         8,
     )
     .await;
-    let ids = message_ids(&got);
-    let messages: Vec<&Message> = got.values().collect();
-    let v = response(
-        env.invoke(&event(&created, &messages), Duration::from_secs(20))
-            .await,
-        &env,
-    );
-    assert_eq!(
-        failed(&v, &ids),
-        BTreeSet::from(["later".to_owned(), "partial".to_owned(), "slow".to_owned()]),
-        "{}",
-        env.output()
-    );
+    let (v, ids) = invoke_received(&env, &created, &got, TIME_LEFT).await;
+    assert_failed(&env, &v, &ids, &["later", "partial", "slow"]);
     // Node's TypeError is a fatal default: the DLQ holds its failure record.
     let copies = dlq(&created).await;
     assert_eq!(
@@ -769,21 +761,10 @@ async fn an_emulated_extension_triages_a_python_batch() {
         ],
     )
     .await;
-    let ids = message_ids(&got);
-    let messages: Vec<&Message> = got.values().collect();
     let sent = std::time::Instant::now();
-    let v = response(
-        env.invoke(&event(&created, &messages), Duration::from_secs(60))
-            .await,
-        &env,
-    );
+    let (v, ids) = invoke_received(&env, &created, &got, Duration::from_secs(60)).await;
     let answered = sent.elapsed();
-    assert_eq!(
-        failed(&v, &ids),
-        BTreeSet::from(["later".to_owned()]),
-        "{}",
-        env.output()
-    );
+    assert_failed(&env, &v, &ids, &["later"]);
     let copies = dlq(&created).await;
     assert_eq!(
         copies.keys().cloned().collect::<BTreeSet<_>>(),
@@ -814,7 +795,8 @@ async fn an_emulated_extension_triages_a_python_batch() {
 async fn a_pid_file_left_by_an_earlier_runtime_is_not_read_as_a_dead_runtime() {
     let created = support::fresh_resources("layer-stale", false).await;
     let env = Env::ready(Env::spawn(&created, &[], "handler.handler", true).await).await;
-    let got = send_and_receive(
+    let (v, _) = invoke_batch(
+        &env,
         &created,
         &[
             ("a", json!({"action": "slow", "seconds": 0.5})),
@@ -822,12 +804,6 @@ async fn a_pid_file_left_by_an_earlier_runtime_is_not_read_as_a_dead_runtime() {
         ],
     )
     .await;
-    let messages: Vec<&Message> = got.values().collect();
-    let v = response(
-        env.invoke(&event(&created, &messages), Duration::from_secs(20))
-            .await,
-        &env,
-    );
     assert!(
         v["batchItemFailures"].as_array().unwrap().is_empty(),
         "{v}\n{}",
@@ -841,7 +817,8 @@ async fn retry_after_from_the_helper_sets_the_delay() {
     let created = support::fresh_resources("layer-retry-after", false).await;
     // A base delay of 10 minutes: only the handler's RetryAfter(2) brings the record back soon.
     let env = Env::start(&created, &[("TRIAGE_BASE_DELAY_MS", "600000")]).await;
-    let got = send_and_receive(
+    let (v, ids) = invoke_batch(
+        &env,
         &created,
         &[
             ("later", json!({"action": "retry_after", "seconds": 2})),
@@ -849,13 +826,6 @@ async fn retry_after_from_the_helper_sets_the_delay() {
         ],
     )
     .await;
-    let ids = message_ids(&got);
-    let messages: Vec<&Message> = got.values().collect();
-    let v = response(
-        env.invoke(&event(&created, &messages), Duration::from_secs(20))
-            .await,
-        &env,
-    );
     assert_eq!(failed(&v, &ids).len(), 2);
     let again = back(&created, &["later"], Duration::from_secs(30)).await;
     assert!(
@@ -878,12 +848,7 @@ async fn records_run_side_by_side_in_a_runtime_with_a_worker_pool() {
         .collect();
     let refs: Vec<(&str, Value)> = jobs.iter().map(|(i, p)| (i.as_str(), p.clone())).collect();
     let got = send_and_receive(&created, &refs).await;
-    let messages: Vec<&Message> = got.values().collect();
-    let v = response(
-        env.invoke(&event(&created, &messages), Duration::from_secs(30))
-            .await,
-        &env,
-    );
+    let (v, _) = invoke_received(&env, &created, &got, Duration::from_secs(30)).await;
     // Each record waits for the other two: all three succeed only when they ran at once.
     assert!(
         v["batchItemFailures"].as_array().unwrap().is_empty(),
@@ -909,21 +874,10 @@ async fn a_fifo_group_runs_in_order_and_stops_at_its_first_failure() {
         ],
     )
     .await;
-    let ids = message_ids(&got);
     // Job ids sort in the order they were sent, so the event keeps the group's order.
-    let messages: Vec<&Message> = got.values().collect();
-    let v = response(
-        env.invoke(&event(&created, &messages), Duration::from_secs(20))
-            .await,
-        &env,
-    );
+    let (v, ids) = invoke_received(&env, &created, &got, TIME_LEFT).await;
     // c waits behind b: reported failed without running; g2 is not held up.
-    assert_eq!(
-        failed(&v, &ids),
-        BTreeSet::from(["b".to_owned(), "c".to_owned()]),
-        "{}",
-        env.output()
-    );
+    assert_failed(&env, &v, &ids, &["b", "c"]);
     let calls = env.calls();
     let g1: Vec<&str> = calls
         .iter()
@@ -949,24 +903,12 @@ async fn failures_in_two_environments_open_one_shared_breaker() {
     let two = Env::start(&created, &breaker).await;
     // One transient failure in each environment: neither alone reaches the minimum.
     for (env, id) in [(&one, "f1"), (&two, "f2")] {
-        let got = send_and_receive(&created, &[(id, json!({"action": "transient"}))]).await;
-        let messages: Vec<&Message> = got.values().collect();
-        let v = response(
-            env.invoke(&event(&created, &messages), Duration::from_secs(20))
-                .await,
-            env,
-        );
+        let (v, _) = invoke_batch(env, &created, &[(id, json!({"action": "transient"}))]).await;
         assert_eq!(v["batchItemFailures"].as_array().unwrap().len(), 1);
     }
     // Together they opened the breaker: the next record is held back in the first
     // environment without reaching its handler.
-    let got = send_and_receive(&created, &[("next", json!({"action": "ok"}))]).await;
-    let messages: Vec<&Message> = got.values().collect();
-    let v = response(
-        one.invoke(&event(&created, &messages), Duration::from_secs(20))
-            .await,
-        &one,
-    );
+    let (v, _) = invoke_batch(&one, &created, &[("next", json!({"action": "ok"}))]).await;
     assert_eq!(
         v["batchItemFailures"].as_array().unwrap().len(),
         1,
@@ -1075,19 +1017,9 @@ async fn a_hung_handler_is_reported_before_the_deadline_and_the_environment_repl
         ],
     )
     .await;
-    let ids = message_ids(&got);
     // One worker: records run in order, the hung one last.
-    let messages: Vec<&Message> = got.values().collect();
-    let out = env
-        .invoke(&event(&created, &messages), Duration::from_secs(6))
-        .await;
-    let v = response(out, &env);
-    assert_eq!(
-        failed(&v, &ids),
-        BTreeSet::from(["c".to_owned()]),
-        "{}",
-        env.output()
-    );
+    let (v, ids) = invoke_received(&env, &created, &got, Duration::from_secs(6)).await;
+    assert_failed(&env, &v, &ids, &["c"]);
     // The runtime still holds the hung handler: the extension ends so Lambda replaces the
     // environment, and the handler with it.
     let code = env.extension_exit(Duration::from_secs(10)).await;
@@ -1108,24 +1040,16 @@ async fn a_runtime_that_dies_mid_record_loses_no_record_and_counts_no_attempt_tw
         ],
     )
     .await;
-    let ids = message_ids(&got);
-    let messages: Vec<&Message> = got.values().collect();
     // A deadline ten minutes away: the batch is reported as soon as the runtime is seen gone,
     // not when the deadline comes.
-    let out = tokio::time::timeout(
+    let (v, ids) = tokio::time::timeout(
         Duration::from_secs(60),
-        env.invoke(&event(&created, &messages), Duration::from_secs(600)),
+        invoke_received(&env, &created, &got, Duration::from_secs(600)),
     )
     .await
     .unwrap_or_else(|_| panic!("the batch waited for its deadline\n{}", env.output()));
-    let v = response(out, &env);
     // The crashed record fails; the ones not started are released, unspent.
-    assert_eq!(
-        failed(&v, &ids),
-        BTreeSet::from(["b".to_owned(), "c".to_owned(), "d".to_owned()]),
-        "{}",
-        env.output()
-    );
+    assert_failed(&env, &v, &ids, &["b", "c", "d"]);
     let ran: Vec<String> = env
         .calls()
         .iter()
@@ -1140,20 +1064,9 @@ async fn a_runtime_that_dies_mid_record_loses_no_record_and_counts_no_attempt_tw
     let env = Env::start(&created, &[("TRIAGE_BASE_DELAY_MS", "0")]).await;
     let again = back(&created, &["b", "c", "d"], Duration::from_secs(30)).await;
     assert_eq!(again.len(), 3, "{again:?}");
-    let ids = message_ids(&again);
-    let messages: Vec<&Message> = again.values().collect();
-    let v = response(
-        env.invoke(&event(&created, &messages), Duration::from_secs(20))
-            .await,
-        &env,
-    );
+    let (v, ids) = invoke_received(&env, &created, &again, TIME_LEFT).await;
     // Only c fails: transient on its first attempt.
-    assert_eq!(
-        failed(&v, &ids),
-        BTreeSet::from(["c".to_owned()]),
-        "{}",
-        env.output()
-    );
+    assert_failed(&env, &v, &ids, &["c"]);
     let calls = env.calls();
     let attempt = |j: &str| calls_of(&calls, j)[0]["attempt"].as_u64().unwrap();
     assert_eq!((attempt("b"), attempt("c"), attempt("d")), (2, 1, 1));

@@ -308,56 +308,55 @@ pub fn files_for(name: &str, sqs_triage: &Path, runtime: Runtime) -> OpsResult<V
             .replace("{{sqs_triage}}", &dependency)
             .replace("{{sqs_triage_dir}}", &shell_word(path))
     };
-    if runtime == Runtime::Python {
-        return Ok(vec![
-            ("src/handler.py", fill(PY_HANDLER)),
-            ("tests/__init__.py", String::new()),
-            ("tests/test_handler.py", fill(PY_TEST)),
-            ("tests/layer/sqs_triage/__init__.py", PYTHON_HELPERS.to_owned()),
-            ("README.md", fill(PY_README)),
-            (".gitignore", PY_GITIGNORE.to_owned()),
-            ("template.yaml", sam_python_template(name)?),
-            ("samconfig.toml", fill(SAMCONFIG)),
-            ("cdk/package.json", cdk_package(name)?),
-            ("cdk/cdk.json", fill(CDK_JSON)),
-            ("cdk/tsconfig.json", CDK_TSCONFIG.to_owned()),
-            ("cdk/bin/app.ts", fill(PY_CDK_APP)),
-            ("cdk/lib/sqs-triage.ts", CONSTRUCT.to_owned()),
-            ("cdk/.gitignore", CDK_GITIGNORE.to_owned()),
-        ]);
-    }
-    if runtime == Runtime::Node {
-        return Ok(vec![
-            ("src/handler.mjs", fill(NODE_HANDLER)),
-            ("src/package.json", fill(NODE_PACKAGE)),
-            ("test/handler.test.mjs", fill(NODE_TEST)),
-            ("node_modules/sqs-triage/index.js", NODE_HELPERS.to_owned()),
-            ("README.md", fill(NODE_README)),
-            (".gitignore", NODE_GITIGNORE.to_owned()),
-            ("template.yaml", sam_node_template(name)?),
-            ("samconfig.toml", fill(SAMCONFIG)),
-            ("cdk/package.json", cdk_package(name)?),
-            ("cdk/cdk.json", fill(CDK_JSON)),
-            ("cdk/tsconfig.json", CDK_TSCONFIG.to_owned()),
-            ("cdk/bin/app.ts", fill(NODE_CDK_APP)),
-            ("cdk/lib/sqs-triage.ts", CONSTRUCT.to_owned()),
-            ("cdk/.gitignore", CDK_GITIGNORE.to_owned()),
-        ]);
-    }
-    Ok(vec![
-        ("Cargo.toml", fill(CARGO_TOML)),
-        ("src/main.rs", fill(MAIN_RS)),
-        ("README.md", fill(README)),
-        (".gitignore", GITIGNORE.to_owned()),
-        ("template.yaml", sam_template(name)?),
+    // The runtime's own files, SAM template and CDK app (its bin/app.ts); then the stacks'
+    // files, each project's the same but for those two.
+    let (mut made, template, app) = match runtime {
+        Runtime::Python => (
+            vec![
+                ("src/handler.py", fill(PY_HANDLER)),
+                ("tests/__init__.py", String::new()),
+                ("tests/test_handler.py", fill(PY_TEST)),
+                ("tests/layer/sqs_triage/__init__.py", PYTHON_HELPERS.to_owned()),
+                ("README.md", fill(PY_README)),
+                (".gitignore", PY_GITIGNORE.to_owned()),
+            ],
+            sam_python_template(name)?,
+            PY_CDK_APP,
+        ),
+        Runtime::Node => (
+            vec![
+                ("src/handler.mjs", fill(NODE_HANDLER)),
+                ("src/package.json", fill(NODE_PACKAGE)),
+                ("test/handler.test.mjs", fill(NODE_TEST)),
+                ("node_modules/sqs-triage/index.js", NODE_HELPERS.to_owned()),
+                ("README.md", fill(NODE_README)),
+                (".gitignore", NODE_GITIGNORE.to_owned()),
+            ],
+            sam_node_template(name)?,
+            NODE_CDK_APP,
+        ),
+        Runtime::Rust => (
+            vec![
+                ("Cargo.toml", fill(CARGO_TOML)),
+                ("src/main.rs", fill(MAIN_RS)),
+                ("README.md", fill(README)),
+                (".gitignore", GITIGNORE.to_owned()),
+            ],
+            sam_template(name)?,
+            CDK_APP,
+        ),
+    };
+    made.extend([
+        ("template.yaml", template),
         ("samconfig.toml", fill(SAMCONFIG)),
         ("cdk/package.json", cdk_package(name)?),
         ("cdk/cdk.json", fill(CDK_JSON)),
         ("cdk/tsconfig.json", CDK_TSCONFIG.to_owned()),
-        ("cdk/bin/app.ts", fill(CDK_APP)),
+        ("cdk/bin/app.ts", fill(app)),
         ("cdk/lib/sqs-triage.ts", CONSTRUCT.to_owned()),
         ("cdk/.gitignore", CDK_GITIGNORE.to_owned()),
-    ])
+    ]);
+    Ok(made)
 }
 
 /// infra/template.yaml with the build parameters' defaults naming the new crate (the template's
@@ -707,25 +706,65 @@ mod tests {
         }
     }
 
+    /// The generated file at `name`.
+    fn file<'a>(made: &'a [(&str, String)], name: &str) -> &'a str {
+        &made
+            .iter()
+            .find(|(p, _)| *p == name)
+            .unwrap_or_else(|| panic!("{name}"))
+            .1
+    }
+
     #[test]
-    fn a_node_project_has_its_handler_tests_helpers_and_both_stacks_on_nodejs() {
-        let made = files_for("thumbnails", Path::new("/a/b"), Runtime::Node).unwrap();
-        let file = |name: &str| {
-            &made
-                .iter()
-                .find(|(p, _)| *p == name)
-                .unwrap_or_else(|| panic!("{name}"))
-                .1
-        };
-        for (path, text) in &made {
-            assert!(!text.contains("{{"), "{path} keeps a placeholder");
+    fn a_python_or_node_project_has_its_handler_tests_helpers_and_both_stacks() {
+        // Per runtime: what its files say, and where its copy of the layer's helpers goes.
+        let python: &[(&str, &str)] = &[
+            (
+                "src/handler.py",
+                "from sqs_triage import Fatal, RetryAfter, Transient, job",
+            ),
+            ("tests/test_handler.py", "\"type\": \"thumbnails\""),
+            ("cdk/bin/app.ts", "jobTypes: 'thumbnails'"),
+            ("README.md", "bash /a/b/infra/layer/build.sh"),
+        ];
+        let node: &[(&str, &str)] = &[
+            ("src/handler.mjs", "require('sqs-triage')"),
+            ("cdk/bin/app.ts", "lambda.Runtime.NODEJS_22_X"),
+        ];
+        let table = [
+            (
+                Runtime::Python,
+                python,
+                ("tests/layer/sqs_triage/__init__.py", PYTHON_HELPERS),
+            ),
+            (
+                Runtime::Node,
+                node,
+                ("node_modules/sqs-triage/index.js", NODE_HELPERS),
+            ),
+        ];
+        for (runtime, says, (helpers_path, helpers)) in table {
+            let made = files_for("thumbnails", Path::new("/a/b"), runtime).unwrap();
+            for (path, text) in &made {
+                assert!(!text.contains("{{"), "{path} keeps a placeholder");
+                if path.ends_with(".json") {
+                    serde_json::from_str::<serde_json::Value>(text).unwrap_or_else(|e| panic!("{path}: {e}"));
+                }
+            }
+            for (path, needle) in says {
+                assert!(file(&made, path).contains(needle), "{path} lacks {needle:?}");
+            }
+            assert_eq!(file(&made, helpers_path), helpers);
+            assert!(!made.iter().any(|(p, _)| p.ends_with(".rs") || *p == "Cargo.toml"));
         }
-        assert!(file("src/handler.mjs").contains("require('sqs-triage')"));
-        assert_eq!(file("node_modules/sqs-triage/index.js"), NODE_HELPERS);
-        assert!(file("cdk/bin/app.ts").contains("lambda.Runtime.NODEJS_22_X"));
-        // The Python project's template but for the runtime (function and layer) and the description.
+    }
+
+    #[test]
+    fn a_node_project_s_template_is_the_python_one_but_for_the_runtime() {
+        let made = files_for("thumbnails", Path::new("/a/b"), Runtime::Node).unwrap();
+        // The function's and the layer's runtime, and the description.
         let python = sam_python_template("thumbnails").unwrap();
-        let node = file("template.yaml");
+        let node = file(&made, "template.yaml");
         let changed: Vec<(&str, &str)> = python.lines().zip(node.lines()).filter(|(a, b)| a != b).collect();
         assert_eq!(changed.len(), 3, "{changed:?}");
         assert!(
@@ -734,28 +773,6 @@ mod tests {
                 .all(|(_, b)| b.contains("nodejs22.x") || b.contains("Node.js")),
             "{changed:?}"
         );
-        serde_json::from_str::<serde_json::Value>(file("src/package.json")).unwrap();
-    }
-
-    #[test]
-    fn a_python_project_has_its_handler_tests_helpers_and_both_stacks() {
-        let made = files_for("thumbnails", Path::new("/a/b"), Runtime::Python).unwrap();
-        let file = |name: &str| {
-            &made
-                .iter()
-                .find(|(p, _)| *p == name)
-                .unwrap_or_else(|| panic!("{name}"))
-                .1
-        };
-        for (path, text) in &made {
-            assert!(!text.contains("{{"), "{path} keeps a placeholder");
-        }
-        assert!(file("src/handler.py").contains("from sqs_triage import Fatal, RetryAfter, Transient, job"));
-        assert!(file("tests/test_handler.py").contains("\"type\": \"thumbnails\""));
-        assert_eq!(file("tests/layer/sqs_triage/__init__.py"), PYTHON_HELPERS);
-        assert!(file("cdk/bin/app.ts").contains("jobTypes: 'thumbnails'"));
-        assert!(file("README.md").contains("bash /a/b/infra/layer/build.sh"));
-        assert!(!made.iter().any(|(p, _)| p.ends_with(".rs") || *p == "Cargo.toml"));
     }
 
     #[test]
@@ -791,7 +808,7 @@ mod tests {
     #[test]
     fn the_crate_builds_fresh_and_on_its_own() {
         let made = files("thumbnails", Path::new("/a/b")).unwrap();
-        let file = |name: &str| &made.iter().find(|(p, _)| *p == name).unwrap().1;
+        let file = |name: &str| file(&made, name);
         // SAM's build cache hashes only the crate's folder: a cached build would keep an old
         // sqs-triage from the path dependency.
         assert!(
