@@ -53,39 +53,27 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let shown: Vec<&str> = given
-        .iter()
-        .map(String::as_str)
-        .filter(|a| *a != "--bench")
-        .collect();
     opts.once_exe = std::env::current_exe().ok().filter(|_| !test_mode);
     // A profile changed from the environment changes the binary measured: the command says so.
-    let mut profile: Vec<String> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("CARGO_PROFILE_"))
-        .map(|(k, v)| format!("{k}={v} "))
-        .collect();
-    profile.sort();
-    let profile = profile.concat();
-    opts.command = if shown.is_empty() {
-        format!("{profile}cargo bench --bench report")
-    } else {
-        format!("{profile}cargo bench --bench report -- {}", shown.join(" "))
-    };
+    opts.command = report::bench_command("report", &given);
     let mut r = report::run(&opts);
     println!("Command: `{}`\n\nMachine: {}\n", opts.command, r.machine);
     println!("{}", r.summary(&opts));
     print!("{}", r.markdown());
     if opts.write_docs {
-        let path = manifest.join("docs/benchmarks.md");
         // The layer's section is `cargo bench --bench layer`'s: it stays as that bench wrote it.
-        let old = std::fs::read_to_string(&path).unwrap_or_default();
         // A section this run skipped stays as the page had it, marked with its own run.
-        r.keep_skipped(&opts, &old);
-        let doc = report::keep_layer_section(&old, report::document(&opts, &r));
-        if let Err(e) = std::fs::write(&path, doc) {
-            eprintln!("error: cannot write {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
+        let written = report::rewrite_page(manifest, |old| {
+            r.keep_skipped(&opts, old);
+            report::keep_layer_section(old, report::document(&opts, &r))
+        });
+        let path = match written {
+            Ok(path) => path,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
         eprintln!("report: wrote {}", path.display());
     }
     let failures = r.failures();
