@@ -215,7 +215,7 @@ impl Processor {
             class,
             error: error.to_owned(),
             attempts,
-            job_type: record.named_type.clone(),
+            job_type: record.named_type().map(str::to_owned),
             job_id: record.job_id.clone(),
             source_queue: self.source_queue.clone(),
             original_message_id: record.inc.message_id.clone(),

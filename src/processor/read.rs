@@ -8,7 +8,10 @@ use std::collections::HashMap;
 use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
 use tracing::warn;
 
+use std::sync::Arc;
+
 use super::lost::LostKey;
+use super::registry::Route;
 use super::{Deadline, Processor};
 use crate::clock::now_ms;
 use crate::core::breaker::BreakerState;
@@ -106,11 +109,12 @@ pub(crate) fn read_count(v: &str) -> Option<u32> {
 #[derive(Debug, Clone)]
 pub struct Record {
     pub(super) inc: Incoming,
-    /// The job, when its envelope reads and its type has a handler; else why not.
-    pub(super) job: Result<Job<Payload>, String>,
+    /// The job and its type's handler and policies, when its envelope reads and its type has
+    /// a handler; else why not.
+    pub(super) job: Result<(Job<Payload>, Arc<Route>), String>,
     pub(super) job_id: String,
-    /// The job type the envelope names, registered or not (for the failure record).
-    pub(super) named_type: Option<String>,
+    /// The job type the envelope names when no handler serves it (for the failure record).
+    unrouted_type: Option<String>,
     /// What SQS says about this delivery, taken when the batch reached the processor (SQS
     /// received it a little earlier: [`crate::core::decision::RECEIVE_SLACK`]).
     pub(super) facts: RecordFacts,
@@ -131,7 +135,12 @@ pub struct Record {
 impl Record {
     /// The job type, when the record is a runnable job.
     pub(super) fn job_type(&self) -> Option<&str> {
-        self.job.as_ref().ok().map(|j| j.job_type.as_str())
+        self.job.as_ref().ok().map(|(j, _)| j.job_type.as_str())
+    }
+
+    /// The job type the envelope names, served or not (for the failure record).
+    pub(super) fn named_type(&self) -> Option<&str> {
+        self.job_type().or(self.unrouted_type.as_deref())
     }
 
     /// The record's metric dimension: its job type when it is a runnable job, else
@@ -168,7 +177,7 @@ impl Record {
 }
 
 /// Why a job whose type has no handler is not runnable.
-pub(super) fn no_handler(job_type: &str) -> String {
+fn no_handler(job_type: &str) -> String {
     format!("no handler for job type `{job_type}`")
 }
 
@@ -191,18 +200,17 @@ impl Processor {
             Ok(Job { id: Some(id), .. }) => id.clone(),
             _ => inc.message_id.clone(),
         };
-        let named_type = parsed.as_ref().ok().map(|j| j.job_type.clone());
         let done_marker = parsed
             .as_ref()
             .ok()
             .and_then(|j| self.registry.done_marker_ttl(&j.job_type));
-        let job =
-            parsed
-                .map_err(|e| e.to_string())
-                .and_then(|job| match self.registry.route(&job.job_type) {
-                    Some(_) => Ok(job),
-                    None => Err(no_handler(&job.job_type)),
-                });
+        let (job, unrouted_type) = match parsed {
+            Err(e) => (Err(e.to_string()), None),
+            Ok(job) => match self.registry.shared_route(&job.job_type) {
+                Some(route) => (Ok((job, route)), None),
+                None => (Err(no_handler(&job.job_type)), Some(job.job_type)),
+            },
+        };
         let received_at_ms = now_ms();
         Record {
             facts: self.facts(&inc, received_at_ms),
@@ -210,7 +218,7 @@ impl Processor {
             inc,
             job,
             job_id,
-            named_type,
+            unrouted_type,
             ledger: Ledger::FirstDelivery,
             had_ledger_item: false,
             done_marker,

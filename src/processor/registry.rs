@@ -70,7 +70,7 @@ impl Route {
 /// The job types a processor can run.
 #[derive(Debug, Clone)]
 pub struct Registry {
-    routes: HashMap<String, Route>,
+    routes: HashMap<String, Arc<Route>>,
     default_policy: RetryPolicy,
     default_breaker: BreakerConfig,
     /// The defaults are the runtime configuration's (see [`Registry::default`]).
@@ -179,6 +179,7 @@ impl Registry {
         self.default_policy = policy.clone();
         self.default_breaker = breaker;
         for route in self.routes.values_mut().filter(|r| r.inherits) {
+            let route = Arc::make_mut(route);
             route.policy = policy.clone();
             route.breaker = breaker;
         }
@@ -238,12 +239,12 @@ impl Registry {
         });
         self.routes.insert(
             job_type,
-            Route {
+            Arc::new(Route {
                 handler: erased,
                 policy,
                 breaker,
                 inherits,
-            },
+            }),
         );
         self
     }
@@ -273,7 +274,12 @@ impl Registry {
 
     /// The route for a job type.
     pub fn route(&self, job_type: &str) -> Option<&Route> {
-        self.routes.get(job_type)
+        self.routes.get(job_type).map(Arc::as_ref)
+    }
+
+    /// The route for a job type, shared: a record keeps its own.
+    pub(crate) fn shared_route(&self, job_type: &str) -> Option<Arc<Route>> {
+        self.routes.get(job_type).cloned()
     }
 
     /// The policy used for records that never reach a handler (invalid, unknown type).

@@ -4,6 +4,7 @@
 //! records run side by side, `concurrency` at a time.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use tracing::{Instrument, warn};
 
 use super::heartbeat::MovingDeadline;
 use super::plan::tally;
-use super::read::{Record, no_handler};
+use super::read::Record;
 use super::registry::{JobContext, Route};
 use super::{Deadline, Processor};
 use crate::clock::now_ms;
@@ -155,18 +156,14 @@ impl Processor {
     /// One record through admission, its handler and the decision after it.
     async fn run_one(&self, mut record: Record, states: &HashMap<String, BreakerState>, hold: &MovingDeadline) -> Ran {
         let deadline = hold.deadline();
-        let job = match &record.job {
-            Ok(job) => job,
+        let (job, route) = match &record.job {
+            Ok((job, route)) => (job, Arc::clone(route)),
             Err(reason) => {
                 let decision = invalid(reason);
                 return Ran::without_run(record, decision);
             }
         };
-        let Some(route) = self.registry.route(&job.job_type) else {
-            let decision = invalid(&no_handler(&job.job_type));
-            return Ran::without_run(record, decision);
-        };
-        let (verdict, admission) = self.admit(&record, route, states, deadline).await;
+        let (verdict, admission) = self.admit(&record, &route, states, deadline).await;
         let attempt = match verdict {
             Verdict::Run { attempt } => attempt,
             Verdict::Decided(decision) => return Ran::without_run(record, decision),
@@ -204,13 +201,13 @@ impl Processor {
         let payload = record
             .job
             .as_mut()
-            .map(|j| std::mem::take(&mut j.payload))
+            .map(|(j, _)| std::mem::take(&mut j.payload))
             .unwrap_or_default();
         let started = Instant::now();
-        let outcome = run_handler(route, payload, ctx, hold, probe_cap).await;
+        let outcome = run_handler(&route, payload, ctx, hold, probe_cap).await;
         let time = started.elapsed();
         let settled = conclude(
-            &self.inputs(&record, route, admission.gate, now_ms(), hold.deadline()),
+            &self.inputs(&record, &route, admission.gate, now_ms(), hold.deadline()),
             &outcome,
             &mut rand::rng(),
         );
