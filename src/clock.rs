@@ -1,13 +1,133 @@
 //! The one wall clock: milliseconds since the Unix epoch. Pure code never reads it; it takes
 //! the time as an argument.
+//!
+//! The stores and the heartbeat read it through a [`Clock`]: the system's by default, or, in
+//! tests, a manual one that follows Tokio's clock (paused with `start_paused`, it moves with
+//! `tokio::time::advance`) and moves on [`Clock::advance`].
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
 
 /// Wall-clock milliseconds since the Unix epoch (0 for a clock set before 1970).
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Where time is read: the wall clock (epoch milliseconds) and the monotonic one. Cheap to
+/// clone; clones share one clock.
+#[derive(Debug, Clone, Default)]
+pub struct Clock(Source);
+
+#[derive(Debug, Clone, Default)]
+enum Source {
+    /// [`SystemTime`] and Tokio's [`Instant`].
+    #[default]
+    System,
+    /// A clock a test sets and moves.
+    #[cfg(any(test, feature = "internals"))]
+    Manual(std::sync::Arc<std::sync::Mutex<Manual>>),
+}
+
+/// A manual clock: it reads `wall_ms` plus the time Tokio's clock has moved since `origin`,
+/// and `ahead` on both clocks.
+#[cfg(any(test, feature = "internals"))]
+#[derive(Debug)]
+struct Manual {
+    origin: Instant,
+    wall_ms: u64,
+    ahead: Duration,
+}
+
+#[cfg(any(test, feature = "internals"))]
+impl Manual {
+    /// Time moved since the clock was made, by Tokio's clock and by [`Clock::advance`].
+    fn moved(&self) -> Duration {
+        Instant::now().saturating_duration_since(self.origin) + self.ahead
+    }
+}
+
+impl Clock {
+    /// The system's clocks: [`SystemTime`] for the wall clock, Tokio's [`Instant`] for the
+    /// monotonic one.
+    pub fn system() -> Self {
+        Self(Source::System)
+    }
+
+    /// A manual clock whose wall clock reads `at_ms` now. From then on both of its clocks
+    /// move as Tokio's does (not at all while it is paused, except by
+    /// `tokio::time::advance`), and by [`advance`](Self::advance).
+    #[cfg(any(test, feature = "internals"))]
+    pub fn manual(at_ms: u64) -> Self {
+        Self(Source::Manual(std::sync::Arc::new(std::sync::Mutex::new(Manual {
+            origin: Instant::now(),
+            wall_ms: at_ms,
+            ahead: Duration::ZERO,
+        }))))
+    }
+
+    /// Wall-clock milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> u64 {
+        match &self.0 {
+            Source::System => now_ms(),
+            #[cfg(any(test, feature = "internals"))]
+            Source::Manual(m) => {
+                let m = m.lock().unwrap_or_else(|e| e.into_inner());
+                m.wall_ms.saturating_add(m.moved().as_millis() as u64)
+            }
+        }
+    }
+
+    /// The monotonic clock, to measure ages with: a manual clock reads Tokio's, plus what
+    /// [`advance`](Self::advance) added. Not a time to sleep until (see
+    /// [`instant_at`](Self::instant_at)).
+    pub fn now(&self) -> Instant {
+        match &self.0 {
+            Source::System => Instant::now(),
+            #[cfg(any(test, feature = "internals"))]
+            Source::Manual(m) => Instant::now() + m.lock().unwrap_or_else(|e| e.into_inner()).ahead,
+        }
+    }
+
+    /// The Tokio instant at which this wall clock reads `epoch_ms` (now, for a time past): a
+    /// time to sleep until.
+    pub fn instant_at(&self, epoch_ms: u64) -> Instant {
+        Instant::now() + Duration::from_millis(epoch_ms.saturating_sub(self.now_ms()))
+    }
+
+    /// Moves a manual clock `by`, its wall and monotonic clocks alike, as an environment that
+    /// ran that long sees them. Tokio's timers do not move (`tokio::time::advance` moves
+    /// them, and this clock with them).
+    ///
+    /// # Panics
+    /// On the system clock.
+    #[cfg(any(test, feature = "internals"))]
+    pub fn advance(&self, by: Duration) {
+        let mut m = self.manual_state("advance");
+        m.ahead += by;
+    }
+
+    /// Sets a manual clock's wall clock to `at_ms`; its monotonic clock does not move. So an
+    /// environment frozen between invocations sees it, or one whose wall clock was stepped.
+    ///
+    /// # Panics
+    /// On the system clock.
+    #[cfg(any(test, feature = "internals"))]
+    pub fn set_ms(&self, at_ms: u64) {
+        let mut m = self.manual_state("set_ms");
+        let moved = m.moved().as_millis() as u64;
+        m.wall_ms = at_ms.saturating_sub(moved);
+    }
+
+    #[cfg(any(test, feature = "internals"))]
+    fn manual_state(&self, what: &str) -> std::sync::MutexGuard<'_, Manual> {
+        match &self.0 {
+            Source::Manual(m) => m.lock().unwrap_or_else(|e| e.into_inner()),
+            Source::System => panic!("Clock::{what}: the system clock cannot be moved"),
+        }
+    }
 }
 
 /// The last millisecond RFC 3339 can write (9999-12-31T23:59:59.999Z).
@@ -78,6 +198,53 @@ mod tests {
             assert_eq!(rfc3339_seconds(ms), want, "{ms}");
         }
         assert_eq!(rfc3339_millis(1_709_208_000_007), "2024-02-29T12:00:00.007Z");
+    }
+
+    const T0: u64 = 1_800_000_000_000;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_manual_clock_follows_tokios_paused_clock() {
+        let clock = Clock::manual(T0);
+        let started = clock.now();
+        assert_eq!(clock.now_ms(), T0);
+        tokio::time::advance(Duration::from_secs(90)).await;
+        assert_eq!(clock.now_ms(), T0 + 90_000);
+        assert_eq!(clock.now() - started, Duration::from_secs(90));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn advancing_a_manual_clock_moves_both_of_its_clocks_and_no_timer() {
+        let clock = Clock::manual(T0);
+        let (started, tokio_started) = (clock.now(), Instant::now());
+        clock.clone().advance(Duration::from_secs(3_600));
+        assert_eq!(clock.now_ms(), T0 + 3_600_000, "clones share one clock");
+        assert_eq!(clock.now() - started, Duration::from_secs(3_600));
+        assert_eq!(Instant::now(), tokio_started);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn setting_a_manual_wall_clock_leaves_its_monotonic_clock_alone() {
+        let clock = Clock::manual(T0);
+        let started = clock.now();
+        clock.set_ms(T0 + 3_600_000);
+        assert_eq!(clock.now_ms(), T0 + 3_600_000);
+        assert_eq!(clock.now(), started);
+        clock.set_ms(T0 - 60_000);
+        assert_eq!(clock.now_ms(), T0 - 60_000, "a wall clock may be stepped back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wall_time_is_a_tokio_instant_to_sleep_until() {
+        let clock = Clock::manual(T0);
+        let start = Instant::now();
+        assert_eq!(clock.instant_at(T0 + 1_500), start + Duration::from_millis(1_500));
+        assert_eq!(clock.instant_at(T0 - 1_500), start, "a time past is now");
+    }
+
+    #[test]
+    #[should_panic(expected = "the system clock cannot be moved")]
+    fn the_system_clock_cannot_be_advanced() {
+        Clock::system().advance(Duration::from_secs(1));
     }
 
     proptest::proptest! {

@@ -37,6 +37,7 @@ use super::ledger::Written;
 use super::storage_retry::{FailureKind, StorageError, StorageRetry};
 use super::table::{BREAKER_SK, PK, SK, TTL_ATTRIBUTE, breaker_key, breaker_pk, get_consistent};
 use crate::core::breaker::{Acquire, Aggregate, BreakerConfig, BreakerState, Increment, Lease, Phase, gate};
+use crate::clock::Clock;
 use crate::core::decision::Gate;
 
 /// How long a breaker item lives after its last write. A vanished item is a fresh closed
@@ -148,6 +149,8 @@ pub struct BreakerStore {
     table: String,
     retry: StorageRetry,
     config: BreakerConfig,
+    /// What the cache's ages and the items' `updated_at` and `expires_at` are read from.
+    clock: Clock,
     /// Per job type: the state, and when it was read by the monotonic clock and by the wall
     /// clock (epoch ms).
     cache: Mutex<HashMap<String, (BreakerState, Instant, u64)>>,
@@ -208,6 +211,7 @@ impl BreakerStore {
             table: table.into(),
             retry,
             config: BreakerConfig::default(),
+            clock: Clock::system(),
             cache: Mutex::new(HashMap::new()),
             unreported: Mutex::new(HashMap::new()),
         }
@@ -216,6 +220,14 @@ impl BreakerStore {
     /// Uses `config` for every job type.
     pub fn with_config(mut self, config: BreakerConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Reads the time from `clock` (the system's by default): the cache's ages, and the
+    /// `updated_at` and `expires_at` of what it writes. The times given to its methods are the
+    /// caller's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
         self
     }
 
@@ -271,7 +283,8 @@ impl BreakerStore {
     ) -> Result<BreakerState, StorageError> {
         let ttl = self.config.cache_ttl();
         if let Some((s, at, at_ms)) = self.cache.lock().expect("cache lock").get(job_type) {
-            if fresh(at.elapsed(), *at_ms, crate::clock::now_ms(), ttl) {
+            let age = self.clock.now().saturating_duration_since(*at);
+            if fresh(age, *at_ms, self.clock.now_ms(), ttl) {
                 return Ok(s.clone());
             }
         }
@@ -283,7 +296,7 @@ impl BreakerStore {
     fn remember(&self, job_type: &str, state: &BreakerState) {
         self.cache.lock().expect("cache lock").insert(
             job_type.to_owned(),
-            (state.clone(), Instant::now(), crate::clock::now_ms()),
+            (state.clone(), self.clock.now(), self.clock.now_ms()),
         );
     }
 
@@ -526,7 +539,7 @@ impl BreakerStore {
         }
         let inc = cached.increment(agg, now_ms, &config)?;
         let token = format!("{:016x}", rand::rng().random::<u64>());
-        let now_s = crate::clock::now_ms() / 1000;
+        let now_s = self.clock.now_ms() / 1000;
         // The stored counts must be ones on which this increment cannot open the breaker
         // (`Safe`): no new values come back from a statement in a batch to check after.
         let (rate_safe, rate_params) = match inc.safe.failures_upto {
@@ -663,7 +676,7 @@ impl BreakerStore {
         inc: &Increment,
         deadline: Option<Instant>,
     ) -> Result<Option<BreakerState>, StorageError> {
-        let now_s = crate::clock::now_ms() / 1000;
+        let now_s = self.clock.now_ms() / 1000;
         let token = format!("{:016x}", rand::rng().random::<u64>());
         let result = self
             .retry
@@ -809,7 +822,7 @@ impl BreakerStore {
         token: &str,
         deadline: Option<Instant>,
     ) -> Result<(), StorageError> {
-        let now_s = crate::clock::now_ms() / 1000;
+        let now_s = self.clock.now_ms() / 1000;
         let mut item = to_item(job_type, next, now_s);
         item.insert("writer".to_owned(), AttributeValue::S(token.to_owned()));
         self.retry
@@ -942,25 +955,54 @@ mod tests {
         BreakerStore::new(Client::from_conf(conf), "t", StorageRetry::default())
     }
 
-    #[tokio::test]
-    async fn a_state_cached_before_a_freeze_is_read_again() {
-        let store = unreachable_store();
-        let open = BreakerState {
+    const T0: u64 = 1_800_000_000_000;
+
+    fn open() -> BreakerState {
+        BreakerState {
             phase: Phase::Open,
             ..BreakerState::default()
-        };
-        store.remember("jt", &open);
-        let soon = || Some(Instant::now() + Duration::from_millis(300));
+        }
+    }
+
+    /// A read that must be made ends in an error (nothing to reach) by this deadline.
+    fn soon() -> Option<Instant> {
+        Some(Instant::now() + Duration::from_millis(300))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_state_cached_before_a_freeze_is_read_again() {
+        let clock = Clock::manual(T0);
+        let store = unreachable_store().with_clock(clock.clone());
+        store.remember("jt", &open());
         assert_eq!(
             store.state("jt", soon()).await.unwrap(),
-            open,
+            open(),
             "fresh: from the cache"
         );
-        // Read an hour ago by the wall clock, now by the monotonic one (it stood still).
-        store.cache.lock().unwrap().get_mut("jt").unwrap().2 -= 3_600_000;
+        // Frozen for an hour: the wall clock went on, the monotonic one stood still.
+        clock.set_ms(T0 + 3_600_000);
         assert!(
             store.state("jt", soon()).await.is_err(),
             "read again, not trusted"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cached_state_is_read_again_once_its_cache_ttl_has_passed() {
+        let clock = Clock::manual(T0);
+        let store = unreachable_store().with_clock(clock);
+        let ttl = store.config().cache_ttl();
+        store.remember("jt", &open());
+        tokio::time::advance(ttl - Duration::from_millis(1)).await;
+        assert_eq!(
+            store.state("jt", soon()).await.unwrap(),
+            open(),
+            "within its ttl: from the cache"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(
+            store.state("jt", soon()).await.is_err(),
+            "read again at its ttl"
         );
     }
 

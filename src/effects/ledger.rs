@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::clock::now_ms;
+use crate::clock::Clock;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{
@@ -398,6 +398,9 @@ pub struct AttemptLedger {
     table: String,
     retry: StorageRetry,
     ttl: Duration,
+    /// What the items' times (`updated_at`, `expires_at`, markers, parks) and a read's view of
+    /// a marker's lifetime are read from.
+    clock: Clock,
     /// Whether a refused batched write has been logged (once per ledger and its clones).
     refusal_logged: Arc<AtomicBool>,
 }
@@ -410,8 +413,21 @@ impl AttemptLedger {
             table: table.into(),
             retry,
             ttl: DEFAULT_TTL,
+            clock: Clock::system(),
             refusal_logged: Arc::default(),
         }
+    }
+
+    /// Reads the time from `clock` (the system's by default): the times it writes on items,
+    /// and the moment a read tells a living completion marker from one that lived out.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The clock it reads.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// The table name.
@@ -467,7 +483,7 @@ impl AttemptLedger {
         ids: Vec<JobKey>,
         deadline: Option<Instant>,
     ) -> Result<Vec<(JobKey, LedgerFacts)>, StorageError> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         // Answers are matched to jobs by their key, not by the stored attributes: a key may be
         // a digest, and the key is what was asked for.
         let by_key: HashMap<(String, String), JobKey> = ids
@@ -597,7 +613,7 @@ impl AttemptLedger {
         deadline: Option<Instant>,
     ) -> Result<Counted, StorageError> {
         let waiting = waiting.filter(|_| next_attempt_at_ms.is_some());
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let receive_count = delivery.receive_count;
         // Keyed by message as well as receive count: a producer's re-send of the same job id
         // is a new message whose deliveries count too.
@@ -797,7 +813,7 @@ impl AttemptLedger {
         forget: &[JobKey],
         extra: &[BatchStatementRequest],
     ) -> (Vec<(Target, BatchStatementRequest)>, Vec<usize>) {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let exp = expires_at_s(now, self.ttl);
         let mut keys: HashSet<(String, String)> = HashSet::with_capacity(counts.len() + forget.len());
         let mut statements: Vec<(Target, BatchStatementRequest)> = Vec::new();
@@ -1040,7 +1056,7 @@ impl AttemptLedger {
                 writes.push((k, None));
             }
         }
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let chunks = writes
             .chunks(BATCH_WRITE_MAX)
             .map(|c| self.write_chunk(c.to_vec(), now, deadline));
@@ -1134,7 +1150,7 @@ impl AttemptLedger {
         by: Option<&str>,
         reason: Option<&str>,
     ) -> Result<Parked, StorageError> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut set = "SET parked_at = if_not_exists(parked_at, :now), updated_at = :now".to_owned();
         if by.is_some() {
             set.push_str(", parked_by = :by");

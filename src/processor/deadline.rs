@@ -4,8 +4,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::clock::now_ms;
-
 /// Time kept back before the invocation deadline to report the batch: a handler still
 /// running then is stopped and counted as a transient failure.
 pub(crate) const REPORT_MARGIN: Duration = Duration::from_millis(1_500);
@@ -109,9 +107,4 @@ impl Deadline {
         self.time_left()
             .map(|left| now_ms.saturating_add(left.as_millis() as u64))
     }
-}
-
-/// The instant of an epoch-ms time on the monotonic clock (now, for a time past).
-pub(crate) fn instant_at(epoch_ms: u64) -> Instant {
-    Instant::now() + Duration::from_millis(epoch_ms.saturating_sub(now_ms()))
 }

@@ -127,7 +127,7 @@ impl Processor {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| {
-                let by = s.record.facts.expires_at_ms.map(super::instant_at);
+                let by = s.record.facts.expires_at_ms.map(|ms| self.clock().instant_at(ms));
                 s.effects
                     .visibility
                     .map(|v| (i, s.record.inc.receipt_handle.clone(), v, by))

@@ -42,6 +42,11 @@
 //!   time.
 //!
 //! A batch whose handlers all finish before the first tick makes no call at all.
+//!
+//! Ticks are Tokio timers. The wall clock (SQS's 12-hour limit, the retention's end) is read
+//! from the clock of the processor's ledger ([`AttemptLedger::with_clock`]).
+//!
+//! [`AttemptLedger::with_clock`]: crate::effects::ledger::AttemptLedger::with_clock
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -52,8 +57,7 @@ use tracing::{debug, warn};
 
 use super::read::Record;
 use super::run::{Finished, Ran};
-use super::{Deadline, Early, Processor, instant_at};
-use crate::clock::now_ms;
+use super::{Deadline, Early, Processor};
 use crate::core::Decision;
 use crate::core::decision::{RecordFacts, visibility_limit};
 
@@ -157,6 +161,7 @@ pub(super) struct Held {
 impl Processor {
     /// The messages of `records` the heartbeat holds (every one with a receipt handle).
     pub(super) fn held(&self, records: &[Record], deadline: Deadline) -> Vec<Held> {
+        let clock = self.clock();
         records
             .iter()
             .enumerate()
@@ -164,7 +169,7 @@ impl Processor {
             .map(|(index, r)| Held {
                 index,
                 receipt: r.inc.receipt_handle.clone(),
-                gone: r.retention_ends_ms.map(instant_at),
+                gone: r.retention_ends_ms.map(|ms| clock.instant_at(ms)),
                 facts: r.facts,
                 until: deadline.visible_until(),
                 delete_failed: false,
@@ -268,7 +273,7 @@ impl Processor {
     /// what SQS accepted for all of them.
     async fn tick(&self, held: &mut [Held], every: Duration, hold: &MovingDeadline) {
         let sent = Instant::now();
-        let now = now_ms();
+        let now = self.clock().now_ms();
         let deadline = hold.deadline();
         let to_deadline = deadline.invocation().map(|d| d.saturating_duration_since(sent));
         // Each message is visible again by its cap at the latest, however late a try lands.

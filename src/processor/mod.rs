@@ -34,9 +34,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::clock::now_ms;
 pub use deadline::Deadline;
-pub(crate) use deadline::{REPORT_MARGIN, instant_at};
+pub(crate) use deadline::REPORT_MARGIN;
 use crate::core::Decision;
 use crate::core::envelope::EnvelopeLimits;
 use crate::effects::breaker_store::BreakerStore;
@@ -179,6 +178,11 @@ impl Processor {
         self.dlq_limit.get().unwrap_or(FALLBACK_MAX_MESSAGE_BYTES)
     }
 
+    /// Where the processor reads time: its ledger's clock (the system's, or a test's).
+    fn clock(&self) -> &crate::clock::Clock {
+        self.ledger.clock()
+    }
+
     /// The heartbeat's interval (`None`: off).
     pub fn heartbeat(&self) -> Option<Duration> {
         self.heartbeat
@@ -301,7 +305,7 @@ impl Processor {
     /// taken before may be applied a heartbeat tick later, or after the batch's slowest
     /// handler), then the plan.
     async fn plan_now(&self, ran: Vec<Ran>, deadline: Deadline) -> plan::Plan {
-        let now = now_ms();
+        let now = self.clock().now_ms();
         let ran = ran.into_iter().map(|r| self.retained(r, now)).collect();
         match self.dlq_limit.get() {
             Some(_) => self.plan(ran, now),

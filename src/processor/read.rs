@@ -13,7 +13,6 @@ use std::sync::Arc;
 use super::lost::LostKey;
 use super::registry::Route;
 use super::{Deadline, Processor};
-use crate::clock::now_ms;
 use crate::core::breaker::BreakerState;
 use crate::core::decision::{StoredAttempts, retention_margin};
 use crate::core::envelope::{self, EnvelopeError, JOB_ID_ATTRIBUTE, JOB_TYPE_ATTRIBUTE, Job, Payload};
@@ -211,7 +210,7 @@ impl Processor {
                 None => (Err(no_handler(&job.job_type)), Some(job.job_type)),
             },
         };
-        let received_at_ms = now_ms();
+        let received_at_ms = self.clock().now_ms();
         Record {
             facts: self.facts(&inc, received_at_ms),
             retention_ends_ms: self.retention_ends_ms(&inc, received_at_ms),

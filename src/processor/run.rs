@@ -18,7 +18,6 @@ use super::plan::tally;
 use super::read::Record;
 use super::registry::{JobContext, Route};
 use super::{Deadline, Processor};
-use crate::clock::now_ms;
 use crate::core::breaker::{Aggregate, BreakerState, Lease};
 use crate::core::decision::{attempts_before, held_back};
 use crate::core::envelope::Payload;
@@ -176,7 +175,7 @@ impl Processor {
             .as_ref()
             .filter(|_| self.deadline_moves(deadline))
             .map(|lease| {
-                let left = lease.expires_at_ms.saturating_sub(now_ms());
+                let left = lease.expires_at_ms.saturating_sub(self.clock().now_ms());
                 Instant::now() + Duration::from_millis(left)
             });
         let ctx = JobContext {
@@ -192,7 +191,7 @@ impl Processor {
                 .filter(|_| probe_cap.is_some() || !self.deadline_moves(deadline))
                 .map(|at| {
                     let left = at.saturating_duration_since(Instant::now());
-                    now_ms().saturating_add(left.as_millis() as u64)
+                    self.clock().now_ms().saturating_add(left.as_millis() as u64)
                 }),
         };
         tracing::debug!(message_id = %record.inc.message_id, job_id = %record.job_id, attempt, "handler started");
@@ -207,7 +206,7 @@ impl Processor {
         let outcome = run_handler(&route, payload, ctx, hold, probe_cap).await;
         let time = started.elapsed();
         let settled = conclude(
-            &self.inputs(&record, &route, admission.gate, now_ms(), hold.deadline()),
+            &self.inputs(&record, &route, admission.gate, self.clock().now_ms(), hold.deadline()),
             &outcome,
             &mut rand::rng(),
         );
@@ -238,7 +237,7 @@ impl Processor {
         };
         let mut agg = Aggregate::default();
         tally(&mut agg, run);
-        match store.report(job_type, &agg, now_ms(), deadline.at()).await {
+        match store.report(job_type, &agg, self.clock().now_ms(), deadline.at()).await {
             Ok(_) => run.reported = true,
             Err(e) => {
                 warn!(job_type, error = %e, "probe outcome not reported yet; the batch's report carries it")
@@ -265,7 +264,7 @@ impl Processor {
     ) -> (Verdict, Admission) {
         let job_type = record.job_type().unwrap_or_default();
         let breaker = self.breakers.get(job_type).zip(states.get(job_type));
-        let now = now_ms();
+        let now = self.clock().now_ms();
         let seen = breaker.map_or_else(Admission::closed, |(b, s)| b.view(s, now));
         let verdict = self.verdict(record, route, seen.if_granted(), now, deadline);
         let Some((store, _)) = breaker.filter(|_| verdict.runs() && seen.needs_probe()) else {
@@ -282,9 +281,9 @@ impl Processor {
             deadline.admission(),
         ))
         .await;
-        let verdict = self.verdict(record, route, admission.gate, now_ms(), deadline);
+        let verdict = self.verdict(record, route, admission.gate, self.clock().now_ms(), deadline);
         if let (false, Some(lease)) = (verdict.runs(), &admission.permit) {
-            if let Err(e) = Box::pin(store.release(job_type, lease, now_ms(), deadline.admission())).await {
+            if let Err(e) = Box::pin(store.release(job_type, lease, self.clock().now_ms(), deadline.admission())).await {
                 warn!(job_type, error = %e, "probe permit not released; it frees its slot when its lease expires");
             }
         }

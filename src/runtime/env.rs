@@ -10,6 +10,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use tokio::time::Instant;
 
 use super::RuntimeError;
+use crate::clock::Clock;
 use crate::config::{Config, QueueFacts};
 use crate::core::envelope::EnvelopeLimits;
 use crate::core::redrive;
@@ -107,6 +108,18 @@ pub async fn build_with(
     sqs_conf: aws_sdk_sqs::config::Builder,
     ddb_conf: aws_sdk_dynamodb::config::Builder,
 ) -> Result<Environment, RuntimeError> {
+    build_with_clock(config, registry, sqs_conf, ddb_conf, Clock::system()).await
+}
+
+/// Like [`build_with`], its ledger, breaker stores and processor reading the time from
+/// `clock`.
+pub async fn build_with_clock(
+    config: &Config,
+    registry: Registry,
+    sqs_conf: aws_sdk_sqs::config::Builder,
+    ddb_conf: aws_sdk_dynamodb::config::Builder,
+    clock: Clock,
+) -> Result<Environment, RuntimeError> {
     let registry = configured_registry(config, registry)?;
     let queue_url = Config::require(&config.queue_url, "TRIAGE_QUEUE_URL")?.to_owned();
     let dlq_url = Config::require(&config.dlq_url, "TRIAGE_DLQ_URL")?.to_owned();
@@ -120,7 +133,7 @@ pub async fn build_with(
     if urls_name_one_queue(&queue_url, &dlq_url) {
         return Err(source_as_dlq(&queue_url).into());
     }
-    let breakers = breaker_stores(&registry, &ddb_client, &table, &retry);
+    let breakers = breaker_stores(&registry, &ddb_client, &table, &retry, &clock);
     let names = StartupNames {
         queue_url: &queue_url,
         dlq_url: &dlq_url,
@@ -155,7 +168,7 @@ pub async fn build_with(
         emit_startup_metric(checks.skipped, config.emf);
     }
 
-    let ledger = AttemptLedger::new(ddb_client.clone(), &table, retry.clone());
+    let ledger = AttemptLedger::new(ddb_client.clone(), &table, retry.clone()).with_clock(clock);
     let processor = Processor::with_shared_breakers(
         Arc::new(registry),
         sqs,
@@ -195,6 +208,7 @@ fn breaker_stores(
     ddb_client: &aws_sdk_dynamodb::Client,
     table: &str,
     retry: &StorageRetry,
+    clock: &Clock,
 ) -> Arc<HashMap<String, BreakerStore>> {
     registry
         .job_types()
@@ -202,7 +216,9 @@ fn breaker_stores(
         .map(|(t, r)| {
             (
                 t.to_owned(),
-                BreakerStore::new(ddb_client.clone(), table, retry.clone()).with_config(r.breaker),
+                BreakerStore::new(ddb_client.clone(), table, retry.clone())
+                    .with_config(r.breaker)
+                    .with_clock(clock.clone()),
             )
         })
         .collect::<HashMap<_, _>>()

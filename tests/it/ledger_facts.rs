@@ -11,14 +11,18 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use sqs_triage::clock::{Clock, now_ms};
 use sqs_triage::core::backoff::Backoff;
 use sqs_triage::core::failure::{FailureClass, FailureRecord};
 use sqs_triage::core::policy::RetryPolicy;
 use sqs_triage::effects::dlq::failure_record;
 use sqs_triage::effects::ledger::{AttemptLedger, Delivery};
-use sqs_triage::effects::storage_retry::StorageRetry;
+use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_config, sqs_config};
+use sqs_triage::processor::registry::{JobContext, Registry};
+use sqs_triage::runtime::env::{Environment, build_with_clock};
 use support::fault_proxy::{Fault, FaultProxy};
 use support::pipeline::{Harness, Options, RECORDED, failed_ids};
+use triage::demo::chaos;
 
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
 
@@ -445,31 +449,60 @@ async fn run_until_quiet(h: &Harness, env: &sqs_triage::runtime::env::Environmen
     }
 }
 
+/// An environment over `h`'s queue, DLQ and table whose ledger and breakers read `clock`, with
+/// [`RECORDED`] run as `h`'s own (logged in `h.log`) and marked done for `ttl` after a success.
+async fn env_on_clock(h: &Harness, ttl: Duration, clock: Clock) -> Environment {
+    let sdk = support::sdk_config().await;
+    let mut config = sqs_triage::config::Config::from_lookup(&|_| None).unwrap();
+    config.queue_url = Some(h.queue_url.clone());
+    config.dlq_url = Some(h.dlq_url.clone());
+    config.table = Some(h.table.clone());
+    let (policy, breaker) = (
+        support::pipeline::fast_policy(5),
+        support::pipeline::quiet_breaker(),
+    );
+    let log = h.log.clone();
+    let registry = Registry::new(policy.clone(), breaker)
+        .handle_with(
+            RECORDED,
+            policy,
+            breaker,
+            move |p: chaos::ChaosPayload, ctx: JobContext| {
+                log.lock().unwrap().push((ctx.job_id.clone(), ctx.attempt));
+                chaos::run(p, ctx)
+            },
+        )
+        .done_marker(RECORDED, ttl);
+    build_with_clock(&config, registry, sqs_config(&sdk), dynamodb_config(&sdk), clock)
+        .await
+        .unwrap()
+}
+
 /// A marker that has lived out is no marker, even after a count was written on its item: a
 /// producer's re-send of a completed job after the marker's lifetime runs, and its retry
 /// runs too instead of being deleted as a duplicate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lived_out_marker_does_not_swallow_the_retry_of_a_resend() {
-    let ttl = Duration::from_secs(2);
+    let ttl = Duration::from_secs(86_400);
     let h = Harness::build(Options {
         prefix: "marker-out",
-        register: Box::new(move |r, _| r.done_marker(RECORDED, ttl)),
         ..Options::default()
     })
     .await;
+    let clock = Clock::manual(now_ms());
+    let env = env_on_clock(&h, ttl, clock.clone()).await;
     h.send_jobs(&[("j1", json!({"outcome": "ok"}))]).await;
-    run_until_quiet(&h, &h.env, Duration::from_secs(2)).await;
+    run_until_quiet(&h, &env, Duration::from_secs(2)).await;
     assert_eq!(h.executions("j1"), vec![1]);
     let marked = ledger(&h).await.show(RECORDED, "j1").await.unwrap().unwrap();
     let done_at = marked.done_at_ms.expect("a marker");
-    // The marker lives out (DynamoDB Local deletes nothing by TTL: the item stays).
-    while sqs_triage::clock::now_ms() < done_at + ttl.as_millis() as u64 + 1_000 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // The marker lives out on the ledger's clock (DynamoDB Local deletes nothing by TTL: the
+    // item stays).
+    clock.advance(ttl);
     h.send_jobs(&[("j1", json!({"outcome": "transient", "fail_times": 1}))])
         .await;
     // The re-send fails once; its retry comes back after 1 s and must run.
-    run_until_quiet(&h, &h.env, Duration::from_secs(4)).await;
+    run_until_quiet(&h, &env, Duration::from_secs(4)).await;
     assert_eq!(
         h.executions("j1"),
         vec![1, 1, 2],
@@ -479,8 +512,9 @@ async fn a_lived_out_marker_does_not_swallow_the_retry_of_a_resend() {
     assert!(h.dlq_messages().await.is_empty());
     let item = ledger(&h).await.show(RECORDED, "j1").await.unwrap().unwrap();
     assert!(
-        item.done_at_ms.is_some_and(|at| at > done_at),
-        "the retry's success wrote a new marker: {item:?}"
+        item.done_at_ms
+            .is_some_and(|at| at >= done_at + ttl.as_millis() as u64),
+        "the retry's success wrote a new marker, after the first one lived out: {item:?}"
     );
 }
 
