@@ -144,6 +144,16 @@ struct Answer {
     failed: Vec<BatchResultErrorEntry>,
 }
 
+impl Answer {
+    /// The answer of a call whose successful entries carry only their ids.
+    fn of_ids<'a>(successful: impl Iterator<Item = &'a str>, failed: &[BatchResultErrorEntry]) -> Self {
+        Self {
+            successful: successful.map(|id| (id.to_owned(), None)).collect(),
+            failed: failed.to_vec(),
+        }
+    }
+}
+
 /// Sorts a chunk's entries by the answer: listed as successful means accepted; listed as
 /// failed means failed (sent again when retryable); listed in neither means unknown, and it is
 /// sent again.
@@ -325,14 +335,7 @@ impl Sqs {
                         .send()
                 })
                 .await?;
-            Ok(Answer {
-                successful: out
-                    .successful()
-                    .iter()
-                    .map(|s| (s.id().to_owned(), None))
-                    .collect(),
-                failed: out.failed().to_vec(),
-            })
+            Ok(Answer::of_ids(out.successful().iter().map(|s| s.id()), out.failed()))
         };
         self.batched(
             "ChangeMessageVisibilityBatch",
@@ -373,14 +376,7 @@ impl Sqs {
                         .send()
                 })
                 .await?;
-            Ok(Answer {
-                successful: out
-                    .successful()
-                    .iter()
-                    .map(|s| (s.id().to_owned(), None))
-                    .collect(),
-                failed: out.failed().to_vec(),
-            })
+            Ok(Answer::of_ids(out.successful().iter().map(|s| s.id()), out.failed()))
         };
         self.batched(
             "DeleteMessageBatch",
