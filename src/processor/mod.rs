@@ -3,8 +3,8 @@
 //! each, in the order [`Processor::process_within`] calls them:
 //!
 //! 1. **Read** (`read.rs`): an [`Incoming`] message becomes a `Record`: envelope parsed, job
-//!    type routed, delivery facts taken. The batch then reads its ledger items and breakers
-//!    in one round trip.
+//!    type routed, delivery facts taken. Its ledger item and its breaker are read with the
+//!    batch's, in one round trip, when step 2 starts.
 //! 2. **Admit and run** (`run.rs`): a `Record` becomes a `Ran`: the decision before the
 //!    handler, the handler in its own task, the decision after it. FIFO groups run in order,
 //!    the rest side by side.
@@ -15,8 +15,8 @@
 //! Beside step 2, the visibility heartbeat (`heartbeat.rs`) keeps the batch's messages hidden
 //! while handlers outlast their visibility timeout, and takes records that ended through
 //! steps 3 and 4 at its ticks. One [`Deadline`] (`deadline.rs`) carries the time through all.
-//! A batch of first deliveries that succeed, of job types without a completion marker, makes
-//! no AWS call at all.
+//! A batch of first deliveries that all succeed before the heartbeat's first tick, of job
+//! types without a completion marker, makes no AWS call at all.
 
 mod deadline;
 mod execute;
@@ -26,6 +26,8 @@ mod plan;
 mod read;
 pub mod registry;
 mod run;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -291,60 +291,21 @@ pub(super) fn tally(agg: &mut Aggregate, run: &Run) {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-    use std::sync::Arc;
     use std::time::Duration;
 
-    use super::super::registry::{JobContext, Registry};
     use super::super::run::{Ran, Run};
-    use super::super::{Incoming, Processor, ProcessorConfig};
+    use super::super::{Incoming, Processor};
     use crate::core::breaker::Lease;
-    use crate::core::envelope::EnvelopeLimits;
     use crate::core::error::ErrorKind;
     use crate::core::failure::{FAILURE_ATTRIBUTE, FailureClass};
     use crate::core::decision::{DeferReason, StoredAttempts};
     use crate::core::{Decision, Ledger};
-    use crate::effects::ledger::AttemptLedger;
-    use crate::effects::sqs::Sqs;
-    use crate::effects::storage_retry::StorageRetry;
 
     const NOW: u64 = 1_800_000_000_000;
 
     /// A processor whose clients are never called: planning makes no call.
     fn processor() -> Processor {
-        let creds = aws_sdk_sqs::config::Credentials::new("k", "s", None, None, "test");
-        let sqs = aws_sdk_sqs::Client::from_conf(
-            aws_sdk_sqs::Config::builder()
-                .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
-                .region(aws_sdk_sqs::config::Region::new("us-east-1"))
-                .credentials_provider(creds.clone())
-                .build(),
-        );
-        let ddb = aws_sdk_dynamodb::Client::from_conf(
-            aws_sdk_dynamodb::Config::builder()
-                .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
-                .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
-                .credentials_provider(creds)
-                .build(),
-        );
-        let registry =
-            Registry::default().handle("t", |_: serde_json::Value, _: JobContext| async { Ok(()) });
-        Processor::new(
-            Arc::new(registry),
-            Sqs::new(sqs, StorageRetry::default()),
-            AttemptLedger::new(ddb, "state", StorageRetry::default()),
-            HashMap::new(),
-            ProcessorConfig {
-                source_queue: "https://sqs/q".into(),
-                dlq_url: "https://sqs/dlq".into(),
-                dlq_max_bytes: 262_144,
-                concurrency: 1,
-                limits: EnvelopeLimits::default(),
-                log_payloads: false,
-                receive_limit: None,
-                retention: None,
-            },
-        )
+        super::super::tests::processor(super::super::tests::config())
     }
 
     fn ran(p: &Processor, n: usize, decision: Decision, run: Option<Run>, item: bool) -> Ran {

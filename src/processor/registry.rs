@@ -343,6 +343,19 @@ mod tests {
         assert_eq!(own_route.breaker.open_for(), BreakerConfig::default().open_for());
     }
 
+    /// Routes are shared between clones of a registry; configuring one changes no other.
+    #[test]
+    fn configuring_a_clone_leaves_the_original_as_it_was() {
+        let (policy, breaker) = configured();
+        let original = Registry::default().handle("inherits", ok);
+        let clone = original.clone().configured(&policy, breaker);
+        assert_eq!(clone.route("inherits").unwrap().policy.max_attempts(), 2);
+        assert_eq!(
+            original.route("inherits").unwrap().policy.max_attempts(),
+            RetryPolicy::default().max_attempts()
+        );
+    }
+
     #[test]
     fn eventbridge_mappings_in_code_win_over_the_configuration() {
         let configured = EventBridgeTypes::parse("A=env.a;B=env.b").unwrap();

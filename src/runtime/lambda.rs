@@ -538,3 +538,72 @@ mod tests {
         assert_eq!(left(600_000, 1_700_000_000_000), 600_000);
     }
 }
+
+/// How an event's unreadable records are reported: alone on a standard queue; on a FIFO
+/// queue, with the records of their group behind them (or every later record, for one without
+/// a group); and the whole batch fails when such a record has no message id.
+#[cfg(test)]
+mod read_event_tests {
+    use super::{read_event, read_raw};
+
+    /// A record with message id `id`, readable or not (a receive count that reads as no
+    /// count), in message group `group`.
+    fn record(id: Option<&str>, group: Option<&str>, readable: bool) -> String {
+        let id = id.map_or(String::new(), |id| format!(r#""messageId":"{id}","#));
+        let count = if readable { "1" } else { "x" };
+        let group = group.map_or(String::new(), |g| format!(r#","MessageGroupId":"{g}""#));
+        format!(
+            r#"{{{id}"receiptHandle":"r","body":"{{}}","attributes":{{"ApproximateReceiveCount":"{count}"{group}}},"eventSourceARN":"arn:aws:sqs:us-east-1:0:q"}}"#
+        )
+    }
+
+    fn read(fifo: bool, records: &[String]) -> Result<(Vec<String>, Vec<String>), String> {
+        let event = format!(r#"{{"Records":[{}]}}"#, records.join(","));
+        let raw = read_raw(&event).expect("an SQS event");
+        read_event(fifo, raw)
+            .map(|(read, unreadable)| (read.into_iter().map(|i| i.message_id).collect(), unreadable))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn on_a_standard_queue_an_unreadable_record_holds_nothing_back() {
+        let got = read(false, &[record(Some("a"), Some("g"), false), record(Some("b"), Some("g"), true)]);
+        assert_eq!(got, Ok((vec!["b".into()], vec!["a".into()])));
+    }
+
+    #[test]
+    fn on_a_fifo_queue_an_unreadable_record_holds_its_group_back() {
+        let got = read(
+            true,
+            &[
+                record(Some("b0"), Some("g2"), true),
+                record(Some("a"), Some("g1"), false),
+                record(Some("b"), Some("g1"), true),
+                record(Some("c"), Some("g2"), true),
+            ],
+        );
+        assert_eq!(got, Ok((vec!["b0".into(), "c".into()], vec!["a".into(), "b".into()])));
+    }
+
+    #[test]
+    fn on_a_fifo_queue_an_unreadable_record_without_a_group_holds_every_later_record_back() {
+        let got = read(
+            true,
+            &[
+                record(Some("z"), Some("g2"), true),
+                record(Some("a"), None, false),
+                record(Some("b"), Some("g1"), true),
+                record(Some("c"), Some("g2"), true),
+            ],
+        );
+        assert_eq!(got, Ok((vec!["z".into()], vec!["a".into(), "b".into(), "c".into()])));
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_reported_by_its_message_id_fails_the_whole_batch() {
+        let unreadable = read(false, &[record(Some("a"), None, true), record(None, None, false)]);
+        assert!(unreadable.is_err_and(|e| e.contains("record 1") && e.contains("no message id")));
+        let held = read(true, &[record(Some("a"), Some("g"), false), record(None, Some("g"), true)]);
+        assert!(held.is_err_and(|e| e.contains("held back") && e.contains("no message id")));
+    }
+}
