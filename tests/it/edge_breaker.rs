@@ -1,6 +1,10 @@
 //! The breaker at its edges, through the processor on the local stack: it opens again after
 //! a probe closed it (in one environment and across three), an operator's close does not
 //! disable it, and a hanging dependency costs each queued message few receives per cycle.
+//!
+//! Open periods and windows that a test must see end are read from a manual clock
+//! ([`Clock::manual`]) that the test moves past them. SQS's visibility timeouts are moto's
+//! own time: a message the breaker deferred stays hidden until the period's end by that clock.
 
 use crate::support;
 
@@ -10,16 +14,20 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::Message;
 use serde_json::json;
-use sqs_triage::clock::now_ms;
+use sqs_triage::clock::{Clock, now_ms};
 use sqs_triage::core::JobError;
 use sqs_triage::core::breaker::{BreakerConfig, Phase};
 use sqs_triage::effects::breaker_store::BreakerStore;
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb_config, sqs_config};
 use sqs_triage::processor::registry::{JobContext, Registry};
-use sqs_triage::runtime::env::{Environment, build_with};
+use sqs_triage::runtime::env::{Environment, build_with_clock};
 use support::pipeline::{Harness, Options, fast_policy};
 
 const DEP: &str = "test.dependency";
+
+/// The open period of the reopen tests: longer than any test runs, passed by moving the
+/// breaker's clock.
+const OPEN_FOR: Duration = Duration::from_secs(300);
 
 fn breaker(open_for: Duration) -> BreakerConfig {
     BreakerConfig::builder()
@@ -50,12 +58,13 @@ fn registry(down: Arc<AtomicBool>, config: BreakerConfig) -> Registry {
     )
 }
 
-/// `n` more environments over the harness's queue, DLQ and table.
+/// `n` more environments over the harness's queue, DLQ and table, reading the time from `clock`.
 async fn environments(
     h: &Harness,
     n: usize,
     down: &Arc<AtomicBool>,
     config: BreakerConfig,
+    clock: &Clock,
 ) -> Vec<Environment> {
     let sdk = support::sdk_config().await;
     let mut out = Vec::new();
@@ -64,11 +73,12 @@ async fn environments(
         c.queue_url = Some(h.queue_url.clone());
         c.dlq_url = Some(h.dlq_url.clone());
         c.table = Some(h.table.clone());
-        let env = build_with(
+        let env = build_with_clock(
             &c,
             registry(down.clone(), config),
             sqs_config(&sdk),
             dynamodb_config(&sdk),
+            clock.clone(),
         )
         .await
         .unwrap();
@@ -96,20 +106,28 @@ async fn poll(h: &Harness, env: &Environment) -> usize {
     messages.len()
 }
 
-async fn store(h: &Harness, config: BreakerConfig) -> BreakerStore {
+async fn store(h: &Harness, config: BreakerConfig, clock: &Clock) -> BreakerStore {
     BreakerStore::new(
         dynamodb_client(&support::sdk_config().await),
         &h.table,
         StorageRetry::default(),
     )
     .with_config(config)
+    .with_clock(clock.clone())
 }
 
-/// Polls round-robin over `envs` until the stored breaker reaches `phase`; panics after
-/// `max_polls` polls without it.
-async fn poll_until(h: &Harness, envs: &[Environment], store: &BreakerStore, phase: Phase, max_polls: usize) {
+/// Polls round-robin over `envs` until the stored breaker is in `phase` at `clock`'s time;
+/// panics after `max_polls` polls without it.
+async fn poll_until(
+    h: &Harness,
+    envs: &[Environment],
+    store: &BreakerStore,
+    clock: &Clock,
+    phase: Phase,
+    max_polls: usize,
+) {
     for i in 0..max_polls {
-        if store.status(DEP, now_ms()).await.unwrap().phase == phase {
+        if store.status(DEP, clock.now_ms()).await.unwrap().phase == phase {
             return;
         }
         poll(h, &envs[i % envs.len()]).await;
@@ -118,34 +136,42 @@ async fn poll_until(h: &Harness, envs: &[Environment], store: &BreakerStore, pha
     panic!("breaker never reached {phase:?}: {s:?}");
 }
 
+/// Opens the breaker on an outage, lets a probe close it once the open period has passed on
+/// the breaker's clock, and opens it again on a second outage: generations 1 (open), 2
+/// (half-open), 3 (closed) and 4 (open).
 async fn open_close_reopen(prefix: &str, n_envs: usize) {
     let down = Arc::new(AtomicBool::new(true));
-    let config = breaker(Duration::from_secs(1));
+    let config = breaker(OPEN_FOR);
     let h = Harness::build(Options {
         prefix,
         ..Options::default()
     })
     .await;
-    let envs = environments(&h, n_envs, &down, config).await;
-    let store = store(&h, config).await;
+    let clock = Clock::manual(now_ms());
+    let envs = environments(&h, n_envs, &down, config, &clock).await;
+    let store = store(&h, config, &clock).await;
 
     // First outage: it opens.
     send(&h, "a", 6).await;
-    poll_until(&h, &envs, &store, Phase::Open, 40).await;
+    poll_until(&h, &envs, &store, &clock, Phase::Open, 40).await;
     let first = store.read(DEP).await.unwrap();
+    assert_eq!(first.generation, 1, "{first:?}");
 
-    // The dependency recovers: after the open period a probe closes it.
+    // The dependency recovers and the open period passes: a probe closes it. The messages it
+    // deferred stay hidden in SQS until the period ends by moto's clock; fresh ones are probed.
     down.store(false, Ordering::SeqCst);
-    poll_until(&h, &envs, &store, Phase::Closed, 200).await;
+    clock.advance(OPEN_FOR);
+    send(&h, "p", 3).await;
+    poll_until(&h, &envs, &store, &clock, Phase::Closed, 40).await;
     let closed = store.read(DEP).await.unwrap();
-    assert!(closed.generation > first.generation, "{closed:?}");
+    assert_eq!(closed.generation, 3, "{closed:?}");
 
     // Second outage: it must open again.
     down.store(true, Ordering::SeqCst);
     send(&h, "b", 6).await;
-    poll_until(&h, &envs, &store, Phase::Open, 60).await;
+    poll_until(&h, &envs, &store, &clock, Phase::Open, 60).await;
     let second = store.read(DEP).await.unwrap();
-    assert!(second.generation > closed.generation, "{second:?}");
+    assert_eq!(second.generation, 4, "{second:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,16 +193,17 @@ async fn an_operators_close_on_a_fresh_type_leaves_the_breaker_working() {
         ..Options::default()
     })
     .await;
-    let envs = environments(&h, 1, &down, config).await;
-    let store = store(&h, config).await;
+    let clock = Clock::system();
+    let envs = environments(&h, 1, &down, config, &clock).await;
+    let store = store(&h, config, &clock).await;
     store.force_close(DEP).await.unwrap();
     send(&h, "c", 6).await;
-    poll_until(&h, &envs, &store, Phase::Open, 40).await;
+    poll_until(&h, &envs, &store, &clock, Phase::Open, 40).await;
 
     // And after an operator's reset too.
     store.reset(DEP).await.unwrap();
     send(&h, "d", 6).await;
-    poll_until(&h, &envs, &store, Phase::Open, 40).await;
+    poll_until(&h, &envs, &store, &clock, Phase::Open, 40).await;
 }
 
 /// Item: deferrals must not use up `maxReceiveCount`. A dependency that hangs (each run takes
@@ -219,12 +246,18 @@ async fn a_hanging_dependency_costs_each_message_few_receives_per_cycle() {
             },
         );
         envs.push(
-            build_with(&c, registry, sqs_config(&sdk), dynamodb_config(&sdk))
-                .await
-                .unwrap(),
+            build_with_clock(
+                &c,
+                registry,
+                sqs_config(&sdk),
+                dynamodb_config(&sdk),
+                Clock::system(),
+            )
+            .await
+            .unwrap(),
         );
     }
-    let store = store(&h, config).await;
+    let store = store(&h, config, &Clock::system()).await;
     send(&h, "h", 6).await;
 
     let until = Instant::now() + Duration::from_secs(50);
@@ -353,8 +386,15 @@ struct Fleet {
     runs: Arc<std::sync::atomic::AtomicU32>,
 }
 
-/// `n` environments over the harness's resources, each counting its DynamoDB calls.
-async fn fleet(h: &Harness, n: usize, policy: sqs_triage::core::RetryPolicy, config: BreakerConfig) -> Fleet {
+/// `n` environments over the harness's resources, each counting its DynamoDB calls and reading
+/// the time from `clock`.
+async fn fleet(
+    h: &Harness,
+    n: usize,
+    policy: sqs_triage::core::RetryPolicy,
+    config: BreakerConfig,
+    clock: &Clock,
+) -> Fleet {
     let sdk = support::sdk_config().await;
     let f = Fleet {
         envs: Vec::new(),
@@ -377,11 +417,12 @@ async fn fleet(h: &Harness, n: usize, policy: sqs_triage::core::RetryPolicy, con
             f.succeeded.clone(),
             f.runs.clone(),
         );
-        let env = build_with(
+        let env = build_with_clock(
             &c,
             registry,
             sqs_config(&sdk),
             dynamodb_config(&sdk).interceptor(calls.clone()),
+            clock.clone(),
         )
         .await
         .unwrap();
@@ -418,8 +459,9 @@ async fn twenty_percent_transient_failures_at_a_fifty_percent_rate_never_open_th
         ..Options::default()
     })
     .await;
-    let f = fleet(&h, 3, fast_policy(20), rate_breaker()).await;
-    let store = store(&h, rate_breaker()).await;
+    let clock = Clock::system();
+    let f = fleet(&h, 3, fast_policy(20), rate_breaker(), &clock).await;
+    let store = store(&h, rate_breaker(), &clock).await;
     let bodies: Vec<String> = (0..100)
         .map(|i| {
             let id = if i % 5 == 0 {
@@ -472,9 +514,9 @@ async fn a_dependency_down_for_every_execution_opens_the_breaker_at_the_tenth_fa
         ..Options::default()
     })
     .await;
-    let f = fleet(&h, 1, fast_policy(20), rate_breaker()).await;
+    let f = fleet(&h, 1, fast_policy(20), rate_breaker(), &Clock::system()).await;
     f.down.store(true, Ordering::SeqCst);
-    let store = store(&h, rate_breaker()).await;
+    let store = store(&h, rate_breaker(), &Clock::system()).await;
     send(&h, "d", 10).await;
     let mut before = 0;
     for _ in 0..30 {
@@ -517,9 +559,9 @@ async fn a_healthy_environment_writes_nothing_until_a_window_counts_then_once_pe
         .max_delay(Duration::from_secs(60))
         .build()
         .unwrap();
-    let f = fleet(&h, 2, slow, rate_breaker()).await;
+    let f = fleet(&h, 2, slow, rate_breaker(), &Clock::system()).await;
     let (healthy, failing) = (&f.calls[0], &f.calls[1]);
-    let store = store(&h, rate_breaker()).await;
+    let store = store(&h, rate_breaker(), &Clock::system()).await;
 
     send(&h, "a", 10).await;
     poll_n(&h, &f.envs[0], 10).await;
