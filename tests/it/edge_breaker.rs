@@ -1,6 +1,6 @@
 //! The breaker at its edges, through the processor on the local stack: it opens again after
-//! a probe closed it (in one environment and across three), an operator's close does not
-//! disable it, and a hanging dependency costs each queued message few receives per cycle.
+//! a probe closed it (in one environment and across three), an operator's close or reset does
+//! not disable it, and a hanging dependency costs each queued message few receives per cycle.
 //!
 //! Open periods and windows that a test must see end are read from a manual clock
 //! ([`Clock::manual`]) that the test moves past them. SQS's visibility timeouts are moto's
@@ -184,26 +184,42 @@ async fn three_environments_open_close_and_reopen_it() {
     open_close_reopen("reopen3", 3).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operators_close_on_a_fresh_type_leaves_the_breaker_working() {
+/// A harness and one environment over it whose `test.dependency` is down, with the breaker
+/// store a test reads it through (the system's clock: these tests wait for no period).
+async fn down_dependency(prefix: &str) -> (Harness, Vec<Environment>, BreakerStore) {
     let down = Arc::new(AtomicBool::new(true));
     let config = breaker(Duration::from_secs(30));
     let h = Harness::build(Options {
-        prefix: "opclose",
+        prefix,
         ..Options::default()
     })
     .await;
     let clock = Clock::system();
     let envs = environments(&h, 1, &down, config, &clock).await;
     let store = store(&h, config, &clock).await;
+    (h, envs, store)
+}
+
+/// An operator's close of a job type the breaker has never seen does not disable it: the
+/// failures that follow open it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_close_on_a_fresh_type_leaves_the_breaker_working() {
+    let (h, envs, store) = down_dependency("opclose").await;
     store.force_close(DEP).await.unwrap();
     send(&h, "c", 6).await;
-    poll_until(&h, &envs, &store, &clock, Phase::Open, 40).await;
+    poll_until(&h, &envs, &store, &Clock::system(), Phase::Open, 40).await;
+}
 
-    // And after an operator's reset too.
+/// An operator's reset of an open breaker does not disable it: the failures that follow open
+/// it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_reset_of_an_open_breaker_leaves_it_working() {
+    let (h, envs, store) = down_dependency("opreset").await;
+    send(&h, "c", 6).await;
+    poll_until(&h, &envs, &store, &Clock::system(), Phase::Open, 40).await;
     store.reset(DEP).await.unwrap();
     send(&h, "d", 6).await;
-    poll_until(&h, &envs, &store, &clock, Phase::Open, 40).await;
+    poll_until(&h, &envs, &store, &Clock::system(), Phase::Open, 40).await;
 }
 
 /// Item: deferrals must not use up `maxReceiveCount`. A dependency that hangs (each run takes
