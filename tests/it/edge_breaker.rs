@@ -521,8 +521,23 @@ async fn twenty_percent_transient_failures_at_a_fifty_percent_rate_never_open_th
     );
 }
 
+/// Retries a minute away: a failed job stays out of the batches that follow.
+fn slow_retries() -> sqs_triage::core::RetryPolicy {
+    sqs_triage::core::RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(sqs_triage::core::Backoff::exponential(
+            Duration::from_secs(60),
+            2.0,
+            Duration::from_secs(60),
+            Duration::ZERO,
+        ))
+        .max_delay(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
 /// A dependency down for every execution opens the breaker at the tenth failing execution:
-/// with batches of ten, by the report of the first batch, as the former count of five did.
+/// nine leave it closed, the tenth opens it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dependency_down_for_every_execution_opens_the_breaker_at_the_tenth_failure() {
     let h = Harness::build(Options {
@@ -530,27 +545,48 @@ async fn a_dependency_down_for_every_execution_opens_the_breaker_at_the_tenth_fa
         ..Options::default()
     })
     .await;
-    let f = fleet(&h, 1, fast_policy(20), rate_breaker(), &Clock::system()).await;
+    let clock = Clock::system();
+    let f = fleet(&h, 1, slow_retries(), rate_breaker(), &clock).await;
     f.down.store(true, Ordering::SeqCst);
-    let store = store(&h, rate_breaker(), &Clock::system()).await;
+    let store = store(&h, rate_breaker(), &clock).await;
+    send(&h, "d", 9).await;
+    poll_n(&h, &f.envs[0], 9).await;
+    assert_eq!(f.runs.load(Ordering::SeqCst), 9);
+    let s = store.read(DEP).await.unwrap();
+    assert_eq!(
+        (s.phase, s.generation, s.failures),
+        (Phase::Closed, 0, 9),
+        "still closed after 9 failing executions: {s:?}"
+    );
+    send(&h, "e", 1).await;
+    poll_n(&h, &f.envs[0], 1).await;
+    assert_eq!(f.runs.load(Ordering::SeqCst), 10);
+    let s = store.read(DEP).await.unwrap();
+    assert_eq!(
+        (s.phase, s.generation),
+        (Phase::Open, 1),
+        "opened by the tenth failing execution: {s:?}"
+    );
+}
+
+/// With batches of ten, a dependency down for every execution opens the breaker by the report
+/// of the first batch, as the former count of five did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_ten_failing_executions_opens_the_breaker_with_its_report() {
+    let h = Harness::build(Options {
+        prefix: "batch10",
+        ..Options::default()
+    })
+    .await;
+    let clock = Clock::system();
+    let f = fleet(&h, 1, slow_retries(), rate_breaker(), &clock).await;
+    f.down.store(true, Ordering::SeqCst);
+    let store = store(&h, rate_breaker(), &clock).await;
     send(&h, "d", 10).await;
-    let mut before = 0;
-    for _ in 0..30 {
-        let ran = f.runs.load(Ordering::SeqCst);
-        let s = store.read(DEP).await.unwrap();
-        if s.phase == Phase::Open {
-            assert!(
-                before < 10 && ran >= 10,
-                "opened by the batch that took the failures from {before} to {ran}"
-            );
-            assert_eq!(s.generation, 1);
-            return;
-        }
-        assert!(ran < 10, "still closed after {ran} failing executions: {s:?}");
-        before = ran;
-        poll(&h, &f.envs[0]).await;
-    }
-    panic!("never opened");
+    poll_n(&h, &f.envs[0], 10).await;
+    assert_eq!(f.runs.load(Ordering::SeqCst), 10);
+    let s = store.read(DEP).await.unwrap();
+    assert_eq!((s.phase, s.generation), (Phase::Open, 1), "{s:?}");
 }
 
 /// The healthy path's cost: an environment whose executions all succeed writes nothing while
