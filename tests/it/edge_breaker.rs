@@ -515,9 +515,10 @@ async fn twenty_percent_transient_failures_at_a_fifty_percent_rate_never_open_th
         (Phase::Closed, 0, 20),
         "{s:?}"
     );
+    // 100 first executions and 20 retries ran: the window holds some of them, none twice.
     assert!(
-        s.executions >= 2 * s.failures,
-        "the successes were counted beside the failures: {s:?}"
+        s.executions >= 2 * s.failures && s.executions <= 120,
+        "the successes were counted beside the failures, each once: {s:?}"
     );
 }
 
