@@ -1,6 +1,7 @@
 //! The breaker at its edges, through the processor on the local stack: it opens again after
 //! a probe closed it (in one environment and across three), an operator's close or reset does
-//! not disable it, and a hanging dependency costs each queued message few receives per cycle.
+//! not disable it, a hanging dependency costs each queued message few receives per cycle, and
+//! a healthy environment reports its executions once per counting window.
 //!
 //! Open periods and windows that a test must see end are read from a manual clock
 //! ([`Clock::manual`]) that the test moves past them. SQS's visibility timeouts are moto's
@@ -16,7 +17,7 @@ use aws_sdk_sqs::types::Message;
 use serde_json::json;
 use sqs_triage::clock::{Clock, now_ms};
 use sqs_triage::core::JobError;
-use sqs_triage::core::breaker::{BreakerConfig, Phase};
+use sqs_triage::core::breaker::{BreakerConfig, BreakerState, Phase};
 use sqs_triage::effects::breaker_store::BreakerStore;
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb_config, sqs_config};
 use sqs_triage::processor::registry::{JobContext, Registry};
@@ -590,47 +591,33 @@ async fn a_batch_of_ten_failing_executions_opens_the_breaker_with_its_report() {
     assert_eq!((s.phase, s.generation), (Phase::Open, 1), "{s:?}");
 }
 
-/// The healthy path's cost: an environment whose executions all succeed writes nothing while
-/// no window counts; once another environment's failures start one, it writes its executions
-/// once (folded into a batched write), and not again in that window.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_healthy_environment_writes_nothing_until_a_window_counts_then_once_per_window() {
-    let h = Harness::build(Options {
-        prefix: "healthy",
-        ..Options::default()
-    })
-    .await;
-    // Retries wait a minute: the failed jobs stay out of the healthy environment's batches.
-    let slow = sqs_triage::core::RetryPolicy::builder()
-        .max_attempts(5)
-        .backoff(sqs_triage::core::Backoff::exponential(
-            Duration::from_secs(60),
-            2.0,
-            Duration::from_secs(60),
-            Duration::ZERO,
-        ))
-        .max_delay(Duration::from_secs(60))
-        .build()
-        .unwrap();
-    let f = fleet(&h, 2, slow, rate_breaker(), &Clock::system()).await;
-    let (healthy, failing) = (&f.calls[0], &f.calls[1]);
-    let store = store(&h, rate_breaker(), &Clock::system()).await;
-
-    send(&h, "a", 10).await;
-    poll_n(&h, &f.envs[0], 10).await;
-    assert_eq!(writes(healthy), Default::default(), "no window: no write");
-    assert_eq!(store.read(DEP).await.unwrap().version, 0, "no breaker item");
-
-    // Three failures among ten executions in the other environment start a window.
+/// Sends ten jobs whose ids start with `prefix`, the first `failing` of them failing on their
+/// first attempt (their ids start with `f`).
+async fn send_ten(h: &Harness, prefix: &str, failing: usize) {
     let bodies: Vec<String> = (0..10)
         .map(|i| {
-            let id = if i < 3 { format!("f{i}") } else { format!("b{i}") };
+            let id = if i < failing {
+                format!("f{prefix}{i}")
+            } else {
+                format!("{prefix}{i}")
+            };
             json!({"type": DEP, "id": id}).to_string()
         })
         .collect();
     h.send_raw(&bodies.iter().map(|b| (b.as_str(), None)).collect::<Vec<_>>())
         .await;
-    poll_n(&h, &f.envs[1], 10).await;
+}
+
+/// Environment 0 of `f` (healthy) runs ten jobs while no window counts; then three failures
+/// among ten executions in environment 1 start one. Returns the window's state.
+async fn window_after_a_healthy_batch(h: &Harness, f: &Fleet, store: &BreakerStore) -> BreakerState {
+    let (healthy, failing) = (&f.calls[0], &f.calls[1]);
+    send_ten(h, "a", 0).await;
+    poll_n(h, &f.envs[0], 10).await;
+    assert_eq!(writes(healthy), Default::default(), "no window: no write");
+    assert_eq!(store.read(DEP).await.unwrap().version, 0, "no breaker item");
+    send_ten(h, "b", 3).await;
+    poll_n(h, &f.envs[1], 10).await;
     assert!(!writes(failing).is_empty());
     let s = store.read(DEP).await.unwrap();
     assert_eq!(
@@ -638,29 +625,101 @@ async fn a_healthy_environment_writes_nothing_until_a_window_counts_then_once_pe
         (Phase::Closed, 3, 10),
         "{s:?}"
     );
+    s
+}
 
-    // The healthy environment sees the window: its executions since the window began go, in
-    // one write.
+/// A healthy environment's ten executions reported into a counting window: in one write, folded
+/// into a batched write. Returns the window's state after it.
+async fn healthy_batch_reported(h: &Harness, f: &Fleet, store: &BreakerStore, prefix: &str) -> BreakerState {
+    let healthy = &f.calls[0];
     healthy.reset();
-    send(&h, "c", 10).await;
-    poll_n(&h, &f.envs[0], 10).await;
+    send_ten(h, prefix, 0).await;
+    poll_n(h, &f.envs[0], 10).await;
     assert_eq!(
         writes(healthy),
         std::collections::BTreeMap::from([("DynamoDB.BatchExecuteStatement".to_owned(), 1)])
     );
-    // Those of its batches until its write; its ten from before the window do not count.
-    let s = store.read(DEP).await.unwrap();
-    assert_eq!((s.phase, s.failures), (Phase::Closed, 3), "{s:?}");
-    assert!(s.executions > 10 && s.executions <= 20, "{s:?}");
+    store.read(DEP).await.unwrap()
+}
 
-    // Once per window.
-    healthy.reset();
-    send(&h, "e", 10).await;
+/// A fresh harness and two environments on `clock`: 0 runs the healthy batches, 1 the failing
+/// ones; retries wait a minute, so the failed jobs stay out of the healthy environment's batches.
+async fn healthy_and_failing(prefix: &str, clock: &Clock) -> (Harness, Fleet, BreakerStore) {
+    let h = Harness::build(Options {
+        prefix,
+        ..Options::default()
+    })
+    .await;
+    let f = fleet(&h, 2, slow_retries(), rate_breaker(), clock).await;
+    let store = store(&h, rate_breaker(), clock).await;
+    (h, f, store)
+}
+
+/// The healthy path's cost: an environment whose executions all succeed writes nothing while no
+/// window counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_environment_writes_nothing_while_no_window_counts() {
+    let (h, f, store) = healthy_and_failing("healthy0", &Clock::system()).await;
+    send_ten(&h, "a", 0).await;
+    poll_n(&h, &f.envs[0], 10).await;
+    assert_eq!(writes(&f.calls[0]), Default::default(), "no window: no write");
+    assert_eq!(store.read(DEP).await.unwrap().version, 0, "no breaker item");
+}
+
+/// Once another environment's failures start a window, a healthy environment writes its
+/// executions since the window began in one write, folded into a batched write: those of its
+/// batch, not its ten from before the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_environment_reports_its_executions_into_a_counting_window_in_one_write() {
+    let (h, f, store) = healthy_and_failing("healthy1", &Clock::system()).await;
+    window_after_a_healthy_batch(&h, &f, &store).await;
+    let s = healthy_batch_reported(&h, &f, &store, "c").await;
+    assert_eq!(
+        (s.phase, s.failures, s.executions),
+        (Phase::Closed, 3, 20),
+        "{s:?}"
+    );
+}
+
+/// A healthy environment writes once per window: not again in the window it reported into,
+/// and once again in the next window, once the first has ended on the breakers' clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_environment_writes_once_per_window() {
+    let clock = Clock::manual(now_ms());
+    let (h, f, store) = healthy_and_failing("healthy2", &clock).await;
+    let first = window_after_a_healthy_batch(&h, &f, &store).await;
+    let reported = healthy_batch_reported(&h, &f, &store, "c").await;
+
+    // Not again in this window.
+    f.calls[0].reset();
+    send_ten(&h, "e", 0).await;
     poll_n(&h, &f.envs[0], 10).await;
     assert_eq!(
-        writes(healthy),
+        writes(&f.calls[0]),
         Default::default(),
         "already reported into this window"
     );
-    assert_eq!(store.read(DEP).await.unwrap().executions, s.executions);
+    assert_eq!(store.read(DEP).await.unwrap().executions, reported.executions);
+
+    // The window ends; the failing environment's failures start the next one, and the healthy
+    // environment reports into it once, its batches of the first window dropped.
+    clock.advance(rate_breaker().window() + Duration::from_secs(1));
+    send_ten(&h, "g", 3).await;
+    poll_n(&h, &f.envs[1], 10).await;
+    let next = store.read(DEP).await.unwrap();
+    assert_eq!(
+        (next.phase, next.generation, next.failures, next.executions),
+        (Phase::Closed, first.generation, 3, 10),
+        "{next:?}"
+    );
+    assert!(
+        next.window_start_ms > first.window_start_ms,
+        "a new window: {next:?}"
+    );
+    let s = healthy_batch_reported(&h, &f, &store, "h").await;
+    assert_eq!(
+        (s.phase, s.failures, s.executions),
+        (Phase::Closed, 3, 20),
+        "{s:?}"
+    );
 }
