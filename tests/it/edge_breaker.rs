@@ -1,6 +1,11 @@
 //! The breaker at its edges, through the processor on the local stack: it opens again after
-//! a probe closed it (in one environment and across three), an operator's close does not
-//! disable it, and a hanging dependency costs each queued message few receives per cycle.
+//! a probe closed it (in one environment and across three), an operator's close or reset does
+//! not disable it, a hanging dependency costs each queued message few receives per cycle, and
+//! a healthy environment reports its executions once per counting window.
+//!
+//! Open periods and windows that a test must see end are read from a manual clock
+//! ([`Clock::manual`]) that the test moves past them. SQS's visibility timeouts are moto's
+//! own time: a message the breaker deferred stays hidden until the period's end by that clock.
 
 use crate::support;
 
@@ -10,16 +15,20 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::Message;
 use serde_json::json;
-use sqs_triage::clock::now_ms;
+use sqs_triage::clock::{Clock, now_ms};
 use sqs_triage::core::JobError;
-use sqs_triage::core::breaker::{BreakerConfig, Phase};
+use sqs_triage::core::breaker::{BreakerConfig, BreakerState, Phase};
 use sqs_triage::effects::breaker_store::BreakerStore;
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb_config, sqs_config};
 use sqs_triage::processor::registry::{JobContext, Registry};
-use sqs_triage::runtime::env::{Environment, build_with};
+use sqs_triage::runtime::env::{Environment, build_with_clock};
 use support::pipeline::{Harness, Options, fast_policy};
 
 const DEP: &str = "test.dependency";
+
+/// The open period of the reopen tests: longer than any test runs, passed by moving the
+/// breaker's clock.
+const OPEN_FOR: Duration = Duration::from_secs(300);
 
 fn breaker(open_for: Duration) -> BreakerConfig {
     BreakerConfig::builder()
@@ -50,12 +59,13 @@ fn registry(down: Arc<AtomicBool>, config: BreakerConfig) -> Registry {
     )
 }
 
-/// `n` more environments over the harness's queue, DLQ and table.
+/// `n` more environments over the harness's queue, DLQ and table, reading the time from `clock`.
 async fn environments(
     h: &Harness,
     n: usize,
     down: &Arc<AtomicBool>,
     config: BreakerConfig,
+    clock: &Clock,
 ) -> Vec<Environment> {
     let sdk = support::sdk_config().await;
     let mut out = Vec::new();
@@ -64,11 +74,12 @@ async fn environments(
         c.queue_url = Some(h.queue_url.clone());
         c.dlq_url = Some(h.dlq_url.clone());
         c.table = Some(h.table.clone());
-        let env = build_with(
+        let env = build_with_clock(
             &c,
             registry(down.clone(), config),
             sqs_config(&sdk),
             dynamodb_config(&sdk),
+            clock.clone(),
         )
         .await
         .unwrap();
@@ -96,20 +107,28 @@ async fn poll(h: &Harness, env: &Environment) -> usize {
     messages.len()
 }
 
-async fn store(h: &Harness, config: BreakerConfig) -> BreakerStore {
+async fn store(h: &Harness, config: BreakerConfig, clock: &Clock) -> BreakerStore {
     BreakerStore::new(
         dynamodb_client(&support::sdk_config().await),
         &h.table,
         StorageRetry::default(),
     )
     .with_config(config)
+    .with_clock(clock.clone())
 }
 
-/// Polls round-robin over `envs` until the stored breaker reaches `phase`; panics after
-/// `max_polls` polls without it.
-async fn poll_until(h: &Harness, envs: &[Environment], store: &BreakerStore, phase: Phase, max_polls: usize) {
+/// Polls round-robin over `envs` until the stored breaker is in `phase` at `clock`'s time;
+/// panics after `max_polls` polls without it.
+async fn poll_until(
+    h: &Harness,
+    envs: &[Environment],
+    store: &BreakerStore,
+    clock: &Clock,
+    phase: Phase,
+    max_polls: usize,
+) {
     for i in 0..max_polls {
-        if store.status(DEP, now_ms()).await.unwrap().phase == phase {
+        if store.status(DEP, clock.now_ms()).await.unwrap().phase == phase {
             return;
         }
         poll(h, &envs[i % envs.len()]).await;
@@ -118,34 +137,42 @@ async fn poll_until(h: &Harness, envs: &[Environment], store: &BreakerStore, pha
     panic!("breaker never reached {phase:?}: {s:?}");
 }
 
+/// Opens the breaker on an outage, lets a probe close it once the open period has passed on
+/// the breaker's clock, and opens it again on a second outage: generations 1 (open), 2
+/// (half-open), 3 (closed) and 4 (open).
 async fn open_close_reopen(prefix: &str, n_envs: usize) {
     let down = Arc::new(AtomicBool::new(true));
-    let config = breaker(Duration::from_secs(1));
+    let config = breaker(OPEN_FOR);
     let h = Harness::build(Options {
         prefix,
         ..Options::default()
     })
     .await;
-    let envs = environments(&h, n_envs, &down, config).await;
-    let store = store(&h, config).await;
+    let clock = Clock::manual(now_ms());
+    let envs = environments(&h, n_envs, &down, config, &clock).await;
+    let store = store(&h, config, &clock).await;
 
     // First outage: it opens.
     send(&h, "a", 6).await;
-    poll_until(&h, &envs, &store, Phase::Open, 40).await;
+    poll_until(&h, &envs, &store, &clock, Phase::Open, 40).await;
     let first = store.read(DEP).await.unwrap();
+    assert_eq!(first.generation, 1, "{first:?}");
 
-    // The dependency recovers: after the open period a probe closes it.
+    // The dependency recovers and the open period passes: a probe closes it. The messages it
+    // deferred stay hidden in SQS until the period ends by moto's clock; fresh ones are probed.
     down.store(false, Ordering::SeqCst);
-    poll_until(&h, &envs, &store, Phase::Closed, 200).await;
+    clock.advance(OPEN_FOR);
+    send(&h, "p", 3).await;
+    poll_until(&h, &envs, &store, &clock, Phase::Closed, 40).await;
     let closed = store.read(DEP).await.unwrap();
-    assert!(closed.generation > first.generation, "{closed:?}");
+    assert_eq!(closed.generation, 3, "{closed:?}");
 
     // Second outage: it must open again.
     down.store(true, Ordering::SeqCst);
     send(&h, "b", 6).await;
-    poll_until(&h, &envs, &store, Phase::Open, 60).await;
+    poll_until(&h, &envs, &store, &clock, Phase::Open, 60).await;
     let second = store.read(DEP).await.unwrap();
-    assert!(second.generation > closed.generation, "{second:?}");
+    assert_eq!(second.generation, 4, "{second:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -158,25 +185,42 @@ async fn three_environments_open_close_and_reopen_it() {
     open_close_reopen("reopen3", 3).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operators_close_on_a_fresh_type_leaves_the_breaker_working() {
+/// A harness and one environment over it whose `test.dependency` is down, with the breaker
+/// store a test reads it through (the system's clock: these tests wait for no period).
+async fn down_dependency(prefix: &str) -> (Harness, Vec<Environment>, BreakerStore) {
     let down = Arc::new(AtomicBool::new(true));
     let config = breaker(Duration::from_secs(30));
     let h = Harness::build(Options {
-        prefix: "opclose",
+        prefix,
         ..Options::default()
     })
     .await;
-    let envs = environments(&h, 1, &down, config).await;
-    let store = store(&h, config).await;
+    let clock = Clock::system();
+    let envs = environments(&h, 1, &down, config, &clock).await;
+    let store = store(&h, config, &clock).await;
+    (h, envs, store)
+}
+
+/// An operator's close of a job type the breaker has never seen does not disable it: the
+/// failures that follow open it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_close_on_a_fresh_type_leaves_the_breaker_working() {
+    let (h, envs, store) = down_dependency("opclose").await;
     store.force_close(DEP).await.unwrap();
     send(&h, "c", 6).await;
-    poll_until(&h, &envs, &store, Phase::Open, 40).await;
+    poll_until(&h, &envs, &store, &Clock::system(), Phase::Open, 40).await;
+}
 
-    // And after an operator's reset too.
+/// An operator's reset of an open breaker does not disable it: the failures that follow open
+/// it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_reset_of_an_open_breaker_leaves_it_working() {
+    let (h, envs, store) = down_dependency("opreset").await;
+    send(&h, "c", 6).await;
+    poll_until(&h, &envs, &store, &Clock::system(), Phase::Open, 40).await;
     store.reset(DEP).await.unwrap();
     send(&h, "d", 6).await;
-    poll_until(&h, &envs, &store, Phase::Open, 40).await;
+    poll_until(&h, &envs, &store, &Clock::system(), Phase::Open, 40).await;
 }
 
 /// Item: deferrals must not use up `maxReceiveCount`. A dependency that hangs (each run takes
@@ -219,12 +263,18 @@ async fn a_hanging_dependency_costs_each_message_few_receives_per_cycle() {
             },
         );
         envs.push(
-            build_with(&c, registry, sqs_config(&sdk), dynamodb_config(&sdk))
-                .await
-                .unwrap(),
+            build_with_clock(
+                &c,
+                registry,
+                sqs_config(&sdk),
+                dynamodb_config(&sdk),
+                Clock::system(),
+            )
+            .await
+            .unwrap(),
         );
     }
-    let store = store(&h, config).await;
+    let store = store(&h, config, &Clock::system()).await;
     send(&h, "h", 6).await;
 
     let until = Instant::now() + Duration::from_secs(50);
@@ -353,8 +403,15 @@ struct Fleet {
     runs: Arc<std::sync::atomic::AtomicU32>,
 }
 
-/// `n` environments over the harness's resources, each counting its DynamoDB calls.
-async fn fleet(h: &Harness, n: usize, policy: sqs_triage::core::RetryPolicy, config: BreakerConfig) -> Fleet {
+/// `n` environments over the harness's resources, each counting its DynamoDB calls and reading
+/// the time from `clock`.
+async fn fleet(
+    h: &Harness,
+    n: usize,
+    policy: sqs_triage::core::RetryPolicy,
+    config: BreakerConfig,
+    clock: &Clock,
+) -> Fleet {
     let sdk = support::sdk_config().await;
     let f = Fleet {
         envs: Vec::new(),
@@ -377,11 +434,12 @@ async fn fleet(h: &Harness, n: usize, policy: sqs_triage::core::RetryPolicy, con
             f.succeeded.clone(),
             f.runs.clone(),
         );
-        let env = build_with(
+        let env = build_with_clock(
             &c,
             registry,
             sqs_config(&sdk),
             dynamodb_config(&sdk).interceptor(calls.clone()),
+            clock.clone(),
         )
         .await
         .unwrap();
@@ -418,8 +476,9 @@ async fn twenty_percent_transient_failures_at_a_fifty_percent_rate_never_open_th
         ..Options::default()
     })
     .await;
-    let f = fleet(&h, 3, fast_policy(20), rate_breaker()).await;
-    let store = store(&h, rate_breaker()).await;
+    let clock = Clock::system();
+    let f = fleet(&h, 3, fast_policy(20), rate_breaker(), &clock).await;
+    let store = store(&h, rate_breaker(), &clock).await;
     let bodies: Vec<String> = (0..100)
         .map(|i| {
             let id = if i % 5 == 0 {
@@ -457,56 +516,16 @@ async fn twenty_percent_transient_failures_at_a_fifty_percent_rate_never_open_th
         (Phase::Closed, 0, 20),
         "{s:?}"
     );
+    // 100 first executions and 20 retries ran: the window holds some of them, none twice.
     assert!(
-        s.executions >= 2 * s.failures,
-        "the successes were counted beside the failures: {s:?}"
+        s.executions >= 2 * s.failures && s.executions <= 120,
+        "the successes were counted beside the failures, each once: {s:?}"
     );
 }
 
-/// A dependency down for every execution opens the breaker at the tenth failing execution:
-/// with batches of ten, by the report of the first batch, as the former count of five did.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dependency_down_for_every_execution_opens_the_breaker_at_the_tenth_failure() {
-    let h = Harness::build(Options {
-        prefix: "down10",
-        ..Options::default()
-    })
-    .await;
-    let f = fleet(&h, 1, fast_policy(20), rate_breaker()).await;
-    f.down.store(true, Ordering::SeqCst);
-    let store = store(&h, rate_breaker()).await;
-    send(&h, "d", 10).await;
-    let mut before = 0;
-    for _ in 0..30 {
-        let ran = f.runs.load(Ordering::SeqCst);
-        let s = store.read(DEP).await.unwrap();
-        if s.phase == Phase::Open {
-            assert!(
-                before < 10 && ran >= 10,
-                "opened by the batch that took the failures from {before} to {ran}"
-            );
-            assert_eq!(s.generation, 1);
-            return;
-        }
-        assert!(ran < 10, "still closed after {ran} failing executions: {s:?}");
-        before = ran;
-        poll(&h, &f.envs[0]).await;
-    }
-    panic!("never opened");
-}
-
-/// The healthy path's cost: an environment whose executions all succeed writes nothing while
-/// no window counts; once another environment's failures start one, it writes its executions
-/// once (folded into a batched write), and not again in that window.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_healthy_environment_writes_nothing_until_a_window_counts_then_once_per_window() {
-    let h = Harness::build(Options {
-        prefix: "healthy",
-        ..Options::default()
-    })
-    .await;
-    // Retries wait a minute: the failed jobs stay out of the healthy environment's batches.
-    let slow = sqs_triage::core::RetryPolicy::builder()
+/// Retries a minute away: a failed job stays out of the batches that follow.
+fn slow_retries() -> sqs_triage::core::RetryPolicy {
+    sqs_triage::core::RetryPolicy::builder()
         .max_attempts(5)
         .backoff(sqs_triage::core::Backoff::exponential(
             Duration::from_secs(60),
@@ -516,26 +535,89 @@ async fn a_healthy_environment_writes_nothing_until_a_window_counts_then_once_pe
         ))
         .max_delay(Duration::from_secs(60))
         .build()
-        .unwrap();
-    let f = fleet(&h, 2, slow, rate_breaker()).await;
-    let (healthy, failing) = (&f.calls[0], &f.calls[1]);
-    let store = store(&h, rate_breaker()).await;
+        .unwrap()
+}
 
-    send(&h, "a", 10).await;
+/// A dependency down for every execution opens the breaker at the tenth failing execution:
+/// nine leave it closed, the tenth opens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dependency_down_for_every_execution_opens_the_breaker_at_the_tenth_failure() {
+    let h = Harness::build(Options {
+        prefix: "down10",
+        ..Options::default()
+    })
+    .await;
+    let clock = Clock::system();
+    let f = fleet(&h, 1, slow_retries(), rate_breaker(), &clock).await;
+    f.down.store(true, Ordering::SeqCst);
+    let store = store(&h, rate_breaker(), &clock).await;
+    send(&h, "d", 9).await;
+    poll_n(&h, &f.envs[0], 9).await;
+    assert_eq!(f.runs.load(Ordering::SeqCst), 9);
+    let s = store.read(DEP).await.unwrap();
+    assert_eq!(
+        (s.phase, s.generation, s.failures),
+        (Phase::Closed, 0, 9),
+        "still closed after 9 failing executions: {s:?}"
+    );
+    send(&h, "e", 1).await;
+    poll_n(&h, &f.envs[0], 1).await;
+    assert_eq!(f.runs.load(Ordering::SeqCst), 10);
+    let s = store.read(DEP).await.unwrap();
+    assert_eq!(
+        (s.phase, s.generation),
+        (Phase::Open, 1),
+        "opened by the tenth failing execution: {s:?}"
+    );
+}
+
+/// With batches of ten, a dependency down for every execution opens the breaker by the report
+/// of the first batch, as the former count of five did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_ten_failing_executions_opens_the_breaker_with_its_report() {
+    let h = Harness::build(Options {
+        prefix: "batch10",
+        ..Options::default()
+    })
+    .await;
+    let clock = Clock::system();
+    let f = fleet(&h, 1, slow_retries(), rate_breaker(), &clock).await;
+    f.down.store(true, Ordering::SeqCst);
+    let store = store(&h, rate_breaker(), &clock).await;
+    send(&h, "d", 10).await;
     poll_n(&h, &f.envs[0], 10).await;
-    assert_eq!(writes(healthy), Default::default(), "no window: no write");
-    assert_eq!(store.read(DEP).await.unwrap().version, 0, "no breaker item");
+    assert_eq!(f.runs.load(Ordering::SeqCst), 10);
+    let s = store.read(DEP).await.unwrap();
+    assert_eq!((s.phase, s.generation), (Phase::Open, 1), "{s:?}");
+}
 
-    // Three failures among ten executions in the other environment start a window.
+/// Sends ten jobs whose ids start with `prefix`, the first `failing` of them failing on their
+/// first attempt (their ids start with `f`).
+async fn send_ten(h: &Harness, prefix: &str, failing: usize) {
     let bodies: Vec<String> = (0..10)
         .map(|i| {
-            let id = if i < 3 { format!("f{i}") } else { format!("b{i}") };
+            let id = if i < failing {
+                format!("f{prefix}{i}")
+            } else {
+                format!("{prefix}{i}")
+            };
             json!({"type": DEP, "id": id}).to_string()
         })
         .collect();
     h.send_raw(&bodies.iter().map(|b| (b.as_str(), None)).collect::<Vec<_>>())
         .await;
-    poll_n(&h, &f.envs[1], 10).await;
+}
+
+/// Environment 0 of `f` (healthy) runs ten jobs while no window counts; then three failures
+/// among ten executions in environment 1 start one. Returns the window's state.
+async fn window_after_a_healthy_batch(h: &Harness, f: &Fleet, store: &BreakerStore) -> BreakerState {
+    let (healthy, failing) = (&f.calls[0], &f.calls[1]);
+    send_ten(h, "a", 0).await;
+    poll_n(h, &f.envs[0], 10).await;
+    assert_eq!(writes(healthy), Default::default(), "no window: no write");
+    assert_eq!(store.read(DEP).await.unwrap().version, 0, "no breaker item");
+    send_ten(h, "b", 3).await;
+    poll_n(h, &f.envs[1], 10).await;
     assert!(!writes(failing).is_empty());
     let s = store.read(DEP).await.unwrap();
     assert_eq!(
@@ -543,29 +625,101 @@ async fn a_healthy_environment_writes_nothing_until_a_window_counts_then_once_pe
         (Phase::Closed, 3, 10),
         "{s:?}"
     );
+    s
+}
 
-    // The healthy environment sees the window: its executions since the window began go, in
-    // one write.
+/// A healthy environment's ten executions reported into a counting window: in one write, folded
+/// into a batched write. Returns the window's state after it.
+async fn healthy_batch_reported(h: &Harness, f: &Fleet, store: &BreakerStore, prefix: &str) -> BreakerState {
+    let healthy = &f.calls[0];
     healthy.reset();
-    send(&h, "c", 10).await;
-    poll_n(&h, &f.envs[0], 10).await;
+    send_ten(h, prefix, 0).await;
+    poll_n(h, &f.envs[0], 10).await;
     assert_eq!(
         writes(healthy),
         std::collections::BTreeMap::from([("DynamoDB.BatchExecuteStatement".to_owned(), 1)])
     );
-    // Those of its batches until its write; its ten from before the window do not count.
-    let s = store.read(DEP).await.unwrap();
-    assert_eq!((s.phase, s.failures), (Phase::Closed, 3), "{s:?}");
-    assert!(s.executions > 10 && s.executions <= 20, "{s:?}");
+    store.read(DEP).await.unwrap()
+}
 
-    // Once per window.
-    healthy.reset();
-    send(&h, "e", 10).await;
+/// A fresh harness and two environments on `clock`: 0 runs the healthy batches, 1 the failing
+/// ones; retries wait a minute, so the failed jobs stay out of the healthy environment's batches.
+async fn healthy_and_failing(prefix: &str, clock: &Clock) -> (Harness, Fleet, BreakerStore) {
+    let h = Harness::build(Options {
+        prefix,
+        ..Options::default()
+    })
+    .await;
+    let f = fleet(&h, 2, slow_retries(), rate_breaker(), clock).await;
+    let store = store(&h, rate_breaker(), clock).await;
+    (h, f, store)
+}
+
+/// The healthy path's cost: an environment whose executions all succeed writes nothing while no
+/// window counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_environment_writes_nothing_while_no_window_counts() {
+    let (h, f, store) = healthy_and_failing("healthy0", &Clock::system()).await;
+    send_ten(&h, "a", 0).await;
+    poll_n(&h, &f.envs[0], 10).await;
+    assert_eq!(writes(&f.calls[0]), Default::default(), "no window: no write");
+    assert_eq!(store.read(DEP).await.unwrap().version, 0, "no breaker item");
+}
+
+/// Once another environment's failures start a window, a healthy environment writes its
+/// executions since the window began in one write, folded into a batched write: those of its
+/// batch, not its ten from before the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_environment_reports_its_executions_into_a_counting_window_in_one_write() {
+    let (h, f, store) = healthy_and_failing("healthy1", &Clock::system()).await;
+    window_after_a_healthy_batch(&h, &f, &store).await;
+    let s = healthy_batch_reported(&h, &f, &store, "c").await;
+    assert_eq!(
+        (s.phase, s.failures, s.executions),
+        (Phase::Closed, 3, 20),
+        "{s:?}"
+    );
+}
+
+/// A healthy environment writes once per window: not again in the window it reported into,
+/// and once again in the next window, once the first has ended on the breakers' clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_environment_writes_once_per_window() {
+    let clock = Clock::manual(now_ms());
+    let (h, f, store) = healthy_and_failing("healthy2", &clock).await;
+    let first = window_after_a_healthy_batch(&h, &f, &store).await;
+    let reported = healthy_batch_reported(&h, &f, &store, "c").await;
+
+    // Not again in this window.
+    f.calls[0].reset();
+    send_ten(&h, "e", 0).await;
     poll_n(&h, &f.envs[0], 10).await;
     assert_eq!(
-        writes(healthy),
+        writes(&f.calls[0]),
         Default::default(),
         "already reported into this window"
     );
-    assert_eq!(store.read(DEP).await.unwrap().executions, s.executions);
+    assert_eq!(store.read(DEP).await.unwrap().executions, reported.executions);
+
+    // The window ends; the failing environment's failures start the next one, and the healthy
+    // environment reports into it once, its batches of the first window dropped.
+    clock.advance(rate_breaker().window() + Duration::from_secs(1));
+    send_ten(&h, "g", 3).await;
+    poll_n(&h, &f.envs[1], 10).await;
+    let next = store.read(DEP).await.unwrap();
+    assert_eq!(
+        (next.phase, next.generation, next.failures, next.executions),
+        (Phase::Closed, first.generation, 3, 10),
+        "{next:?}"
+    );
+    assert!(
+        next.window_start_ms > first.window_start_ms,
+        "a new window: {next:?}"
+    );
+    let s = healthy_batch_reported(&h, &f, &store, "h").await;
+    assert_eq!(
+        (s.phase, s.failures, s.executions),
+        (Phase::Closed, 3, 20),
+        "{s:?}"
+    );
 }

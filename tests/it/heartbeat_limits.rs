@@ -19,14 +19,22 @@ use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client};
 use sqs_triage::processor::registry::JobContext;
 use sqs_triage::processor::{Deadline, Incoming};
 use support::pipeline::{Harness, Options, failed_ids};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 /// The job type of the probe test.
 const PROBED: &str = "hb.probed";
 
-/// Handlers of [`PROBED`] running now, and the most ever at once.
-#[derive(Clone, Default)]
-struct Running(Arc<AtomicUsize>, Arc<AtomicUsize>);
+/// Handlers of [`PROBED`] running now, the most ever at once, and the permits that let a
+/// held handler (`"hold": true`) end.
+#[derive(Clone)]
+struct Running(Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<Semaphore>);
+
+impl Default for Running {
+    fn default() -> Self {
+        Self(Arc::default(), Arc::default(), Arc::new(Semaphore::new(0)))
+    }
+}
 
 /// Takes one off a running count when dropped.
 struct Out(Arc<AtomicUsize>);
@@ -53,12 +61,30 @@ async fn receive_one(h: &Harness, visibility_s: i32) -> Vec<Message> {
         .unwrap_or_default()
 }
 
+/// Receives with a `visibility_s` timeout until `n` messages are in hand, as an event source
+/// mapping's batching window gathers a batch (a receive may hand out fewer than the queue
+/// holds). Panics when fewer arrive within 30 s, or more.
+async fn receive_all(h: &Harness, n: usize, visibility_s: i32) -> Vec<Message> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut batch = Vec::new();
+    while batch.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} messages arrived",
+            batch.len()
+        );
+        batch.extend(receive_one(h, visibility_s).await);
+    }
+    assert_eq!(batch.len(), n, "more messages than the {n} expected");
+    batch
+}
+
 fn incoming(messages: Vec<Message>) -> Vec<Incoming> {
     messages.into_iter().map(Incoming::from_sdk).collect()
 }
 
-/// A harness whose [`PROBED`] handler sleeps `payload.sleep_ms`, counted in `running`; its
-/// breaker (one probe at a time, one success closes it, lease `lease`) half-open from now.
+/// A harness whose [`PROBED`] handler sleeps `payload.sleep_ms` (or, with `payload.hold`, runs
+/// until the test lets it end), counted in `running`; its breaker (one probe at a time, one success closes it, lease `lease`) half-open from now.
 async fn half_open(prefix: &str, lease: Duration, running: &Running) -> (Harness, BreakerStore) {
     let breaker = BreakerConfig::builder()
         .min_executions(100_000)
@@ -85,7 +111,11 @@ async fn half_open(prefix: &str, lease: Duration, running: &Running) -> (Harness
                     r.1.fetch_max(now, Ordering::SeqCst);
                     // Counted out when it ends or is stopped (its task aborted).
                     let _out = Out(r.0.clone());
-                    tokio::time::sleep(Duration::from_millis(p["sleep_ms"].as_u64().unwrap())).await;
+                    if p["hold"] == true {
+                        r.2.acquire().await.unwrap().forget();
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(p["sleep_ms"].as_u64().unwrap())).await;
+                    }
                     Ok::<(), JobError>(())
                 }
             })
@@ -116,8 +146,8 @@ fn probe_job(id: &str, ms: u64) -> String {
 async fn a_worker_probe_that_outlasts_its_admission_deadline_keeps_its_lease() {
     let running = Running::default();
     let (h, store) = half_open("hb-probe", Duration::from_secs(40), &running).await;
-    let job = probe_job;
-    h.send_raw(&[(&job("p1", 7_000), None)]).await;
+    let held = json!({"type": PROBED, "id": "p1", "payload": {"hold": true}}).to_string();
+    h.send_raw(&[(&held, None)]).await;
     let first = receive_one(&h, 4).await;
     assert_eq!(first.len(), 1);
     // A worker's batch: settled a second before its 4 s visibility ends, unless extended.
@@ -141,34 +171,36 @@ async fn a_worker_probe_that_outlasts_its_admission_deadline_keeps_its_lease() {
     }
     assert_eq!(running.0.load(Ordering::SeqCst), 1, "the probe still runs");
 
-    // Another batch of the same job type asks for a probe meanwhile.
-    h.send_raw(&[(&job("p2", 3_000), None)]).await;
+    // Another batch of the same job type asks for a probe meanwhile: admitted, its 3 s
+    // handler would run beside the held probe.
+    h.send_raw(&[(&probe_job("p2", 3_000), None)]).await;
     let second = receive_one(&h, 4).await;
     assert_eq!(second.len(), 1);
-    let processor = h.env.processor.clone();
     let at = Instant::now();
-    let other = tokio::spawn(async move {
-        processor
-            .process_within(
-                incoming(second),
-                Deadline::visibility(at + Duration::from_secs(4), Duration::from_secs(1)),
-            )
-            .await
-    });
-
-    let outcome = probe.await.unwrap();
-    assert!(
-        outcome.records[0].executed && outcome.records[0].settled,
-        "{outcome:?}"
-    );
-    let state = store.read(PROBED).await.unwrap();
-    let other = other.await.unwrap();
+    let other = h
+        .env
+        .processor
+        .process_within(
+            incoming(second),
+            Deadline::visibility(at + Duration::from_secs(4), Duration::from_secs(1)),
+        )
+        .await;
     assert_eq!(
         running.1.load(Ordering::SeqCst),
         1,
         "two probes ran at once: {other:?}"
     );
     assert!(!other.records[0].executed, "{other:?}");
+
+    // The probe ends, past its batch's first deadline.
+    assert!(!probe.is_finished(), "the probe's batch ended early");
+    running.2.add_permits(1);
+    let outcome = probe.await.unwrap();
+    assert!(
+        outcome.records[0].executed && outcome.records[0].settled,
+        "{outcome:?}"
+    );
+    let state = store.read(PROBED).await.unwrap();
     assert_eq!(
         state.phase,
         Phase::Closed,
@@ -226,12 +258,7 @@ async fn a_probe_does_not_cut_short_the_other_handlers_of_its_batch() {
     })
     .to_string();
     h.send_raw(&[(&probe_job("m1", 10), None), (&long, None)]).await;
-    let mut batch = Vec::new();
-    while batch.len() < 2 {
-        let got = receive_one(&h, 4).await;
-        assert!(!got.is_empty(), "both messages are received");
-        batch.extend(got);
-    }
+    let batch = receive_all(&h, 2, 4).await;
     let received = Instant::now();
     let outcome = h
         .env
@@ -285,8 +312,7 @@ async fn a_lambda_batch_is_not_extended_to_the_same_moment_tick_after_tick() {
     };
     let (a, b) = (job("l1"), job("l2"));
     h.send_raw(&[(&a, None), (&b, None)]).await;
-    let messages = receive_one(&h, 30).await;
-    assert_eq!(messages.len(), 2);
+    let messages = receive_all(&h, 2, 30).await;
     // The invocation has 9 s; every tick after the first would ask for its deadline + 5 s.
     let response = h.invoke_env(&h.env, &messages, Duration::from_secs(9)).await;
     assert!(failed_ids(&response).is_empty(), "{response:?}");
