@@ -1471,41 +1471,61 @@ fn ctrl_c_and_wait(child: &mut std::process::Child) -> std::process::ExitStatus 
 /// makes what it had read visible again.
 #[tokio::test]
 async fn ctrl_c_while_purge_reads_makes_everything_visible_again() {
-    use support::fault_proxy::{Fault, FaultProxy, FaultRule};
+    use support::fault_proxy::FaultProxy;
     let stack = setup("cli-purge-read-int");
     let jobs: Vec<(FailureClass, &str, String)> = (0..30)
         .map(|i| (FailureClass::Invalid, "junk", format!("pr-j{i}")))
         .collect();
     seed_dlq(&stack, &jobs).await;
-    // Slow receives: the read is still going when Ctrl-C comes.
+    // The second receive is held: the read is still going when Ctrl-C comes, with the first
+    // receive's messages held.
     let proxy = FaultProxy::start(&support::sqs_endpoint());
-    proxy.add_rule(FaultRule {
-        ops: Some(vec!["ReceiveMessage".into()]),
-        body_contains: None,
-        fault: Fault::Delay(Duration::from_millis(500)),
-        times: None,
-    });
+    hold_from(&proxy, "ReceiveMessage", 2);
     let mut child = in_terminal(
         &stack,
         &format!("AWS_ENDPOINT_URL_SQS={} {BIN} dlq purge --type junk", proxy.url()),
     );
     let rx = terminal_output(&mut child);
-    // The second receive is on its way: the first one's ten messages are held.
-    let asked = std::time::Instant::now();
-    while proxy.count("ReceiveMessage") < 2 {
-        assert!(
-            asked.elapsed() < Duration::from_secs(30),
-            "the purge never read the DLQ"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(
+        proxy.until_held(1, Duration::from_secs(30)).await,
+        "the purge never read the DLQ twice"
+    );
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(b"\x03").unwrap();
+    input.flush().unwrap();
+    // The purge takes the interrupt while its receive is held, then the receive goes on.
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("interrupted: stopping the read") {
+        let chunk = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("the interrupt was not taken: {}", String::from_utf8_lossy(&seen)));
+        seen.extend(chunk);
     }
-    let status = ctrl_c_and_wait(&mut child);
-    let seen: Vec<u8> = rx.try_iter().flatten().collect();
+    proxy.release_held();
+    let status = child.wait().unwrap();
+    drop(input);
+    seen.extend(rx.try_iter().flatten());
     let seen = String::from_utf8_lossy(&seen);
     assert!(!status.success(), "{seen}");
     assert!(!seen.contains("[y/N]"), "the read was not interrupted: {seen}");
     assert!(seen.contains("nothing was deleted"), "{seen}");
     assert_eq!(visible_count(&stack.dlq_url).await, 30, "{seen}");
+}
+
+/// Lets the first `n - 1` `op` requests through `proxy` and holds the `n`th and every later
+/// one until [`support::fault_proxy::FaultProxy::release_held`].
+fn hold_from(proxy: &support::fault_proxy::FaultProxy, op: &str, n: u64) {
+    use support::fault_proxy::{Fault, FaultRule};
+    let rule = |fault, times| FaultRule {
+        ops: Some(vec![op.into()]),
+        body_contains: None,
+        fault,
+        times,
+    };
+    if n > 1 {
+        proxy.add_rule(rule(Fault::Delay(Duration::ZERO), Some(n - 1)));
+    }
+    proxy.add_rule(rule(Fault::Hold, None));
 }
 
 /// Sends SIGINT to `child`, as Ctrl-C in its terminal would.
@@ -1526,31 +1546,45 @@ async fn until_requests(proxy: &support::fault_proxy::FaultProxy, op: &str, n: u
     }
 }
 
-/// `dlq purge --yes --json` on `stack`, its SQS calls through `proxy`, interrupted while the
-/// `n`th `op` request is held up by the proxy: exits 2 and deletes nothing.
+/// `dlq purge --yes --json` on `stack`, its SQS calls through a proxy, interrupted while the
+/// `n`th `op` request is held by the proxy: exits 2 and deletes nothing.
 async fn purge_interrupted_at(stack: &Stack, op: &str, n: u64) {
-    use support::fault_proxy::{Fault, FaultProxy, FaultRule};
+    use std::io::{BufRead, BufReader};
+    use support::fault_proxy::FaultProxy;
     let proxy = FaultProxy::start(&support::sqs_endpoint());
-    proxy.add_rule(FaultRule {
-        ops: Some(vec![op.into()]),
-        body_contains: None,
-        fault: Fault::Delay(Duration::from_millis(1500)),
-        times: None,
-    });
-    let child = triage_cmd(
+    hold_from(&proxy, op, n);
+    let mut child = triage_cmd(
         Some(stack),
         &["dlq", "purge", "--type", "junk", "--yes", "--json"],
     )
     .env("AWS_ENDPOINT_URL_SQS", proxy.url())
-    .stdout(Stdio::piped())
+    .stdout(Stdio::null())
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    until_requests(&proxy, op, n).await;
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in stderr.lines().map_while(Result::ok) {
+            if line.contains("interrupted: stopping the read") {
+                let _ = tx.send(());
+            }
+            all += &line;
+            all.push('\n');
+        }
+        all
+    });
+    assert!(proxy.until_held(1, Duration::from_secs(30)).await, "no {op} #{n}");
     sigint(&child);
-    let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("nothing was deleted"), "{}", stderr(&o));
+    // The purge takes the interrupt while the request is held, then the request goes on.
+    let taken = rx.recv_timeout(Duration::from_secs(30));
+    proxy.release_held();
+    let status = child.wait().unwrap();
+    let err = reader.join().unwrap();
+    assert!(taken.is_ok(), "the interrupt was not taken: {err}");
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("nothing was deleted"), "{err}");
 }
 
 /// With --yes there is no question: a Ctrl-C during the read's last (empty) receive, or while
@@ -1563,7 +1597,9 @@ async fn a_ctrl_c_at_the_end_of_the_read_stops_a_purge_without_question() {
         (FailureClass::Fatal, "keep", "piy-k".to_owned()),
     ];
     seed_dlq(&stack, &jobs).await;
-    // Receive 1 brings both messages; receive 2, the empty one, ends the read.
+    // Receive 1 brings both messages; receive 2, the empty one, ends the read. Whole receives:
+    // with a partial first receive, receive 2 would still be reading.
+    support::strict_sqs().receive_whole(&stack.dlq_url);
     purge_interrupted_at(&stack, "ReceiveMessage", 2).await;
     assert_eq!(visible_count(&stack.dlq_url).await, 2);
     // The first visibility change gives back the message not selected.
