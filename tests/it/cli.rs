@@ -1214,39 +1214,60 @@ async fn a_dry_run_refuses_what_the_replay_refuses() {
 #[tokio::test]
 async fn a_slow_filtered_replay_reads_the_whole_dlq() {
     let stack = setup("cli-slow");
-    // Sent first, so received first: the held messages that come back crowd the receives.
-    let mut jobs: Vec<(FailureClass, &str, String)> = Vec::new();
-    jobs.extend((0..40).map(|i| (FailureClass::Fatal, "y.stay", format!("st-{i}"))));
-    jobs.extend((0..30).map(|i| (FailureClass::Fatal, "y.move", format!("mv-{i}"))));
-    seed_dlq(&stack, &jobs).await;
+    seed_dlq(&stack, &slow_replay_jobs()).await;
     // Whole receives: with SQS's partial ones, the held messages coming back can cut the sweep
     // short before it sees an empty receive (a report that says so; nothing is lost).
     support::strict_sqs().receive_whole(&stack.dlq_url);
 
     let ctx = Ctx::from_config(&support::sdk_config().await).unwrap();
-    let opts = dlq::ReplayOptions {
-        filter: dlq::Filter {
-            job_types: vec!["y.move".into()],
-            ..dlq::Filter::default()
-        },
-        rate: Some(5.0),
-        // Shorter than the 6 s the 30 moves take at 5/s: the 40 held come back meanwhile.
-        hold: Some(Duration::from_secs(2)),
-        table: Some(stack.table.clone()),
-        max_scan: 100_000,
-        ..dlq::ReplayOptions::default()
-    };
+    let opts = slow_replay_options(&stack.table);
     let report = dlq::replay(&ctx, &stack.dlq_url, &opts).await.unwrap();
     assert_eq!(report.scanned, 70, "{report:?}");
     assert_eq!((report.selected, report.moved), (30, 30), "{report:?}");
     assert!(!report.incomplete, "{report:?}");
     assert_eq!(report.problem(), None);
-    assert_eq!(drain(&stack.queue_url, 30).await.len(), 30);
+    let moved = job_ids(&drain(&stack.queue_url, 30).await);
+    assert_eq!(moved.len(), 30, "{moved:?}");
+    assert_eq!(
+        moved.into_iter().collect::<BTreeSet<_>>(),
+        (0..30).map(|i| format!("mv-{i}")).collect::<BTreeSet<_>>(),
+        "every selected job moved, once"
+    );
     assert_eq!(visible_count(&stack.dlq_url).await, 40);
+}
 
-    // When SQS refuses to hold them again, the messages that come back end the sweep early,
-    // and the report says the DLQ was not read to the end (exit 5 from the CLI).
+/// [`a_slow_filtered_replay_reads_the_whole_dlq`]'s jobs: 40 not selected, sent first (so
+/// received first: the held messages that come back crowd the receives), then 30 selected.
+fn slow_replay_jobs() -> Vec<(FailureClass, &'static str, String)> {
+    let mut jobs: Vec<(FailureClass, &str, String)> = Vec::new();
+    jobs.extend((0..40).map(|i| (FailureClass::Fatal, "y.stay", format!("st-{i}"))));
+    jobs.extend((0..30).map(|i| (FailureClass::Fatal, "y.move", format!("mv-{i}"))));
+    jobs
+}
+
+/// [`a_slow_filtered_replay_reads_the_whole_dlq`]'s replay: the 30 selected at 5/s, holds of
+/// 2 s (shorter than the 6 s the moves take: the 40 held come back meanwhile).
+fn slow_replay_options(table: &str) -> dlq::ReplayOptions {
+    dlq::ReplayOptions {
+        filter: dlq::Filter {
+            job_types: vec!["y.move".into()],
+            ..dlq::Filter::default()
+        },
+        rate: Some(5.0),
+        hold: Some(Duration::from_secs(2)),
+        table: Some(table.to_owned()),
+        max_scan: 100_000,
+        ..dlq::ReplayOptions::default()
+    }
+}
+
+/// When SQS refuses to hold them again, the messages that come back end a slow replay's sweep
+/// early, and the report says the DLQ was not read to the end (exit 5 from the CLI); nothing
+/// is lost.
+#[tokio::test]
+async fn a_slow_replay_whose_holds_are_refused_says_the_dlq_was_not_read_to_the_end() {
     use support::fault_proxy::{Fault, FaultProxy};
+    let jobs = slow_replay_jobs();
     let stuck = setup("cli-slow-stuck");
     seed_dlq(&stuck, &jobs).await;
     support::strict_sqs().receive_whole(&stuck.dlq_url);
@@ -1255,10 +1276,7 @@ async fn a_slow_filtered_replay_reads_the_whole_dlq() {
     let sdk = support::sdk_config().await;
     let mut via = Ctx::from_config(&sdk).unwrap();
     via.sqs = aws_sdk_sqs::Client::from_conf(sqs_config(&sdk).endpoint_url(proxy.url()).build());
-    let opts = dlq::ReplayOptions {
-        table: Some(stuck.table.clone()),
-        ..opts
-    };
+    let opts = slow_replay_options(&stuck.table);
     let report = dlq::replay(&via, &stuck.dlq_url, &opts).await.unwrap();
     assert!(report.incomplete, "{report:?}");
     assert!(report.moved < 30, "{report:?}");
