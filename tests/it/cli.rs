@@ -1214,39 +1214,60 @@ async fn a_dry_run_refuses_what_the_replay_refuses() {
 #[tokio::test]
 async fn a_slow_filtered_replay_reads_the_whole_dlq() {
     let stack = setup("cli-slow");
-    // Sent first, so received first: the held messages that come back crowd the receives.
-    let mut jobs: Vec<(FailureClass, &str, String)> = Vec::new();
-    jobs.extend((0..40).map(|i| (FailureClass::Fatal, "y.stay", format!("st-{i}"))));
-    jobs.extend((0..30).map(|i| (FailureClass::Fatal, "y.move", format!("mv-{i}"))));
-    seed_dlq(&stack, &jobs).await;
+    seed_dlq(&stack, &slow_replay_jobs()).await;
     // Whole receives: with SQS's partial ones, the held messages coming back can cut the sweep
     // short before it sees an empty receive (a report that says so; nothing is lost).
     support::strict_sqs().receive_whole(&stack.dlq_url);
 
     let ctx = Ctx::from_config(&support::sdk_config().await).unwrap();
-    let opts = dlq::ReplayOptions {
-        filter: dlq::Filter {
-            job_types: vec!["y.move".into()],
-            ..dlq::Filter::default()
-        },
-        rate: Some(5.0),
-        // Shorter than the 6 s the 30 moves take at 5/s: the 40 held come back meanwhile.
-        hold: Some(Duration::from_secs(2)),
-        table: Some(stack.table.clone()),
-        max_scan: 100_000,
-        ..dlq::ReplayOptions::default()
-    };
+    let opts = slow_replay_options(&stack.table);
     let report = dlq::replay(&ctx, &stack.dlq_url, &opts).await.unwrap();
     assert_eq!(report.scanned, 70, "{report:?}");
     assert_eq!((report.selected, report.moved), (30, 30), "{report:?}");
     assert!(!report.incomplete, "{report:?}");
     assert_eq!(report.problem(), None);
-    assert_eq!(drain(&stack.queue_url, 30).await.len(), 30);
+    let moved = job_ids(&drain(&stack.queue_url, 30).await);
+    assert_eq!(moved.len(), 30, "{moved:?}");
+    assert_eq!(
+        moved.into_iter().collect::<BTreeSet<_>>(),
+        (0..30).map(|i| format!("mv-{i}")).collect::<BTreeSet<_>>(),
+        "every selected job moved, once"
+    );
     assert_eq!(visible_count(&stack.dlq_url).await, 40);
+}
 
-    // When SQS refuses to hold them again, the messages that come back end the sweep early,
-    // and the report says the DLQ was not read to the end (exit 5 from the CLI).
+/// [`a_slow_filtered_replay_reads_the_whole_dlq`]'s jobs: 40 not selected, sent first (so
+/// received first: the held messages that come back crowd the receives), then 30 selected.
+fn slow_replay_jobs() -> Vec<(FailureClass, &'static str, String)> {
+    let mut jobs: Vec<(FailureClass, &str, String)> = Vec::new();
+    jobs.extend((0..40).map(|i| (FailureClass::Fatal, "y.stay", format!("st-{i}"))));
+    jobs.extend((0..30).map(|i| (FailureClass::Fatal, "y.move", format!("mv-{i}"))));
+    jobs
+}
+
+/// [`a_slow_filtered_replay_reads_the_whole_dlq`]'s replay: the 30 selected at 5/s, holds of
+/// 2 s (shorter than the 6 s the moves take: the 40 held come back meanwhile).
+fn slow_replay_options(table: &str) -> dlq::ReplayOptions {
+    dlq::ReplayOptions {
+        filter: dlq::Filter {
+            job_types: vec!["y.move".into()],
+            ..dlq::Filter::default()
+        },
+        rate: Some(5.0),
+        hold: Some(Duration::from_secs(2)),
+        table: Some(table.to_owned()),
+        max_scan: 100_000,
+        ..dlq::ReplayOptions::default()
+    }
+}
+
+/// When SQS refuses to hold them again, the messages that come back end a slow replay's sweep
+/// early, and the report says the DLQ was not read to the end (exit 5 from the CLI); nothing
+/// is lost.
+#[tokio::test]
+async fn a_slow_replay_whose_holds_are_refused_says_the_dlq_was_not_read_to_the_end() {
     use support::fault_proxy::{Fault, FaultProxy};
+    let jobs = slow_replay_jobs();
     let stuck = setup("cli-slow-stuck");
     seed_dlq(&stuck, &jobs).await;
     support::strict_sqs().receive_whole(&stuck.dlq_url);
@@ -1255,10 +1276,7 @@ async fn a_slow_filtered_replay_reads_the_whole_dlq() {
     let sdk = support::sdk_config().await;
     let mut via = Ctx::from_config(&sdk).unwrap();
     via.sqs = aws_sdk_sqs::Client::from_conf(sqs_config(&sdk).endpoint_url(proxy.url()).build());
-    let opts = dlq::ReplayOptions {
-        table: Some(stuck.table.clone()),
-        ..opts
-    };
+    let opts = slow_replay_options(&stuck.table);
     let report = dlq::replay(&via, &stuck.dlq_url, &opts).await.unwrap();
     assert!(report.incomplete, "{report:?}");
     assert!(report.moved < 30, "{report:?}");
@@ -1471,41 +1489,61 @@ fn ctrl_c_and_wait(child: &mut std::process::Child) -> std::process::ExitStatus 
 /// makes what it had read visible again.
 #[tokio::test]
 async fn ctrl_c_while_purge_reads_makes_everything_visible_again() {
-    use support::fault_proxy::{Fault, FaultProxy, FaultRule};
+    use support::fault_proxy::FaultProxy;
     let stack = setup("cli-purge-read-int");
     let jobs: Vec<(FailureClass, &str, String)> = (0..30)
         .map(|i| (FailureClass::Invalid, "junk", format!("pr-j{i}")))
         .collect();
     seed_dlq(&stack, &jobs).await;
-    // Slow receives: the read is still going when Ctrl-C comes.
+    // The second receive is held: the read is still going when Ctrl-C comes, with the first
+    // receive's messages held.
     let proxy = FaultProxy::start(&support::sqs_endpoint());
-    proxy.add_rule(FaultRule {
-        ops: Some(vec!["ReceiveMessage".into()]),
-        body_contains: None,
-        fault: Fault::Delay(Duration::from_millis(500)),
-        times: None,
-    });
+    hold_from(&proxy, "ReceiveMessage", 2);
     let mut child = in_terminal(
         &stack,
         &format!("AWS_ENDPOINT_URL_SQS={} {BIN} dlq purge --type junk", proxy.url()),
     );
     let rx = terminal_output(&mut child);
-    // The second receive is on its way: the first one's ten messages are held.
-    let asked = std::time::Instant::now();
-    while proxy.count("ReceiveMessage") < 2 {
-        assert!(
-            asked.elapsed() < Duration::from_secs(30),
-            "the purge never read the DLQ"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(
+        proxy.until_held(1, Duration::from_secs(30)).await,
+        "the purge never read the DLQ twice"
+    );
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(b"\x03").unwrap();
+    input.flush().unwrap();
+    // The purge takes the interrupt while its receive is held, then the receive goes on.
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("interrupted: stopping the read") {
+        let chunk = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("the interrupt was not taken: {}", String::from_utf8_lossy(&seen)));
+        seen.extend(chunk);
     }
-    let status = ctrl_c_and_wait(&mut child);
-    let seen: Vec<u8> = rx.try_iter().flatten().collect();
+    proxy.release_held();
+    let status = child.wait().unwrap();
+    drop(input);
+    seen.extend(rx.try_iter().flatten());
     let seen = String::from_utf8_lossy(&seen);
     assert!(!status.success(), "{seen}");
     assert!(!seen.contains("[y/N]"), "the read was not interrupted: {seen}");
     assert!(seen.contains("nothing was deleted"), "{seen}");
     assert_eq!(visible_count(&stack.dlq_url).await, 30, "{seen}");
+}
+
+/// Lets the first `n - 1` `op` requests through `proxy` and holds the `n`th and every later
+/// one until [`support::fault_proxy::FaultProxy::release_held`].
+fn hold_from(proxy: &support::fault_proxy::FaultProxy, op: &str, n: u64) {
+    use support::fault_proxy::{Fault, FaultRule};
+    let rule = |fault, times| FaultRule {
+        ops: Some(vec![op.into()]),
+        body_contains: None,
+        fault,
+        times,
+    };
+    if n > 1 {
+        proxy.add_rule(rule(Fault::Delay(Duration::ZERO), Some(n - 1)));
+    }
+    proxy.add_rule(rule(Fault::Hold, None));
 }
 
 /// Sends SIGINT to `child`, as Ctrl-C in its terminal would.
@@ -1526,31 +1564,45 @@ async fn until_requests(proxy: &support::fault_proxy::FaultProxy, op: &str, n: u
     }
 }
 
-/// `dlq purge --yes --json` on `stack`, its SQS calls through `proxy`, interrupted while the
-/// `n`th `op` request is held up by the proxy: exits 2 and deletes nothing.
+/// `dlq purge --yes --json` on `stack`, its SQS calls through a proxy, interrupted while the
+/// `n`th `op` request is held by the proxy: exits 2 and deletes nothing.
 async fn purge_interrupted_at(stack: &Stack, op: &str, n: u64) {
-    use support::fault_proxy::{Fault, FaultProxy, FaultRule};
+    use std::io::{BufRead, BufReader};
+    use support::fault_proxy::FaultProxy;
     let proxy = FaultProxy::start(&support::sqs_endpoint());
-    proxy.add_rule(FaultRule {
-        ops: Some(vec![op.into()]),
-        body_contains: None,
-        fault: Fault::Delay(Duration::from_millis(1500)),
-        times: None,
-    });
-    let child = triage_cmd(
+    hold_from(&proxy, op, n);
+    let mut child = triage_cmd(
         Some(stack),
         &["dlq", "purge", "--type", "junk", "--yes", "--json"],
     )
     .env("AWS_ENDPOINT_URL_SQS", proxy.url())
-    .stdout(Stdio::piped())
+    .stdout(Stdio::null())
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    until_requests(&proxy, op, n).await;
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in stderr.lines().map_while(Result::ok) {
+            if line.contains("interrupted: stopping the read") {
+                let _ = tx.send(());
+            }
+            all += &line;
+            all.push('\n');
+        }
+        all
+    });
+    assert!(proxy.until_held(1, Duration::from_secs(30)).await, "no {op} #{n}");
     sigint(&child);
-    let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("nothing was deleted"), "{}", stderr(&o));
+    // The purge takes the interrupt while the request is held, then the request goes on.
+    let taken = rx.recv_timeout(Duration::from_secs(30));
+    proxy.release_held();
+    let status = child.wait().unwrap();
+    let err = reader.join().unwrap();
+    assert!(taken.is_ok(), "the interrupt was not taken: {err}");
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("nothing was deleted"), "{err}");
 }
 
 /// With --yes there is no question: a Ctrl-C during the read's last (empty) receive, or while
@@ -1563,7 +1615,9 @@ async fn a_ctrl_c_at_the_end_of_the_read_stops_a_purge_without_question() {
         (FailureClass::Fatal, "keep", "piy-k".to_owned()),
     ];
     seed_dlq(&stack, &jobs).await;
-    // Receive 1 brings both messages; receive 2, the empty one, ends the read.
+    // Receive 1 brings both messages; receive 2, the empty one, ends the read. Whole receives:
+    // with a partial first receive, receive 2 would still be reading.
+    support::strict_sqs().receive_whole(&stack.dlq_url);
     purge_interrupted_at(&stack, "ReceiveMessage", 2).await;
     assert_eq!(visible_count(&stack.dlq_url).await, 2);
     // The first visibility change gives back the message not selected.

@@ -696,6 +696,8 @@ async fn a_cross_site_get_reads_nothing_and_max_scan_stays_bounded() {
             aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount,
         )
         .visibility_timeout(0)
+        // A long poll: a short one may find nothing on SQS though the message is there.
+        .wait_time_seconds(1)
         .send()
         .await
         .unwrap();

@@ -740,7 +740,7 @@ async fn a_failed_delete_after_the_send_reports_both_copies() {
         err.contains("two copies exist") && err.contains(new_id) && err.contains(&dlq_id),
         "{err}"
     );
-    assert!(proxy.count("SendMessageBatch") >= 1);
+    assert_eq!(proxy.count("SendMessageBatch"), 1, "one send of the edited copy");
     // The send came first: the edited copy is in the source queue, and the original is still
     // in the DLQ.
     let back = support::drain(&sqs, &stack.queue_url, 1).await;

@@ -360,26 +360,25 @@ async fn setup_treats_ttl_enabled_meanwhile_as_done() {
     assert_eq!(proxy.count("UpdateTimeToLive"), 1, "{:?}", proxy.counts());
 }
 
-/// Two setups of one table and DLQ at once (two source queues): both succeed. DescribeTimeToLive
-/// is slowed so both read TTL as disabled before either enables it.
+/// Two setups of one table and DLQ at once (two source queues): both succeed. Each one's
+/// DescribeTimeToLive is held until both have asked, so both read TTL as disabled before
+/// either enables it.
 #[tokio::test(flavor = "multi_thread")]
 async fn two_setups_at_once_both_succeed() {
     let q = support::unique_name("su-twice");
     let (dlq, table) = (format!("{q}-dlq"), format!("{q}-t"));
     let proxy = FaultProxy::start(&support::ddb_endpoint());
-    proxy.add_rule(FaultRule {
-        ops: Some(vec!["DescribeTimeToLive".into()]),
-        body_contains: None,
-        fault: Fault::Delay(Duration::from_millis(1500)),
-        times: None,
-    });
+    proxy.fail_always("DescribeTimeToLive", Fault::Hold);
     let url = proxy.url();
     let env = [("AWS_ENDPOINT_URL_DYNAMODB", url.as_str())];
     let (qa, qb) = (format!("{q}-a"), format!("{q}-b"));
     let a = triage(&setup_args(&qa, &dlq, &table, &[]), &env).spawn().unwrap();
     let b = triage(&setup_args(&qb, &dlq, &table, &[]), &env).spawn().unwrap();
+    let both = proxy.until_held(2, Duration::from_secs(60)).await;
+    proxy.release_held();
     let a = exit_within(a, Duration::from_secs(60), "setup a");
     let b = exit_within(b, Duration::from_secs(60), "setup b");
+    assert!(both, "the two setups never both read TTL: {:?}", proxy.counts());
     let (a, b) = (ok_json(&a), ok_json(&b));
     assert_eq!(a["dlq_arn"], b["dlq_arn"]);
     assert_eq!(a["table"], b["table"]);

@@ -655,7 +655,12 @@ async fn a_message_arriving_during_a_long_poll_runs_on_a_short_visibility_queue(
     // The worker reads the queue's visibility timeout before its first receive.
     worker.visibility_timeout().await.unwrap();
     let poll = tokio::spawn(async move { worker.poll_once().await });
+    let asked = Instant::now();
     while proxy.count("ReceiveMessage") == 0 {
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "the worker never polled"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     send(

@@ -1,10 +1,10 @@
 //! A scripted incident on the local stack, driven through the `triage` CLI with workers
 //! running in-process:
 //!
-//! 500 jobs are sent; a fatal bug hits one job type, whose jobs land in the DLQ; `dlq list`
+//! 50 jobs are sent; a fatal bug hits one job type, whose jobs land in the DLQ; `dlq list`
 //! shows them grouped; the bug is "fixed"; `dlq replay --type` moves them back; they succeed,
-//! the DLQ is empty, no job is lost, duplicates stay within what at-least-once allows, and
-//! every replayed job starts again from attempt 1.
+//! the DLQ is empty, no job is lost or run twice, and every replayed job starts again from
+//! attempt 1. Every property is per job: fifty prove them as five hundred would.
 //!
 //! Needs the local stack: `bash infra/local/stack.sh start` and
 //! `eval "$(bash infra/local/stack.sh env)"`.
@@ -28,8 +28,8 @@ use sqs_triage::runtime::worker::{Worker, WorkerOptions};
 const BIN: &str = env!("CARGO_BIN_EXE_triage");
 const HEALTHY: &str = "email.send";
 const BROKEN: &str = "billing.charge";
-const HEALTHY_JOBS: usize = 400;
-const BROKEN_JOBS: usize = 100;
+const HEALTHY_JOBS: usize = 40;
+const BROKEN_JOBS: usize = 10;
 
 struct Stack {
     queue_url: String,
@@ -195,7 +195,7 @@ async fn a_fatal_bug_is_dead_lettered_then_replayed_after_the_fix() {
         worker.run(shutdown, |_| {}).await
     })];
 
-    // 500 jobs through `triage send`.
+    // 50 jobs through `triage send`.
     let mut ndjson = String::new();
     for i in 0..HEALTHY_JOBS {
         ndjson += &format!(
@@ -237,7 +237,10 @@ async fn a_fatal_bug_is_dead_lettered_then_replayed_after_the_fix() {
         }
         for i in 0..BROKEN_JOBS {
             let r = &runs[&format!("b-{i}")];
-            assert!(r.iter().all(|r| !r.ok && r.attempt == 1), "b-{i}: {r:?}");
+            assert!(
+                r.len() == 1 && !r[0].ok && r[0].attempt == 1,
+                "b-{i}: one failed execution: {r:?}"
+            );
         }
     }
 
@@ -324,7 +327,7 @@ async fn a_fatal_bug_is_dead_lettered_then_replayed_after_the_fix() {
         );
         duplicates += replayed.iter().filter(|r| r.ok).count() - 1;
     }
-    // At-least-once: a duplicate needs a lost delete or an expired visibility timeout, which
-    // the local stack does not produce; allow a few anyway.
-    assert!(duplicates <= 5, "{duplicates} duplicate executions");
+    // At-least-once: a duplicate needs a lost delete or an expired visibility timeout (30 s
+    // here, one batch in flight, no fault injected), which this run does not produce.
+    assert_eq!(duplicates, 0, "duplicate executions");
 }

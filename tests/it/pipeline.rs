@@ -3,12 +3,13 @@
 
 use crate::support;
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sqs_triage::core::failure::{FAILURE_ATTRIBUTE, FailureClass, FailureRecord};
 use sqs_triage::effects::dlq::failure_record;
-use support::pipeline::{Harness, fast_policy, quiet_breaker};
+use support::pipeline::{Harness, failed_ids, fast_policy, quiet_breaker};
 
 fn record_of(m: &aws_sdk_sqs::types::Message) -> FailureRecord {
     failure_record(
@@ -179,25 +180,49 @@ async fn a_dlq_that_rejects_sends_loses_nothing() {
         .unwrap();
     h.send_jobs(&[("job-f", json!({"outcome": "fatal"}))]).await;
     h.send_raw(&[("garbage", None)]).await;
-    let mut reported = 0;
-    for _ in 0..3 {
+    // Every receive until both messages have been handed out, each reported failed.
+    let mut reported: BTreeSet<String> = BTreeSet::new();
+    let start = Instant::now();
+    while reported.len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "only {reported:?} of the 2 messages arrived"
+        );
         if let Some((messages, response)) = h.invoke_once(Duration::from_secs(2)).await {
+            let ids: BTreeSet<String> = messages
+                .iter()
+                .map(|m| m.message_id().unwrap().to_owned())
+                .collect();
             assert_eq!(
-                response.batch_item_failures.len(),
-                messages.len(),
+                failed_ids(&response)
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect::<BTreeSet<_>>(),
+                ids,
                 "nothing settled without a DLQ copy"
             );
-            reported += messages.len();
-        }
-        if reported >= 2 {
-            break;
+            reported.extend(ids);
         }
     }
-    assert_eq!(reported, 2);
     assert_eq!(h.depth(&h.queue_url).await, 2, "both still in the source queue");
-    // They come back: the fatal one is not executed again without its attempt being counted.
-    let back = h.receive(&h.queue_url, Duration::from_secs(5)).await;
-    assert!(!back.is_empty());
+    // Both come back.
+    let mut back: BTreeSet<String> = BTreeSet::new();
+    let start = Instant::now();
+    while back.len() < reported.len() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "only {back:?} of {reported:?} came back"
+        );
+        let got = h.receive(&h.queue_url, Duration::from_secs(5)).await;
+        back.extend(got.iter().map(|m| m.message_id().unwrap().to_owned()));
+    }
+    assert_eq!(back, reported, "the same messages, nothing lost");
+    // The fatal one ran once per delivery, each with the next attempt number.
+    let runs = h.executions("job-f");
+    assert!(
+        !runs.is_empty() && runs.iter().copied().eq(1..=runs.len() as u32),
+        "{runs:?}"
+    );
 }
 
 #[tokio::test]

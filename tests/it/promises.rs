@@ -264,18 +264,17 @@ async fn a_stalled_permit_release_cannot_hold_the_invocation_past_its_deadline()
     h.send_jobs(&[("probe", json!({"outcome": "ok"}))]).await;
     let messages = h.receive(&h.queue_url, Duration::from_secs(2)).await;
     assert_eq!(messages.len(), 1);
-    // Open for 1 s, then half-open: the record needs a probe permit.
+    // Opened 1.3 s ago for 1 s, so half-open now: the record needs a probe permit.
     let sdk = support::sdk_config().await;
     let store = BreakerStore::new(dynamodb_client(&sdk), &h.table, StorageRetry::default());
     store
         .force_open(
             support::pipeline::RECORDED,
             Some(Duration::from_secs(1)),
-            now_ms(),
+            now_ms() - 1_300,
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1_300)).await;
     // The permit's write is slow (1.2 s): afterwards less than the start margin (2 s) is
     // left, so the permit is given back; that write stalls.
     proxy.add_rule(FaultRule {

@@ -410,3 +410,31 @@ async fn a_fifo_resend_within_five_minutes_of_a_deleted_first_is_dropped_but_ans
     );
     assert_eq!(s.proxy.strict_counts().get("dedup_dropped"), Some(&2));
 }
+
+/// Every other receive asking for more than one message is handed at most half of what the
+/// queue holds visible, however few: two messages come one per receive, then the next receive
+/// may take whatever is left.
+#[tokio::test]
+async fn every_other_receive_is_handed_half_of_what_the_queue_holds() {
+    let s = strict().await;
+    let url = queue(&s.sqs, "strict-partial", &[]).await;
+    let sent = [send(&s.sqs, &url, "a").await, send(&s.sqs, &url, "b").await];
+    let first = receive(&s.sqs, &url, 10, 300, 1).await;
+    assert_eq!(first.len(), 1, "half of two");
+    assert_eq!(s.proxy.strict_counts().get("partial_receive"), Some(&1));
+    let second = receive(&s.sqs, &url, 10, 300, 1).await;
+    assert_eq!(second.len(), 1, "the other one");
+    let mut got: Vec<&str> = first
+        .iter()
+        .chain(&second)
+        .map(|m| m.message_id().unwrap())
+        .collect();
+    got.sort_unstable();
+    let mut want: Vec<&str> = sent.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(got, want);
+    // A receive of one message is never cut.
+    send(&s.sqs, &url, "c").await;
+    assert_eq!(receive(&s.sqs, &url, 1, 300, 1).await.len(), 1);
+    assert_eq!(s.proxy.strict_counts().get("partial_receive"), Some(&1));
+}

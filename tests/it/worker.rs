@@ -38,6 +38,7 @@ async fn sigterm_finishes_in_flight_records_and_releases_the_rest() {
         .env("TRIAGE_TABLE", &created.table)
         .env("TRIAGE_CONCURRENCY", "2")
         .env("RUST_LOG", "sqs_triage=debug")
+        .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -84,21 +85,47 @@ async fn sigterm_finishes_in_flight_records_and_releases_the_rest() {
     reader.join().unwrap();
 
     // The records in flight (two, the concurrency bound) finished and were deleted; the rest,
-    // not started, are visible at once.
-    let started = seen
+    // not started, are visible at once: every job is one or the other.
+    let started: std::collections::BTreeSet<String> = seen
         .lock()
         .unwrap()
         .iter()
         .filter(|l| l.contains("handler started"))
-        .count();
-    assert_eq!(started, 2, "handlers started");
+        .map(|l| {
+            let at = l.find("job_id=").unwrap_or_else(|| panic!("no job id: {l}")) + "job_id=".len();
+            l[at..].split_whitespace().next().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(started.len(), 2, "handlers started: {started:?}");
     let released: std::collections::BTreeSet<String> =
         support::read_all(&ctx.sqs, &created.queue_url, 120, 1)
             .await
             .into_iter()
-            .filter_map(|m| m.body)
+            .map(|m| {
+                let body: serde_json::Value = serde_json::from_str(m.body().unwrap()).unwrap();
+                body["id"].as_str().unwrap().to_owned()
+            })
             .collect();
-    assert_eq!(released.len(), 10 - started, "released: {released:?}");
+    let all: std::collections::BTreeSet<String> = (0..10).map(|i| format!("w{i}")).collect();
+    assert!(
+        started.is_disjoint(&released),
+        "started {started:?}, released {released:?}"
+    );
+    assert_eq!(
+        started
+            .union(&released)
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>(),
+        all,
+        "started {started:?}, released {released:?}"
+    );
+    // The finished ones are gone from the queue: it holds only the released ones (held by the
+    // read above).
+    assert_eq!(
+        support::queue_depth(&ctx.sqs, &created.queue_url).await.total(),
+        released.len() as u64,
+        "the finished records were deleted"
+    );
     let ledger = AttemptLedger::new(dynamodb_client(&sdk), &created.table, StorageRetry::default());
     for i in 0..10 {
         assert!(

@@ -355,19 +355,34 @@ impl Harness {
         super::queue_depth(&self.sqs, queue_url).await.total()
     }
 
-    /// Reads every DLQ message (and makes them visible again).
+    /// Reads every DLQ message, then makes them visible again: receives, holding what it got,
+    /// until a receive comes back empty after waiting a second. SQS may hand out fewer messages
+    /// per receive than the queue holds; held messages cannot come back to be read twice.
     pub async fn dlq_messages(&self) -> Vec<Message> {
         let mut all: HashMap<String, Message> = HashMap::new();
-        for _ in 0..5 {
-            let batch = self.receive(&self.dlq_url, Duration::from_secs(1)).await;
+        loop {
+            let batch = self
+                .sqs
+                .receive_message()
+                .queue_url(&self.dlq_url)
+                .max_number_of_messages(10)
+                .visibility_timeout(60)
+                .wait_time_seconds(1)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .unwrap()
+                .messages
+                .unwrap_or_default();
             if batch.is_empty() {
                 break;
             }
-            self.release(&self.dlq_url, &batch).await;
             for m in batch {
                 all.insert(m.message_id().unwrap().to_owned(), m);
             }
         }
+        self.release(&self.dlq_url, all.values()).await;
         all.into_values().collect()
     }
 }
