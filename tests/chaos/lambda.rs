@@ -247,6 +247,7 @@ pub async fn esm_loop(
         if *stop.borrow() {
             return;
         }
+        let asked = wire.next_seq();
         let received = tokio::select! {
             r = stack
                 .sqs
@@ -282,6 +283,7 @@ pub async fn esm_loop(
         wire.received(
             ESM,
             &stack.queue_url,
+            asked,
             messages.iter().map(|m| {
                 (
                     m.message_id().unwrap_or_default(),

@@ -744,15 +744,32 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report, wire: &WireLo
             .or_default()
             .push((rec.class, rec.attempts));
     }
-    // The source queue: wait until nothing is in flight, then read everything left.
+    // The source queue: wait until nothing is in flight, then read everything left. A receive
+    // a stopped consumer gave up may still be answered by the emulator (a long poll outlives
+    // its caller), hiding what it took for its visibility timeout: read again until nothing
+    // but what this read holds is in flight.
+    wire.mark("accounting waits for the source queue");
     let until = Instant::now() + Duration::from_millis(MAX_DELAY_MS + 15_000);
-    while stack.depth(&stack.queue_url).await.1 > 0 && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut read: HashMap<String, String> = HashMap::new();
+    loop {
+        while stack.depth(&stack.queue_url).await.1 > read.len() as u64 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        wire.mark("accounting reads the source queue");
+        for m in stack.read_all(&stack.queue_url).await {
+            let body: Value = serde_json::from_str(m.body().unwrap()).unwrap();
+            read.insert(
+                m.message_id().unwrap().to_owned(),
+                body["id"].as_str().unwrap().to_owned(),
+            );
+        }
+        if stack.depth(&stack.queue_url).await.1 <= read.len() as u64 || Instant::now() >= until {
+            break;
+        }
     }
     let mut queue: HashMap<String, usize> = HashMap::new();
-    for m in stack.read_all(&stack.queue_url).await {
-        let body: Value = serde_json::from_str(m.body().unwrap()).unwrap();
-        *queue.entry(body["id"].as_str().unwrap().to_owned()).or_default() += 1;
+    for id in read.into_values() {
+        *queue.entry(id).or_default() += 1;
     }
     // Executions recorded by the chaos handler.
     let mut execs: HashMap<String, Execs> = HashMap::new();
@@ -837,7 +854,9 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report, wire: &WireLo
         match places.as_slice() {
             [] => {
                 report.lost += 1;
-                report.notes.push(format!("LOST {}: {runs:?}", job.id));
+                report
+                    .notes
+                    .push(format!("LOST {}: {runs:?}; {}", job.id, wire.trace(&job.id)));
             }
             [p] => {
                 match p {
@@ -939,26 +958,31 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report, wire: &WireLo
             && (in_dlq.is_some_and(|c| c.iter().any(|(_, a)| *a > max_attempt))
                 || (in_queue > 0 && ledger.get(&job.id).copied().unwrap_or(0) > max_attempt));
         report.counted_late += usize::from(late);
-        // What may repeat for this job, from the events on its message; none in a scenario
-        // that injects nothing able to repeat work.
-        let w = witnesses
-            .get(&job.id)
-            .copied()
-            .filter(|_| report.injects)
-            .unwrap_or_default();
+        // What may repeat for this job, from the events on its message. A scenario that
+        // injects nothing able to repeat work keeps only the queue's own duplicate deliveries.
+        let mut w = witnesses.get(&job.id).copied().unwrap_or_default();
+        if !report.injects {
+            w = wire::Witness {
+                handed_twice: w.handed_twice,
+                ..wire::Witness::default()
+            };
+        }
         let copies = in_dlq.map_or(0, Vec::len);
-        // A second DLQ copy needs the message again after an accepted copy (back without being
-        // given back, or handed to two environments) or a copy sent again after a lost answer.
-        let dup_allowed = (w.came_back + w.twice + w.unsure_sends) as usize;
-        // A count lands late only when the next delivery reads the ledger first: the message
-        // came back under its holder, or the count's write was faulted or unanswered.
-        let late_allowed = (w.came_back + w.unsure_counts) as usize;
+        // Deliveries while another holder had the message, or after it died or lost its delete.
+        let returns = w.handed_twice + w.came_back;
+        // A second DLQ copy needs the message again after an accepted copy (a return, or the
+        // batch handed to two environments) or a copy sent again after a lost answer.
+        let dup_allowed = (returns + w.twice + w.unsure_sends) as usize;
+        // A count lands late only when the next delivery reads the ledger first: a return, or
+        // a count's write faulted or unanswered.
+        let late_allowed = (returns + w.unsure_counts) as usize;
         // An attempt number repeats once per execution not counted before the next read (a
-        // duplicate delivery, a count faulted or cut by a short deadline, a message back under
-        // its holder); a message back after an accepted DLQ copy starts again from attempt 1.
-        let per_return = if copies > 0 { max_attempts } else { 1 } as usize;
+        // batch handed to two environments, a count faulted or cut by a short deadline, a
+        // return); a return after the ledger was closed (a success or an accepted DLQ copy)
+        // starts again from attempt 1.
+        let per_return = if succeeded || copies > 0 { max_attempts } else { 1 } as usize;
         let repeated_allowed =
-            w.came_back as usize * per_return + (w.twice + w.unsure_counts + w.short) as usize;
+            returns as usize * per_return + (w.twice + w.unsure_counts + w.short) as usize;
         if copies > 0 {
             report.dup_bound += dup_allowed;
             report.rerun_bound += usize::from(dup_allowed > 0);
@@ -976,8 +1000,9 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report, wire: &WireLo
             report.unexplained += 1;
             report.notes.push(format!(
                 "unexplained {}: {copies} DLQ copies, late {late}, {repeated} repeated, rerun {rerun}; \
-                 on the wire {w:?}; executions {runs:?} dlq={in_dlq:?}",
-                job.id
+                 on the wire {w:?}; executions {runs:?} dlq={in_dlq:?}; {}",
+                job.id,
+                wire.trace(&job.id)
             ));
         }
     }
@@ -1272,16 +1297,19 @@ async fn run(s: Scenario) -> Report {
     }
     producer.await.unwrap();
     report_note(&format!("{}: settled at {:?}", s.name, started.elapsed()));
+    faults.wire.mark("settled");
     stop_tx.send(true).unwrap();
     for t in tasks {
         t.await.unwrap();
     }
+    faults.wire.mark("consumers stopped");
     let breaker_seen = match breaker_watch {
         Some(w) => w.await.unwrap(),
         None => Vec::new(),
     };
     if let Some(c) = child.as_mut() {
         sigterm(c);
+        faults.wire.mark("worker process stopped");
     }
     let secs = started.elapsed().as_secs_f64();
     let mut report = Report {

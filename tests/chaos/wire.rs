@@ -13,6 +13,10 @@
 //! out, or its process died) while the call was forwarded, so it may have landed unheard.
 //!
 //! From the log, per job ([`Witness`]):
+//! - **handed twice**: the queue handed its message to two receives in flight at once (the
+//!   second asked for before the first was answered): the queue's own duplicate delivery.
+//!   moto's receive checks and marks a message in two steps without a lock, so two concurrent
+//!   receives can both take it; SQS's at-least-once delivery allows the same.
 //! - **came back**: a delivery of its message that its previous holder did not give back. The
 //!   previous receipt handle was used after the new receive (two holders at once: the
 //!   visibility timeout ran out under a live holder), or its last use before it was a delete
@@ -61,10 +65,18 @@ struct Inner {
     unsure_writes: Vec<Vec<String>>,
     /// Tries per outcome, for the notes.
     abandoned: u64,
+    /// Receives abandoned while forwarded: (sent, given up, source). Messages the emulator
+    /// handed to one stay hidden for its visibility timeout, held by no one.
+    abandoned_receives: Vec<(u64, u64, u32)>,
+    /// Moments of the run, for the traces.
+    marks: Vec<(u64, String)>,
 }
 
 #[derive(Debug, Clone)]
 struct Receive {
+    /// When the receive was asked for.
+    sent: u64,
+    /// When its answer came.
     seq: u64,
     source: u32,
     queue: String,
@@ -123,6 +135,7 @@ enum Req {
 /// Per job, the events that can explain a DLQ duplicate, a late count or a repeated execution.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Witness {
+    pub handed_twice: u32,
     pub came_back: u32,
     pub twice: u32,
     pub short: u32,
@@ -251,10 +264,13 @@ impl WireLog {
     }
 
     /// Messages a source received from `queue_url`: (message id, receipt handle, body).
+    /// Messages a source received from `queue_url` with a receive asked for at `sent`:
+    /// (message id, receipt handle, body).
     pub fn received<'a>(
         &self,
         source: u32,
         queue_url: &str,
+        sent: u64,
         messages: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>,
     ) {
         let seq = self.next_seq();
@@ -262,6 +278,7 @@ impl WireLog {
         let mut inner = self.lock();
         for (message_id, handle, body) in messages {
             inner.receives.push(Receive {
+                sent,
                 seq,
                 source,
                 queue: queue.clone(),
@@ -309,6 +326,36 @@ impl WireLog {
         }
     }
 
+    /// A moment of the run, shown in [`trace`](Self::trace)s.
+    pub fn mark(&self, what: &str) {
+        let seq = self.next_seq();
+        self.lock().marks.push((seq, what.to_owned()));
+    }
+
+    /// The deliveries of `job`'s messages, the uses of each receipt handle and the run's
+    /// moments, in order: for the notes of a job the accounting cannot explain.
+    pub fn trace(&self, job: &str) -> String {
+        let inner = self.lock();
+        let mut events: Vec<(u64, String)> = inner.marks.clone();
+        for r in inner.receives.iter().filter(|r| r.job.as_deref() == Some(job)) {
+            events.push((r.seq, format!("received by {} (asked #{})", r.source, r.sent)));
+            for o in inner.ops.get(&r.handle).into_iter().flatten() {
+                let what = if o.delete { "delete" } else { "visibility" };
+                events.push((o.seq, format!("{what} of #{} {}", r.seq, if o.ok { "ok" } else { "failed" })));
+            }
+        }
+        let first = events.iter().map(|e| e.0).min().unwrap_or(0);
+        for (sent, gone, source) in inner.abandoned_receives.iter().filter(|a| a.1 >= first) {
+            events.push((*gone, format!("receive #{sent} by {source} abandoned")));
+        }
+        events.sort();
+        events
+            .iter()
+            .map(|(seq, what)| format!("#{seq} {what}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     /// The process behind `source`'s router was killed (log it once the process is gone).
     pub fn killed(&self, source: u32) {
         let seq = self.next_seq();
@@ -333,11 +380,17 @@ impl WireLog {
                 continue;
             };
             job_of_message.insert(message_id, job);
-            let came_back = deliveries
-                .windows(2)
-                .filter(|w| inner.came_back(w[0], w[1]))
-                .count() as u32;
-            out.entry(job.to_owned()).or_default().came_back += came_back;
+            let w = out.entry(job.to_owned()).or_default();
+            for pair in deliveries.windows(2) {
+                let (prev, next) = (pair[0], pair[1]);
+                if next.sent < prev.seq && !inner.given_back(prev, next) {
+                    // Asked for before the previous receive was answered, and not given back
+                    // in between: the queue handed the message to two receives at once.
+                    w.handed_twice += 1;
+                } else if inner.came_back(prev, next) {
+                    w.came_back += 1;
+                }
+            }
         }
         for (id, n) in &inner.twice {
             if let Some(job) = job_of_message.get(id.as_str()) {
@@ -374,9 +427,10 @@ impl WireLog {
     pub fn summary(&self, w: &HashMap<String, Witness>) -> String {
         let sum = |f: fn(&Witness) -> u32| w.values().map(f).sum::<u32>();
         format!(
-            "on the wire: {} deliveries came back not given back, {} delivered twice, {} left unsettled by a \
+            "on the wire: {} handed to two receives at once, {} deliveries came back not given back, {} delivered twice, {} left unsettled by a \
              short deadline, {} DLQ copies sent without an answer, {} ledger writes faulted or unanswered \
              (per job named); {} product calls abandoned",
+            sum(|w| w.handed_twice),
             sum(|w| w.came_back),
             sum(|w| w.twice),
             sum(|w| w.short),
@@ -388,6 +442,16 @@ impl WireLog {
 }
 
 impl Inner {
+    /// Whether `prev`'s holder gave the message back (a visibility change SQS accepted) before
+    /// `next` was answered.
+    fn given_back(&self, prev: &Receive, next: &Receive) -> bool {
+        let ops = self.ops.get(&prev.handle).map_or(&[][..], Vec::as_slice);
+        ops.iter()
+            .filter(|o| o.seq < next.seq)
+            .max_by_key(|o| o.seq)
+            .is_some_and(|o| !o.delete && o.ok)
+    }
+
     /// Whether delivery `next` of a message came back without `prev`'s holder giving it back.
     fn came_back(&self, prev: &Receive, next: &Receive) -> bool {
         let ops = self.ops.get(&prev.handle).map_or(&[][..], Vec::as_slice);
@@ -442,6 +506,9 @@ impl Call {
         let mut inner = log.lock();
         if answer.is_none() {
             inner.abandoned += 1;
+            if matches!(self.req, Req::Receive { .. }) {
+                inner.abandoned_receives.push((self.seq, received_at, self.source));
+            }
         }
         match std::mem::replace(&mut self.req, Req::Other) {
             Req::Receive { queue } => {
@@ -456,6 +523,7 @@ impl Call {
                         continue;
                     };
                     inner.receives.push(Receive {
+                        sent: self.seq,
                         seq: received_at,
                         source: self.source,
                         queue: queue.clone(),
