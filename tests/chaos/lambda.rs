@@ -16,6 +16,7 @@ use triage::demo::chaos;
 
 use super::support::lambda_event::lambda_event_json;
 use super::support::runtime_api::{Outcome, RuntimeApi};
+use super::wire::{ESM, WireLog};
 use super::{Stack, WorkerProcess, report_note};
 
 /// How long an environment may take to start, or to pick up an event queued behind another.
@@ -39,11 +40,19 @@ pub struct Fleet {
     slots: Vec<Mutex<Arc<LambdaEnv>>>,
     started: AtomicU64,
     stdout_files: Mutex<Vec<PathBuf>>,
+    /// Where the event source mapping logs its receives, deletes and invocations.
+    wire: Arc<WireLog>,
 }
 
 impl Fleet {
     /// Starts `n` environments and waits until each polls for its first event.
-    pub async fn start(stack: Arc<Stack>, endpoint: &str, name: &str, n: usize) -> Arc<Fleet> {
+    pub async fn start(
+        stack: Arc<Stack>,
+        endpoint: &str,
+        name: &str,
+        n: usize,
+        wire: Arc<WireLog>,
+    ) -> Arc<Fleet> {
         let mut fleet = Fleet {
             stack,
             endpoint: endpoint.to_owned(),
@@ -51,6 +60,7 @@ impl Fleet {
             slots: Vec::new(),
             started: AtomicU64::new(0),
             stdout_files: Mutex::new(Vec::new()),
+            wire,
         };
         for _ in 0..n {
             let env = fleet.spawn().await;
@@ -95,7 +105,7 @@ impl Fleet {
             cmd.env(k, v);
         }
         self.stdout_files.lock().unwrap().push(stdout);
-        let process = WorkerProcess(cmd.spawn().expect("spawn triage-lambda"));
+        let process = WorkerProcess::new(cmd.spawn().expect("spawn triage-lambda"));
         Arc::new(LambdaEnv {
             api,
             _process: process,
@@ -205,12 +215,17 @@ pub async fn esm_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let stack = fleet.stack.clone();
-    let invoke = |slot: usize, event: String, time_left: Duration| {
+    let wire = fleet.wire.clone();
+    let invoke = |slot: usize, event: String, time_left: Duration, handles: Vec<String>| {
         let fleet = fleet.clone();
         let stats = stats.clone();
         async move {
             let env = fleet.current(slot);
             let outcome = env.api.invoke(event, time_left, START_WITHIN, GRACE).await;
+            if !matches!(outcome, Outcome::Response(_)) {
+                // No answer: nothing is deleted and the environment may be gone with them.
+                fleet.wire.holder_lost(handles.iter().map(String::as_str));
+            }
             match &outcome {
                 Outcome::TimedOut | Outcome::NotStarted => {
                     stats.timeouts.fetch_add(1, Ordering::Relaxed);
@@ -232,6 +247,7 @@ pub async fn esm_loop(
         if *stop.borrow() {
             return;
         }
+        let asked = wire.next_seq();
         let received = tokio::select! {
             r = stack
                 .sqs
@@ -264,10 +280,28 @@ pub async fn esm_loop(
         if messages.is_empty() {
             continue;
         }
+        wire.received(
+            ESM,
+            &stack.queue_url,
+            asked,
+            messages.iter().map(|m| {
+                (
+                    m.message_id().unwrap_or_default(),
+                    m.receipt_handle().unwrap_or_default(),
+                    m.body().unwrap_or_default(),
+                )
+            }),
+        );
+        let ids: Vec<&str> = messages.iter().filter_map(|m| m.message_id()).collect();
+        let handles: Vec<String> = messages
+            .iter()
+            .filter_map(|m| m.receipt_handle().map(str::to_owned))
+            .collect();
         let bytes: usize = messages.iter().map(|m| m.body().map_or(0, str::len)).sum();
         stats.max_batch_bytes.fetch_max(bytes as u64, Ordering::Relaxed);
         let n = stats.invocations.fetch_add(1, Ordering::Relaxed) + 1;
-        let time_left = if n % short_every == 0 {
+        let short = n % short_every == 0;
+        let time_left = if short {
             stats.short_deadlines.fetch_add(1, Ordering::Relaxed);
             // Start margin is 2 s and handlers stop 1.5 s before the deadline: 0.8 s of work.
             Duration::from_millis(2_300)
@@ -277,14 +311,15 @@ pub async fn esm_loop(
         let event = lambda_event_json(&messages, &stack.queue_url).to_string();
         let outcomes = if n % dup_every == 0 {
             stats.duplicated_batches.fetch_add(1, Ordering::Relaxed);
+            wire.twice(ids.iter().copied());
             let other = (me + 1) % fleet.slots.len();
             let (a, b) = tokio::join!(
-                invoke(me, event.clone(), time_left),
-                invoke(other, event, time_left)
+                invoke(me, event.clone(), time_left, handles.clone()),
+                invoke(other, event, time_left, handles.clone())
             );
             vec![a, b]
         } else {
-            vec![invoke(me, event, time_left).await]
+            vec![invoke(me, event, time_left, handles.clone()).await]
         };
         for outcome in outcomes {
             let Outcome::Response(body) = outcome else {
@@ -297,6 +332,10 @@ pub async fn esm_loop(
                 .iter()
                 .map(|f| f.item_identifier.as_str())
                 .collect();
+            if short {
+                // Records a short deadline left unsettled: their count may not have been sent.
+                wire.short(failed.iter().copied());
+            }
             let entries: Vec<DeleteMessageBatchRequestEntry> = messages
                 .iter()
                 .enumerate()
@@ -314,13 +353,26 @@ pub async fn esm_loop(
             }
             // The mapping's delete is AWS's, not the function's: not faulted. A receipt
             // handle that expired in the meantime fails its entry, as it would in AWS.
-            let _ = stack
+            let sent_at = wire.next_seq();
+            let by_id: Vec<(String, String)> = entries
+                .iter()
+                .map(|e| (e.id().to_owned(), e.receipt_handle().to_owned()))
+                .collect();
+            let deleted = stack
                 .sqs
                 .delete_message_batch()
                 .queue_url(&stack.queue_url)
                 .set_entries(Some(entries))
                 .send()
                 .await;
+            let ok: HashSet<&str> = deleted
+                .as_ref()
+                .map(|out| out.successful().iter().map(|s| s.id()).collect())
+                .unwrap_or_default();
+            wire.deleted(
+                sent_at,
+                by_id.iter().map(|(id, h)| (h.clone(), ok.contains(id.as_str()))),
+            );
         }
     }
 }

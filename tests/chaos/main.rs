@@ -9,7 +9,10 @@
 //!
 //! At the end every job is accounted for from the emulators' own state — the chaos handler's
 //! side table of executions, the DLQ's failure records, the messages left in the source
-//! queue, the attempt ledger — never from the product's logs. See `docs/guarantees.md`.
+//! queue, the attempt ledger — never from the product's logs. DLQ duplicates, repeated
+//! executions, late counts and reruns after a DLQ copy are each bounded, job by job, by the
+//! events the wire log ([`wire`]) saw on the job's message: none without an injected fault
+//! that can repeat work. See `docs/guarantees.md`.
 //!
 //! Needs the local stack (`bash infra/local/stack.sh start`, then
 //! `eval "$(bash infra/local/stack.sh env)"`). Bounded for CI: `CHAOS_JOBS` (default 1000) jobs
@@ -27,6 +30,7 @@ mod rate;
 mod router;
 #[path = "../support/mod.rs"]
 mod support;
+mod wire;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
@@ -36,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use aws_config::SdkConfig;
 use aws_sdk_sqs::types::{Message, QueueAttributeName, SendMessageBatchRequestEntry};
-use router::Router;
+use router::{Router, Tap};
 use serde_json::{Value, json};
 use sqs_triage::config::Config;
 use sqs_triage::core::breaker::Phase;
@@ -51,6 +55,7 @@ use support::fault_proxy::{Fault, FaultPlan, FaultProxy, FaultRule};
 use tokio::sync::watch;
 use triage::demo::chaos::{self, Recorder};
 use triage::ops::Ctx;
+use wire::WireLog;
 
 const MAX_ATTEMPTS: u32 = 5;
 /// Visibility timeout of the source queue: how soon a message comes back after a crash.
@@ -405,21 +410,47 @@ use futures::StreamExt;
 
 // ---------------------------------------------------------------- faults
 
-/// The proxies between the product and the emulators.
+/// The proxies between the product and the emulators, and the log of what the product's
+/// calls came to.
 struct Faults {
     sqs: FaultProxy,
     ddb: FaultProxy,
     router: Router,
+    wire: Arc<WireLog>,
+    /// The last source number given to a process's own router (the shared router is 0).
+    sources: AtomicU64,
 }
 
 impl Faults {
     fn start() -> Faults {
         let sqs = FaultProxy::start(&support::sqs_endpoint());
         let ddb = FaultProxy::start(&support::ddb_endpoint());
-        let router = Router::start(&sqs.url(), &ddb.url());
+        let wire = WireLog::new();
+        let tap = Tap {
+            log: wire.clone(),
+            source: 0,
+        };
+        let router = Router::start(&sqs.url(), &ddb.url(), tap);
         // SQS's whole rule on a batch's bytes, which moto does not check.
         sqs.enforce_batch_cap(BATCH_CAP);
-        Faults { sqs, ddb, router }
+        Faults {
+            sqs,
+            ddb,
+            router,
+            wire,
+            sources: AtomicU64::new(0),
+        }
+    }
+
+    /// A router of its own for a process that may be killed: the wire log then knows which
+    /// deliveries died with it.
+    fn process_router(&self) -> (Router, u32) {
+        let source = self.sources.fetch_add(1, Ordering::Relaxed) as u32 + 1;
+        let tap = Tap {
+            log: self.wire.clone(),
+            source,
+        };
+        (Router::start(&self.sqs.url(), &self.ddb.url(), tap), source)
     }
 
     /// Throttling, 500, 503 and resets on `share` of every SQS and DynamoDB call.
@@ -511,32 +542,52 @@ async fn start_workers(
 }
 
 /// A worker process that is killed if the test ends (or panics) while it still runs.
-struct WorkerProcess(Child);
+struct WorkerProcess {
+    child: Child,
+    /// The router its calls go through, when it has its own, and its source in the wire log.
+    router: Option<(Router, u32)>,
+}
+
+impl WorkerProcess {
+    fn new(child: Child) -> WorkerProcess {
+        WorkerProcess { child, router: None }
+    }
+
+    /// Kills it with SIGKILL and logs its death in `wire`.
+    fn sigkill(&mut self, wire: &WireLog) {
+        sigkill(&mut self.child);
+        if let Some((_, source)) = &self.router {
+            wire.killed(*source);
+        }
+    }
+}
 
 impl std::ops::Deref for WorkerProcess {
     type Target = Child;
     fn deref(&self) -> &Child {
-        &self.0
+        &self.child
     }
 }
 
 impl std::ops::DerefMut for WorkerProcess {
     fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
+        &mut self.child
     }
 }
 
 impl Drop for WorkerProcess {
     fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
     }
 }
 
-/// The `triage worker` binary, its calls through `endpoint`, recording executions.
-fn spawn_worker_process(stack: &Stack, endpoint: &str, log: &str) -> WorkerProcess {
+/// The `triage worker` binary, its calls through a router of its own, recording executions.
+fn spawn_worker_process(stack: &Stack, faults: &Faults, log: &str) -> WorkerProcess {
+    let (router, source) = faults.process_router();
+    let endpoint = router.url();
     let stderr = std::fs::File::create(log).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
     cmd.args(["worker", "--demo-handlers"])
@@ -544,7 +595,7 @@ fn spawn_worker_process(stack: &Stack, endpoint: &str, log: &str) -> WorkerProce
         .env("TRIAGE_DLQ_URL", &stack.dlq_url)
         .env("TRIAGE_TABLE", &stack.table)
         .env(chaos::RECORD_TABLE_ENV, &stack.record_table)
-        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_ENDPOINT_URL", &endpoint)
         .env_remove("AWS_ENDPOINT_URL_SQS")
         .env_remove("AWS_ENDPOINT_URL_DYNAMODB")
         .env("RUST_LOG", "warn")
@@ -554,7 +605,10 @@ fn spawn_worker_process(stack: &Stack, endpoint: &str, log: &str) -> WorkerProce
     for (k, v) in &stack.vars {
         cmd.env(k, v);
     }
-    WorkerProcess(cmd.spawn().expect("spawn triage worker"))
+    WorkerProcess {
+        child: cmd.spawn().expect("spawn triage worker"),
+        router: Some((router, source)),
+    }
 }
 
 fn sigkill(child: &mut Child) {
@@ -622,6 +676,17 @@ struct Report {
     /// The largest receive batch the event source mapping handed to an environment (bytes of
     /// bodies).
     max_batch_bytes: u64,
+    /// The scenario injects a fault that can make work repeat: storage faults, a SIGKILL, short
+    /// deadlines or duplicate deliveries. Without one, every bound below is 0.
+    injects: bool,
+    /// Bounds on `dlq_duplicates`, `counted_late`, `repeated` and `rerun_after_dlq`: the sum,
+    /// over the jobs, of the events the wire log saw on each job that can cause them.
+    dup_bound: usize,
+    late_bound: usize,
+    repeated_bound: usize,
+    rerun_bound: usize,
+    /// Jobs with more duplicates, repeats or a late count or rerun than their own events allow.
+    unexplained: usize,
     notes: Vec<String>,
 }
 
@@ -640,8 +705,10 @@ struct BreakerCheck {
     emf_opened: u64,
 }
 
-async fn account(stack: &Stack, jobs: &[Job], report: &mut Report) {
+async fn account(stack: &Stack, jobs: &[Job], report: &mut Report, wire: &WireLog) {
     let max_attempts = stack.max_attempts();
+    let witnesses = wire.witnesses(&stack.queue_url, &stack.dlq_name, &stack.record_table);
+    report.notes.push(wire.summary(&witnesses));
     let exact: HashMap<&str, &str> = jobs
         .iter()
         .filter_map(|j| Some((j.id.as_str(), j.exact_body.as_deref()?.as_str())))
@@ -677,15 +744,32 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report) {
             .or_default()
             .push((rec.class, rec.attempts));
     }
-    // The source queue: wait until nothing is in flight, then read everything left.
+    // The source queue: wait until nothing is in flight, then read everything left. A receive
+    // a stopped consumer gave up may still be answered by the emulator (a long poll outlives
+    // its caller), hiding what it took for its visibility timeout: read again until nothing
+    // but what this read holds is in flight.
+    wire.mark("accounting waits for the source queue");
     let until = Instant::now() + Duration::from_millis(MAX_DELAY_MS + 15_000);
-    while stack.depth(&stack.queue_url).await.1 > 0 && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut read: HashMap<String, String> = HashMap::new();
+    loop {
+        while stack.depth(&stack.queue_url).await.1 > read.len() as u64 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        wire.mark("accounting reads the source queue");
+        for m in stack.read_all(&stack.queue_url).await {
+            let body: Value = serde_json::from_str(m.body().unwrap()).unwrap();
+            read.insert(
+                m.message_id().unwrap().to_owned(),
+                body["id"].as_str().unwrap().to_owned(),
+            );
+        }
+        if stack.depth(&stack.queue_url).await.1 <= read.len() as u64 || Instant::now() >= until {
+            break;
+        }
     }
     let mut queue: HashMap<String, usize> = HashMap::new();
-    for m in stack.read_all(&stack.queue_url).await {
-        let body: Value = serde_json::from_str(m.body().unwrap()).unwrap();
-        *queue.entry(body["id"].as_str().unwrap().to_owned()).or_default() += 1;
+    for id in read.into_values() {
+        *queue.entry(id).or_default() += 1;
     }
     // Executions recorded by the chaos handler.
     let mut execs: HashMap<String, Execs> = HashMap::new();
@@ -770,7 +854,9 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report) {
         match places.as_slice() {
             [] => {
                 report.lost += 1;
-                report.notes.push(format!("LOST {}: {runs:?}", job.id));
+                report
+                    .notes
+                    .push(format!("LOST {}: {runs:?}; {}", job.id, wire.trace(&job.id)));
             }
             [p] => {
                 match p {
@@ -868,11 +954,57 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report) {
                 ));
             }
         }
-        report.counted_late += usize::from(
-            job.decodes
-                && (in_dlq.is_some_and(|c| c.iter().any(|(_, a)| *a > max_attempt))
-                    || (in_queue > 0 && ledger.get(&job.id).copied().unwrap_or(0) > max_attempt)),
-        );
+        let late = job.decodes
+            && (in_dlq.is_some_and(|c| c.iter().any(|(_, a)| *a > max_attempt))
+                || (in_queue > 0 && ledger.get(&job.id).copied().unwrap_or(0) > max_attempt));
+        report.counted_late += usize::from(late);
+        // What may repeat for this job, from the events on its message. A scenario that
+        // injects nothing able to repeat work keeps only the queue's own duplicate deliveries.
+        let mut w = witnesses.get(&job.id).copied().unwrap_or_default();
+        if !report.injects {
+            w = wire::Witness {
+                handed_twice: w.handed_twice,
+                ..wire::Witness::default()
+            };
+        }
+        let copies = in_dlq.map_or(0, Vec::len);
+        // Deliveries while another holder had the message, or after it died or lost its delete.
+        let returns = w.handed_twice + w.came_back;
+        // A second DLQ copy needs the message again after an accepted copy (a return, or the
+        // batch handed to two environments) or a copy sent again after a lost answer.
+        let dup_allowed = (returns + w.twice + w.unsure_sends) as usize;
+        // A count lands late only when the next delivery reads the ledger first: a return, or
+        // a count's write faulted or unanswered.
+        let late_allowed = (returns + w.unsure_counts) as usize;
+        // An attempt number repeats once per execution not counted before the next read (a
+        // batch handed to two environments, a count faulted or cut by a short deadline, a
+        // return); a return after the ledger was closed (a success or an accepted DLQ copy)
+        // starts again from attempt 1.
+        let per_return = if succeeded || copies > 0 { max_attempts } else { 1 } as usize;
+        let repeated_allowed =
+            returns as usize * per_return + (w.twice + w.unsure_counts + w.short) as usize;
+        if copies > 0 {
+            report.dup_bound += dup_allowed;
+            report.rerun_bound += usize::from(dup_allowed > 0);
+        }
+        if job.decodes && (in_dlq.is_some() || in_queue > 0) {
+            report.late_bound += usize::from(late_allowed > 0);
+        }
+        report.repeated_bound += repeated_allowed;
+        let rerun = rerun_after_dlq;
+        if copies.saturating_sub(1) > dup_allowed
+            || (late && late_allowed == 0)
+            || repeated > repeated_allowed
+            || (rerun && dup_allowed == 0)
+        {
+            report.unexplained += 1;
+            report.notes.push(format!(
+                "unexplained {}: {copies} DLQ copies, late {late}, {repeated} repeated, rerun {rerun}; \
+                 on the wire {w:?}; executions {runs:?} dlq={in_dlq:?}; {}",
+                job.id,
+                wire.trace(&job.id)
+            ));
+        }
     }
 }
 
@@ -1042,7 +1174,7 @@ async fn run(s: Scenario) -> Report {
     let esm = Arc::new(lambda::EsmStats::default());
     let mut fleet = None;
     if s.lambda {
-        let f = lambda::Fleet::start(stack.clone(), &endpoint, s.name, 3).await;
+        let f = lambda::Fleet::start(stack.clone(), &endpoint, s.name, 3, faults.wire.clone()).await;
         for me in 0..3 {
             tasks.push(tokio::spawn(lambda::esm_loop(
                 f.clone(),
@@ -1065,7 +1197,7 @@ async fn run(s: Scenario) -> Report {
     }
     let mut child = s
         .kill_after
-        .map(|_| spawn_worker_process(&stack, &endpoint, &format!("/tmp/chaos-{}-worker-1.log", s.name)));
+        .map(|_| spawn_worker_process(&stack, &faults, &format!("/tmp/chaos-{}-worker-1.log", s.name)));
     report_note(&format!("{}: consumers up at {:?}", s.name, started.elapsed()));
     // Faults start once the consumers are up (start-up checks are tested elsewhere).
     if s.storage_faults > 0.0 {
@@ -1113,7 +1245,7 @@ async fn run(s: Scenario) -> Report {
         let elapsed = started.elapsed();
         if let (Some(after), Some(c)) = (s.kill_after, child.as_mut()) {
             if !killed && elapsed >= after {
-                sigkill(c);
+                c.sigkill(&faults.wire);
                 killed = true;
                 report_note(&format!(
                     "{}: worker process killed with SIGKILL at {elapsed:?}",
@@ -1121,7 +1253,7 @@ async fn run(s: Scenario) -> Report {
                 ));
                 child = Some(spawn_worker_process(
                     &stack,
-                    &endpoint,
+                    &faults,
                     &format!("/tmp/chaos-{}-worker-2.log", s.name),
                 ));
             }
@@ -1165,22 +1297,27 @@ async fn run(s: Scenario) -> Report {
     }
     producer.await.unwrap();
     report_note(&format!("{}: settled at {:?}", s.name, started.elapsed()));
+    faults.wire.mark("settled");
     stop_tx.send(true).unwrap();
     for t in tasks {
         t.await.unwrap();
     }
+    faults.wire.mark("consumers stopped");
     let breaker_seen = match breaker_watch {
         Some(w) => w.await.unwrap(),
         None => Vec::new(),
     };
     if let Some(c) = child.as_mut() {
         sigterm(c);
+        faults.wire.mark("worker process stopped");
     }
     let secs = started.elapsed().as_secs_f64();
     let mut report = Report {
         name: s.name.to_owned(),
         secs,
         faults: faults.faults(),
+        // A DLQ refusal (503 or over the batch cap) is a definite answer: nothing to repeat.
+        injects: s.storage_faults > 0.0 || s.kill_after.is_some() || s.short_every > 0 || s.dup_every > 0,
         ..Report::default()
     };
     if let Some(f) = &fleet {
@@ -1224,7 +1361,7 @@ async fn run(s: Scenario) -> Report {
     drop(fleet);
     faults.sqs.clear_faults();
     faults.ddb.clear_faults();
-    account(&stack, &jobs, &mut report).await;
+    account(&stack, &jobs, &mut report, &faults.wire).await;
     report_note(&format!("{}: accounted at {:?}", s.name, started.elapsed()));
     report.secs = secs;
     report
@@ -1242,7 +1379,7 @@ fn report_note(s: &str) {
 fn print_table(reports: &[Report]) {
     let mut out = String::new();
     out.push_str(
-        "\n| scenario | jobs | secs | faults injected | storage retries (failed calls) | succeeded | DLQ | queue | lost | in 2 places | DLQ, then rerun | misplaced | ok in DLQ | executions | repeated (jobs) | DLQ dup copies | max attempt | max executions | counted late | ledger≠ | record≠ |\n",
+        "\n| scenario | jobs | secs | faults injected | storage retries (failed calls) | succeeded | DLQ | queue | lost | in 2 places | DLQ, then rerun ≤ bound | misplaced | ok in DLQ | executions | repeated (jobs) ≤ bound | DLQ dup copies ≤ bound | max attempt | max executions | counted late ≤ bound | ledger≠ | record≠ |\n",
     );
     out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in reports {
@@ -1256,7 +1393,7 @@ fn print_table(reports: &[Report]) {
                 .join(" ")
         };
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {:.0} | {} | {} ({}) | {} | {} | {} | {} | {} | {} ≤ {} | {} | {} | {} | {} ({}) ≤ {} | {} ≤ {} | {} | {} | {} ≤ {} | {} | {} |\n",
             r.name,
             r.jobs,
             r.secs,
@@ -1269,15 +1406,19 @@ fn print_table(reports: &[Report]) {
             r.lost,
             r.multi_place,
             r.rerun_after_dlq,
+            r.rerun_bound,
             r.misplaced,
             r.ok_in_dlq,
             r.executions,
             r.repeated,
             r.repeated_jobs,
+            r.repeated_bound,
             r.dlq_duplicates,
+            r.dup_bound,
             r.max_attempt,
             r.max_executions,
             r.counted_late,
+            r.late_bound,
             r.ledger_mismatch,
             r.record_mismatch,
         ));
@@ -1427,6 +1568,47 @@ async fn every_job_ends_in_exactly_one_place() {
         assert_eq!(
             r.record_mismatch, 0,
             "{}: DLQ records disagree with executions",
+            r.name
+        );
+        // Each bound is 0 in a scenario without a fault that can repeat work (a DLQ refusal is
+        // a definite answer); otherwise it sums, job by job, the events on the wire that can
+        // cause it, so a job's surplus over its own events is `unexplained`.
+        // A DLQ duplicate needs a lost send answer, or the message back after an accepted copy.
+        assert!(
+            r.dlq_duplicates <= r.dup_bound,
+            "{}: {} DLQ duplicates, at most {} explained",
+            r.name,
+            r.dlq_duplicates,
+            r.dup_bound
+        );
+        // A late count needs the next delivery to read the ledger before the count lands.
+        assert!(
+            r.counted_late <= r.late_bound,
+            "{}: {} counted late, at most {} explained",
+            r.name,
+            r.counted_late,
+            r.late_bound
+        );
+        // A repeated attempt number needs an execution not counted before the next read.
+        assert!(
+            r.repeated <= r.repeated_bound,
+            "{}: {} repeated executions, at most {} explained",
+            r.name,
+            r.repeated,
+            r.repeated_bound
+        );
+        // A rerun after a DLQ copy needs the message back after the copy was accepted.
+        assert!(
+            r.rerun_after_dlq <= r.rerun_bound,
+            "{}: {} reruns after a DLQ copy, at most {} explained",
+            r.name,
+            r.rerun_after_dlq,
+            r.rerun_bound
+        );
+        // The same, job by job.
+        assert_eq!(
+            r.unexplained, 0,
+            "{}: jobs with more duplicates, repeats, late counts or reruns than their events",
             r.name
         );
         assert_eq!(

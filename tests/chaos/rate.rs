@@ -23,7 +23,7 @@ use tokio::sync::watch;
 
 use super::{
     Faults, Job, Place, Report, Stack, account, breaker_cycles, feed, max_depth, print_table, report_note,
-    sigkill, sigterm, spawn_worker_process, start_workers, time_limit, watch_breaker,
+    sigterm, spawn_worker_process, start_workers, time_limit, watch_breaker,
 };
 
 /// The scenarios of this file to run: both, or those `CHAOS_SCENARIOS` names.
@@ -150,7 +150,7 @@ async fn run(name: &'static str, n: usize, outage: bool) -> Report {
         tasks = start_workers(&stack, &endpoint, 2, stop_rx.clone()).await.1;
     } else {
         let log = format!("/tmp/chaos-{name}-worker-1.log");
-        child = Some(spawn_worker_process(&stack, &endpoint, &log));
+        child = Some(spawn_worker_process(&stack, &faults, &log));
     }
     let started = Instant::now();
     let t0 = sqs_triage::clock::now_ms();
@@ -176,13 +176,13 @@ async fn run(name: &'static str, n: usize, outage: bool) -> Report {
         let elapsed = started.elapsed();
         if let (false, false, Some(c)) = (outage, killed, child.as_mut()) {
             if elapsed >= Duration::from_secs(4) {
-                sigkill(c);
+                c.sigkill(&faults.wire);
                 killed = true;
                 report_note(&format!(
                     "{name}: worker process killed with SIGKILL at {elapsed:?}"
                 ));
                 let log = format!("/tmp/chaos-{name}-worker-2.log");
-                child = Some(spawn_worker_process(&stack, &endpoint, &log));
+                child = Some(spawn_worker_process(&stack, &faults, &log));
             }
         }
         let (visible, in_flight) = stack.depth(&stack.queue_url).await;
@@ -209,6 +209,8 @@ async fn run(name: &'static str, n: usize, outage: bool) -> Report {
         name: name.to_owned(),
         secs: started.elapsed().as_secs_f64(),
         faults: faults.faults(),
+        // The SIGKILL of `breaker-noise` can repeat work; the outage is the handler's.
+        injects: !outage,
         ..Report::default()
     };
     let (_, _, closed_at_end, periods) = breaker_cycles(&seen);
@@ -219,7 +221,7 @@ async fn run(name: &'static str, n: usize, outage: bool) -> Report {
     ));
     faults.sqs.clear_faults();
     faults.ddb.clear_faults();
-    account(&stack, &jobs, &mut report).await;
+    account(&stack, &jobs, &mut report, &faults.wire).await;
 
     // Each stored phase change: when it was seen, and the phase.
     let openings: Vec<Duration> = seen
