@@ -981,8 +981,7 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report, wire: &WireLo
         // return); a return after the ledger was closed (a success or an accepted DLQ copy)
         // starts again from attempt 1.
         let per_return = if succeeded || copies > 0 { max_attempts } else { 1 } as usize;
-        let repeated_allowed =
-            returns as usize * per_return + (w.twice + w.unsure_counts + w.short) as usize;
+        let repeated_allowed = returns as usize * per_return + (w.twice + w.unsure_counts + w.short) as usize;
         if copies > 0 {
             report.dup_bound += dup_allowed;
             report.rerun_bound += usize::from(dup_allowed > 0);

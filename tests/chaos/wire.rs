@@ -263,7 +263,6 @@ impl WireLog {
         }
     }
 
-    /// Messages a source received from `queue_url`: (message id, receipt handle, body).
     /// Messages a source received from `queue_url` with a receive asked for at `sent`:
     /// (message id, receipt handle, body).
     pub fn received<'a>(
@@ -341,7 +340,10 @@ impl WireLog {
             events.push((r.seq, format!("received by {} (asked #{})", r.source, r.sent)));
             for o in inner.ops.get(&r.handle).into_iter().flatten() {
                 let what = if o.delete { "delete" } else { "visibility" };
-                events.push((o.seq, format!("{what} of #{} {}", r.seq, if o.ok { "ok" } else { "failed" })));
+                events.push((
+                    o.seq,
+                    format!("{what} of #{} {}", r.seq, if o.ok { "ok" } else { "failed" }),
+                ));
             }
         }
         let first = events.iter().map(|e| e.0).min().unwrap_or(0);
@@ -507,7 +509,9 @@ impl Call {
         if answer.is_none() {
             inner.abandoned += 1;
             if matches!(self.req, Req::Receive { .. }) {
-                inner.abandoned_receives.push((self.seq, received_at, self.source));
+                inner
+                    .abandoned_receives
+                    .push((self.seq, received_at, self.source));
             }
         }
         match std::mem::replace(&mut self.req, Req::Other) {
