@@ -21,8 +21,10 @@ use sqs_triage::core::breaker::{BreakerConfig, BreakerState, Phase};
 use sqs_triage::effects::breaker_store::BreakerStore;
 use sqs_triage::effects::storage_retry::{StorageRetry, dynamodb_client, dynamodb_config, sqs_config};
 use sqs_triage::processor::registry::{JobContext, Registry};
-use sqs_triage::runtime::env::{Environment, build_with_clock};
+use sqs_triage::processor::{BatchOutcome, Deadline, Incoming};
+use sqs_triage::runtime::env::{Environment, build_with, build_with_clock};
 use support::pipeline::{Harness, Options, fast_policy};
+use tokio::time::Instant;
 
 const DEP: &str = "test.dependency";
 
@@ -722,4 +724,136 @@ async fn a_healthy_environment_writes_once_per_window() {
         (Phase::Closed, 3, 20),
         "{s:?}"
     );
+}
+
+/// A registry whose [`DEP`] handler always fails transiently; one whose payload says
+/// `"hold": true` first waits for a permit of `gate`.
+fn held_failing_registry(gate: Arc<tokio::sync::Semaphore>) -> Registry {
+    Registry::new(slow_retries(), rate_breaker()).handle_with(
+        DEP,
+        slow_retries(),
+        rate_breaker(),
+        move |p: serde_json::Value, _ctx: JobContext| {
+            let gate = gate.clone();
+            async move {
+                if p["hold"] == true {
+                    gate.acquire().await.unwrap().forget();
+                }
+                Err::<(), _>(JobError::transient("dependency down"))
+            }
+        },
+    )
+}
+
+/// An environment over the harness's resources serving [`held_failing_registry`].
+async fn held_failing_env(h: &Harness, gate: &Arc<tokio::sync::Semaphore>) -> Environment {
+    let sdk = support::sdk_config().await;
+    let mut c = sqs_triage::config::Config::from_lookup(&|_| None).unwrap();
+    c.queue_url = Some(h.queue_url.clone());
+    c.dlq_url = Some(h.dlq_url.clone());
+    c.table = Some(h.table.clone());
+    build_with(
+        &c,
+        held_failing_registry(gate.clone()),
+        sqs_config(&sdk),
+        dynamodb_config(&sdk),
+    )
+    .await
+    .unwrap()
+}
+
+/// Runs `messages` through `env`'s processor with a minute to go, and returns its outcome.
+async fn outcome_of(env: &Environment, messages: Vec<Message>) -> BatchOutcome {
+    let incoming = messages.into_iter().map(Incoming::from_sdk).collect();
+    env.processor
+        .process_within(
+            incoming,
+            Deadline::new(Some(Instant::now() + Duration::from_secs(60))),
+        )
+        .await
+}
+
+/// `BreakerOpened` of `DEP` in `outcome`'s metrics.
+fn opened_metric(outcome: &BatchOutcome) -> u64 {
+    outcome
+        .metrics
+        .by_type
+        .get(DEP)
+        .and_then(|t| t.counts.get("BreakerOpened").copied())
+        .unwrap_or(0)
+}
+
+/// A report written on its own that opens the breaker (the type's first report) counts
+/// `BreakerOpened` once, under its job type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_that_opens_the_breaker_counts_breaker_opened_once_under_its_type() {
+    let h = Harness::build(Options {
+        prefix: "opened-direct",
+        ..Options::default()
+    })
+    .await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let env = held_failing_env(&h, &gate).await;
+    send(&h, "d", 10).await;
+    let outcome = outcome_of(&env, h.receive_n(10).await).await;
+    assert_eq!(outcome.records.iter().filter(|r| r.executed).count(), 10);
+    assert_eq!(opened_metric(&outcome), 1, "{:?}", outcome.metrics);
+    assert_eq!(outcome.metrics.total("BreakerOpened"), 1, "{:?}", outcome.metrics);
+    let s = store(&h, rate_breaker(), &Clock::system())
+        .await
+        .read(DEP)
+        .await
+        .unwrap();
+    assert_eq!((s.phase, s.generation), (Phase::Open, 1), "{s:?}");
+}
+
+/// A report folded into the ledger's batched write on a state another environment has moved
+/// on meanwhile is refused, written again on its own, and opens the breaker: `BreakerOpened`
+/// counts once, under its job type, in the environment whose report opened it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folded_report_refused_then_opening_the_breaker_counts_breaker_opened_once() {
+    let h = Harness::build(Options {
+        prefix: "opened-folded",
+        ..Options::default()
+    })
+    .await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (a, b) = (
+        held_failing_env(&h, &gate).await,
+        held_failing_env(&h, &gate).await,
+    );
+    let store = store(&h, rate_breaker(), &Clock::system()).await;
+    // B starts the window: one failure of one execution.
+    send(&h, "b", 1).await;
+    let first = outcome_of(&b, h.receive_n(1).await).await;
+    assert_eq!(opened_metric(&first), 0);
+    // A admits a held job, reading the window as B left it (1 of 1).
+    let held = json!({"type": DEP, "id": "held", "payload": {"hold": true}}).to_string();
+    h.send_raw(&[(&held, None)]).await;
+    let held = h.receive_n(1).await;
+    let a_run = tokio::spawn(async move {
+        let outcome = outcome_of(&a, held).await;
+        (a, outcome)
+    });
+    // Meanwhile B brings the window to nine failures of nine: still closed (ten needed).
+    send(&h, "c", 8).await;
+    let more = outcome_of(&b, h.receive_n(8).await).await;
+    assert_eq!(opened_metric(&more), 0);
+    let s = store.read(DEP).await.unwrap();
+    assert_eq!(
+        (s.phase, s.failures, s.executions),
+        (Phase::Closed, 9, 9),
+        "{s:?}"
+    );
+    // A's failure, folded on its stale 1 of 1, is the tenth: the fold is refused and its
+    // report written again opens the breaker.
+    assert!(!a_run.is_finished(), "the held job ended early");
+    gate.add_permits(1);
+    let (a, outcome) = a_run.await.unwrap();
+    assert!(outcome.records[0].executed, "{outcome:?}");
+    assert_eq!(opened_metric(&outcome), 1, "{:?}", outcome.metrics);
+    assert_eq!(outcome.metrics.total("BreakerOpened"), 1, "{:?}", outcome.metrics);
+    let s = store.read(DEP).await.unwrap();
+    assert_eq!((s.phase, s.generation), (Phase::Open, 1), "{s:?}");
+    drop(a);
 }
