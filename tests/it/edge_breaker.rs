@@ -727,8 +727,8 @@ async fn a_healthy_environment_writes_once_per_window() {
 }
 
 /// A registry whose [`DEP`] handler always fails transiently; one whose payload says
-/// `"hold": true` first waits for a permit of `gate`.
-fn held_failing_registry(gate: Arc<tokio::sync::Semaphore>) -> Registry {
+/// `"hold": true` first adds a permit to `started`, then waits for a permit of `gate`.
+fn held_failing_registry(gate: Gate) -> Registry {
     Registry::new(slow_retries(), rate_breaker()).handle_with(
         DEP,
         slow_retries(),
@@ -737,7 +737,8 @@ fn held_failing_registry(gate: Arc<tokio::sync::Semaphore>) -> Registry {
             let gate = gate.clone();
             async move {
                 if p["hold"] == true {
-                    gate.acquire().await.unwrap().forget();
+                    gate.started.add_permits(1);
+                    gate.open.acquire().await.unwrap().forget();
                 }
                 Err::<(), _>(JobError::transient("dependency down"))
             }
@@ -745,8 +746,26 @@ fn held_failing_registry(gate: Arc<tokio::sync::Semaphore>) -> Registry {
     )
 }
 
+/// The held jobs of [`held_failing_registry`]: one permit of `started` per held job that
+/// began, and the permits of `open` that let them end.
+#[derive(Clone)]
+struct Gate {
+    started: Arc<tokio::sync::Semaphore>,
+    open: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        let none = || Arc::new(tokio::sync::Semaphore::new(0));
+        Self {
+            started: none(),
+            open: none(),
+        }
+    }
+}
+
 /// An environment over the harness's resources serving [`held_failing_registry`].
-async fn held_failing_env(h: &Harness, gate: &Arc<tokio::sync::Semaphore>) -> Environment {
+async fn held_failing_env(h: &Harness, gate: &Gate) -> Environment {
     let sdk = support::sdk_config().await;
     let mut c = sqs_triage::config::Config::from_lookup(&|_| None).unwrap();
     c.queue_url = Some(h.queue_url.clone());
@@ -792,7 +811,7 @@ async fn a_report_that_opens_the_breaker_counts_breaker_opened_once_under_its_ty
         ..Options::default()
     })
     .await;
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let gate = Gate::default();
     let env = held_failing_env(&h, &gate).await;
     send(&h, "d", 10).await;
     let outcome = outcome_of(&env, h.receive_n(10).await).await;
@@ -817,7 +836,7 @@ async fn a_folded_report_refused_then_opening_the_breaker_counts_breaker_opened_
         ..Options::default()
     })
     .await;
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let gate = Gate::default();
     let (a, b) = (
         held_failing_env(&h, &gate).await,
         held_failing_env(&h, &gate).await,
@@ -835,6 +854,8 @@ async fn a_folded_report_refused_then_opening_the_breaker_counts_breaker_opened_
         let outcome = outcome_of(&a, held).await;
         (a, outcome)
     });
+    // Its handler runs once its admission has read the breaker.
+    gate.started.acquire().await.unwrap().forget();
     // Meanwhile B brings the window to nine failures of nine: still closed (ten needed).
     send(&h, "c", 8).await;
     let more = outcome_of(&b, h.receive_n(8).await).await;
@@ -848,7 +869,7 @@ async fn a_folded_report_refused_then_opening_the_breaker_counts_breaker_opened_
     // A's failure, folded on its stale 1 of 1, is the tenth: the fold is refused and its
     // report written again opens the breaker.
     assert!(!a_run.is_finished(), "the held job ended early");
-    gate.add_permits(1);
+    gate.open.add_permits(1);
     let (a, outcome) = a_run.await.unwrap();
     assert!(outcome.records[0].executed, "{outcome:?}");
     assert_eq!(opened_metric(&outcome), 1, "{:?}", outcome.metrics);

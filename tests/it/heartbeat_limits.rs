@@ -61,19 +61,26 @@ async fn receive_one(h: &Harness, visibility_s: i32) -> Vec<Message> {
         .unwrap_or_default()
 }
 
-/// Receives with a `visibility_s` timeout until `n` messages are in hand, as an event source
-/// mapping's batching window gathers a batch (a receive may hand out fewer than the queue
-/// holds). Panics when fewer arrive within 30 s, or more.
+/// Receives with a `visibility_s` timeout until `n` distinct messages are in hand, as an event
+/// source mapping's batching window gathers a batch (a receive may hand out fewer than the
+/// queue holds). Panics when fewer arrive within 30 s, more, or one twice (it came back
+/// before the batch was whole: the batch's visibility would not be what the test assumes).
 async fn receive_all(h: &Harness, n: usize, visibility_s: i32) -> Vec<Message> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut batch = Vec::new();
+    let mut batch: Vec<Message> = Vec::new();
     while batch.len() < n {
         assert!(
             Instant::now() < deadline,
             "only {} of {n} messages arrived",
             batch.len()
         );
-        batch.extend(receive_one(h, visibility_s).await);
+        for m in receive_one(h, visibility_s).await {
+            assert!(
+                batch.iter().all(|b| b.message_id() != m.message_id()),
+                "a message came back before the batch was whole"
+            );
+            batch.push(m);
+        }
     }
     assert_eq!(batch.len(), n, "more messages than the {n} expected");
     batch
@@ -162,9 +169,10 @@ async fn a_worker_probe_that_outlasts_its_admission_deadline_keeps_its_lease() {
             )
             .await
     });
-    // The probe runs past the deadline its batch had when it was admitted.
+    // The probe runs past the deadline its batch had when it was admitted, and past the
+    // visibility its message was received with.
     while running.0.load(Ordering::SeqCst) == 0
-        || Instant::now() < admitted_until + Duration::from_millis(300)
+        || Instant::now() < admitted_until.max(received + Duration::from_secs(4)) + Duration::from_millis(500)
     {
         assert!(!probe.is_finished(), "the probe's batch ended early");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -176,6 +184,10 @@ async fn a_worker_probe_that_outlasts_its_admission_deadline_keeps_its_lease() {
     h.send_raw(&[(&probe_job("p2", 3_000), None)]).await;
     let second = receive_one(&h, 4).await;
     assert_eq!(second.len(), 1);
+    assert!(
+        second[0].body().unwrap().contains("\"p2\""),
+        "the held probe's message stays hidden: {second:?}"
+    );
     let at = Instant::now();
     let other = h
         .env
@@ -258,8 +270,9 @@ async fn a_probe_does_not_cut_short_the_other_handlers_of_its_batch() {
     })
     .to_string();
     h.send_raw(&[(&probe_job("m1", 10), None), (&long, None)]).await;
-    let batch = receive_all(&h, 2, 4).await;
+    // Hidden from the first receive on: the batch's visibility ends 4 s after it at the latest.
     let received = Instant::now();
+    let batch = receive_all(&h, 2, 4).await;
     let outcome = h
         .env
         .processor

@@ -412,18 +412,25 @@ async fn a_fifo_resend_within_five_minutes_of_a_deleted_first_is_dropped_but_ans
 }
 
 /// Every other receive asking for more than one message is handed at most half of what the
-/// queue holds visible, however few: two messages come one per receive, then the next receive
-/// may take whatever is left.
+/// queue holds visible, however few; a receive of one message is never cut and does not count
+/// as one of them.
 #[tokio::test]
 async fn every_other_receive_is_handed_half_of_what_the_queue_holds() {
     let s = strict().await;
     let url = queue(&s.sqs, "strict-partial", &[]).await;
-    let sent = [send(&s.sqs, &url, "a").await, send(&s.sqs, &url, "b").await];
+    let partial = || s.proxy.strict_counts().get("partial_receive").copied();
+    let mut sent = Vec::new();
+    for b in ["a", "b", "c", "d"] {
+        sent.push(send(&s.sqs, &url, b).await);
+    }
+    // The first receive of more than one: two of the four.
     let first = receive(&s.sqs, &url, 10, 300, 1).await;
-    assert_eq!(first.len(), 1, "half of two");
-    assert_eq!(s.proxy.strict_counts().get("partial_receive"), Some(&1));
+    assert_eq!(first.len(), 2, "half of four");
+    assert_eq!(partial(), Some(1));
+    // The second: whole, the other two.
     let second = receive(&s.sqs, &url, 10, 300, 1).await;
-    assert_eq!(second.len(), 1, "the other one");
+    assert_eq!(second.len(), 2, "the other two");
+    assert_eq!(partial(), Some(1));
     let mut got: Vec<&str> = first
         .iter()
         .chain(&second)
@@ -433,8 +440,17 @@ async fn every_other_receive_is_handed_half_of_what_the_queue_holds() {
     let mut want: Vec<&str> = sent.iter().map(String::as_str).collect();
     want.sort_unstable();
     assert_eq!(got, want);
-    // A receive of one message is never cut.
-    send(&s.sqs, &url, "c").await;
+    // A receive of one is handed its one and is not counted among them.
+    for b in ["e", "f", "g", "h"] {
+        send(&s.sqs, &url, b).await;
+    }
     assert_eq!(receive(&s.sqs, &url, 1, 300, 1).await.len(), 1);
-    assert_eq!(s.proxy.strict_counts().get("partial_receive"), Some(&1));
+    assert_eq!(partial(), Some(1));
+    // So the next receive of more than one is the third: cut to half of the three left.
+    assert_eq!(
+        receive(&s.sqs, &url, 10, 300, 1).await.len(),
+        2,
+        "half of three, rounded up"
+    );
+    assert_eq!(partial(), Some(2));
 }
