@@ -978,10 +978,14 @@ async fn account(stack: &Stack, jobs: &[Job], report: &mut Report, wire: &WireLo
         let late_allowed = (returns + w.unsure_counts) as usize;
         // An attempt number repeats once per execution not counted before the next read (a
         // batch handed to two environments, a count faulted or cut by a short deadline, a
-        // return); a return after the ledger was closed (a success or an accepted DLQ copy)
-        // starts again from attempt 1.
-        let per_return = if succeeded || copies > 0 { max_attempts } else { 1 } as usize;
-        let repeated_allowed = returns as usize * per_return + (w.twice + w.unsure_counts + w.short) as usize;
+        // return). A return that may follow the ledger's close (a success or an accepted DLQ
+        // copy: the previous holder deleted the message or died holding it, or the queue
+        // handed it out twice) may start again from attempt 1.
+        let closing = w.handed_twice + w.came_back_closed;
+        let per_close = if succeeded || copies > 0 { max_attempts } else { 1 } as usize;
+        let repeated_allowed = (returns - closing) as usize
+            + closing as usize * per_close
+            + (w.twice + w.unsure_counts + w.short) as usize;
         if copies > 0 {
             report.dup_bound += dup_allowed;
             report.rerun_bound += usize::from(dup_allowed > 0);

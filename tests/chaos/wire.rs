@@ -137,6 +137,10 @@ enum Req {
 pub struct Witness {
     pub handed_twice: u32,
     pub came_back: u32,
+    /// Of `came_back`, the returns whose previous holder may have closed the job's ledger
+    /// first (it deleted the message, or died holding it): the next delivery may start
+    /// again from attempt 1.
+    pub came_back_closed: u32,
     pub twice: u32,
     pub short: u32,
     pub unsure_sends: u32,
@@ -391,6 +395,7 @@ impl WireLog {
                     w.handed_twice += 1;
                 } else if inner.came_back(prev, next) {
                     w.came_back += 1;
+                    w.came_back_closed += u32::from(inner.may_have_closed(prev, next));
                 }
             }
         }
@@ -429,11 +434,12 @@ impl WireLog {
     pub fn summary(&self, w: &HashMap<String, Witness>) -> String {
         let sum = |f: fn(&Witness) -> u32| w.values().map(f).sum::<u32>();
         format!(
-            "on the wire: {} handed to two receives at once, {} deliveries came back not given back, {} delivered twice, {} left unsettled by a \
+            "on the wire: {} handed to two receives at once, {} deliveries came back not given back ({} after a possible close), {} delivered twice, {} left unsettled by a \
              short deadline, {} DLQ copies sent without an answer, {} ledger writes faulted or unanswered \
              (per job named); {} product calls abandoned",
             sum(|w| w.handed_twice),
             sum(|w| w.came_back),
+            sum(|w| w.came_back_closed),
             sum(|w| w.twice),
             sum(|w| w.short),
             sum(|w| w.unsure_sends),
@@ -462,16 +468,40 @@ impl Inner {
         // Its last use before: a delete that did not take, or a visibility change refused.
         let last = ops.iter().filter(|o| o.seq < next.seq).max_by_key(|o| o.seq);
         let not_given_back = last.is_some_and(|o| o.delete || !o.ok);
-        // Its holder died with it.
-        let died = self
+        overlapped || not_given_back || self.died(prev, next)
+    }
+
+    /// Whether `prev`'s holder died holding the message before `next` was answered: killed
+    /// or lost with it, and not having given it back (an accepted visibility change) first.
+    fn died(&self, prev: &Receive, next: &Receive) -> bool {
+        let lost = self
             .lost_holder
             .get(&prev.handle)
-            .is_some_and(|&at| at < next.seq)
-            || self
-                .kills
-                .get(&prev.source)
-                .is_some_and(|&at| prev.seq < at && at < next.seq);
-        overlapped || not_given_back || died
+            .copied()
+            .filter(|&at| at < next.seq);
+        let killed = self
+            .kills
+            .get(&prev.source)
+            .copied()
+            .filter(|&at| prev.seq < at && at < next.seq);
+        let Some(at) = lost.into_iter().chain(killed).min() else {
+            return false;
+        };
+        let ops = self.ops.get(&prev.handle).map_or(&[][..], Vec::as_slice);
+        let given_back = ops
+            .iter()
+            .filter(|o| o.seq < at)
+            .max_by_key(|o| o.seq)
+            .is_some_and(|o| !o.delete && o.ok);
+        !given_back
+    }
+
+    /// Whether `prev`'s holder may have closed the job's ledger (a success's marker, or the
+    /// forget after an accepted DLQ copy) before `next` read it: it deleted the message at
+    /// some point, or died holding it.
+    fn may_have_closed(&self, prev: &Receive, next: &Receive) -> bool {
+        let ops = self.ops.get(&prev.handle).map_or(&[][..], Vec::as_slice);
+        ops.iter().any(|o| o.delete) || self.died(prev, next)
     }
 }
 
