@@ -326,19 +326,27 @@ async fn fast_batches_make_no_call_and_fifo_records_waiting_behind_their_group_s
             let sqs = support::sqs_client().await;
             let mut samples = Vec::new();
             while !done.load(Ordering::SeqCst) {
-                samples.push(support::queue_depth(&sqs, &url).await);
+                let depth = support::queue_depth(&sqs, &url).await;
+                samples.push((std::time::Instant::now(), depth));
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             samples
         })
     };
+    let invoked = std::time::Instant::now();
     let response = h.invoke_env(&h.env, &messages, Duration::from_secs(30)).await;
     done.store(true, Ordering::SeqCst);
     let samples = sampler.await.unwrap();
     assert!(failed_ids(&response).is_empty());
-    assert!(samples.len() > 10, "{samples:?}");
+    // Sampled after the 3 s visibility would have ended, with a second to spare.
     assert!(
-        samples.iter().all(|d| d.visible == 0),
+        samples
+            .iter()
+            .any(|(at, _)| at.duration_since(invoked) > Duration::from_secs(4)),
+        "{samples:?}"
+    );
+    assert!(
+        samples.iter().all(|(_, d)| d.visible == 0),
         "a message of the running group became visible: {samples:?}"
     );
     assert!(visibility_calls(&h) >= 3, "{:?}", h.env.calls.snapshot());

@@ -411,11 +411,11 @@ async fn a_fifo_resend_within_five_minutes_of_a_deleted_first_is_dropped_but_ans
     assert_eq!(s.proxy.strict_counts().get("dedup_dropped"), Some(&2));
 }
 
-/// Every other receive asking for more than one message is handed at most half of what the
-/// queue holds visible, however few; a receive of one message is never cut and does not count
-/// as one of them.
+/// Every other receive asking for more than one message is handed at most half of what it
+/// asked for, rounded up; a receive of one message is never cut and does not count as one
+/// of them.
 #[tokio::test]
-async fn every_other_receive_is_handed_half_of_what_the_queue_holds() {
+async fn every_other_receive_of_more_than_one_is_handed_half_of_what_it_asked() {
     let s = strict().await;
     let url = queue(&s.sqs, "strict-partial", &[]).await;
     let partial = || s.proxy.strict_counts().get("partial_receive").copied();
@@ -423,12 +423,12 @@ async fn every_other_receive_is_handed_half_of_what_the_queue_holds() {
     for b in ["a", "b", "c", "d"] {
         sent.push(send(&s.sqs, &url, b).await);
     }
-    // The first receive of more than one: two of the four.
-    let first = receive(&s.sqs, &url, 10, 300, 1).await;
+    // The first receive of more than one: two of the four asked for.
+    let first = receive(&s.sqs, &url, 4, 300, 1).await;
     assert_eq!(first.len(), 2, "half of four");
     assert_eq!(partial(), Some(1));
     // The second: whole, the other two.
-    let second = receive(&s.sqs, &url, 10, 300, 1).await;
+    let second = receive(&s.sqs, &url, 4, 300, 1).await;
     assert_eq!(second.len(), 2, "the other two");
     assert_eq!(partial(), Some(1));
     let mut got: Vec<&str> = first
@@ -446,9 +446,9 @@ async fn every_other_receive_is_handed_half_of_what_the_queue_holds() {
     }
     assert_eq!(receive(&s.sqs, &url, 1, 300, 1).await.len(), 1);
     assert_eq!(partial(), Some(1));
-    // So the next receive of more than one is the third: cut to half of the three left.
+    // So the next receive of more than one is the third: cut to half of the three asked for.
     assert_eq!(
-        receive(&s.sqs, &url, 10, 300, 1).await.len(),
+        receive(&s.sqs, &url, 3, 300, 1).await.len(),
         2,
         "half of three, rounded up"
     );

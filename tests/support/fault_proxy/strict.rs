@@ -27,9 +27,8 @@
 //! * Partial receives: SQS may hand out fewer messages than asked for and than the queue
 //!   holds (a short poll samples some of its servers; a long poll returns once any arrive).
 //!   Every other receive asking for more than one message of a queue (the first, third, ...)
-//!   is handed at most half of what it asked for and half of the messages the queue holds
-//!   visible, rounded up, so a caller that takes one receive for the whole queue is caught,
-//!   however few messages the queue holds. [`super::FaultProxy::receive_whole`] turns this off for a queue
+//!   is handed at most half of them, rounded up, so a caller that takes one receive for the
+//!   whole queue is caught. [`super::FaultProxy::receive_whole`] turns this off for a queue
 //!   whose test needs a whole receive as its premise (and asserts it).
 //! * FIFO deduplication: a send whose deduplication id (or body hash, for content-based
 //!   deduplication) was accepted in the last five minutes is answered with the first send's
@@ -170,16 +169,20 @@ impl Strict {
 
     /// How many messages a receive asking for `asked` is handed at most: half of them,
     /// rounded up, on every other receive of more than one (see the module's comment).
-    /// Whether this receive of `queue`, asking for `asked` messages, is one to hand out at most
-    /// half of what the queue holds (every other receive asking for more than one).
-    fn partial_receive(&self, queue: &str, asked: u64) -> bool {
+    fn receive_limit(&self, queue: &str, asked: u64) -> u64 {
         let mut queues = lock(&self.queues);
         let q = queues.entry(queue.to_string()).or_default();
         if asked <= 1 || q.whole {
-            return false;
+            return asked;
         }
         q.receives += 1;
-        q.receives % 2 == 1
+        if q.receives % 2 == 1 {
+            drop(queues);
+            self.count("partial_receive", 1);
+            asked.div_ceil(2)
+        } else {
+            asked
+        }
     }
 
     pub(super) fn age(&self, queue_url: &str, by: Duration) {
@@ -530,30 +533,7 @@ async fn receive(
         .get("MaxNumberOfMessages")
         .and_then(Value::as_u64)
         .unwrap_or(1);
-    let asked = if strict.partial_receive(queue, asked) {
-        // At most half of what the queue holds visible now (and of what was asked), rounded
-        // up: a receive that needs the whole queue is caught however few messages it holds.
-        let visible = call(
-            ctx,
-            parts,
-            "GetQueueAttributes",
-            &json!({ "QueueUrl": url, "AttributeNames": ["ApproximateNumberOfMessages"] }),
-        )
-        .await
-        .and_then(|(_, v)| {
-            v.pointer("/Attributes/ApproximateNumberOfMessages")
-                .and_then(Value::as_str)
-                .and_then(|n| n.parse::<u64>().ok())
-        })
-        .unwrap_or(asked);
-        let limit = asked.div_ceil(2).min(visible.div_ceil(2)).max(1);
-        if limit < asked.min(visible) {
-            strict.count("partial_receive", 1);
-        }
-        limit
-    } else {
-        asked
-    };
+    let asked = strict.receive_limit(queue, asked);
     let deadline = Instant::now() + Duration::from_secs(wait_s);
     let mut first = true;
     loop {
